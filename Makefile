@@ -1,0 +1,38 @@
+# One command to run, one to test. Both set up .venv first (once; again only when
+# pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Jupyter refuses to run as root unless told; sessions and CI run as root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+.PHONY: setup lab demo test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# Pinned here only: the CPU wheel on local disk. Unpinned torch resolves to a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+lab: $(STAMP)  ## JupyterLab with the inference server on the default engine
+	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/01_quickstart.ipynb
+
+demo: $(STAMP)  ## the terminal demo: sequential requests, bursts, batches
+	$(BIN)/jupyter infer demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/jupyter infer bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check jupyter_infer tests
+
+clean:
+	rm -rf $(VENV)

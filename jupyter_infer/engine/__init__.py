@@ -1,0 +1,94 @@
+"""Engines: ``hf`` (Hugging Face causal LMs), ``simulated`` (offline), and ``auto``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .base import Engine, EngineInfo, StepPlan
+
+__all__ = ["Engine", "EngineInfo", "EngineConfig", "StepPlan", "load_engine", "ENGINES"]
+
+log = logging.getLogger(__name__)
+ENGINES = ("auto", "hf", "simulated")
+DEFAULT_MODEL = "sshleifer/tiny-gpt2"
+
+
+@dataclass
+class EngineConfig:
+    engine: str = "auto"
+    model: str = DEFAULT_MODEL
+    device: str = "auto"
+    dtype: str = "auto"
+    num_threads: int = 0  # 0: pick for this machine
+    seed: int = 0
+    token_delay_ms: tuple[float, float] = (10.0, 40.0)  # simulated engine
+    prefill_ms_per_token: float = 0.2  # simulated engine
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {self.engine!r}")
+
+
+def load_engine(config: EngineConfig) -> Engine:
+    """Build the configured engine; ``auto`` falls back to ``simulated`` and says why."""
+    if config.engine == "simulated":
+        return _simulated(config)
+    try:
+        return _hf(config, auto=config.engine == "auto")
+    except Exception as err:
+        if config.engine == "hf":
+            raise
+        reason = f"could not load {config.model!r} with transformers: {_short(err)}"
+        log.warning("jupyter_infer: falling back to the simulated engine (%s)", reason)
+        return _simulated(config, fallback_reason=reason)
+
+
+def _simulated(config: EngineConfig, fallback_reason: str | None = None) -> Engine:
+    from .simulated import SimulatedEngine
+
+    return SimulatedEngine(
+        seed=config.seed,
+        token_delay_ms=config.token_delay_ms,
+        prefill_ms_per_token=config.prefill_ms_per_token,
+        fallback_reason=fallback_reason,
+    )
+
+
+def _hf(config: EngineConfig, *, auto: bool) -> Engine:
+    from .hf import HFEngine  # imports torch and transformers; missing ones fall back
+
+    local_only = Path(config.model).expanduser().is_dir() or _hub_offline()
+    if auto and not local_only and not _hub_reachable():
+        # Let from_pretrained use the local cache only: it fails at once instead of
+        # retrying an unreachable hub until a timeout.
+        local_only = True
+    return HFEngine(
+        str(Path(config.model).expanduser()) if Path(config.model).expanduser().is_dir() else config.model,
+        device=config.device,
+        dtype=config.dtype,
+        num_threads=config.num_threads,
+        local_files_only=local_only,
+    )
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(v, "").upper() in {"1", "ON", "YES", "TRUE"} for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _hub_reachable(timeout: float = 1.5) -> bool:
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((url.hostname or "", url.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"{type(err).__name__}: {text[:300]}"

@@ -1,0 +1,104 @@
+"""The offline engine: deterministic answers about AI concepts, at a realistic token rate.
+
+It batches like the real engine: a prefill step costs time that grows with the prompt
+tokens of the newcomers, and a decode step costs one per-token delay (10–40 ms, from a seeded
+RNG) for the whole batch, so batching many requests is as much a win here as on a GPU.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
+
+from .base import Engine, EngineInfo, StepPlan
+from .simulated_answers import compose_answer
+
+if TYPE_CHECKING:
+    from ..sequence import Sequence
+
+# Word-ish pieces, each carrying its leading whitespace, like a byte-level BPE would.
+_PIECE = re.compile(r"\s*[\w']+|\s*[^\w\s]|\s+")
+EOS_ID = 0
+
+
+class SimulatedEngine(Engine):
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        token_delay_ms: tuple[float, float] = (10.0, 40.0),
+        prefill_ms_per_token: float = 0.2,
+        prefill_base_ms: float = 5.0,
+        max_context: int = 4096,
+        fallback_reason: str | None = None,
+    ) -> None:
+        self.info = EngineInfo(
+            engine="simulated",
+            model="simulated",
+            device="cpu",
+            dtype="n/a",
+            max_context=max_context,
+            fallback_reason=fallback_reason,
+        )
+        self.eos_token_ids = frozenset({EOS_ID})
+        self.token_delay_ms = token_delay_ms
+        self.prefill_ms_per_token = prefill_ms_per_token
+        self.prefill_base_ms = prefill_base_ms
+        self._rng = random.Random(seed)
+        self._pieces: list[str] = ["<eos>"]
+        self._ids: dict[str, int] = {}
+        self._vocab_lock = threading.Lock()  # tokenize runs on the event loop too
+        self._answers: dict[str, list[int]] = {}  # row id -> the answer's token ids
+
+    @property
+    def num_running(self) -> int:
+        return len(self._answers)
+
+    def tokenize(self, text: str) -> list[int]:
+        with self._vocab_lock:
+            ids = []
+            for piece in _PIECE.findall(text):
+                if piece not in self._ids:
+                    self._ids[piece] = len(self._pieces)
+                    self._pieces.append(piece)
+                ids.append(self._ids[piece])
+            return ids
+
+    def detokenize(self, token_ids: Seq[int]) -> str:
+        return "".join(self._pieces[i] for i in token_ids if i != EOS_ID)
+
+    def step(self, plan: StepPlan) -> list[int]:
+        for row_id in plan.release:
+            self._answers.pop(row_id, None)
+        if plan.kind == "prefill":
+            prompt_tokens = sum(s.num_prompt_tokens for s in plan.seqs)
+            self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens)
+            for seq in plan.seqs:
+                self._answers[seq.id] = self.tokenize(compose_answer(seq.request.prompt, self._seed_for(seq)))
+        else:
+            self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
+        return [self._next_token(seq) for seq in plan.seqs]
+
+    def reset(self) -> None:
+        self._answers.clear()
+
+    def _seed_for(self, seq: Sequence) -> int:
+        if seq.params.seed is not None:
+            return seq.params.seed
+        if seq.params.greedy:
+            return 0  # greedy: one answer per prompt
+        return self._rng.randrange(2**31)
+
+    def _next_token(self, seq: Sequence) -> int:
+        answer = self._answers[seq.id]
+        position = len(seq.output_ids)
+        return answer[position] if position < len(answer) else EOS_ID
+
+    @staticmethod
+    def _sleep_ms(ms: float) -> None:
+        if ms > 0:
+            time.sleep(ms / 1000.0)

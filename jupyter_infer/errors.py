@@ -1,0 +1,51 @@
+"""Errors a user can hit, each with the HTTP status that tells the truth about it."""
+
+from __future__ import annotations
+
+
+class InferError(Exception):
+    """Base class: ``message`` says what went wrong and what to do."""
+
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(InferError):
+    status = 400
+    code = "invalid_request"
+
+
+class PayloadTooLarge(InferError):
+    status = 413
+    code = "payload_too_large"
+
+
+class QueueFull(InferError):
+    status = 429
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineUnavailable(InferError):
+    status = 503
+    code = "engine_unavailable"
+
+
+class RequestFailed(InferError):
+    """The engine failed while running this request; other requests go on."""
+
+    status = 500
+    code = "engine_error"
+
+
+class RequestCancelled(InferError):
+    status = 499
+    code = "cancelled"

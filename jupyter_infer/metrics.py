@@ -1,0 +1,222 @@
+"""Request and batch records, and aggregates over everything, in bounded memory.
+
+The last ``keep`` records are kept whole (for ``infer/batches`` and the timeline);
+aggregates (counts, percentiles, histograms) cover every request since start, using
+log-spaced buckets so that memory does not grow with traffic.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# monotonic → wall clock, so records can be drawn against real time by any client.
+_EPOCH = time.time() - time.monotonic()
+
+
+def wall(t: float | None) -> float | None:
+    return None if t is None else round(_EPOCH + t, 6)
+
+
+@dataclass
+class RequestRecord:
+    id: str
+    priority: int
+    prompt_tokens: int
+    queued_at: float
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    completion_tokens: int = 0
+    batch_id: int | None = None
+    batch_ids: list[int] = field(default_factory=list)
+    outcome: str = "queued"  # queued | running | ok | cancelled | failed
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("queued_at", "admitted_at", "first_token_at", "finished_at"):
+            out[key] = wall(out[key])
+        return out
+
+
+@dataclass
+class BatchRecord:
+    id: int
+    mode: str
+    members: list[str]
+    started_at: float
+    ended_at: float | None = None
+    steps: int = 0
+    prefill_steps: int = 0
+    tokens: int = 0  # generated tokens
+    prompt_tokens: int = 0  # tokens prefilled in this batch
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["size"] = len(self.members)
+        out["started_at"] = wall(self.started_at)
+        out["ended_at"] = wall(self.ended_at)
+        return out
+
+
+class LogHistogram:
+    """Percentiles from log-spaced buckets (±2.5 %), in constant memory."""
+
+    def __init__(self, lo: float = 0.01, hi: float = 3.6e6, ratio: float = 1.05) -> None:
+        n = int(math.log(hi / lo) / math.log(ratio)) + 1
+        self._edges = [lo * ratio**i for i in range(n)]
+        self._counts = [0] * (n + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        self._counts[bisect.bisect_left(self._edges, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def percentile(self, q: float) -> float | None:
+        if not self.count:
+            return None
+        rank = q / 100 * self.count
+        seen = 0
+        for i, c in enumerate(self._counts):
+            seen += c
+            if seen >= rank and c:
+                if i == 0:
+                    return self._edges[0]
+                if i >= len(self._edges):
+                    return self._edges[-1]
+                return round(math.sqrt(self._edges[i - 1] * self._edges[i]), 3)
+        return self._edges[-1]
+
+    def summary(self) -> dict[str, float | None]:
+        return {
+            "p50": self.percentile(50),
+            "p95": self.percentile(95),
+            "p99": self.percentile(99),
+            "mean": round(self.total / self.count, 3) if self.count else None,
+        }
+
+
+class MetricsCollector:
+    def __init__(self, keep: int = 1000) -> None:
+        self.requests: dict[str, RequestRecord] = {}  # live (queued or running)
+        self.finished: deque[RequestRecord] = deque(maxlen=keep)
+        self.batches: deque[BatchRecord] = deque(maxlen=keep)
+        self.outcomes: Counter[str] = Counter()
+        self.ttft_ms = LogHistogram()
+        self.latency_ms = LogHistogram()
+        self.queue_ms = LogHistogram()
+        self.step_rows: Counter[int] = Counter()  # running rows per decode step
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.busy_s = 0.0  # engine time spent in steps
+        self.max_queue_depth = 0
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for the last 10 s
+        self.started_at = time.monotonic()
+        # Called with each finished RequestRecord / closed BatchRecord (e.g. Prometheus).
+        self.on_request_finished: list[Callable[[RequestRecord], None]] = []
+        self.on_batch_closed: list[Callable[[BatchRecord], None]] = []
+        self.on_rejected: list[Callable[[str], None]] = []
+
+    # -- request lifecycle ----------------------------------------------------------------
+    def queued(self, request_id: str, priority: int, prompt_tokens: int, at: float, depth: int) -> None:
+        self.requests[request_id] = RequestRecord(request_id, priority, prompt_tokens, at)
+        self.max_queue_depth = max(self.max_queue_depth, depth)
+
+    def rejected(self, reason: str) -> None:
+        self.outcomes["rejected"] += 1
+        for listener in self.on_rejected:
+            listener(reason)
+
+    def admitted(self, request_id: str, batch_id: int, at: float) -> None:
+        rec = self.requests[request_id]
+        rec.admitted_at = at
+        rec.batch_id = batch_id
+        rec.outcome = "running"
+        self.queue_ms.add((at - rec.queued_at) * 1000)
+
+    def joined_batch(self, request_id: str, batch_id: int) -> None:
+        rec = self.requests.get(request_id)
+        if rec is not None and (not rec.batch_ids or rec.batch_ids[-1] != batch_id):
+            rec.batch_ids.append(batch_id)
+
+    def first_token(self, request_id: str, at: float) -> None:
+        rec = self.requests[request_id]
+        rec.first_token_at = at
+        self.ttft_ms.add((at - rec.queued_at) * 1000)
+
+    def finished_request(
+        self, request_id: str, outcome: str, at: float, completion_tokens: int,
+        finish_reason: str | None = None, error: str | None = None,
+    ) -> RequestRecord | None:
+        rec = self.requests.pop(request_id, None)
+        if rec is None:
+            return None
+        rec.outcome, rec.finished_at, rec.finish_reason, rec.error = outcome, at, finish_reason, error
+        rec.completion_tokens = completion_tokens
+        self.outcomes[outcome] += 1
+        self.prompt_tokens += rec.prompt_tokens
+        self.completion_tokens += completion_tokens
+        if outcome == "ok":
+            self.latency_ms.add((at - rec.queued_at) * 1000)
+        self.finished.append(rec)
+        for listener in self.on_request_finished:
+            listener(rec)
+        return rec
+
+    # -- steps and batches ------------------------------------------------------------------
+    def step(self, kind: str, rows: int, tokens: int, seconds: float, at: float) -> None:
+        self.busy_s += seconds
+        if kind == "decode":
+            self.step_rows[rows] += 1
+        self._recent.append((at, tokens))
+        while self._recent and self._recent[0][0] < at - 10.0:
+            self._recent.popleft()
+
+    def batch_closed(self, batch: BatchRecord) -> None:
+        self.batches.append(batch)
+        for listener in self.on_batch_closed:
+            listener(batch)
+
+    # -- views ------------------------------------------------------------------------------
+    def recent_batches(self, limit: int = 50) -> list[BatchRecord]:
+        return list(self.batches)[-limit:] if limit > 0 else []
+
+    def request_records(self, limit: int = 200) -> list[RequestRecord]:
+        live = sorted(self.requests.values(), key=lambda r: r.queued_at)
+        return (list(self.finished) + live)[-limit:] if limit > 0 else []
+
+    def snapshot(self, queue_depth: int = 0, running: int = 0) -> dict[str, Any]:
+        now = time.monotonic()
+        steps = sum(self.step_rows.values())
+        mean_batch = sum(k * v for k, v in self.step_rows.items()) / steps if steps else None
+        recent_window = min(10.0, now - self.started_at) or 1.0
+        return {
+            "requests": {
+                "ok": self.outcomes["ok"],
+                "failed": self.outcomes["failed"],
+                "cancelled": self.outcomes["cancelled"],
+                "rejected": self.outcomes["rejected"],
+                "queued": queue_depth,
+                "running": running,
+            },
+            "tokens": {"prompt": self.prompt_tokens, "completion": self.completion_tokens},
+            "ttft_ms": self.ttft_ms.summary(),
+            "latency_ms": self.latency_ms.summary(),
+            "queue_ms": self.queue_ms.summary(),
+            "tokens_per_s": round(self.completion_tokens / self.busy_s, 2) if self.busy_s else None,
+            "recent_tokens_per_s": round(sum(t for _, t in self._recent) / recent_window, 2),
+            "mean_batch_size": None if mean_batch is None else round(mean_batch, 3),
+            "batch_size_histogram": {str(k): v for k, v in sorted(self.step_rows.items())},
+            "queue_depth": queue_depth,
+            "max_queue_depth": self.max_queue_depth,
+            "uptime_s": round(now - self.started_at, 3),
+        }

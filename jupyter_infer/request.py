@@ -1,0 +1,184 @@
+"""What a caller asks for (``Request``) and what comes back (``TokenEvent``, ``RequestResult``).
+
+Validation lives here so that every front (HTTP handlers, the OpenAI routes, the embedded
+client) rejects the same bad input with the same message, before anything is enqueued.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidRequest
+
+MAX_STOP_SEQUENCES = 4
+_counter = itertools.count()
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature == 0`` means greedy decoding."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Request:
+    prompt: str
+    params: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0
+    id: str = field(default_factory=new_request_id)
+    arrival: float = field(default_factory=time.monotonic)
+    # FIFO tie-break within a priority, immune to equal timestamps.
+    order: int = field(default_factory=lambda: next(_counter))
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: str
+    index: int
+    token_id: int
+    text: str  # the new text fragment (may be "" while a multi-byte character is incomplete)
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    id: str
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    batch_id: int | None
+    batch_size: int
+    queued_ms: float
+    ttft_ms: float | None
+    total_ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+            "batch": {"id": self.batch_id, "size": self.batch_size},
+            "timings": {
+                "queued_ms": round(self.queued_ms, 2),
+                "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),
+                "total_ms": round(self.total_ms, 2),
+            },
+        }
+
+
+GENERATE_FIELDS = {
+    "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "priority",
+}
+
+
+def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequest(f"'{name}' must be a number between {lo} and {hi}.", param=name)
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {value}.", param=name)
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"'{name}' must be an integer between {lo} and {hi}.", param=name)
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {value}.", param=name)
+    return value
+
+
+def parse_stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise InvalidRequest("'stop' must be a non-empty string or a list of them.", param="stop")
+    if len(value) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(
+            f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences; got {len(value)}.", param="stop"
+        )
+    return tuple(value)
+
+
+def parse_sampling(
+    body: Mapping[str, Any], *, max_new_tokens: int, default_max_tokens: int = 64,
+    default_temperature: float = 0.0,
+) -> SamplingParams:
+    """Sampling parameters from a JSON body, checked against the server's limits."""
+    max_tokens = body.get("max_tokens", default_max_tokens)
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+        raise InvalidRequest(
+            f"'max_tokens' must be a positive integer (at most {max_new_tokens}); got {max_tokens!r}.",
+            param="max_tokens",
+        )
+    if max_tokens > max_new_tokens:
+        raise InvalidRequest(
+            f"'max_tokens' is {max_tokens}, above this server's limit of {max_new_tokens} "
+            "(InferApp.max_new_tokens). Ask for fewer tokens.",
+            param="max_tokens",
+        )
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", default_temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
+        top_k=_integer(body, "top_k", 0, 0, 100_000) or 0,
+        seed=_integer(body, "seed", None, 0, 2**63 - 1),
+        stop=parse_stop(body.get("stop")),
+    )
+
+
+def check_prompt(prompt: Any, name: str = "prompt") -> str:
+    if not isinstance(prompt, str):
+        raise InvalidRequest(f"'{name}' must be a string.", param=name)
+    if not prompt.strip():
+        raise InvalidRequest(f"'{name}' is empty: send some text to complete.", param=name)
+    return prompt
+
+
+def parse_generate_body(body: Any, *, max_new_tokens: int) -> Request:
+    """Build a ``Request`` from the body of ``POST infer/generate``; raise ``InvalidRequest``."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    unknown = sorted(set(body) - GENERATE_FIELDS)
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown field(s): {', '.join(unknown)}. Allowed: {', '.join(sorted(GENERATE_FIELDS))}.",
+            param=unknown[0],
+        )
+    prompt = check_prompt(body.get("prompt"))
+    params = parse_sampling(body, max_new_tokens=max_new_tokens)
+    priority = _integer(body, "priority", 0, -1000, 1000) or 0
+    return Request(prompt=prompt, params=params, priority=priority)
