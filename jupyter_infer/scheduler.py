@@ -220,7 +220,7 @@ class Scheduler:
         seq = Sequence(request, prompt_ids)
         stream = RequestStream(seq, self)
         self._streams[seq.id] = stream
-        if not self.waiting and not self.running:
+        if not self.waiting:  # the first request into an empty queue opens the window
             self._window_opened = time.monotonic()
         self.waiting.append(seq)
         self.metrics.queued(seq.id, request.priority, len(prompt_ids), request.arrival, len(self.waiting))
@@ -289,6 +289,14 @@ class Scheduler:
         while True:
             plan, wake_at = self._schedule()
             if plan is None:
+                if self._release:  # idle: free the rows of finished requests now
+                    release, self._release = self._release, []
+                    try:
+                        await loop.run_in_executor(self._executor, self.engine.release, release)
+                    except Exception:
+                        log.exception("jupyter_infer: releasing rows failed; resetting the engine")
+                        self.engine.reset()
+                    continue
                 await self._wait(wake_at)
                 continue
             started = time.monotonic()
@@ -330,7 +338,9 @@ class Scheduler:
         if cfg.mode == "window":
             if self.running:
                 return [], None  # the classic batcher runs a batch to completion
-            deadline = (self._window_opened or now) + cfg.batch_window_ms / 1000
+            if self._window_opened is None:
+                self._window_opened = now
+            deadline = self._window_opened + cfg.batch_window_ms / 1000
             if len(self.waiting) < cfg.max_batch_size and now < deadline:
                 return [], deadline
         elif self.running and self._decodes_since_prefill < cfg.decode_steps_per_prefill:
@@ -384,13 +394,20 @@ class Scheduler:
     def _postprocess(self, plan: StepPlan, tokens: list[int], started: float) -> None:
         now = time.monotonic()
         engine = self.engine
-        produced = 0
-        for seq, token in zip(plan.seqs, tokens, strict=True):
-            if seq.status is not Status.RUNNING or seq.cancelled:
-                continue
+        live = [(seq, token) for seq, token in zip(plan.seqs, tokens, strict=True)
+                if seq.status is Status.RUNNING and not seq.cancelled]
+        produced = len(live)
+        # Count the step in the batch that ran it, before retirements open the next span.
+        batch = self._batch
+        if batch is not None:
+            batch.steps += 1
+            batch.tokens += produced
+            if plan.kind == "prefill":
+                batch.prefill_steps += 1
+                batch.prompt_tokens += plan.num_tokens
+        for seq, token in live:
             first = seq.first_token_at is None
             fragment = seq.append(token, engine.detokenize, engine.eos_token_ids)
-            produced += 1
             if first:
                 self.metrics.first_token(seq.id, seq.first_token_at)
             index = len(seq.output_ids)
@@ -400,13 +417,6 @@ class Scheduler:
                     self._emit("token", id=seq.id, index=index, text=fragment)
             if seq.finish_reason is not None:
                 self._retire(seq, "ok")
-        batch = self._batch
-        if batch is not None:
-            batch.steps += 1
-            batch.tokens += produced
-            if plan.kind == "prefill":
-                batch.prefill_steps += 1
-                batch.prompt_tokens += plan.num_tokens
         self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now)
         if self.events.has_subscribers:
             self._emit("step", step_id=plan.step_id, kind=plan.kind, members=[s.id for s in plan.seqs],

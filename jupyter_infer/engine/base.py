@@ -64,6 +64,10 @@ class Engine(abc.ABC):
         """Run ``plan``; return one sampled token id per ``plan.seqs``, in order."""
 
     @abc.abstractmethod
+    def release(self, row_ids: Seq[str]) -> None:
+        """Drop these rows from the running batch (unknown ids are ignored)."""
+
+    @abc.abstractmethod
     def reset(self) -> None:
         """Drop every running row (after a failed step left the batch state unknown)."""
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.utils import logging as hf_logging
 
 from .base import Engine, EngineInfo, StepPlan
 from .sampling import sample
@@ -81,6 +82,7 @@ class HFEngine(Engine):
         num_threads: int = 0,
         local_files_only: bool = False,
     ) -> None:
+        hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
         self.device = pick_device(device)
         torch_dtype = pick_dtype(dtype, self.device)
         if self.device == "cpu":
@@ -132,8 +134,7 @@ class HFEngine(Engine):
         return 0 if self._batch is None else len(self._batch.ids)
 
     def step(self, plan: StepPlan) -> list[int]:
-        if plan.release:
-            self._filter(set(plan.release))
+        self.release(plan.release)
         with torch.inference_mode():
             if plan.kind == "prefill":
                 return self._prefill(plan.seqs)
@@ -210,6 +211,10 @@ class HFEngine(Engine):
                 gen.seed()
             self._generators[seq.id] = gen
         return gen
+
+    def release(self, row_ids: Seq[str]) -> None:
+        if row_ids:
+            self._filter(set(row_ids))
 
     def _filter(self, leaving: set[str]) -> None:
         for row_id in leaving:

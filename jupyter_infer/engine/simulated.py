@@ -71,9 +71,12 @@ class SimulatedEngine(Engine):
     def detokenize(self, token_ids: Seq[int]) -> str:
         return "".join(self._pieces[i] for i in token_ids if i != EOS_ID)
 
-    def step(self, plan: StepPlan) -> list[int]:
-        for row_id in plan.release:
+    def release(self, row_ids: Seq[str]) -> None:
+        for row_id in row_ids:
             self._answers.pop(row_id, None)
+
+    def step(self, plan: StepPlan) -> list[int]:
+        self.release(plan.release)
         if plan.kind == "prefill":
             prompt_tokens = sum(s.num_prompt_tokens for s in plan.seqs)
             self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens)

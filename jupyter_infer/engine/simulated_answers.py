@@ -1081,9 +1081,9 @@ _FORM_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 _CLOSINGS: tuple[str, ...] = (
     "Happy to go deeper on any of these points with a concrete example.",
-    "A small experiment in a notebook is often the fastest way to build intuition for this.",
     "Let me know if a worked example or some code to try would help.",
     "Feel free to ask a follow-up if you want more detail on any part of this.",
+    "I can expand on any of these points if that would be useful.",
 )
 
 _REST_CLOSING = "I kept this focused, but I can also cover {rest} if that would help."

@@ -55,7 +55,7 @@ class LocalServer:
         ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
-        cmd += [f"--InferApp.{k}={_cli_value(v)}" for k, v in self.options.items()]
+        cmd += [arg for k, v in self.options.items() for arg in _cli_options(k, v)]
         self._log = open(self._log_path, "w")  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout
@@ -106,7 +106,8 @@ class LocalServer:
             return ""
 
 
-def _cli_value(value: Any) -> str:
+def _cli_options(name: str, value: Any) -> list[str]:
+    """``--InferApp.name=value``; a list trait takes one option per item."""
     if isinstance(value, (list, tuple)):
-        return json.dumps(list(value))
-    return str(value)
+        return [f"--InferApp.{name}={item}" for item in value]
+    return [f"--InferApp.{name}={value}"]

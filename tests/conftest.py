@@ -1,0 +1,36 @@
+"""Shared fixtures: locally built models (never downloaded) and the pytest-jupyter plugin."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Never reach for a model hub from tests; the models below are built locally.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(models_dir: Path) -> Path:
+    """A GPT-2-shaped model with random weights and a locally trained BPE tokenizer."""
+    from jupyter_infer.engine.model_builder import make_model
+
+    return make_model(models_dir / "tiny", "tiny")
+
+
+@pytest.fixture(scope="session")
+def llama_model_dir(models_dir: Path) -> Path:
+    """A Llama-shaped model (RoPE, grouped-query attention), built locally."""
+    from jupyter_infer.engine.model_builder import make_model
+
+    return make_model(models_dir / "llama-tiny", "llama-tiny")

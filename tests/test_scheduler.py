@@ -1,0 +1,216 @@
+"""The scheduler with the simulated engine: batching, streaming, cancellation, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from jupyter_infer.engine.base import StepPlan
+from jupyter_infer.engine.simulated import SimulatedEngine
+from jupyter_infer.errors import InvalidRequest, QueueFull, RequestFailed
+from jupyter_infer.request import Request, SamplingParams
+from jupyter_infer.scheduler import Scheduler, SchedulerConfig
+
+pytestmark = pytest.mark.asyncio
+
+
+def fast_engine(**kw) -> SimulatedEngine:
+    kw.setdefault("token_delay_ms", (1.0, 1.0))
+    return SimulatedEngine(prefill_ms_per_token=0.0, prefill_base_ms=0.0, **kw)
+
+
+class PoisonEngine(SimulatedEngine):
+    """Fails any step that holds a row whose prompt says POISON."""
+
+    def step(self, plan: StepPlan) -> list[int]:
+        if any("POISON" in s.request.prompt for s in plan.seqs):
+            raise RuntimeError("poisoned row")
+        return super().step(plan)
+
+
+async def started(engine, **config) -> Scheduler:
+    scheduler = Scheduler(engine, SchedulerConfig(**config))
+    scheduler.start()
+    await scheduler.wait_ready(10)
+    return scheduler
+
+
+def req(prompt: str = "What is dynamic batching?", max_tokens: int = 8, **kw) -> Request:
+    priority = kw.pop("priority", 0)
+    return Request(prompt, SamplingParams(max_tokens=max_tokens, **kw), priority=priority)
+
+
+async def test_window_groups_concurrent_requests_and_17th_waits() -> None:
+    s = await started(fast_engine(), mode="window", batch_window_ms=200, max_batch_size=16)
+    streams = [await s.submit(req(f"batching question {i}")) for i in range(17)]
+    results = await asyncio.gather(*(st.result() for st in streams))
+    first = {r.batch_id for r in results[:16]}
+    assert len(first) == 1 and results[0].batch_size == 16
+    assert results[16].batch_id not in first and results[16].batch_size == 1
+    await s.stop()
+
+
+async def test_window_expiry_closes_a_partial_batch() -> None:
+    s = await started(fast_engine(), mode="window", batch_window_ms=120, max_batch_size=16)
+    t0 = time.monotonic()
+    streams = [await s.submit(req(f"attention {i}")) for i in range(3)]
+    results = await asyncio.gather(*(st.result() for st in streams))
+    assert {r.batch_id for r in results} == {results[0].batch_id}
+    assert results[0].batch_size == 3
+    # Nobody filled the batch, so it closed when the window ran out, not before.
+    assert min(r.queued_ms for r in results) >= 100
+    assert time.monotonic() - t0 < 5
+    await s.stop()
+
+
+@pytest.mark.parametrize("mode", ["window", "continuous"])
+async def test_stream_delivers_every_token_in_order(mode: str) -> None:
+    s = await started(fast_engine(), mode=mode, batch_window_ms=10)
+    stream = await s.submit(req("Explain the KV cache", max_tokens=30))
+    events = [ev async for ev in stream]
+    result = await stream.result()
+    assert [ev.index for ev in events] == sorted(ev.index for ev in events)
+    assert "".join(ev.text for ev in events) == result.text
+    assert result.completion_tokens == 30 and result.finish_reason == "length"
+    assert "KV cache" in result.text or "cache" in result.text
+    await s.stop()
+
+
+async def test_continuous_newcomer_joins_running_batch() -> None:
+    s = await started(fast_engine(token_delay_ms=(5.0, 5.0)), mode="continuous")
+    long = await s.submit(req("Tell me about transformers", max_tokens=60))
+    five_tokens = asyncio.Event()
+
+    async def consume() -> int:
+        count = 0
+        async for ev in long:
+            count += 1
+            if ev.index >= 5:
+                five_tokens.set()
+        return count
+
+    consumer = asyncio.create_task(consume())
+    await five_tokens.wait()
+    late = await s.submit(req("And embeddings?", max_tokens=5))
+    late_result = await late.result()
+    # The newcomer finished while the long request was still running: it did not wait.
+    assert not long.done
+    assert late_result.queued_ms < 100 and late_result.batch_size == 2
+    assert (await long.result()).completion_tokens == 60 and await consumer >= 50
+    await s.stop()
+
+
+async def test_cancel_queued_and_running_without_harming_batch_mates() -> None:
+    s = await started(fast_engine(token_delay_ms=(3.0, 3.0)), mode="window", batch_window_ms=20, max_batch_size=3)
+    running = [await s.submit(req(f"rag {i}", max_tokens=40)) for i in range(3)]
+    queued = await s.submit(req("queued one", max_tokens=40))
+    await asyncio.sleep(0.1)
+    assert queued.seq.status.value == "waiting"
+    s.cancel(queued.id)
+    assert (await queued.result()).finish_reason == "cancelled"
+    victim = running[1]
+    async for ev in victim:
+        if ev.index >= 3:
+            break  # walking away from the stream cancels the request
+    others = await asyncio.gather(running[0].result(), running[2].result())
+    victim_result = await victim.result()
+    assert victim_result.finish_reason == "cancelled"
+    assert victim_result.completion_tokens < 40
+    assert all(r.completion_tokens == 40 for r in others)
+    await asyncio.sleep(0.05)
+    assert not s.running and not s.waiting and s.engine.num_running == 0  # no slot leaked
+    snap = s.snapshot()
+    assert snap["requests"]["cancelled"] == 2 and snap["requests"]["ok"] == 2
+    await s.stop()
+
+
+async def test_engine_failure_fails_only_that_step_and_scheduler_keeps_serving() -> None:
+    s = await started(PoisonEngine(prefill_ms_per_token=0, prefill_base_ms=0, token_delay_ms=(1, 1)),
+                      mode="continuous")
+    bad = await s.submit(req("POISON pill"))
+    with pytest.raises(RequestFailed, match="poisoned row"):
+        await bad.result()
+    with pytest.raises(RequestFailed):
+        async for _ in await s.submit(req("POISON again")):
+            pass
+    good = await (await s.submit(req("What is attention?"))).result()
+    assert good.completion_tokens == 8
+    assert s.snapshot()["requests"]["failed"] == 2
+    await s.stop()
+
+
+async def test_priority_orders_admission() -> None:
+    s = await started(fast_engine(), mode="window", batch_window_ms=50, max_batch_size=2)
+    low = [await s.submit(req(f"low {i}", priority=0)) for i in range(2)]
+    high = await s.submit(req("high", priority=5))
+    results = await asyncio.gather(*(st.result() for st in low), high.result())
+    by_id = {r.id: r for r in results}
+    # Highest priority first, then FIFO: the high one rides in the first batch with low[0].
+    assert by_id[high.id].batch_id == by_id[low[0].id].batch_id
+    assert by_id[low[1].id].batch_id > by_id[high.id].batch_id
+    await s.stop()
+
+
+async def test_queue_full_rejects_without_queueing() -> None:
+    s = await started(fast_engine(token_delay_ms=(20.0, 20.0)), mode="window", batch_window_ms=5,
+                      max_batch_size=1, max_queue_size=2)
+    first = await s.submit(req(max_tokens=20))
+    await asyncio.sleep(0.05)  # first is running now
+    queued = [await s.submit(req()) for _ in range(2)]
+    with pytest.raises(QueueFull, match="queue is full"):
+        await s.submit(req())
+    assert len(s.waiting) == 2
+    assert s.snapshot()["requests"]["rejected"] == 1
+    await asyncio.gather(first.result(), *(q.result() for q in queued))
+    await s.stop()
+
+
+async def test_limits_rejected_before_queueing() -> None:
+    s = await started(fast_engine(), max_prompt_tokens=10, max_new_tokens=50)
+    with pytest.raises(InvalidRequest, match="max_prompt_tokens"):
+        await s.submit(req("word " * 50))
+    with pytest.raises(InvalidRequest, match="max_new_tokens"):
+        await s.submit(req(max_tokens=51))
+    assert not s.waiting and s.snapshot()["requests"]["rejected"] == 2
+    await s.stop()
+
+
+async def test_stop_sequence_truncates_and_is_never_streamed() -> None:
+    s = await started(fast_engine())
+    full = await (await s.submit(req("What is attention?", max_tokens=40))).result()
+    words = full.text.split()
+    stop = f"{words[3]} {words[4]}"
+    stream = await s.submit(req("What is attention?", max_tokens=40, stop=(stop,)))
+    streamed = "".join([ev.text async for ev in stream])
+    result = await stream.result()
+    assert result.finish_reason == "stop"
+    assert stop not in streamed and streamed == result.text
+    assert full.text.startswith(result.text) and full.text[len(result.text):].startswith(stop)
+    await s.stop()
+
+
+async def test_stop_ends_running_requests_with_an_error() -> None:
+    s = await started(fast_engine(token_delay_ms=(20.0, 20.0)))
+    stream = await s.submit(req(max_tokens=100))
+    await asyncio.sleep(0.1)
+    await s.stop()
+    with pytest.raises(Exception, match="shutting down"):
+        await asyncio.wait_for(stream.result(), 5)
+
+
+async def test_batch_records_and_metrics() -> None:
+    s = await started(fast_engine(), mode="continuous")
+    streams = [await s.submit(req(f"embeddings {i}", max_tokens=4 + 4 * i)) for i in range(3)]
+    await asyncio.gather(*(st.result() for st in streams))
+    await asyncio.sleep(0.02)
+    batches = s.metrics.recent_batches()
+    # Continuous mode: a record per span of constant membership, shrinking as rows finish.
+    assert [len(b.members) for b in batches] == [3, 2, 1]
+    assert sum(b.tokens for b in batches) == 4 + 8 + 12
+    snap = s.snapshot()
+    assert snap["requests"]["ok"] == 3 and snap["tokens"]["completion"] == 24
+    assert snap["ttft_ms"]["p50"] is not None and snap["latency_ms"]["p99"] is not None
+    assert snap["batch_size_histogram"] and snap["mean_batch_size"] > 1
+    await s.stop()
