@@ -42,12 +42,12 @@ async def run_with_late_joiners(engine: HFEngine, mode: str) -> list[Sequence]:
     s = Scheduler(engine, SchedulerConfig(mode=mode, batch_window_ms=5))
     s.start()
     await s.wait_ready()
-    streams = [await s.submit(Request(p, SamplingParams(max_tokens=n))) for p, n in zip(PROMPTS[:3], LENGTHS[:3])]
+    streams = [await s.submit(Request(p, SamplingParams(max_tokens=n))) for p, n in zip(PROMPTS[:3], LENGTHS[:3], strict=True)]
     for _ in range(30):  # until the first three are decoding
         if all(st.seq.output_ids for st in streams):
             break
         await asyncio.sleep(0.005)
-    streams += [await s.submit(Request(p, SamplingParams(max_tokens=n))) for p, n in zip(PROMPTS[3:], LENGTHS[3:])]
+    streams += [await s.submit(Request(p, SamplingParams(max_tokens=n))) for p, n in zip(PROMPTS[3:], LENGTHS[3:], strict=True)]
     await asyncio.gather(*(st.result() for st in streams))
     await s.stop()
     return [st.seq for st in streams]
@@ -63,7 +63,7 @@ async def test_greedy_equals_generate_with_late_joiners(request, model_fixture: 
     if mode == "continuous":
         # The late pair really joined a batch already running, not a fresh one.
         assert seqs[3].batch_id != seqs[0].batch_id and seqs[3].batch_size > 2
-    for seq, prompt, n in zip(seqs, PROMPTS, LENGTHS):
+    for seq, prompt, n in zip(seqs, PROMPTS, LENGTHS, strict=True):
         assert seq.output_ids == reference(model_dir, prompt, n), prompt
 
 
