@@ -156,3 +156,16 @@ def test_auto_loads_a_local_model_folder(tiny_model_dir: Path) -> None:
     assert engine.info.engine == "hf" and engine.info.fallback_reason is None
     assert engine.info.device == "cpu" and engine.info.dtype == "float32"
     assert engine.info.details["architecture"] == "GPT2LMHeadModel"
+
+
+def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), num_threads=1)
+    seqs = [_seq(engine, p, 10) for p in PROMPTS[:2]]
+    engine.step(StepPlan(1, "prefill", seqs))
+    engine.step(StepPlan(2, "decode", seqs))
+    layer = engine._batch.cache.layers[0]
+    buffer = layer._key_buf.data_ptr()
+    for step in range(3, 8):
+        engine.step(StepPlan(step, "decode", seqs))
+    assert layer._key_buf.data_ptr() == buffer
+    assert layer.keys.shape[2] == engine._batch.mask.shape[1]  # one column per token fed so far

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
+from . import kv_cache
 from .base import Engine, EngineInfo, StepPlan
 from .sampling import sample
 
@@ -154,7 +155,7 @@ class HFEngine(Engine):
             mask[row, width - n :] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
-        cache = DynamicCache(config=self.model.config)
+        cache = kv_cache.new_cache(self.model.config)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -232,34 +233,20 @@ class HFEngine(Engine):
         mask = batch.mask[index]
         # Columns that only departed rows used are pure padding now: trim them.
         start = int(mask.any(dim=0).nonzero()[0])
-        for layer in batch.cache.layers:
-            layer.keys = layer.keys[index, :, start:]
-            layer.values = layer.values[index, :, start:]
+        kv_cache.select_rows(batch.cache, index, start)
         batch.ids = [batch.ids[i] for i in keep]
         batch.mask = mask[:, start:]
         batch.positions = batch.positions[index]
         batch.last = batch.last[index]
 
 
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
 def _merge(running: _Batch, newcomers: _Batch) -> _Batch:
-    """Concatenate two batches on the row axis, left-padding the shorter cache."""
+    """Concatenate two batches on the row axis, left-padding the shorter one."""
     width = max(running.mask.shape[1], newcomers.mask.shape[1])
-    for old, new in zip(running.cache.layers, newcomers.cache.layers, strict=True):
-        old.keys = torch.cat([_left_pad(old.keys, width, 2), _left_pad(new.keys, width, 2)])
-        old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(new.values, width, 2)])
     return _Batch(
         ids=running.ids + newcomers.ids,
-        cache=running.cache,
-        mask=torch.cat([_left_pad(running.mask, width, 1), _left_pad(newcomers.mask, width, 1)]),
+        cache=kv_cache.merge(running.cache, newcomers.cache, width),
+        mask=torch.cat([kv_cache.left_pad(running.mask, width, 1), kv_cache.left_pad(newcomers.mask, width, 1)]),
         positions=torch.cat([running.positions, newcomers.positions]),
         last=torch.cat([running.last, newcomers.last]),
     )
