@@ -305,7 +305,10 @@ class Scheduler:
             except Exception as err:
                 self._fail_step(plan, err)
                 continue
-            self._postprocess(plan, tokens, started)
+            try:
+                self._postprocess(plan, tokens, started)
+            except Exception as err:  # a bug here must not stop the loop for everyone
+                self._fail_step(plan, err)
 
     async def _wait(self, wake_at: float | None) -> None:
         self._wakeup.clear()
@@ -460,7 +463,7 @@ class Scheduler:
         if outcome == "cancelled":
             seq.finish_reason = "cancelled"
         stream = self._streams.pop(seq.id, None)
-        record = self.metrics.finished_request(
+        self.metrics.finished_request(
             seq.id, outcome, now, len(seq.output_ids), seq.finish_reason,
             None if error is None else str(error),
         )
@@ -485,8 +488,7 @@ class Scheduler:
             ttft_ms=None if seq.first_token_at is None else (seq.first_token_at - arrival) * 1000,
             total_ms=(now - arrival) * 1000,
         ))
-        del record
 
-    def _emit(self, kind: str, **data: Any) -> None:
+    def _emit(self, kind: str, /, **data: Any) -> None:
         if self.events.has_subscribers:
             self.events.publish({"type": kind, **data})

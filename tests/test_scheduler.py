@@ -214,3 +214,19 @@ async def test_batch_records_and_metrics() -> None:
     assert snap["ttft_ms"]["p50"] is not None and snap["latency_ms"]["p99"] is not None
     assert snap["batch_size_histogram"] and snap["mean_batch_size"] > 1
     await s.stop()
+
+
+async def test_live_events_tell_the_whole_story() -> None:
+    s = await started(fast_engine(), mode="continuous")
+    sub = s.events.subscribe()
+    results = await asyncio.gather(*[(await s.submit(req(f"agents {i}", max_tokens=3))).result() for i in range(2)])
+    kinds: dict[str, list[dict]] = {}
+    while (event := await sub.get(timeout=0.2)) is not None:
+        kinds.setdefault(event["type"], []).append(event)
+    assert {e["id"] for e in kinds["queued"]} == {r.id for r in results}
+    assert {e["batch_id"] for e in kinds["admitted"]} == {results[0].batch_id}
+    assert [e["kind"] for e in kinds["step"]][:2] == ["prefill", "decode"]
+    assert sum(1 for e in kinds["token"]) == 6
+    assert {e["outcome"] for e in kinds["finished"]} == {"ok"}
+    sub.close()
+    await s.stop()
