@@ -45,6 +45,7 @@ class LocalServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        self._root.cleanup()
 
     def start(self) -> None:
         cmd = [

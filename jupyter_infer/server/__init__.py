@@ -1,0 +1,1 @@
+"""The Jupyter server extension: ``InferApp`` (configuration and lifecycle) and its handlers."""

@@ -1,0 +1,118 @@
+"""The extension's counters and histograms on the server's own Prometheus ``/metrics``.
+
+jupyter_server serves ``prometheus_client``'s default registry, so the metrics live there.
+A metric name may be registered once per process, and tests start several servers in one
+process: each metric is created on first use and found again after that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from ..metrics import BatchRecord, RequestRecord
+from ..service import InferenceService
+
+_PREFIX = "jupyter_infer_"
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_metrics: dict[str, Any] = {}
+_service: InferenceService | None = None  # the one whose queue the gauges read
+
+
+def _get(kind: type, name: str, documentation: str, **kwargs: Any) -> Any:
+    """The metric ``name``, created once per process in the default registry."""
+    if name not in _metrics:
+        existing = getattr(REGISTRY, "_names_to_collectors", {}).get(_PREFIX + name)
+        _metrics[name] = existing or kind(_PREFIX + name, documentation, **kwargs)
+    return _metrics[name]
+
+
+def requests_total() -> Counter:
+    return _get(Counter, "requests", "Requests by outcome (ok, failed, cancelled, rejected).",
+                labelnames=["outcome"])
+
+
+def rejected_total() -> Counter:
+    return _get(Counter, "rejected", "Requests refused before queueing, by reason.",
+                labelnames=["reason"])
+
+
+def tokens_total() -> Counter:
+    return _get(Counter, "tokens", "Tokens processed, by kind (prompt, completion).",
+                labelnames=["kind"])
+
+
+def ttft_seconds() -> Histogram:
+    return _get(Histogram, "time_to_first_token_seconds",
+                "From arrival to the first generated token.", buckets=_SECONDS)
+
+
+def latency_seconds() -> Histogram:
+    return _get(Histogram, "request_latency_seconds",
+                "From arrival to the last token, for requests that finished ok.", buckets=_SECONDS)
+
+
+def queue_wait_seconds() -> Histogram:
+    return _get(Histogram, "queue_wait_seconds", "From arrival to admission into a batch.",
+                buckets=_SECONDS)
+
+
+def batch_size() -> Histogram:
+    return _get(Histogram, "batch_size", "Requests per closed batch record.", buckets=_SIZES)
+
+
+def queue_depth() -> Gauge:
+    return _get(Gauge, "queue_depth", "Requests waiting to be admitted.")
+
+
+def running() -> Gauge:
+    return _get(Gauge, "running_requests", "Requests in the running batch.")
+
+
+def _on_request_finished(record: RequestRecord) -> None:
+    requests_total().labels(outcome=record.outcome).inc()
+    tokens_total().labels(kind="prompt").inc(record.prompt_tokens)
+    tokens_total().labels(kind="completion").inc(record.completion_tokens)
+    if record.admitted_at is not None:
+        queue_wait_seconds().observe(record.admitted_at - record.queued_at)
+    if record.first_token_at is not None:
+        ttft_seconds().observe(record.first_token_at - record.queued_at)
+    if record.outcome == "ok" and record.finished_at is not None:
+        latency_seconds().observe(record.finished_at - record.queued_at)
+
+
+def _on_batch_closed(batch: BatchRecord) -> None:
+    batch_size().observe(len(batch.members))
+
+
+def _on_rejected(reason: str) -> None:
+    requests_total().labels(outcome="rejected").inc()
+    rejected_total().labels(reason=reason).inc()
+
+
+def attach(service: InferenceService) -> None:
+    """Feed ``service``'s records into the process-wide metrics; its queue drives the gauges."""
+    global _service
+    metrics = service.metrics
+    metrics.on_request_finished.append(_on_request_finished)
+    metrics.on_batch_closed.append(_on_batch_closed)
+    metrics.on_rejected.append(_on_rejected)
+    _service = service
+    queue_depth().set_function(lambda: len(_service.scheduler.waiting) if _service else 0)
+    running().set_function(lambda: len(_service.scheduler.running) if _service else 0)
+
+
+def detach(service: InferenceService) -> None:
+    global _service
+    metrics = service.metrics
+    for listeners, fn in (
+        (metrics.on_request_finished, _on_request_finished),
+        (metrics.on_batch_closed, _on_batch_closed),
+        (metrics.on_rejected, _on_rejected),
+    ):
+        if fn in listeners:
+            listeners.remove(fn)
+    if _service is service:
+        _service = None

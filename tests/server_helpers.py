@@ -1,0 +1,143 @@
+"""What the server tests share: the server config, a scripted engine, an SSE parser."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from jupyter_infer.engine import EngineConfig, StepPlan
+from jupyter_infer.engine.simulated import SimulatedEngine
+
+TOKEN = "test-token-0123456789"
+AUTH = {"Authorization": f"token {TOKEN}"}
+
+# Prompts the scripted engine treats specially.
+POISON = "POISON"  # the prefill step of a request with this prompt fails
+SCRIPTS = {
+    "MULTILINE": "alpha beta\ngamma\n\ndelta \r\nend",
+    "SHORT": "alpha beta\ngamma",
+}
+
+
+def server_config(**infer: Any) -> dict[str, Any]:
+    """pytest-jupyter config: the extension on, auth required, a fast simulated engine."""
+    options = {
+        "engine": "simulated",
+        "simulated_token_delay_ms": [0.0, 0.0],
+        "simulated_prefill_ms_per_token": 0.0,
+        **infer,
+    }
+    return {
+        "ServerApp": {
+            "jpserver_extensions": {"jupyter_infer": True, "jupyter_server_terminals": False},
+            "allow_unauthenticated_access": False,
+        },
+        "IdentityProvider": {"token": TOKEN},
+        "InferApp": options,
+    }
+
+
+class ScriptedEngine(SimulatedEngine):
+    """The simulated engine, plus fixed answers for ``SCRIPTS`` prompts and a poison pill."""
+
+    def step(self, plan: StepPlan) -> list[int]:
+        if plan.kind == "prefill" and any(POISON in s.request.prompt for s in plan.seqs):
+            for row_id in plan.release:
+                self._answers.pop(row_id, None)
+            raise RuntimeError("the scripted engine refuses poisoned prompts")
+        tokens = super().step(plan)
+        if plan.kind == "prefill":
+            for i, seq in enumerate(plan.seqs):
+                script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
+                if script is not None:
+                    self._answers[seq.id] = self.tokenize(script)
+                    tokens[i] = self._next_token(seq)
+        return tokens
+
+
+@dataclass
+class EngineGate:
+    """Holds engine loading until ``open()``: lets a test see the ``loading`` state."""
+
+    loaded: list[EngineConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        import threading
+
+        self.event = threading.Event()
+
+    def open(self) -> None:
+        self.event.set()
+
+
+def use_scripted_engine(monkeypatch: pytest.MonkeyPatch, gate: EngineGate | None = None) -> None:
+    """Make every InferenceService load a ``ScriptedEngine`` built from its config."""
+
+    def load(config: EngineConfig) -> ScriptedEngine:
+        if gate is not None:
+            assert gate.event.wait(30), "the test never opened the engine gate"
+            gate.loaded.append(config)
+        return ScriptedEngine(
+            seed=config.seed, token_delay_ms=config.token_delay_ms,
+            prefill_ms_per_token=config.prefill_ms_per_token,
+        )
+
+    monkeypatch.setattr("jupyter_infer.service.load_engine", load)
+
+
+# -- Server-Sent Events, parsed as the spec says ---------------------------------------------
+@dataclass
+class SSEEvent:
+    event: str
+    data: str
+    id: str | None
+
+
+def parse_sse(text: str) -> tuple[list[SSEEvent], list[str]]:
+    """Events and comments of a complete ``text/event-stream`` body, per the HTML spec's
+    "interpreting an event stream" (an unterminated last event is dropped)."""
+    events: list[SSEEvent] = []
+    comments: list[str] = []
+    data: list[str] | None = None
+    kind = ""
+    last_id: str | None = None
+    lines = re.split(r"\r\n|\r|\n", text)
+    for line in lines[:-1]:  # the text after the last line break is not a complete line
+        if line == "":
+            if data is not None:
+                events.append(SSEEvent(kind or "message", "\n".join(data), last_id))
+            data, kind = None, ""
+            continue
+        if line.startswith(":"):
+            comments.append(line[1:].removeprefix(" "))
+            continue
+        name, colon, value = line.partition(":")
+        if colon and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            data = (data or []) + [value]
+        elif name == "event":
+            kind = value
+        elif name == "id" and "\0" not in value:
+            last_id = value
+    return events, comments
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
+    """Poll ``check`` until it holds (or fail after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition still false after {timeout:.1f} s")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,300 @@
+"""The JSON routes of the server extension, through pytest-jupyter's in-process server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import AUTH, POISON, eventually, server_config, use_scripted_engine
+from tornado.httpclient import HTTPClientError
+
+from jupyter_infer.server.app import InferApp
+from jupyter_infer.server.handlers import routes
+
+ROUTES = [
+    ("POST", "infer/generate"),
+    ("POST", "infer/generate_stream"),
+    ("GET", "infer/generate_stream?prompt=hi"),
+    ("GET", "infer/status"),
+    ("GET", "infer/metrics"),
+    ("GET", "infer/batches"),
+    ("GET", "infer/events"),
+    ("POST", "infer/v1/completions"),
+    ("POST", "infer/v1/chat/completions"),
+    ("GET", "infer/v1/models"),
+]
+
+
+@pytest.fixture
+def infer_options() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
+def jp_server_config(infer_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    if infer_options.get("engine", "simulated") == "simulated":
+        use_scripted_engine(monkeypatch)
+    return server_config(**infer_options)
+
+
+def service_of(serverapp: Any) -> Any:
+    return serverapp.web_app.settings["jupyter_infer"]
+
+
+async def post(jp_fetch: Any, path: str, body: Any, **kwargs: Any) -> Any:
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return await jp_fetch(*path.split("/"), method="POST", body=data, **kwargs)
+
+
+async def post_json(jp_fetch: Any, path: str, body: Any) -> dict[str, Any]:
+    return json.loads((await post(jp_fetch, path, body)).body)
+
+
+async def error_of(jp_fetch: Any, path: str, body: Any) -> tuple[int, dict[str, Any], Any]:
+    with pytest.raises(HTTPClientError) as info:
+        await post(jp_fetch, path, body)
+    response = info.value.response
+    return info.value.code, json.loads(response.body), response.headers
+
+
+# -- auth -------------------------------------------------------------------------------------
+def test_every_verb_is_authenticated_and_authorized() -> None:
+    from jupyter_server.serverapp import ServerWebApplication
+
+    for pattern, handler in routes():
+        assert ServerWebApplication._check_handler_auth(None, pattern, handler) == [], pattern
+        assert handler.auth_resource == "jupyter_infer"
+
+
+async def test_every_route_refuses_requests_without_credentials(
+    jp_fetch: Any, jp_http_port: int, jp_base_url: str
+) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}") as client:
+        for method, path in ROUTES:
+            response = await client.request(method, path, json={"prompt": "hi"} if method == "POST" else None)
+            assert response.status_code == 403, (method, path)
+            wrong = await client.request(method, path, headers={"Authorization": "token nope"})
+            assert wrong.status_code == 403, (method, path)
+        # The same routes answer with the token (the streams are covered elsewhere).
+        ok = await client.get("infer/status", headers=AUTH)
+        assert ok.status_code == 200
+
+
+# -- generate ---------------------------------------------------------------------------------
+async def test_generate_answers_with_the_contract_shape(jp_fetch: Any) -> None:
+    response = await post(jp_fetch, "infer/generate", {"prompt": "What is attention?", "max_tokens": 12})
+    answer = json.loads(response.body)
+    assert response.headers["X-Request-Id"] == answer["id"]
+    assert set(answer) == {"id", "text", "finish_reason", "usage", "batch", "timings"}
+    assert answer["text"] and answer["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == 12
+    assert answer["usage"]["prompt_tokens"] > 0
+    assert answer["batch"]["id"] >= 1 and answer["batch"]["size"] >= 1
+    assert set(answer["timings"]) == {"queued_ms", "ttft_ms", "total_ms"}
+    again = await post_json(jp_fetch, "infer/generate", {"prompt": "What is attention?", "max_tokens": 12})
+    assert again["text"] == answer["text"]  # greedy by default: deterministic
+
+
+@pytest.mark.parametrize("infer_options", [{"mode": "window", "batch_window_ms": 300.0}])
+async def test_concurrent_generate_calls_share_one_batch(jp_fetch: Any) -> None:
+    prompts = ["attention", "batching", "KV cache", "sampling", "tokenizers"]
+    answers = await asyncio.gather(*(
+        post_json(jp_fetch, "infer/generate", {"prompt": p, "max_tokens": 5}) for p in prompts
+    ))
+    assert len({a["batch"]["id"] for a in answers}) == 1
+    assert {a["batch"]["size"] for a in answers} == {len(prompts)}
+    batches = json.loads((await jp_fetch("infer", "batches")).body)["batches"]
+    assert sorted(batches[-1]["members"]) == sorted(a["id"] for a in answers)
+
+
+@pytest.mark.parametrize("infer_options", [{"max_batch_size": 4, "mode": "window", "batch_window_ms": 200.0}])
+async def test_max_batch_size_reaches_the_scheduler(jp_fetch: Any, jp_serverapp: Any) -> None:
+    service = service_of(jp_serverapp)
+    assert service.scheduler.config.max_batch_size == 4
+    assert service.engine_config.token_delay_ms == (0.0, 0.0)
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["limits"]["max_batch_size"] == 4 and status["mode"] == "window"
+    answers = await asyncio.gather(*(
+        post_json(jp_fetch, "infer/generate", {"prompt": f"prompt {i}", "max_tokens": 3}) for i in range(6)
+    ))
+    sizes = [a["batch"]["size"] for a in answers]
+    assert max(sizes) == 4 and sorted(sizes) == [2, 2, 4, 4, 4, 4]
+    batches = json.loads((await jp_fetch("infer", "batches")).body)["batches"]
+    assert max(b["size"] for b in batches) == 4
+
+
+@pytest.mark.parametrize("infer_options", [{"mode": "continuous", "max_batch_size": 4}])
+async def test_continuous_batches_are_capped_too(jp_fetch: Any) -> None:
+    await asyncio.gather(*(
+        post_json(jp_fetch, "infer/generate", {"prompt": f"prompt {i}", "max_tokens": 8}) for i in range(10)
+    ))
+    batches = json.loads((await jp_fetch("infer", "batches", params={"limit": "1000"})).body)["batches"]
+    assert batches and max(b["size"] for b in batches) <= 4
+
+
+# -- bad input --------------------------------------------------------------------------------
+BAD_INPUT = [
+    ("{not json", 400, "not valid JSON"),
+    ("", 400, "body is empty"),
+    ([1, 2], 400, "must be a JSON object"),
+    ({"prompt": 5}, 400, "'prompt' must be a string"),
+    ({"prompt": "   "}, 400, "'prompt' is empty"),
+    ({"prompt": "hi", "max_tokens": 0}, 400, "'max_tokens' must be a positive integer"),
+    ({"prompt": "hi", "max_tokens": "ten"}, 400, "'max_tokens' must be a positive integer"),
+    ({"prompt": "hi", "max_tokens": 10_000}, 400, "InferApp.max_new_tokens"),
+    ({"prompt": "hi", "temperature": 7}, 400, "'temperature' must be between"),
+    ({"prompt": "hi", "top_p": 0}, 400, "'top_p' must be between"),
+    ({"prompt": "hi", "stop": [1]}, 400, "'stop' must be"),
+    ({"prompt": "hi", "colour": "red"}, 400, "Unknown field(s): colour"),
+    ({"prompt": "word " * 40}, 400, "InferApp.max_prompt_tokens"),
+    ({"prompt": "x" * 5000}, 413, "InferApp.max_body_bytes"),
+]
+
+
+@pytest.mark.parametrize("infer_options", [{"max_prompt_tokens": 32, "max_body_bytes": 4096}])
+@pytest.mark.parametrize("path", ["infer/generate", "infer/generate_stream"])
+async def test_bad_input_is_refused_and_nothing_is_queued(jp_fetch: Any, jp_serverapp: Any, path: str) -> None:
+    service = service_of(jp_serverapp)
+    for body, status, message in BAD_INPUT:
+        code, error, _ = await error_of(jp_fetch, path, body)
+        assert (code, message in error["message"]) == (status, True), (body, error)
+    snapshot = service.scheduler.snapshot()
+    assert snapshot["requests"]["rejected"] == len(BAD_INPUT)
+    assert snapshot["requests"]["ok"] == snapshot["requests"]["failed"] == 0
+    assert not service.scheduler.waiting and not service.metrics.finished
+    # The server still answers.
+    assert (await post_json(jp_fetch, "infer/generate", {"prompt": "still there?", "max_tokens": 3}))["text"]
+
+
+async def test_bad_query_parameters_on_get_stream(jp_fetch: Any) -> None:
+    for params, message in [
+        ({"prompt": "hi", "max_tokens": "many"}, "'max_tokens' must be a number"),
+        ({"prompt": "hi", "top_p": "2"}, "'top_p' must be between"),
+        ({"max_tokens": "3"}, "'prompt' must be a string"),
+        ({"prompt": "hi", "bogus": "1"}, "Unknown field(s): bogus"),
+    ]:
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("infer", "generate_stream", params=params)
+        assert info.value.code == 400
+        assert message in json.loads(info.value.response.body)["message"]
+
+
+async def test_batches_limit_is_checked(jp_fetch: Any) -> None:
+    for value in ("0", "x", "-1"):
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("infer", "batches", params={"limit": value})
+        assert info.value.code == 400
+    for i in range(3):
+        await post_json(jp_fetch, "infer/generate", {"prompt": f"p{i}", "max_tokens": 2})
+    answer = json.loads((await jp_fetch("infer", "batches", params={"limit": "2", "requests": "1"})).body)
+    assert len(answer["batches"]) == 2 and len(answer["requests"]) == 1
+    assert {"id", "mode", "members", "started_at", "ended_at", "steps", "tokens", "size"} <= set(answer["batches"][0])
+    assert {"id", "queued_at", "admitted_at", "finished_at", "batch_id", "outcome"} <= set(answer["requests"][0])
+
+
+@pytest.mark.parametrize(
+    "infer_options",
+    [{"max_queue_size": 1, "max_batch_size": 1, "simulated_token_delay_ms": [15.0, 15.0]}],
+)
+async def test_full_queue_answers_429_with_retry_after(jp_fetch: Any, jp_serverapp: Any) -> None:
+    service = service_of(jp_serverapp)
+    first = asyncio.ensure_future(post_json(jp_fetch, "infer/generate", {"prompt": "one", "max_tokens": 20}))
+    await eventually(lambda: len(service.scheduler.running) == 1)
+    second = asyncio.ensure_future(post_json(jp_fetch, "infer/generate", {"prompt": "two", "max_tokens": 2}))
+    await eventually(lambda: len(service.scheduler.waiting) == 1)
+    code, error, headers = await error_of(jp_fetch, "infer/generate", {"prompt": "three", "max_tokens": 2})
+    assert code == 429 and "queue is full" in error["message"]
+    assert int(headers["Retry-After"]) >= 1
+    assert (await first)["text"] and (await second)["text"]
+    assert service.scheduler.snapshot()["requests"]["rejected"] == 1
+
+
+# -- engine errors ----------------------------------------------------------------------------
+async def test_an_engine_error_fails_only_that_request(jp_fetch: Any) -> None:
+    code, error, _ = await error_of(jp_fetch, "infer/generate", {"prompt": f"{POISON} me"})
+    assert code == 500 and "The engine failed" in error["message"] and error["code"] == "engine_error"
+    ok = await post_json(jp_fetch, "infer/generate", {"prompt": "fine", "max_tokens": 4})
+    assert ok["usage"]["completion_tokens"] == 4
+    metrics = json.loads((await jp_fetch("infer", "metrics")).body)
+    assert metrics["requests"]["failed"] == 1 and metrics["requests"]["ok"] == 1
+
+
+@pytest.mark.parametrize("infer_options", [{"engine": "hf", "model": "/nonexistent/model/dir"}])
+async def test_an_engine_that_cannot_load_answers_503(jp_fetch: Any) -> None:
+    code, error, _ = await error_of(jp_fetch, "infer/generate", {"prompt": "hi"})
+    assert code == 503 and "not available" in error["message"]
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["state"] == "failed" and status["load_error"]
+    code, error, _ = await error_of(jp_fetch, "infer/v1/completions", {"prompt": "hi"})
+    assert code == 503 and error["error"]["type"] == "service_unavailable_error"
+
+
+# -- status, metrics, Prometheus ---------------------------------------------------------------
+async def test_status_and_metrics(jp_fetch: Any) -> None:
+    await post_json(jp_fetch, "infer/generate", {"prompt": "hello", "max_tokens": 3})
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["state"] == "ready" and status["engine"] == "simulated"
+    assert status["configured"]["engine"] == "simulated"
+    assert {"max_batch_size", "max_queue_size", "max_new_tokens", "max_prompt_tokens"} <= set(status["limits"])
+    metrics = json.loads((await jp_fetch("infer", "metrics")).body)
+    assert metrics["requests"]["ok"] == 1 and metrics["tokens"]["completion"] == 3
+    assert {"ttft_ms", "latency_ms", "batch_size_histogram", "queue_depth"} <= set(metrics)
+
+
+def _sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and "}" in line and line.split("}")[0] + "}" == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_prometheus_metrics_on_the_server_endpoint(jp_fetch: Any) -> None:
+    before = (await jp_fetch("metrics")).body.decode()
+    await post_json(jp_fetch, "infer/generate", {"prompt": "count me", "max_tokens": 4})
+    await error_of(jp_fetch, "infer/generate", {"prompt": ""})
+    after = (await jp_fetch("metrics")).body.decode()
+    ok = 'jupyter_infer_requests_total{outcome="ok"}'
+    rejected = 'jupyter_infer_requests_total{outcome="rejected"}'
+    completion = 'jupyter_infer_tokens_total{kind="completion"}'
+    assert _sample(after, ok) == _sample(before, ok) + 1
+    assert _sample(after, rejected) == _sample(before, rejected) + 1
+    assert _sample(after, completion) == _sample(before, completion) + 4
+    for name in ("jupyter_infer_time_to_first_token_seconds_count", "jupyter_infer_request_latency_seconds_count",
+                 "jupyter_infer_batch_size_count", "jupyter_infer_queue_depth", "jupyter_infer_running_requests"):
+        assert name in after
+
+
+# -- configuration ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_batch_size": 0}, "InferApp.max_batch_size must be at least 1"),
+        ({"device": "tpu"}, "InferApp.device must be"),
+        ({"simulated_token_delay_ms": [5.0, 1.0]}, "0 <= low <= high"),
+        ({"batch_window_ms": -1.0}, "InferApp.batch_window_ms must be 0 or more"),
+        ({"engine": "vllm"}, "engine"),
+        ({"mode": "eager"}, "mode"),
+    ],
+)
+def test_invalid_traits_say_what_to_fix(options: dict[str, Any], message: str) -> None:
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match=message.replace("(", r"\(")):
+        InferApp(**options)
+
+
+def test_every_trait_has_help() -> None:
+    for name, trait in InferApp.class_own_traits(config=True).items():
+        assert trait.help, name
+
+
+@pytest.mark.parametrize("infer_options", [{"max_batch_size": 0}])
+async def test_an_invalid_configuration_fails_clearly_instead_of_using_defaults(jp_fetch: Any) -> None:
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["state"] == "failed"
+    assert "InferApp.max_batch_size must be at least 1" in status["load_error"]
+    code, error, _ = await error_of(jp_fetch, "infer/generate", {"prompt": "hi"})
+    assert code == 503 and "InferApp.max_batch_size" in error["message"]
