@@ -1,0 +1,146 @@
+"""The numbers under a timeline: TTFT and latency p50/p95, tokens/s, batch sizes."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (like numpy's default); ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@dataclass
+class RunSummary:
+    """A run of requests at a glance (times in ms)."""
+
+    requests: int = 0
+    ok: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    latency_p50_ms: float | None = None
+    latency_p95_ms: float | None = None
+    tokens: int = 0
+    wall_s: float | None = None
+    tokens_per_s: float | None = None
+    batches: int = 0
+    mean_batch_size: float | None = None  # over engine steps, as the server's metric
+    batch_size_histogram: dict[int, int] = field(default_factory=dict)  # size -> steps
+
+    @classmethod
+    def from_timeline(cls, rows: Sequence[Mapping[str, Any]], batches: Sequence[Mapping[str, Any]]) -> RunSummary:
+        """From ``timeline_data`` rows and batches (or a ``BatchTimeline``'s traits)."""
+        outcomes = Counter(r.get("outcome") for r in rows)
+        ttft = [(r["first_token_at"] - r["queued_at"]) * 1000 for r in rows
+                if r.get("first_token_at") and r.get("queued_at")]
+        latency = [(r["finished_at"] - r["queued_at"]) * 1000 for r in rows
+                   if r.get("finished_at") and r.get("queued_at") and r.get("outcome") == "ok"]
+        tokens = sum(int(r.get("tokens") or 0) for r in rows)
+        starts = [r["queued_at"] for r in rows if r.get("queued_at")]
+        ends = [r["finished_at"] for r in rows if r.get("finished_at")]
+        wall = (max(ends) - min(starts)) if starts and ends else None
+        histogram: Counter[int] = Counter()
+        for b in batches:
+            histogram[int(b.get("size") or len(b.get("members", [])))] += max(int(b.get("steps") or 0), 1)
+        steps = sum(histogram.values())
+        return cls(
+            requests=len(rows),
+            ok=outcomes["ok"],
+            failed=outcomes["failed"] + outcomes["error"],
+            cancelled=outcomes["cancelled"],
+            ttft_p50_ms=_round(percentile(ttft, 50)),
+            ttft_p95_ms=_round(percentile(ttft, 95)),
+            latency_p50_ms=_round(percentile(latency, 50)),
+            latency_p95_ms=_round(percentile(latency, 95)),
+            tokens=tokens,
+            wall_s=_round(wall, 3),
+            tokens_per_s=_round(tokens / wall) if wall else None,
+            batches=len(batches),
+            mean_batch_size=_round(sum(k * v for k, v in histogram.items()) / steps, 2) if steps else None,
+            batch_size_histogram=dict(sorted(histogram.items())),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["batch_size_histogram"] = {str(k): v for k, v in self.batch_size_histogram.items()}
+        return out
+
+    def __str__(self) -> str:
+        hist = ", ".join(f"{k}: {v}" for k, v in self.batch_size_histogram.items()) or "-"
+        return (
+            f"{self.requests} requests ({self.ok} ok, {self.failed} failed, {self.cancelled} cancelled) · "
+            f"TTFT p50 {_ms(self.ttft_p50_ms)} p95 {_ms(self.ttft_p95_ms)} · "
+            f"latency p50 {_ms(self.latency_p50_ms)} p95 {_ms(self.latency_p95_ms)} · "
+            f"{self.tokens} tokens, {_num(self.tokens_per_s)} tokens/s · "
+            f"{self.batches} batches, mean size {_num(self.mean_batch_size)} · "
+            f"steps by batch size {{{hist}}}"
+        )
+
+    def to_html(self) -> str:
+        cells = [
+            ("requests", f"{self.requests} <small>({self.ok} ok"
+             + (f", {self.failed} failed" if self.failed else "")
+             + (f", {self.cancelled} cancelled" if self.cancelled else "") + ")</small>"),
+            ("TTFT p50 / p95", f"{_ms(self.ttft_p50_ms)} / {_ms(self.ttft_p95_ms)}"),
+            ("latency p50 / p95", f"{_ms(self.latency_p50_ms)} / {_ms(self.latency_p95_ms)}"),
+            ("tokens/s", f"{_num(self.tokens_per_s)} <small>({self.tokens} tokens in {_num(self.wall_s)} s)</small>"),
+            ("mean batch size", f"{_num(self.mean_batch_size)} <small>({self.batches} batches)</small>"),
+        ]
+        stats = "".join(
+            f'<div style="min-width:110px"><div style="color:#777">{html.escape(name)}</div>'
+            f'<div style="font-size:15px;font-weight:600">{value}</div></div>'
+            for name, value in cells
+        )
+        return (
+            '<div class="ji-summary" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:12px;'
+            'display:flex;flex-wrap:wrap;gap:18px;align-items:flex-end">'
+            + stats + self._histogram_html() + "</div>"
+        )
+
+    def _histogram_html(self) -> str:
+        if not self.batch_size_histogram:
+            return ""
+        top = max(self.batch_size_histogram.values())
+        bars = "".join(
+            f'<div title="batch size {size}: {count} steps" style="display:flex;flex-direction:column;'
+            f'align-items:center;justify-content:flex-end;height:56px">'
+            f'<div style="width:14px;height:{max(2, round(40 * count / top))}px;background:#4c78a8"></div>'
+            f'<div style="font-size:10px;color:#777">{size}</div></div>'
+            for size, count in self.batch_size_histogram.items()
+        )
+        return (
+            '<div><div style="color:#777">steps by batch size</div>'
+            f'<div style="display:flex;gap:3px;align-items:flex-end">{bars}</div></div>'
+        )
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.0f} ms"
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"

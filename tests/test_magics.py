@@ -1,0 +1,177 @@
+"""The magics in a real ipykernel, against a real Jupyter server with the extension."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from jupyter_infer.magics import split_options
+from jupyter_infer.server.launcher import LocalServer
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Any]:
+    with LocalServer(engine="simulated", simulated_token_delay_ms=[2.0, 5.0]) as server:
+        env = {**os.environ, "JUPYTER_INFER_URL": server.url, "JUPYTER_INFER_TOKEN": server.token}
+        km, kc = start_new_kernel(kernel_name="python3", env=env)
+        kc.km = km  # for the interrupt test
+        try:
+            run(kc, "%load_ext jupyter_infer")
+            yield kc
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+
+
+def run(kc: Any, code: str) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """Execute ``code``; return its status, its iopub messages and the reply's content."""
+    messages: list[dict[str, Any]] = []
+    reply = kc.execute_interactive(code, output_hook=messages.append, timeout=60)
+    return reply["content"]["status"], messages, reply["content"]
+
+
+def texts(messages: list[dict[str, Any]], *types: str) -> list[str]:
+    out = []
+    for msg in messages:
+        if msg["msg_type"] in types:
+            content = msg["content"]
+            out.append(content["text"] if msg["msg_type"] == "stream" else content["data"].get("text/plain", ""))
+    return out
+
+
+def test_split_options() -> None:
+    assert split_options("What's a KV cache?") == ("", "What's a KV cache?")
+    assert split_options("--max-tokens 20 --no-stream  Explain  it") == ("--max-tokens 20 --no-stream", "Explain  it")
+    assert split_options("--seed=3 -- --not an option") == ("--seed=3", "--not an option")
+    assert split_options("-1 is a number") == ("", "-1 is a number")
+
+
+def test_cell_magic_streams_into_one_updating_display(kernel: Any) -> None:
+    status, messages, _ = run(kernel, "%%infer --max-tokens 40 --seed 1\nWhat is dynamic batching?")
+    assert status == "ok"
+    displays = [m for m in messages if m["msg_type"] == "display_data"]
+    updates = [m for m in messages if m["msg_type"] == "update_display_data"]
+    assert len(displays) == 1 and len(updates) >= 2
+    display_id = displays[0]["content"]["transient"]["display_id"]
+    assert all(m["content"]["transient"]["display_id"] == display_id for m in updates)
+    final = updates[-1]["content"]["data"]["text/plain"]
+    assert "batching" in final.lower() and "[40 tokens · first token" in final
+    assert not texts(messages, "stream")  # no line per token
+
+
+def test_line_magic_and_no_stream(kernel: Any) -> None:
+    status, messages, _ = run(kernel, "%infer --max-tokens 8 --no-stream What's the KV cache? ")
+    assert status == "ok"
+    (shown,) = texts(messages, "display_data")
+    assert "[8 tokens · length" in shown and "batch #" in shown
+
+
+def test_errors_are_one_short_line(kernel: Any) -> None:
+    status, messages, _ = run(kernel, "%infer --max-tokens 100000 hello")
+    assert status == "ok"
+    assert not [m for m in messages if m["msg_type"] == "error"]
+    (err,) = [t for t in texts(messages, "stream") if t.strip()]
+    assert err.startswith("jupyter_infer: 'max_tokens' is 100000") and "Traceback" not in err
+    status, messages, _ = run(kernel, "%infer --bogus 1 hello")
+    assert "unrecognized arguments: --bogus" in "".join(texts(messages, "stream"))
+    status, messages, _ = run(kernel, "%%infer\n   ")
+    assert "Give a prompt" in "".join(texts(messages, "stream"))
+
+
+def test_help_text(kernel: Any) -> None:
+    _, _, reply = run(kernel, "%infer?")
+    page = reply["payload"][0]["data"]["text/plain"]
+    assert "Complete a prompt" in page and "--max-tokens" in page and "%%infer" in page
+    _, _, reply = run(kernel, "%infer_burst?")
+    assert "--rate" in reply["payload"][0]["data"]["text/plain"]
+
+
+def test_status(kernel: Any) -> None:
+    status, messages, _ = run(kernel, "%infer_status")
+    assert status == "ok"
+    (shown,) = texts(messages, "display_data")
+    for word in ("found via environment", "simulated", "scheduling mode", "continuous", "queue / running",
+                 "TTFT p50 / p95", "mean batch size"):
+        assert word in shown
+
+
+def test_burst_shows_a_timeline_and_a_summary(kernel: Any) -> None:
+    status, messages, _ = run(kernel, "%infer_burst 8 --max-tokens 12")
+    assert status == "ok"
+    assert any("RunView" in t for t in texts(messages, "display_data"))
+    (summary,) = [t for t in texts(messages, "stream") if "requests" in t]
+    assert summary.startswith("8 requests (8 ok") and "TTFT p50" in summary and "mean size" in summary
+    status, messages, _ = run(kernel, (
+        "t = _infer_burst.timeline\n"
+        "assert len(t.requests) == 8 and all(r['id'].startswith('req-') for r in t.requests)\n"
+        "assert all(r['batch_ids'] and set(r['batch_ids']) <= set(t.batch_ids) for r in t.requests)\n"
+        "assert max(b['size'] for b in t.batches) >= 4\n"
+        "print('ok', len(t.batches))"
+    ))
+    assert status == "ok", messages
+    _, messages, _ = run(kernel, "%infer_burst 4 --rate 50 --max-tokens 4")
+    assert any(t.startswith("4 requests (4 ok") for t in texts(messages, "stream"))
+
+
+def test_panel_magic(kernel: Any) -> None:
+    status, messages, _ = run(kernel, "%infer_panel 3")
+    assert status == "ok"
+    assert any("InferPanel" in t for t in texts(messages, "display_data"))
+
+
+def test_interrupt_cancels_the_request(kernel: Any) -> None:
+    """Ctrl-C (a kernel interrupt) while tokens stream: the server cancels the request."""
+    before = metrics(kernel)["cancelled"]
+    messages: list[dict[str, Any]] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        messages.append(msg)
+        if msg["msg_type"] == "update_display_data" and not interrupted.is_set():
+            interrupted.set()  # tokens are streaming: interrupt now
+            kernel.km.interrupt_kernel()
+
+    interrupted = threading.Event()
+    reply = kernel.execute_interactive("%%infer --max-tokens 500\nExplain batching at length",
+                                       output_hook=hook, timeout=60)
+    assert interrupted.is_set()
+    assert reply["content"]["status"] == "error"  # stops a "run all" like any interrupted cell
+    assert "the server cancels the request" in "".join(texts(messages, "stream"))
+    deadline = time.monotonic() + 5
+    while metrics(kernel)["cancelled"] == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metrics(kernel)["cancelled"] == before + 1
+
+
+def metrics(kc: Any) -> dict[str, int]:
+    _, messages, _ = run(kc, "print(__import__('json').dumps(__import__('jupyter_infer').client.default_client()"
+                             ".metrics()['requests']))")
+    import json
+
+    return json.loads("".join(texts(messages, "stream")))
+
+
+def test_panel_send_button_in_a_real_kernel(kernel: Any) -> None:
+    """A click on Send (a comm message, as the browser sends it) runs the prompts on the
+    kernel's loop; the run goes on after the click's handler returns."""
+    status, messages, _ = run(kernel, (
+        "from jupyter_infer.widgets import InferPanel\n"
+        "panel = InferPanel(prompts=['What is RAG?', 'What is attention?'])\n"
+        "panel.max_tokens.value = 8\n"
+        "print(panel.send_button.comm.comm_id)"
+    ))
+    comm_id = "".join(texts(messages, "stream")).strip()
+    msg = kernel.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}})
+    kernel.shell_channel.send(msg)
+    for _ in range(50):
+        _, messages, _ = run(kernel, "print(panel.running, [r['outcome'] for r in panel.timeline.requests])")
+        if "".join(texts(messages, "stream")).startswith("False ['ok', 'ok']"):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the click did not run the prompts: " + "".join(texts(messages, "stream")))
