@@ -44,6 +44,9 @@ class SchedulerConfig:
     max_prompt_tokens: int = 2048
     max_prefill_tokens: int = 4096  # prompt tokens (padded) one prefill step may run
     decode_steps_per_prefill: int = 1  # decode steps the running rows get between two prefills
+    # Continuous mode, idle engine: wait this long after the first arrival so that a burst
+    # (say 16 HTTP requests landing over a few ms) shares one prefill instead of two.
+    idle_admit_delay_ms: float = 2.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -51,8 +54,9 @@ class SchedulerConfig:
         for name in ("max_batch_size", "max_queue_size", "max_new_tokens", "max_prompt_tokens", "max_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1; got {getattr(self, name)}")
-        if self.batch_window_ms < 0:
-            raise ValueError(f"batch_window_ms must be >= 0; got {self.batch_window_ms}")
+        for name in ("batch_window_ms", "idle_admit_delay_ms"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
 
 
 class _End:
@@ -320,8 +324,11 @@ class Scheduler:
 
     def _schedule(self) -> tuple[StepPlan | None, float | None]:
         """Decide the next step: retire cancelled rows, admit newcomers or decode."""
-        for seq in [s for s in self.running if s.cancelled]:
+        cancelled = [s for s in self.running if s.cancelled]
+        for seq in cancelled:
             self._retire(seq, "cancelled")
+        if cancelled:
+            self._update_span()
         newcomers, wake_at = self._admit()
         release, self._release = self._release, []
         if newcomers:
@@ -338,16 +345,19 @@ class Scheduler:
         if not self.waiting:
             return [], None
         now = time.monotonic()
-        if cfg.mode == "window":
-            if self.running:
-                return [], None  # the classic batcher runs a batch to completion
+        if cfg.mode == "window" and self.running:
+            return [], None  # the classic batcher runs a batch to completion
+        if self.running:
+            if self._decodes_since_prefill < cfg.decode_steps_per_prefill:
+                return [], None  # let the running streams make progress first
+        else:
+            # An idle engine waits for the window (window mode), or a few ms (continuous).
             if self._window_opened is None:
                 self._window_opened = now
-            deadline = self._window_opened + cfg.batch_window_ms / 1000
+            window = cfg.batch_window_ms if cfg.mode == "window" else cfg.idle_admit_delay_ms
+            deadline = self._window_opened + window / 1000
             if len(self.waiting) < cfg.max_batch_size and now < deadline:
                 return [], deadline
-        elif self.running and self._decodes_since_prefill < cfg.decode_steps_per_prefill:
-            return [], None  # let the running streams make progress first
         room = cfg.max_batch_size - len(self.running)
         newcomers: list[Sequence] = []
         longest = 0
@@ -420,6 +430,7 @@ class Scheduler:
                     self._emit("token", id=seq.id, index=index, text=fragment)
             if seq.finish_reason is not None:
                 self._retire(seq, "ok")
+        self._update_span()
         self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now)
         if self.events.has_subscribers:
             self._emit("step", step_id=plan.step_id, kind=plan.kind, members=[s.id for s in plan.seqs],
@@ -438,23 +449,28 @@ class Scheduler:
         for seq in plan.seqs:
             if seq.status is Status.RUNNING:
                 self._retire(seq, "failed", error=RequestFailed(message))
+        self._update_span()
 
     def _retire(self, seq: Sequence, outcome: str, error: Exception | None = None) -> None:
         """A running request leaves the batch (its engine row goes with the next step)."""
         self.running.remove(seq)
         self._release.append(seq.id)
         self._finish(seq, outcome, error=error)
+
+    def _update_span(self) -> None:
+        """After rows left: close the batch when it is empty; in continuous mode the
+        survivors of a changed membership form a new span (one per step, however many left)."""
         now = time.monotonic()
-        if self.config.mode == "continuous" and self.running:
-            # Membership changed: the surviving rows form a new batch span.
-            survivors = list(self.running)
+        if not self.running:
             self._close_batch(now)
-            self._batch = BatchRecord(next(self._batch_ids), self.config.mode, [s.id for s in survivors], now)
-            for s in survivors:
-                self.metrics.joined_batch(s.id, self._batch.id)
+        elif (self.config.mode == "continuous" and self._batch is not None
+              and len(self._batch.members) != len(self.running)):
+            survivors = [s.id for s in self.running]
+            self._close_batch(now)
+            self._batch = BatchRecord(next(self._batch_ids), self.config.mode, survivors, now)
+            for row_id in survivors:
+                self.metrics.joined_batch(row_id, self._batch.id)
             self._emit("batch", state="open", **self._batch.to_json())
-        elif not self.running:
-            self._close_batch(now)
 
     def _finish(self, seq: Sequence, outcome: str, error: Exception | None = None) -> None:
         now = time.monotonic()

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.engine import EngineConfig, load_engine
 from jupyter_infer.engine.base import StepPlan
-from jupyter_infer.engine.hf import HFEngine
+from jupyter_infer.engine.hf import HFEngine, cpu_has_native_bf16
 from jupyter_infer.request import Request, SamplingParams
 from jupyter_infer.scheduler import Scheduler, SchedulerConfig
 from jupyter_infer.sequence import Sequence
@@ -58,7 +58,7 @@ async def run_with_late_joiners(engine: HFEngine, mode: str) -> list[Sequence]:
 @pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
 async def test_greedy_equals_generate_with_late_joiners(request, model_fixture: str, mode: str) -> None:
     model_dir = request.getfixturevalue(model_fixture)
-    engine = HFEngine(str(model_dir), num_threads=1)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     seqs = await run_with_late_joiners(engine, mode)
     if mode == "continuous":
         # The late pair really joined a batch already running, not a fresh one.
@@ -72,7 +72,7 @@ def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
 
 
 def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: Path) -> None:
-    engine = HFEngine(str(tiny_model_dir), num_threads=1)
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:3]]
     for seq, tok in zip(seqs, engine.step(StepPlan(1, "prefill", seqs)), strict=True):
         seq.output_ids.append(tok)
@@ -99,7 +99,7 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
 
 
 def test_decode_that_does_not_match_the_batch_is_refused(tiny_model_dir: Path) -> None:
-    engine = HFEngine(str(tiny_model_dir), num_threads=1)
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b = _seq(engine, "one", 4), _seq(engine, "two", 4)
     engine.step(StepPlan(1, "prefill", [a]))
     with pytest.raises(RuntimeError, match="does not match"):
@@ -108,7 +108,7 @@ def test_decode_that_does_not_match_the_batch_is_refused(tiny_model_dir: Path) -
 
 @pytest.mark.asyncio
 async def test_seeded_sampling_is_independent_of_batch_mates(tiny_model_dir: Path) -> None:
-    engine = HFEngine(str(tiny_model_dir), num_threads=1)
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     engine.eos_token_ids = frozenset()
     s = Scheduler(engine, SchedulerConfig())
     s.start()
@@ -124,7 +124,7 @@ async def test_seeded_sampling_is_independent_of_batch_mates(tiny_model_dir: Pat
 
 @pytest.mark.asyncio
 async def test_continuous_priority_newcomer_admitted_before_older_low_priority(tiny_model_dir: Path) -> None:
-    engine = HFEngine(str(tiny_model_dir), num_threads=1)
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     engine.eos_token_ids = frozenset()
     s = Scheduler(engine, SchedulerConfig(mode="continuous", max_batch_size=1))
     s.start()
@@ -154,12 +154,13 @@ def test_hf_engine_requested_explicitly_raises_instead_of_falling_back(tmp_path:
 def test_auto_loads_a_local_model_folder(tiny_model_dir: Path) -> None:
     engine = load_engine(EngineConfig(engine="auto", model=str(tiny_model_dir), num_threads=1))
     assert engine.info.engine == "hf" and engine.info.fallback_reason is None
-    assert engine.info.device == "cpu" and engine.info.dtype == "float32"
+    expected = "bfloat16" if cpu_has_native_bf16() else "float32"
+    assert engine.info.device == "cpu" and engine.info.dtype == expected
     assert engine.info.details["architecture"] == "GPT2LMHeadModel"
 
 
 def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_dir: Path) -> None:
-    engine = HFEngine(str(tiny_model_dir), num_threads=1)
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:2]]
     engine.step(StepPlan(1, "prefill", seqs))
     engine.step(StepPlan(2, "decode", seqs))

@@ -230,3 +230,22 @@ async def test_live_events_tell_the_whole_story() -> None:
     assert {e["outcome"] for e in kinds["finished"]} == {"ok"}
     sub.close()
     await s.stop()
+
+
+async def test_rows_that_finish_together_close_one_span() -> None:
+    s = await started(fast_engine(), mode="continuous")
+    streams = [await s.submit(req(f"rag {i}", max_tokens=5)) for i in range(4)]
+    await asyncio.gather(*(st.result() for st in streams))
+    assert [len(b.members) for b in s.metrics.recent_batches()] == [4]
+    await s.stop()
+
+
+async def test_idle_engine_lets_a_trickling_burst_share_one_prefill() -> None:
+    s = await started(fast_engine(), mode="continuous", idle_admit_delay_ms=30)
+    streams = []
+    for i in range(4):  # arrivals spread over ~15 ms, as concurrent HTTP requests land
+        streams.append(await s.submit(req(f"lora {i}", max_tokens=3)))
+        await asyncio.sleep(0.005)
+    results = await asyncio.gather(*(st.result() for st in streams))
+    assert {r.batch_id for r in results} == {results[0].batch_id} and results[0].batch_size == 4
+    await s.stop()

@@ -69,6 +69,10 @@ class InferApp(ExtensionApp):
     max_prefill_tokens = Int(
         4096, help="Prompt tokens (padded) that one prefill step may run; bounds a step's cost."
     ).tag(config=True)
+    idle_admit_delay_ms = Float(
+        2.0, help="""Continuous mode: how long an idle engine waits after the first arrival
+        before its first prefill, so that a burst of requests shares one prefill (ms)."""
+    ).tag(config=True)
     num_threads = Int(
         0, help="CPU threads for the 'hf' engine; 0 picks for this machine."
     ).tag(config=True)
@@ -118,7 +122,7 @@ class InferApp(ExtensionApp):
             raise TraitError(f"InferApp.num_threads must be 0 (auto) or more; got {proposal['value']}.")
         return proposal["value"]
 
-    @validate("batch_window_ms", "simulated_prefill_ms_per_token")
+    @validate("batch_window_ms", "idle_admit_delay_ms", "simulated_prefill_ms_per_token")
     def _check_non_negative(self, proposal: dict[str, Any]) -> float:
         name, value = proposal["trait"].name, proposal["value"]
         if not value >= 0:  # NaN fails too
@@ -199,6 +203,7 @@ class InferApp(ExtensionApp):
                 max_batch_size=self.max_batch_size, max_queue_size=self.max_queue_size,
                 max_new_tokens=self.max_new_tokens, max_prompt_tokens=self.max_prompt_tokens,
                 max_prefill_tokens=self.max_prefill_tokens,
+                idle_admit_delay_ms=self.idle_admit_delay_ms,
             ),
         )
 

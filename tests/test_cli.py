@@ -1,0 +1,122 @@
+"""The command line: ``jupyter infer demo``, ``loadgen`` and ``make-model``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jupyter_infer.cli import main
+from jupyter_infer.loadgen import make_workload, percentile, sse_events
+
+VENV_BIN = Path(sys.executable).parent
+
+
+# -- loadgen pieces -----------------------------------------------------------------------------
+def test_percentile_interpolates_and_skips_missing() -> None:
+    assert percentile([], 50) is None
+    assert percentile([None], 50) is None
+    assert percentile([3.0, 1.0, 2.0, None], 50) == 2.0
+    assert percentile([0.0, 10.0], 95) == pytest.approx(9.5)
+
+
+def test_workload_is_seeded_and_poisson() -> None:
+    a = make_workload(200, rate=10, min_tokens=4, max_tokens=9, seed=7)
+    assert a == make_workload(200, rate=10, min_tokens=4, max_tokens=9, seed=7)
+    assert a != make_workload(200, rate=10, min_tokens=4, max_tokens=9, seed=8)
+    assert all(4 <= x.max_tokens <= 9 for x in a)
+    assert [x.at for x in a] == sorted(x.at for x in a)
+    assert a[-1].at / 199 == pytest.approx(0.1, rel=0.35)  # mean gap 1/rate
+    assert len({x.prompt for x in a}) > 20  # prompt lengths vary
+    assert all(x.at == 0 for x in make_workload(5, rate=0))
+
+
+def test_sse_parser_joins_multiline_data_and_skips_comments() -> None:
+    wire = (b": keepalive\n\nevent: token\nid: r1\ndata: one\ndata: two\n\n"
+            b"event: token\nid: r1\ndata:  three\n\nevent: done\ndata: [DONE]\n\n")
+    assert list(sse_events(io.BytesIO(wire))) == [
+        ("token", "r1", "one\ntwo"), ("token", "r1", " three"), ("done", "r1", "[DONE]"),
+    ]
+
+
+# -- loadgen end to end -------------------------------------------------------------------------
+def test_loadgen_in_process_prints_percentiles(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_json = tmp_path / "loadgen.json"
+    code = main([
+        "loadgen", "--engine", "simulated", "--token-delay-ms", "0", "0", "--prefill-ms-per-token", "0",
+        "-n", "40", "--rate", "0", "--min-tokens", "4", "--max-tokens", "12", "--json", str(out_json),
+    ])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "40/40 ok" in out
+    assert re.search(r"p50\s+p95\s+p99", out)
+    assert re.search(r"TTFT ms\s+[\d.,]+\s+[\d.,]+\s+[\d.,]+", out)
+    assert re.search(r"latency ms\s+[\d.,]+\s+[\d.,]+\s+[\d.,]+", out)
+    assert "tokens/s" in out
+    saved = json.loads(out_json.read_text())
+    assert saved["summary"]["ok"] == 40 and len(saved["outcomes"]) == 40
+    assert saved["summary"]["ttft_ms"]["p99"] >= saved["summary"]["ttft_ms"]["p50"]
+
+
+@pytest.mark.slow
+def test_loadgen_over_http(capsys: pytest.CaptureFixture[str]) -> None:
+    from jupyter_infer.server.launcher import LocalServer
+
+    with LocalServer(engine="simulated", simulated_token_delay_ms=[0, 1], simulated_prefill_ms_per_token=0) as server:
+        code = main(["loadgen", "--url", server.url, "--token", server.token, "-n", "12", "--rate", "50",
+                     "--min-tokens", "3", "--max-tokens", "8"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "12/12 ok" in out
+    assert "engine simulated" in out
+    assert re.search(r"TTFT ms\s+[\d.,]+", out)
+
+
+# -- demo ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_demo_drives_the_real_server_and_shows_batching(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["demo", "--engine", "simulated", "--token-delay-ms", "5", "10", "--sequential", "2",
+                 "--bursts", "3,6", "--max-tokens", "12"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "engine simulated" in out and "(token auth)" in out
+    # The streamed request printed its tokens, then the sequential requests ran alone.
+    assert "streamed token by token" in out and "fragments in" in out
+    assert re.search(r"Q1\s+done\s+batch #\d+\s+size\s+1\b", out)
+    # A burst was grouped: several requests share a batch, and the live log says who joined.
+    sizes = [int(s) for s in re.findall(r"batch #\d+\s+size\s+(\d+):", out)]
+    assert max(sizes) >= 2, out
+    assert "joined" in out
+    # The closing table compares sequential with batched latency.
+    assert "Sequential vs batched" in out
+    for phase in ("sequential", "burst of 3", "burst of 6"):
+        assert re.search(rf"^\s+{phase}\s+\d+\s+[\d.]+\s+\d+ ms", out, re.M), phase
+    assert "faster" in out
+    assert "shutting the server down" in out
+
+
+def test_demo_rejects_bad_bursts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--bursts", "four"]) == 2
+    assert "--bursts" in capsys.readouterr().err
+
+
+# -- make-model through the console script ----------------------------------------------------------
+@pytest.mark.slow
+def test_make_model_via_jupyter_infer(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    jupyter = VENV_BIN / "jupyter"
+    command = [str(jupyter), "infer"] if jupyter.exists() else [str(VENV_BIN / "jupyter-infer")]
+    target = tmp_path / "model"
+    done = subprocess.run([*command, "make-model", str(target), "--size", "tiny"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "built 'tiny' model" in done.stdout
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "jupyter_infer_model.json"):
+        assert (target / name).is_file(), name
+    assert json.loads((target / "config.json").read_text())["model_type"] == "gpt2"
