@@ -271,7 +271,7 @@ async def test_prometheus_metrics_on_the_server_endpoint(jp_fetch: Any) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_batch_size": 0}, "InferApp.max_batch_size must be at least 1"),
+        ({"max_batch_size": -1}, "InferApp.max_batch_size must be 0"),
         ({"device": "tpu"}, "InferApp.device must be"),
         ({"simulated_token_delay_ms": [5.0, 1.0]}, "0 <= low <= high"),
         ({"batch_window_ms": -1.0}, "InferApp.batch_window_ms must be 0 or more"),
@@ -291,10 +291,16 @@ def test_every_trait_has_help() -> None:
         assert trait.help, name
 
 
-@pytest.mark.parametrize("infer_options", [{"max_batch_size": 0}])
+@pytest.mark.parametrize("infer_options", [{"max_queue_size": 0}])
 async def test_an_invalid_configuration_fails_clearly_instead_of_using_defaults(jp_fetch: Any) -> None:
     status = json.loads((await jp_fetch("infer", "status")).body)
     assert status["state"] == "failed"
-    assert "InferApp.max_batch_size must be at least 1" in status["load_error"]
+    assert "InferApp.max_queue_size must be at least 1" in status["load_error"]
     code, error, _ = await error_of(jp_fetch, "infer/generate", {"prompt": "hi"})
-    assert code == 503 and "InferApp.max_batch_size" in error["message"]
+    assert code == 503 and "InferApp.max_queue_size" in error["message"]
+
+
+@pytest.mark.parametrize("infer_options", [{"mode": "continuous"}])
+async def test_batch_size_default_follows_the_mode(jp_fetch: Any) -> None:
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["limits"]["max_batch_size"] == 32

@@ -19,6 +19,7 @@ from . import prometheus
 from .handlers import SERVICE_KEY, routes
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_BATCH_SIZE = {"window": 16, "continuous": 32}
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
@@ -56,7 +57,11 @@ class InferApp(ExtensionApp):
     batch_window_ms = Float(
         50.0, help="How long a 'window' batch waits for more requests after the first one (ms)."
     ).tag(config=True)
-    max_batch_size = Int(16, help="Most requests that run together in one batch.").tag(config=True)
+    max_batch_size = Int(
+        0, help="""Most requests that run together in one batch; 0 picks for the mode: 16 in
+        'window' mode (the classic batcher), 32 in 'continuous' mode (measured best on CPU:
+        docs/benchmark.md).""",
+    ).tag(config=True)
     max_queue_size = Int(
         256, help="Most requests that may wait; more are refused with 429 and Retry-After."
     ).tag(config=True)
@@ -107,14 +112,22 @@ class InferApp(ExtensionApp):
         return proposal["value"].strip()
 
     @validate(
-        "max_batch_size", "max_queue_size", "max_new_tokens", "max_prompt_tokens",
-        "max_prefill_tokens", "max_body_bytes",
+        "max_queue_size", "max_new_tokens", "max_prompt_tokens", "max_prefill_tokens",
+        "max_body_bytes",
     )
     def _check_positive(self, proposal: dict[str, Any]) -> int:
         name, value = proposal["trait"].name, proposal["value"]
         if value < 1:
             raise TraitError(f"InferApp.{name} must be at least 1; got {value}.")
         return value
+
+    @validate("max_batch_size")
+    def _check_batch_size(self, proposal: dict[str, Any]) -> int:
+        if proposal["value"] < 0:
+            raise TraitError(
+                f"InferApp.max_batch_size must be 0 (pick for the mode) or more; got {proposal['value']}."
+            )
+        return proposal["value"]
 
     @validate("num_threads")
     def _check_threads(self, proposal: dict[str, Any]) -> int:
@@ -182,7 +195,7 @@ class InferApp(ExtensionApp):
         if self.config_error is None:
             self.log.info(
                 "jupyter_infer | engine=%s model=%s mode=%s max_batch_size=%d: loading in the background",
-                self.engine, self.model, self.mode, self.max_batch_size,
+                self.engine, self.model, self.mode, self.max_batch_size or DEFAULT_BATCH_SIZE[self.mode],
             )
         try:
             asyncio.get_running_loop()
@@ -200,7 +213,8 @@ class InferApp(ExtensionApp):
             ),
             SchedulerConfig(
                 mode=self.mode, batch_window_ms=self.batch_window_ms,
-                max_batch_size=self.max_batch_size, max_queue_size=self.max_queue_size,
+                max_batch_size=self.max_batch_size or DEFAULT_BATCH_SIZE[self.mode],
+                max_queue_size=self.max_queue_size,
                 max_new_tokens=self.max_new_tokens, max_prompt_tokens=self.max_prompt_tokens,
                 max_prefill_tokens=self.max_prefill_tokens,
                 idle_admit_delay_ms=self.idle_admit_delay_ms,
