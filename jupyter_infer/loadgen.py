@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import http.client
 import json
-import math
 import random
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 from urllib.parse import urlencode, urlparse
 
 from .engine.simulated_answers import SAMPLE_PROMPTS
+from .metrics import percentile
 
 
 # -- workload --------------------------------------------------------------------------------
@@ -73,16 +73,6 @@ class Outcome:
     error: str | None = None
     batch_id: int | None = None
     batch_size: int | None = None
-
-
-def percentile(values: Sequence[float | None], q: float) -> float | None:
-    """The ``q``-th percentile (0..100) with linear interpolation; ``None`` when empty."""
-    ordered = sorted(v for v in values if v is not None)
-    if not ordered:
-        return None
-    rank = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(rank), math.ceil(rank)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
 def summarize(outcomes: Sequence[Outcome], wall_s: float, offered_rate: float | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import bisect
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +21,17 @@ _EPOCH = time.time() - time.monotonic()
 
 def wall(t: float | None) -> float | None:
     return None if t is None else round(_EPOCH + t, 6)
+
+
+def percentile(values: Sequence[float | None], q: float) -> float | None:
+    """The exact ``q``-th percentile (0..100) of a run's values, interpolated linearly like
+    numpy's default; ``None`` values are skipped, and no values give ``None``."""
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return None
+    rank = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
 @dataclass

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from server_helpers import server_config, use_scripted_engine
 
 # Never reach for a model hub from tests; the models below are built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,3 +36,17 @@ def llama_model_dir(models_dir: Path) -> Path:
     from jupyter_infer.engine.model_builder import make_model
 
     return make_model(models_dir / "llama-tiny", "llama-tiny")
+
+
+# -- the in-process Jupyter server of the server tests (pytest-jupyter's jp_* fixtures) ------
+@pytest.fixture
+def infer_options() -> dict[str, Any]:
+    """``InferApp`` options for ``jp_serverapp``; override with ``@pytest.mark.parametrize``."""
+    return {}
+
+
+@pytest.fixture
+def jp_server_config(infer_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    if infer_options.get("engine", "simulated") == "simulated":
+        use_scripted_engine(monkeypatch)
+    return server_config(**infer_options)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.cli import main
-from jupyter_infer.loadgen import make_workload, percentile, sse_events
+from jupyter_infer.loadgen import make_workload, sse_events
+from jupyter_infer.metrics import percentile
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -7,21 +7,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from server_helpers import AUTH, TOKEN, server_config, use_scripted_engine
+from server_helpers import AUTH, TOKEN
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def infer_options() -> dict[str, Any]:
-    return {}
-
-
-@pytest.fixture
-def jp_server_config(infer_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    if infer_options.get("engine", "simulated") == "simulated":
-        use_scripted_engine(monkeypatch)
-    return server_config(**infer_options)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import AUTH, POISON, eventually, server_config, use_scripted_engine
+from server_helpers import AUTH, POISON, eventually
 from tornado.httpclient import HTTPClientError
 
 from jupyter_infer.server.app import InferApp
@@ -26,18 +26,6 @@ ROUTES = [
     ("POST", "infer/v1/chat/completions"),
     ("GET", "infer/v1/models"),
 ]
-
-
-@pytest.fixture
-def infer_options() -> dict[str, Any]:
-    return {}
-
-
-@pytest.fixture
-def jp_server_config(infer_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    if infer_options.get("engine", "simulated") == "simulated":
-        use_scripted_engine(monkeypatch)
-    return server_config(**infer_options)
 
 
 def service_of(serverapp: Any) -> Any:

@@ -28,11 +28,6 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def infer_options() -> dict[str, Any]:
-    return {}
-
-
-@pytest.fixture
 def gate() -> EngineGate | None:
     return None
 

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..loadgen import HTTPTarget, drive_http, drive_scheduler, percentile
+from ..loadgen import HTTPTarget, drive_http, drive_scheduler
+from ..metrics import percentile
 from .workloads import Workload
 
 T = TypeVar("T")

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import html
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (like numpy's default); ``None`` for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+from ..metrics import percentile
 
 
 @dataclass
