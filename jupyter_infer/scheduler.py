@@ -312,7 +312,7 @@ class Scheduler:
             try:
                 self._postprocess(plan, tokens, started)
             except Exception as err:  # a bug here must not stop the loop for everyone
-                self._fail_step(plan, err)
+                self._fail_step(plan, err, in_engine=False)
 
     async def _wait(self, wake_at: float | None) -> None:
         self._wakeup.clear()
@@ -362,7 +362,7 @@ class Scheduler:
         newcomers: list[Sequence] = []
         longest = 0
         for seq in sorted(self.waiting, key=lambda s: s.priority_key):
-            if len(newcomers) >= room:
+            if len(newcomers) >= room or (newcomers and (seq.alone or newcomers[0].alone)):
                 break
             longest_if = max(longest, seq.num_prompt_tokens)
             if newcomers and longest_if * (len(newcomers) + 1) > cfg.max_prefill_tokens:
@@ -437,8 +437,12 @@ class Scheduler:
                        tokens=produced, batch_id=batch.id if batch else None,
                        started_at=wall(started), ended_at=wall(now))
 
-    def _fail_step(self, plan: StepPlan, err: Exception) -> None:
-        """An engine error fails only the requests of this step; the loop goes on."""
+    def _fail_step(self, plan: StepPlan, err: Exception, *, in_engine: bool = True) -> None:
+        """An engine error fails only the requests of this step; the loop goes on.
+
+        A failed prefill of several newcomers fails none of them yet: each is retried in a
+        prefill of its own, so one bad prompt cannot take down the requests admitted with it.
+        """
         log.exception("jupyter_infer: engine step %s (%s) failed", plan.step_id, plan.kind, exc_info=err)
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         if plan.kind == "decode":
@@ -446,6 +450,14 @@ class Scheduler:
             self._release.clear()
         else:
             self._release.extend(s.id for s in plan.seqs)
+            retry = [s for s in plan.seqs if s.status is Status.RUNNING and not s.output_ids]
+            if in_engine and len(plan.seqs) > 1 and len(retry) == len(plan.seqs):
+                for seq in retry:
+                    self.running.remove(seq)
+                    seq.status, seq.alone = Status.WAITING, True
+                self.waiting[:0] = retry
+                self._update_span()
+                return
         for seq in plan.seqs:
             if seq.status is Status.RUNNING:
                 self._retire(seq, "failed", error=RequestFailed(message))

@@ -29,6 +29,7 @@ class Sequence:
         self.output_ids: list[int] = []
         self.status = Status.WAITING
         self.cancelled = False
+        self.alone = False  # prefill it on its own: a group prefill it was in failed
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.batch_id: int | None = None

@@ -249,3 +249,17 @@ async def test_idle_engine_lets_a_trickling_burst_share_one_prefill() -> None:
     results = await asyncio.gather(*(st.result() for st in streams))
     assert {r.batch_id for r in results} == {results[0].batch_id} and results[0].batch_size == 4
     await s.stop()
+
+
+@pytest.mark.parametrize("mode", ["window", "continuous"])
+async def test_a_bad_prompt_does_not_take_down_the_requests_admitted_with_it(mode: str) -> None:
+    s = await started(PoisonEngine(prefill_ms_per_token=0, prefill_base_ms=0, token_delay_ms=(1, 1)),
+                      mode=mode, batch_window_ms=20)
+    streams = [await s.submit(req(p)) for p in ("What is RAG?", "POISON", "What is LoRA?")]
+    outcomes = await asyncio.gather(*(st.result() for st in streams), return_exceptions=True)
+    assert isinstance(outcomes[1], RequestFailed)
+    assert outcomes[0].completion_tokens == 8 and outcomes[2].completion_tokens == 8
+    snap = s.snapshot()
+    assert snap["requests"]["failed"] == 1 and snap["requests"]["ok"] == 2
+    assert not s.running and not s.waiting
+    await s.stop()
