@@ -687,7 +687,8 @@ class Client:
     this process; ``embedded=False`` never does.
 
     Sync: ``generate``, ``stream``, ``burst``, ``status``, ``metrics``, ``batches``.
-    Async: ``agenerate``, ``astream``, ``aburst``, ``astatus``, ``ametrics``, ``abatches``.
+    Async: ``agenerate``, ``astream``, ``aburst``, ``astatus``, ``ametrics``, ``abatches``;
+    ``run(coro)`` runs a coroutine that uses them on the client's own I/O loop.
     """
 
     def __init__(
@@ -799,6 +800,17 @@ class Client:
                      **params: Any) -> list[Completion]:
         """``burst``, awaitable from any event loop."""
         return await self._io.call(self._burst(list(prompts), rate, seed, params))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on this client's I/O loop and block until it ends; return its result.
+
+        For load generators and benchmarks: the client's async API (``astream``,
+        ``agenerate``) awaited inside ``coro`` then runs on the loop that does the I/O, with
+        no hop between threads per fragment, and many requests run concurrently as asyncio
+        tasks. ``coro`` must not call the sync API (it would wait on its own loop); Ctrl-C
+        cancels it.
+        """
+        return self._io.run(coro)
 
     # -- views -----------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

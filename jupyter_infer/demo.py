@@ -1,10 +1,10 @@
 """``jupyter infer demo``: watch a real Jupyter server batch requests, in a terminal.
 
 It starts ``jupyter server`` with the extension on a free loopback port (token auth), and
-drives it over HTTP the way any client would, like the seed's example.py: one request
-streamed over SSE (tokens printed as they arrive), a few requests one after another, then
-concurrent bursts. A second thread polls ``GET infer/batches`` and prints, live, how the
-scheduler groups requests into batches (who joined, who left). It ends with a table of
+drives it over HTTP with ``jupyter_infer.Client`` (its URL and token given), like the seed's
+example.py: one request streamed over SSE (tokens printed as they arrive), a few requests one
+after another, then concurrent bursts. A second thread polls ``GET infer/batches`` and prints,
+live, how the scheduler groups requests into batches (who joined, who left). It ends with a table of
 sequential vs batched latency and throughput, and shuts the server down.
 
 Requests are labelled by phase: S (streamed), Q (one after another), A, B, ... (bursts).
@@ -13,6 +13,7 @@ Requests are labelled by phase: S (streamed), Q (one after another), A, B, ... (
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import sys
@@ -21,8 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .client import Client, Completion
 from .engine.simulated_answers import SAMPLE_PROMPTS
-from .loadgen import HTTPError, HTTPTarget
+from .errors import EngineUnavailable, InferError
 
 BURST_TOKENS = (16, 24, 32, 40)  # varied lengths, so rows visibly leave a continuous batch
 
@@ -72,9 +74,9 @@ class BatchWatcher(threading.Thread):
     needs nothing from the server beyond its JSON routes.)
     """
 
-    def __init__(self, target: HTTPTarget, term: Terminal, interval_s: float = 0.1) -> None:
+    def __init__(self, client: Client, term: Terminal, interval_s: float = 0.1) -> None:
         super().__init__(name="demo-batch-watcher", daemon=True)
-        self.target = target
+        self.client = client
         self.term = term
         self.interval_s = interval_s
         self.labels: dict[str, str] = {}
@@ -85,7 +87,7 @@ class BatchWatcher(threading.Thread):
         self._last_batch = 0
         self._members: list[str] = []
         self._lock = threading.RLock()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def phase(self, prefix: str, quiet: bool = False) -> None:
         """Requests queued from now on are ``<prefix>1``, ``<prefix>2``, ..."""
@@ -100,14 +102,14 @@ class BatchWatcher(threading.Thread):
             return self.labels.get(request_id, request_id[-6:])
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             self.poll()
 
     def poll(self) -> None:
         with self._lock:
             try:
-                view = self.target.get("infer/batches", limit=100, requests=200)
-            except (HTTPError, OSError, ValueError) as err:
+                view = self.client.batches(limit=100)
+            except (InferError, ValueError) as err:
                 self.failed = f"{type(err).__name__}: {err}"
                 return
             for record in sorted(view.get("requests", []), key=lambda r: r["queued_at"]):
@@ -142,7 +144,9 @@ class BatchWatcher(threading.Thread):
                       at=batch.get("ended_at"))
 
     def close(self) -> None:
-        self._stop.set()
+        self._halt.set()
+        if self.is_alive():
+            self.join(5)  # before the client closes: no poll after that
 
 
 # -- phases -------------------------------------------------------------------------------------
@@ -150,26 +154,30 @@ class BatchWatcher(threading.Thread):
 class Phase:
     name: str
     wall_s: float = 0.0
-    answers: list[dict[str, Any]] = field(default_factory=list)  # infer/generate JSON answers
-    client_ms: list[float] = field(default_factory=list)
+    answers: list[Completion] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         n = len(self.answers)
-        tokens = sum(a["usage"]["completion_tokens"] for a in self.answers)
+        tokens = sum(a.completion_tokens for a in self.answers)
         return {
             "phase": self.name,
             "requests": n,
             "wall_s": self.wall_s,
-            "avg_latency_ms": sum(self.client_ms) / n if n else 0.0,
-            "avg_ttft_ms": sum(a["timings"]["ttft_ms"] or 0 for a in self.answers) / n if n else 0.0,
-            "avg_batch": sum(a["batch"]["size"] for a in self.answers) / n if n else 0.0,
+            "avg_latency_ms": sum(_client_ms(a) for a in self.answers) / n if n else 0.0,
+            "avg_ttft_ms": sum(a.ttft_ms or 0 for a in self.answers) / n if n else 0.0,
+            "avg_batch": sum(a.batch_size for a in self.answers) / n if n else 0.0,
             "tokens_per_s": tokens / self.wall_s if self.wall_s else 0.0,
         }
 
 
+def _client_ms(answer: Completion) -> float:
+    """The request's latency as the client saw it: sent to answered."""
+    return ((answer.received_at or 0.0) - (answer.sent_at or 0.0)) * 1000
+
+
 class Demo:
-    def __init__(self, target: HTTPTarget, term: Terminal, watcher: BatchWatcher, max_tokens: int) -> None:
-        self.target = target
+    def __init__(self, client: Client, term: Terminal, watcher: BatchWatcher, max_tokens: int) -> None:
+        self.client = client
         self.term = term
         self.watcher = watcher
         self.max_tokens = max_tokens
@@ -179,13 +187,13 @@ class Demo:
         self._prompt += 1
         return SAMPLE_PROMPTS[(self._prompt - 1) % len(SAMPLE_PROMPTS)]
 
-    def _answer_line(self, answer: dict[str, Any], client_ms: float, prompt: str) -> str:
-        t = answer["timings"]
-        label = self.term.bold(f"{self.watcher.label(answer['id']):<3}")
+    def _answer_line(self, answer: Completion) -> str:
+        label = self.term.bold(f"{self.watcher.label(answer.id or '?'):<3}")
+        prompt = answer.prompt or ""
         short = prompt if len(prompt) <= 44 else prompt[:41] + "..."
-        return (f"{label} done   batch #{answer['batch']['id']:<3} size {answer['batch']['size']:>2}  "
-                f"queued {t['queued_ms']:5.0f} ms  TTFT {t['ttft_ms'] or 0:5.0f} ms  "
-                f"total {client_ms:6.0f} ms  {answer['usage']['completion_tokens']:>2} tok  "
+        return (f"{label} done   batch #{answer.batch_id:<3} size {answer.batch_size:>2}  "
+                f"queued {answer.queued_ms or 0:5.0f} ms  TTFT {answer.ttft_ms or 0:5.0f} ms  "
+                f"total {_client_ms(answer):6.0f} ms  {answer.completion_tokens:>2} tok  "
                 + self.term.dim(f"\"{short}\""))
 
     def streamed(self) -> float:
@@ -210,12 +218,15 @@ class Demo:
                 print(self.term.paint(piece, "32"), end="", flush=True)
                 column += len(piece)
 
-        answer = self.target.stream({"prompt": prompt, "max_tokens": self.max_tokens + 16}, on_fragment=show)
+        stream = self.client.stream(prompt, max_tokens=self.max_tokens + 16)
+        for fragment in stream:
+            show(fragment)
         print(flush=True)
-        self.term.say(f"  -> {answer.fragments} fragments in {answer.total_s:.2f} s, first after "
-                      f"{(answer.ttft_s or 0) * 1000:.0f} ms ({answer.fragments / answer.total_s:.1f} tokens/s "
+        total_s = (stream.total_ms or 0.0) / 1000
+        self.term.say(f"  -> {stream.fragments} fragments in {total_s:.2f} s, first after "
+                      f"{stream.ttft_ms or 0:.0f} ms ({stream.fragments / max(total_s, 1e-9):.1f} tokens/s "
                       "for a lone request)")
-        return answer.total_s
+        return total_s
 
     def sequential(self, n: int) -> Phase:
         self.term.heading(f"2. {n} requests, one after another (POST infer/generate)")
@@ -223,13 +234,9 @@ class Demo:
         phase = Phase("sequential")
         start = time.monotonic()
         for _ in range(n):
-            prompt = self.next_prompt()
-            sent = time.monotonic()
-            answer = self.target.generate({"prompt": prompt, "max_tokens": self.max_tokens})
-            ms = (time.monotonic() - sent) * 1000
+            answer = self.client.generate(self.next_prompt(), max_tokens=self.max_tokens)
             phase.answers.append(answer)
-            phase.client_ms.append(ms)
-            self.term.log(self._answer_line(answer, ms, prompt))
+            self.term.log(self._answer_line(answer))
             self.watcher.poll()  # its batch closed as it finished: log it now, in order
         phase.wall_s = time.monotonic() - start
         return phase
@@ -240,26 +247,21 @@ class Demo:
         phase = Phase(f"burst of {n}")
         errors: list[str] = []
         jobs = [(self.next_prompt(), BURST_TOKENS[i % len(BURST_TOKENS)] * self.max_tokens // 32) for i in range(n)]
-        start = time.monotonic()
 
-        def one(prompt: str, tokens: int) -> None:
-            sent = time.monotonic()
+        async def one(prompt: str, tokens: int) -> None:
             try:
-                answer = self.target.generate({"prompt": prompt, "max_tokens": max(tokens, 1)})
-            except (HTTPError, OSError) as err:
+                answer = await self.client.agenerate(prompt, max_tokens=max(tokens, 1))
+            except InferError as err:
                 errors.append(str(err))
                 return
-            ms = (time.monotonic() - sent) * 1000
-            with self.term.lock:
-                phase.answers.append(answer)
-                phase.client_ms.append(ms)
-                self.term.log(self._answer_line(answer, ms, prompt))
+            phase.answers.append(answer)
+            self.term.log(self._answer_line(answer))  # as each one finishes
 
-        threads = [threading.Thread(target=one, args=job) for job in jobs]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        async def burst() -> None:
+            await asyncio.gather(*(one(*job) for job in jobs))
+
+        start = time.monotonic()
+        asyncio.run(burst())  # a loop of the demo's own: the log lines call the client's sync API
         phase.wall_s = time.monotonic() - start
         self.watcher.poll()  # the burst's last batch records, before the next phase
         if errors:
@@ -334,14 +336,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: the server did not start: {err}", file=sys.stderr)
         return 1
     watcher = None
+    client = None
     try:
-        target = HTTPTarget(server.url, server.token)
-        status = target.get("infer/status")
-        while status.get("state") == "loading":
-            time.sleep(0.2)
-            status = target.get("infer/status")
-        if status.get("state") != "ready":
-            print(f"error: the engine did not load: {status.get('load_error')}", file=sys.stderr)
+        client = Client(server.url, server.token, embedded=False)
+        try:
+            status = client.wait_ready(timeout=600)
+        except EngineUnavailable as err:
+            print(f"error: the engine did not load: {err}", file=sys.stderr)
             return 1
         limits = status.get("limits", {})
         term.say(f"  server {term.bold(server.url)} (token auth), ready in {time.monotonic() - term.t0:.1f} s")
@@ -351,10 +352,10 @@ def run(args: argparse.Namespace) -> int:
         if status.get("fallback_reason"):
             term.say(term.paint(f"  (auto fell back to the simulated engine: {status['fallback_reason']})", "33"))
             term.say(term.dim("  serve a real model with --engine hf --model DIR (`jupyter infer make-model DIR`)"))
-        watcher = BatchWatcher(target, term)
+        watcher = BatchWatcher(client, term)
         watcher.poll()
         watcher.start()
-        demo = Demo(target, term, watcher, args.max_tokens)
+        demo = Demo(client, term, watcher, args.max_tokens)
         demo.streamed()
         phases = [demo.sequential(args.sequential)]
         for i, size in enumerate(bursts):
@@ -364,12 +365,14 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         term.say("\n  interrupted")
         return 130
-    except HTTPError as err:
-        print(f"error: the server answered {err}", file=sys.stderr)
+    except InferError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
         term.say(term.dim("\n  shutting the server down..."))
         if watcher is not None:
             watcher.close()
+        if client is not None:
+            client.close()
         server.stop()
         term.say(term.dim(f"  done in {time.monotonic() - term.t0:.1f} s."))

@@ -4,28 +4,25 @@ The seed's ``simulate_traffic``: ``-n`` requests arrive at ``--rate`` requests p
 (exponential gaps, seeded), each with a prompt of random length (one to four of the sample
 prompts joined) and a random output length in ``[--min-tokens, --max-tokens]``. It drives
 an in-process ``InferenceService`` by default, or a running server over HTTP + SSE with
-``--url``/``--token``, and prints TTFT and latency p50/p95/p99 and throughput.
-
-This module also owns the small HTTP/SSE client (``HTTPTarget``) that ``demo`` and
-``bench`` use to drive a server the way any client would: standard library only.
+``--url``/``--token`` (through ``jupyter_infer.Client``, as any client would), and prints
+TTFT and latency p50/p95/p99 and throughput.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import random
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlencode, urlparse
 
+from .client import AsyncTokenStream, Client
 from .engine.simulated_answers import SAMPLE_PROMPTS
+from .errors import InferError
 from .metrics import percentile
 
 
@@ -114,7 +111,6 @@ async def drive_scheduler(scheduler: Any, workload: Sequence[Arrival], **params:
     ``params`` go to ``SamplingParams`` (e.g. ``temperature``). Returns the outcomes, in
     workload order, and the wall time from the first arrival to the last answer.
     """
-    from .errors import InferError
     from .request import Request, SamplingParams
 
     await scheduler.wait_ready()
@@ -148,158 +144,41 @@ async def drive_scheduler(scheduler: Any, workload: Sequence[Arrival], **params:
     return list(outcomes), loop.time() - start
 
 
-# -- over HTTP -------------------------------------------------------------------------------
-class HTTPError(RuntimeError):
-    """A non-2xx answer; ``message`` is the server's own explanation when it gave one."""
+# -- through a client (over HTTP + SSE) -------------------------------------------------------
+def drive_http(client: Client, workload: Sequence[Arrival], **params: Any) -> tuple[list[Outcome], float]:
+    """Stream ``workload`` through ``client``: one ``astream`` task per request, on its I/O loop.
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
+    Each request is sent at its arrival time. TTFT is its first token fragment received
+    minus the moment it was sent, latency its end minus that moment, both as the client saw
+    them; ``tokens`` counts its fragments. Returns the outcomes, in workload order, and the
+    wall time from the first send to the last answer.
+    """
 
+    async def drive() -> tuple[list[Outcome], float]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        streams: list[AsyncTokenStream] = []
 
-@dataclass
-class StreamedAnswer:
-    """One ``generate_stream`` call as the client saw it."""
-
-    id: str | None
-    text: str
-    fragments: int
-    ttft_s: float | None
-    total_s: float
-    fragment_times: list[float] = field(default_factory=list)
-
-
-class HTTPTarget:
-    """A jupyter_infer server at ``url`` (its base URL), with Jupyter's token."""
-
-    def __init__(self, url: str, token: str | None = None, timeout: float = 300.0) -> None:
-        self.url = url if url.endswith("/") else url + "/"
-        parsed = urlparse(self.url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"expected an http(s) URL like http://127.0.0.1:8888/; got {url!r}")
-        self._parsed = parsed
-        self.token = token
-        self.timeout = timeout
-
-    def _connection(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._parsed.scheme == "https" else http.client.HTTPConnection
-        return cls(self._parsed.hostname, self._parsed.port, timeout=self.timeout)
-
-    def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {"Authorization": f"token {self.token}"} if self.token else {}
-        return {**headers, **(extra or {})}
-
-    def _open(self, method: str, path: str, body: dict | None = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        conn = self._connection()
-        data = None if body is None else json.dumps(body).encode()
-        headers = self._headers({"Content-Type": "application/json"} if data is not None else None)
-        conn.request(method, self._parsed.path + path, body=data, headers=headers)
-        resp = conn.getresponse()
-        if resp.status >= 300:
-            raw = resp.read()
-            conn.close()
+        async def one(item: Arrival) -> Outcome:
+            delay = start + item.at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            stream = client.astream(item.prompt, **{"max_tokens": item.max_tokens, **params})
+            streams.append(stream)
             try:
-                message = json.loads(raw).get("message") or raw.decode(errors="replace")
-            except (ValueError, AttributeError):
-                message = raw.decode(errors="replace")[:500] or resp.reason
-            raise HTTPError(resp.status, message)
-        return conn, resp
+                async for _ in stream:
+                    pass
+            except InferError as err:
+                return Outcome(False, error=type(err).__name__)
+            return Outcome(True, stream.ttft_ms, stream.total_ms, stream.fragments)
 
-    def request(self, method: str, path: str, body: dict | None = None) -> Any:
-        conn, resp = self._open(method, path, body)
-        try:
-            return json.loads(resp.read())
-        finally:
-            conn.close()
+        outcomes = await asyncio.gather(*(one(item) for item in workload))
+        sent = [s.sent_at for s in streams if s.sent_at is not None]
+        done = [s.finished_at for s in streams if s.finished_at is not None]
+        wall = max(done) - min(sent) if sent and done else loop.time() - start
+        return list(outcomes), wall
 
-    def get(self, path: str, **query: Any) -> Any:
-        return self.request("GET", path + (f"?{urlencode(query)}" if query else ""))
-
-    def generate(self, body: dict) -> dict:
-        """``POST infer/generate``: the JSON answer."""
-        return self.request("POST", "infer/generate", body)
-
-    def stream(self, body: dict, on_fragment: Callable[[str], None] | None = None) -> StreamedAnswer:
-        """``POST infer/generate_stream``: read the SSE stream to its ``done`` event."""
-        sent = time.monotonic()
-        conn, resp = self._open("POST", "infer/generate_stream", body)
-        text: list[str] = []
-        times: list[float] = []
-        request_id = None
-        try:
-            for event, event_id, data in sse_events(resp):
-                if event == "token":
-                    times.append(time.monotonic() - sent)
-                    request_id = event_id or request_id
-                    text.append(data)
-                    if on_fragment is not None:
-                        on_fragment(data)
-                elif event == "error":
-                    try:
-                        message = json.loads(data).get("message", data)
-                    except ValueError:
-                        message = data
-                    raise HTTPError(500, message)
-                elif event == "done":
-                    break
-        finally:
-            conn.close()
-        return StreamedAnswer(request_id, "".join(text), len(times), times[0] if times else None,
-                              time.monotonic() - sent, times)
-
-
-def sse_events(resp: Any) -> Iterator[tuple[str, str | None, str]]:
-    """Parse a text/event-stream: yield ``(event, id, data)``; comments (keepalives) skipped."""
-    event, event_id, data = "message", None, []
-    while True:
-        raw = resp.readline()
-        if not raw:
-            return
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if data:
-                yield event, event_id, "\n".join(data)
-            event, data = "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "event":
-            event = value
-        elif name == "data":
-            data.append(value)
-        elif name == "id":
-            event_id = value
-
-
-def drive_http(target: HTTPTarget, workload: Sequence[Arrival], **params: Any) -> tuple[list[Outcome], float]:
-    """Send ``workload`` over SSE, one thread per request, each at its arrival time."""
-    outcomes: list[Outcome | None] = [None] * len(workload)
-    start = time.monotonic()
-
-    def one(i: int, item: Arrival) -> None:
-        try:
-            answer = target.stream({"prompt": item.prompt, "max_tokens": item.max_tokens, **params})
-            outcomes[i] = Outcome(True, None if answer.ttft_s is None else answer.ttft_s * 1000,
-                                  answer.total_s * 1000, answer.fragments)
-        except HTTPError as err:
-            outcomes[i] = Outcome(False, error=f"HTTP {err.status}")
-        except OSError as err:
-            outcomes[i] = Outcome(False, error=type(err).__name__)
-
-    threads = []
-    for i, item in enumerate(workload):
-        delay = start + item.at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        thread = threading.Thread(target=one, args=(i, item), daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    return [o or Outcome(False, error="no answer") for o in outcomes], time.monotonic() - start
+    return client.run(drive())
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -355,15 +234,15 @@ def run(args: argparse.Namespace) -> int:
           + (f"Poisson arrivals at {args.rate:g} req/s" if offered else "all at once")
           + f", {args.min_tokens}-{args.max_tokens} new tokens each, seed {args.seed}")
     if args.url:
-        target = HTTPTarget(args.url, args.token)
-        try:
-            status = target.get("infer/status")
-        except (HTTPError, OSError) as err:
-            print(f"error: cannot reach {args.url}: {err}. Check --url and --token.", file=sys.stderr)
-            return 1
-        print(f"target:  {target.url} (engine {status.get('engine')}, model {status.get('model')}, "
-              f"mode {status.get('mode')})\n")
-        outcomes, wall_s = drive_http(target, workload)
+        with Client(args.url, args.token, embedded=False) as client:
+            try:
+                status = client.status()
+            except InferError as err:
+                print(f"error: {err} (check --url and --token)", file=sys.stderr)
+                return 1
+            print(f"target:  {client.url} (engine {status.get('engine')}, model {status.get('model')}, "
+                  f"mode {status.get('mode')})\n")
+            outcomes, wall_s = drive_http(client, workload)
     else:
         outcomes, wall_s = asyncio.run(_run_local(args, workload))
     summary = summarize(outcomes, wall_s, offered)

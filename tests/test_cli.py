@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.cli import main
-from jupyter_infer.loadgen import make_workload, sse_events
+from jupyter_infer.loadgen import make_workload
 from jupyter_infer.metrics import percentile
 
 VENV_BIN = Path(sys.executable).parent
@@ -36,14 +35,6 @@ def test_workload_is_seeded_and_poisson() -> None:
     assert a[-1].at / 199 == pytest.approx(0.1, rel=0.35)  # mean gap 1/rate
     assert len({x.prompt for x in a}) > 20  # prompt lengths vary
     assert all(x.at == 0 for x in make_workload(5, rate=0))
-
-
-def test_sse_parser_joins_multiline_data_and_skips_comments() -> None:
-    wire = (b": keepalive\n\nevent: token\nid: r1\ndata: one\ndata: two\n\n"
-            b"event: token\nid: r1\ndata:  three\n\nevent: done\ndata: [DONE]\n\n")
-    assert list(sse_events(io.BytesIO(wire))) == [
-        ("token", "r1", "one\ntwo"), ("token", "r1", " three"), ("done", "r1", "[DONE]"),
-    ]
 
 
 # -- loadgen end to end -------------------------------------------------------------------------

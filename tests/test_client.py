@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,14 @@ from jupyter_core.paths import jupyter_runtime_dir
 
 import jupyter_infer.client as client_module
 from jupyter_infer import Client
-from jupyter_infer.client import _SSE, Completion, arrival_times, discover, find_kernel_server
+from jupyter_infer.client import (
+    _SSE,
+    AsyncTokenStream,
+    Completion,
+    arrival_times,
+    discover,
+    find_kernel_server,
+)
 from jupyter_infer.engine import EngineConfig
 from jupyter_infer.errors import EngineUnavailable, InferError, InvalidRequest
 from jupyter_infer.server.launcher import LocalServer
@@ -177,6 +185,31 @@ def test_burst_all_at_once_shares_a_batch(server: LocalServer) -> None:
     assert max(r.batch_size for r in results) >= 3
 
 
+def test_run_streams_concurrently_on_the_clients_own_loop(server: LocalServer) -> None:
+    client = Client(server.url, server.token, embedded=False)
+    threads: set[str] = set()
+
+    async def main() -> list[AsyncTokenStream]:
+        async def one(i: int) -> AsyncTokenStream:
+            stream = client.astream(f"What is a token? ({i})", max_tokens=6 + i)
+            async for _ in stream:
+                threads.add(threading.current_thread().name)
+            return stream
+
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    streams = client.run(main())
+    assert threads == {"jupyter-infer-io"}  # no hop to another thread per fragment
+    assert [s.fragments for s in streams] == [6, 7, 8, 9]
+    assert len({s.id for s in streams}) == 4 and all(s.id.startswith("req-") for s in streams)
+    for s in streams:  # the client's own times: sent, first fragment, end
+        assert s.sent_at <= s.first_token_at <= s.finished_at
+        assert 0 < s.ttft_ms <= s.total_ms
+    with pytest.raises(InvalidRequest, match="max_tokens"):
+        client.run(client.agenerate("hi", max_tokens=0))
+    client.close()
+
+
 def test_burst_with_poisson_arrivals(server: LocalServer) -> None:
     client = Client(server.url, server.token)
     results = client.burst(["What is attention?"] * 5, rate=50, seed=3, max_tokens=4)
@@ -255,10 +288,11 @@ async def test_embedded_async_and_cancel() -> None:
 
 def test_sse_parser_follows_the_spec() -> None:
     parser = _SSE()
-    lines = [": keepalive", "event: token", "id: req-1", "data: line one", "data:line two", "", "event: done",
-             "data: [DONE]", ""]
+    lines = [": keepalive", "", "event: token", "id: req-1", "data: line one", "data:line two", "",
+             "event: token", "data:  three", "", "event: done", "data: [DONE]", ""]
     events = [e for e in map(parser.feed, lines) if e]
-    assert events == [("token", "req-1", "line one\nline two"), ("done", "req-1", "[DONE]")]
+    assert events == [("token", "req-1", "line one\nline two"), ("token", "req-1", " three"),
+                      ("done", "req-1", "[DONE]")]
 
 
 # -- helpers ------------------------------------------------------------------------------------

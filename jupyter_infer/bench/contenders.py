@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..loadgen import HTTPTarget, drive_http, drive_scheduler
+from ..loadgen import drive_http, drive_scheduler
 from ..metrics import percentile
 from .workloads import Workload
 
@@ -374,32 +374,38 @@ class DecodeCeiling(Contender):
 
 
 class OverHTTP(Contender):
-    """Our server (``continuous``) in a real ``jupyter server`` process, driven over HTTP + SSE."""
+    """Our server (``continuous``) in a real ``jupyter server`` process, driven over HTTP + SSE.
+
+    Through ``jupyter_infer.Client`` (explicit URL and token): each request is an ``astream``
+    task on the client's I/O loop, with its own connection while they overlap.
+    """
 
     name, label = "http", "ours over HTTP+SSE"
 
     def __init__(self, model_dir: str, dtype: str, num_threads: int, max_batch_size: int, log_path: str | None = None) -> None:
+        from ..client import Client
         from ..server.launcher import LocalServer
 
         started = time.perf_counter()
         self.server = LocalServer(engine="hf", model=model_dir, dtype=dtype, num_threads=num_threads, mode="continuous",
                                   max_batch_size=max_batch_size, log_path=log_path)
         self.server.start()
-        self.target = HTTPTarget(self.server.url, self.server.token)
-        while self.target.get("infer/status").get("state") == "loading":
-            time.sleep(0.2)
-        status = self.target.get("infer/status")
-        if status.get("engine") != "hf":
+        self.client = Client(self.server.url, self.server.token, embedded=False)
+        try:
+            status = self.client.wait_ready(timeout=600)
+            if status.get("engine") != "hf":
+                raise RuntimeError(f"the server did not load the hf engine: {status}")
+        except BaseException:
             self.close()
-            raise RuntimeError(f"the server did not load the hf engine: {status}")
+            raise
         self.startup_s = time.perf_counter() - started
 
     def _completion_tokens(self) -> int:
-        return int(self.target.get("infer/metrics")["tokens"]["completion"])
+        return int(self.client.metrics()["tokens"]["completion"])
 
     def run(self, workload: Workload) -> Run:
         before = self._completion_tokens()
-        outcomes, wall = drive_http(self.target, workload.arrivals)
+        outcomes, wall = drive_http(self.client, workload.arrivals)
         failed = [o.error for o in outcomes if not o.ok]
         if failed:
             raise RuntimeError(f"over HTTP: {len(failed)} requests failed: {failed[:3]}")
@@ -407,4 +413,7 @@ class OverHTTP(Contender):
                    [o.ttft_ms for o in outcomes], [o.latency_ms for o in outcomes])
 
     def close(self) -> None:
-        self.server.stop()
+        try:
+            self.client.close()
+        finally:
+            self.server.stop()
