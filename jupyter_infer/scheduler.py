@@ -281,6 +281,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         try:
             self.engine = await loop.run_in_executor(self._executor, self._load)
+            self.engine.reset()  # an engine handed over by a previous scheduler may hold rows
             self.state = "ready"
         except Exception as err:
             self.state, self.load_error = "failed", f"{type(err).__name__}: {err}"
