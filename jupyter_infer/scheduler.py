@@ -44,8 +44,9 @@ class SchedulerConfig:
     max_prompt_tokens: int = 2048
     max_prefill_tokens: int = 4096  # prompt tokens (padded) one prefill step may run
     decode_steps_per_prefill: int = 1  # decode steps the running rows get between two prefills
-    # Continuous mode, idle engine: wait this long after the first arrival so that a burst
-    # (say 16 HTTP requests landing over a few ms) shares one prefill instead of two.
+    # Continuous mode, idle engine: admit once no request arrived for this long (at most 10x
+    # this after the first arrival), so that a burst landing over some ms (16 HTTP requests
+    # take ~15 ms to arrive) shares one prefill instead of two; a lone request waits 2 ms.
     idle_admit_delay_ms: float = 2.0
 
     def __post_init__(self) -> None:
@@ -138,6 +139,7 @@ class Scheduler:
         self._streams: dict[str, RequestStream] = {}
         self._release: list[str] = []
         self._window_opened: float | None = None
+        self._last_arrival = 0.0
         self._decodes_since_prefill = 0
         self._batch: BatchRecord | None = None
         self._batch_ids = itertools.count(1)
@@ -224,8 +226,10 @@ class Scheduler:
         seq = Sequence(request, prompt_ids)
         stream = RequestStream(seq, self)
         self._streams[seq.id] = stream
+        now = time.monotonic()
         if not self.waiting:  # the first request into an empty queue opens the window
-            self._window_opened = time.monotonic()
+            self._window_opened = now
+        self._last_arrival = now
         self.waiting.append(seq)
         self.metrics.queued(seq.id, request.priority, len(prompt_ids), request.arrival, len(self.waiting))
         self._emit("queued", id=seq.id, priority=request.priority, prompt_tokens=len(prompt_ids),
@@ -355,8 +359,11 @@ class Scheduler:
             # An idle engine waits for the window (window mode), or a few ms (continuous).
             if self._window_opened is None:
                 self._window_opened = now
-            window = cfg.batch_window_ms if cfg.mode == "window" else cfg.idle_admit_delay_ms
-            deadline = self._window_opened + window / 1000
+            if cfg.mode == "window":
+                deadline = self._window_opened + cfg.batch_window_ms / 1000
+            else:
+                quiet = cfg.idle_admit_delay_ms / 1000
+                deadline = min(self._window_opened + 10 * quiet, self._last_arrival + quiet)
             if len(self.waiting) < cfg.max_batch_size and now < deadline:
                 return [], deadline
         room = cfg.max_batch_size - len(self.running)

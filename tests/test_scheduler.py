@@ -241,9 +241,9 @@ async def test_rows_that_finish_together_close_one_span() -> None:
 
 
 async def test_idle_engine_lets_a_trickling_burst_share_one_prefill() -> None:
-    s = await started(fast_engine(), mode="continuous", idle_admit_delay_ms=30)
+    s = await started(fast_engine(), mode="continuous", idle_admit_delay_ms=12)
     streams = []
-    for i in range(4):  # arrivals spread over ~15 ms, as concurrent HTTP requests land
+    for i in range(4):  # gaps of ~5 ms, spread over ~15 ms: longer than the delay itself
         streams.append(await s.submit(req(f"lora {i}", max_tokens=3)))
         await asyncio.sleep(0.005)
     results = await asyncio.gather(*(st.result() for st in streams))

@@ -75,8 +75,9 @@ class InferApp(ExtensionApp):
         4096, help="Prompt tokens (padded) that one prefill step may run; bounds a step's cost."
     ).tag(config=True)
     idle_admit_delay_ms = Float(
-        2.0, help="""Continuous mode: how long an idle engine waits after the first arrival
-        before its first prefill, so that a burst of requests shares one prefill (ms)."""
+        2.0, help="""Continuous mode: an idle engine starts its first prefill once no request
+        arrived for this long (at most 10x this after the first), so that a burst of requests
+        shares one prefill (ms)."""
     ).tag(config=True)
     num_threads = Int(
         0, help="CPU threads for the 'hf' engine; 0 picks for this machine."
