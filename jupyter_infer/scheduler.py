@@ -46,8 +46,8 @@ class SchedulerConfig:
     decode_steps_per_prefill: int = 1  # decode steps the running rows get between two prefills
     # Continuous mode, idle engine: admit once no request arrived for this long (at most 10x
     # this after the first arrival), so that a burst landing over some ms (16 HTTP requests
-    # take ~15 ms to arrive) shares one prefill instead of two; a lone request waits 2 ms.
-    idle_admit_delay_ms: float = 2.0
+    # take ~15 ms to arrive) shares one prefill instead of two; a lone request waits 5 ms.
+    idle_admit_delay_ms: float = 5.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -75,7 +75,7 @@ class InferApp(ExtensionApp):
         4096, help="Prompt tokens (padded) that one prefill step may run; bounds a step's cost."
     ).tag(config=True)
     idle_admit_delay_ms = Float(
-        2.0, help="""Continuous mode: an idle engine starts its first prefill once no request
+        5.0, help="""Continuous mode: an idle engine starts its first prefill once no request
         arrived for this long (at most 10x this after the first), so that a burst of requests
         shares one prefill (ms)."""
     ).tag(config=True)
