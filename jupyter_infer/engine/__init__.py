@@ -62,13 +62,14 @@ def _simulated(config: EngineConfig, fallback_reason: str | None = None) -> Engi
 def _hf(config: EngineConfig, *, auto: bool) -> Engine:
     from .hf import HFEngine  # imports torch and transformers; missing ones fall back
 
-    local_only = Path(config.model).expanduser().is_dir() or _hub_offline()
+    folder = Path(config.model).expanduser()
+    local_only = folder.is_dir() or _hub_offline()
     if auto and not local_only and not _hub_reachable():
         # Let from_pretrained use the local cache only: it fails at once instead of
         # retrying an unreachable hub until a timeout.
         local_only = True
     return HFEngine(
-        str(Path(config.model).expanduser()) if Path(config.model).expanduser().is_dir() else config.model,
+        str(folder) if folder.is_dir() else config.model,
         device=config.device,
         dtype=config.dtype,
         num_threads=config.num_threads,

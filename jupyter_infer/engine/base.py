@@ -28,7 +28,7 @@ class StepPlan:
 
     ``prefill``: run the prompts of ``seqs`` (newcomers), sample their first token and merge
     them into the running batch. ``decode``: one token for every running row; ``seqs`` are
-    exactly the running rows. ``release`` rows leave the batch before the step runs.
+    exactly the running rows, in the order they joined (the scheduler keeps that order). ``release`` rows leave the batch before the step runs.
     """
 
     step_id: int

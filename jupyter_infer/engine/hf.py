@@ -193,7 +193,7 @@ class HFEngine(Engine):
 
     def _decode(self, seqs: list[Sequence]) -> list[int]:
         batch = self._batch
-        if batch is None or {s.id for s in seqs} != set(batch.ids):
+        if batch is None or [s.id for s in seqs] != batch.ids:
             raise RuntimeError("decode step does not match the running batch")
         mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.ids), 1))], dim=-1)
         out = self.model(
@@ -203,15 +203,12 @@ class HFEngine(Engine):
             cache=batch.cache,
             use_cache=True,
         )
-        by_id = {s.id: s for s in seqs}
-        ordered = [by_id[row_id] for row_id in batch.ids]
-        tokens = self._sample(out.logits[:, -1, :], ordered)
+        tokens = self._sample(out.logits[:, -1, :], seqs)
         batch.cache = out.cache
         batch.mask = mask
         batch.positions = batch.positions + 1
         batch.last = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        token_of = dict(zip(batch.ids, tokens, strict=True))
-        return [token_of[s.id] for s in seqs]
+        return tokens
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         return sample(logits, [s.params for s in seqs], [self._generator(s) for s in seqs])

@@ -19,6 +19,7 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from ..errors import InferError, InvalidRequest, PayloadTooLarge, QueueFull
+from ..metrics import wall
 from ..request import Request, RequestResult, parse_generate_body
 from ..scheduler import RequestStream
 from ..service import InferenceService
@@ -261,7 +262,7 @@ class OpenAIHandler(InferHandler):
 
     def write_infer_error(self, err: InferError) -> None:
         if self.streaming:  # OpenAI streams report a late error as a data chunk
-            self.write(f"data: {json.dumps(self.error_body(err))}\n\n")
+            self.write(format_event(json.dumps(self.error_body(err))))
             self.finish_event_stream()
             return
         super().write_infer_error(err)
@@ -278,7 +279,7 @@ class OpenAIHandler(InferHandler):
             return
 
         def data(obj: Any) -> str:
-            return f"data: {json.dumps(obj)}\n\n"
+            return format_event(json.dumps(obj))
 
         self.start_event_stream()
         if chat and not await self.send(data(shape.chunk("", first=True))):
@@ -292,7 +293,7 @@ class OpenAIHandler(InferHandler):
         text = data(shape.last_chunk(outcome))
         if parsed.include_usage:
             text += data(shape.usage_chunk(outcome))
-        await self.send(text + "data: [DONE]\n\n")
+        await self.send(text + format_event("[DONE]"))
         self.finish_event_stream()
 
 
@@ -318,7 +319,7 @@ class ModelsHandler(OpenAIHandler):
     @answers_errors
     async def get(self) -> None:
         engine = await self.service.scheduler.wait_ready()
-        created = int(self.service.metrics.started_at - time.monotonic() + time.time())
+        created = int(wall(self.service.metrics.started_at))
         self.finish(openai_api.models_list(engine, created))
 
 
