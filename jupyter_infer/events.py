@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 
@@ -12,16 +11,6 @@ class Subscription:
         self._bus = bus
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
         self.dropped = 0
-
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[dict[str, Any]]:
-        try:
-            while True:
-                yield await self.queue.get()
-        finally:
-            self.close()
 
     async def get(self, timeout: float | None = None) -> dict[str, Any] | None:
         try:

@@ -3,6 +3,7 @@ embedded client share, and what handlers talk to."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,19 @@ class InferenceService:
 
     async def stop(self) -> None:
         await self.scheduler.stop()
+
+    def batches(self, limit: int = 50, requests: int = 200) -> dict[str, Any]:
+        """What ``GET infer/batches`` answers: recent batch and request records, and who is
+        running or waiting now; enough to draw a timeline of a past run."""
+        scheduler = self.scheduler
+        return {
+            "batches": [b.to_json() for b in self.metrics.recent_batches(limit)],
+            "requests": [r.to_json() for r in self.metrics.request_records(requests)],
+            "running": [s.id for s in scheduler.running],
+            "waiting": [s.id for s in scheduler.waiting],
+            "mode": scheduler.config.mode,
+            "now": round(time.time(), 6),
+        }
 
     def status(self) -> dict[str, Any]:
         out = self.scheduler.status()

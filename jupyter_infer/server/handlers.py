@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -210,17 +209,7 @@ class BatchesHandler(InferHandler):
     @authorized
     @answers_errors
     async def get(self) -> None:
-        limit = self._limit("limit", 50)
-        request_limit = self._limit("requests", 200)
-        metrics, scheduler = self.service.metrics, self.service.scheduler
-        self.finish({
-            "batches": [b.to_json() for b in metrics.recent_batches(limit)],
-            "requests": [r.to_json() for r in metrics.request_records(request_limit)],
-            "running": [s.id for s in scheduler.running],
-            "waiting": [s.id for s in scheduler.waiting],
-            "mode": scheduler.config.mode,
-            "now": round(time.time(), 6),
-        })
+        self.finish(self.service.batches(self._limit("limit", 50), self._limit("requests", 200)))
 
     def _limit(self, name: str, default: int) -> int:
         value = self.get_query_argument(name, None)
