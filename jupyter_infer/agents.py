@@ -142,17 +142,17 @@ class AgentRun:
 
     async def compare_one_at_a_time(self, client: Client, sample: int | None = None) -> Savings:
         """Replay the calls one at a time (all, or ``sample`` of them spread over the run)."""
-        calls = [c for c in self.calls if c.completion.ok]
-        if sample is not None and 0 < sample < len(calls):
-            step = len(calls) / sample
-            calls = [calls[int(i * step)] for i in range(sample)]
+        all_ok = [c for c in self.calls if c.completion.ok]
+        calls = all_ok
+        if sample is not None and 0 < sample < len(all_ok):
+            step = len(all_ok) / sample
+            calls = [all_ok[int(i * step)] for i in range(sample)]
         solo_s, solo_tokens = 0.0, 0
         for call in calls:
             start = time.perf_counter()
             result = await client.agenerate(call.prompt, **call.params)
             solo_s += time.perf_counter() - start
             solo_tokens += max(result.completion_tokens, 1)
-        all_ok = [c for c in self.calls if c.completion.ok]
         if len(calls) < len(all_ok):
             tokens = sum(max(c.completion.completion_tokens, 1) for c in all_ok)
             solo_s = solo_s / solo_tokens * tokens
@@ -168,8 +168,7 @@ class AgentRun:
             for g in self.batches()
         )
         return (
-            f"<p>{len(self.calls)} model calls by {len(self.answers)} agents in {self.wall_s:.2f} s; "
-            f"mean batch size at admission {self.mean_batch_size():.2f}.</p>"
+            f"<p>{self._headline()}.</p>"
             "<table><tr><th>batch</th><th>size</th><th style='text-align:left'>calls admitted together</th></tr>"
             f"{rows}</table>"
         )
@@ -180,9 +179,12 @@ class AgentRun:
     def _repr_html_(self) -> str:
         return self.to_html()
 
+    def _headline(self) -> str:
+        return (f"{len(self.calls)} model calls by {len(self.answers)} agents in {self.wall_s:.2f} s; "
+                f"mean batch size at admission {self.mean_batch_size():.2f}")
+
     def __str__(self) -> str:
-        lines = [f"{len(self.calls)} model calls by {len(self.answers)} agents in {self.wall_s:.2f} s; "
-                 f"mean batch size at admission {self.mean_batch_size():.2f}"]
+        lines = [self._headline()]
         lines += [f"  batch #{g['batch_id']} (size {g['size']}): {', '.join(g['calls'])}" for g in self.batches()]
         return "\n".join(lines)
 
@@ -192,11 +194,9 @@ class AgentRun:
 
         view = RunView(title="agent calls")
         for call in self.calls:
-            c = call.completion
-            key = c.id or call.label
+            key = call.completion.id or call.label
             view.track(key, call.label)
-            view.record(key, id=c.id, queued_at=c.sent_at, finished_at=c.received_at,
-                        tokens=c.completion_tokens, outcome="ok" if c.ok else "error")
+            view.record_completion(key, call.completion)
         view.refresh(client, limit=max(200, 8 * len(self.calls)))
         return view
 

@@ -552,10 +552,7 @@ class _EmbeddedBackend:
             return service.scheduler.snapshot()
         if path == "infer/batches":
             limit = int((params or {}).get("limit", 50))
-            return {
-                "batches": [b.to_json() for b in service.metrics.recent_batches(limit)],
-                "requests": [r.to_json() for r in service.metrics.request_records(limit * 4)],
-            }
+            return service.batches(limit, limit * 4)
         raise InvalidRequest(f"embedded mode has no route {path!r}")
 
     async def close(self) -> None:

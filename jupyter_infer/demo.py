@@ -158,14 +158,18 @@ class Phase:
 
     def row(self) -> dict[str, Any]:
         n = len(self.answers)
+
+        def mean(values: list[float]) -> float:
+            return sum(values) / n if n else 0.0
+
         tokens = sum(a.completion_tokens for a in self.answers)
         return {
             "phase": self.name,
             "requests": n,
             "wall_s": self.wall_s,
-            "avg_latency_ms": sum(_client_ms(a) for a in self.answers) / n if n else 0.0,
-            "avg_ttft_ms": sum(a.ttft_ms or 0 for a in self.answers) / n if n else 0.0,
-            "avg_batch": sum(a.batch_size for a in self.answers) / n if n else 0.0,
+            "avg_latency_ms": mean([_client_ms(a) for a in self.answers]),
+            "avg_ttft_ms": mean([a.ttft_ms or 0 for a in self.answers]),
+            "avg_batch": mean([a.batch_size for a in self.answers]),
             "tokens_per_s": tokens / self.wall_s if self.wall_s else 0.0,
         }
 

@@ -16,11 +16,12 @@ import json
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .client import AsyncTokenStream, Client
+from .client import AsyncTokenStream, Client, arrival_times
 from .engine.simulated_answers import SAMPLE_PROMPTS
 from .errors import InferError
 from .metrics import percentile
@@ -47,14 +48,11 @@ def make_workload(
     if n < 1 or min_tokens < 1 or max_tokens < min_tokens:
         raise ValueError("need n >= 1 and 1 <= min_tokens <= max_tokens")
     rng = random.Random(seed)
-    at = 0.0
     out = []
-    for _ in range(n):
+    for at in arrival_times(n, rate, seed):
         parts = rng.randint(1, max_parts)
         prompt = " ".join(rng.choice(prompts) for _ in range(parts))
         out.append(Arrival(round(at, 6), prompt, rng.randint(min_tokens, max_tokens)))
-        if rate > 0:
-            at += rng.expovariate(rate)
     return out
 
 
@@ -85,10 +83,7 @@ def summarize(outcomes: Sequence[Outcome], wall_s: float, offered_rate: float | 
             "mean": sum(values) / len(values) if values else None,
         }
 
-    errors: dict[str, int] = {}
-    for o in outcomes:
-        if not o.ok:
-            errors[o.error or "error"] = errors.get(o.error or "error", 0) + 1
+    errors = dict(Counter(o.error or "error" for o in outcomes if not o.ok))
     return {
         "requests": len(outcomes),
         "ok": len(ok),

@@ -77,8 +77,9 @@ def _stream_into_display(client: Client, prompt: str, params: dict[str, Any]) ->
     last = 0.0
     try:
         for _ in stream:
-            if time.monotonic() - last >= STREAM_REDRAW_S:
-                last = time.monotonic()
+            now = time.monotonic()
+            if now - last >= STREAM_REDRAW_S:
+                last = now
                 handle.update({"text/plain": stream.text + " ▌"}, raw=True)
     except BaseException:
         handle.update({"text/plain": stream.text}, raw=True)  # no placeholder or cursor left behind
@@ -244,9 +245,10 @@ class InferMagics(Magics):
 
 
 def _observe(view: Any, finished: list[tuple[int, Completion]]) -> None:
-    for i, result in list(finished):
-        view.record(f"#{i + 1}", id=result.id, queued_at=result.sent_at, finished_at=result.received_at,
-                     tokens=result.completion_tokens, outcome="ok" if result.ok else "error")
+    """Record the results that came in since the last call (each one once)."""
+    while finished:
+        i, result = finished.pop(0)
+        view.record_completion(f"#{i + 1}", result)
 
 
 def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, Any]) -> dict[str, str]:

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ..loadgen import drive_http, drive_scheduler
+from ..engine.hf import left_pad_rows
+from ..loadgen import Outcome, drive_http, drive_scheduler
 from ..metrics import percentile
 from .workloads import Workload
 
@@ -75,6 +76,13 @@ class Run:
         }
 
 
+def _require_ok(outcomes: list[Outcome], who: str) -> None:
+    """A run with failed requests measures nothing: stop the benchmark and say why."""
+    failed = [o.error for o in outcomes if not o.ok]
+    if failed:
+        raise RuntimeError(f"{who}: {len(failed)} requests failed: {failed[:3]}")
+
+
 class Contender:
     name = ""
     label = ""
@@ -112,19 +120,14 @@ class _Clock:
 
 def _generate(model: Any, rows: list[list[int]], new_tokens: int, pad_id: int) -> tuple[torch.Tensor, _Clock]:
     """One ``model.generate`` call over left-padded ``rows``, greedy, exactly ``new_tokens``."""
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+    ids, mask = left_pad_rows(rows, pad_id)
     clock = _Clock()
     out = model.generate(
         input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
         pad_token_id=pad_id, streamer=clock,
     )
-    return out[:, width:], clock
+    return out[:, ids.shape[1]:], clock
 
 
 class Sequential(Contender):
@@ -202,9 +205,7 @@ class OurScheduler(Contender):
             outcomes, wall = await drive_scheduler(scheduler, workload.arrivals)
         finally:
             await scheduler.stop()
-        failed = [o.error for o in outcomes if not o.ok]
-        if failed:
-            raise RuntimeError(f"{self.mode}: {len(failed)} requests failed: {failed[:3]}")
+        _require_ok(outcomes, self.mode)
         snap = scheduler.metrics.snapshot()
         busy = scheduler.metrics.busy_s
         return Run(
@@ -332,13 +333,7 @@ class DecodeCeiling(Contender):
         device = model.device
         rows = [self.engine.tokenize(a.prompt) for a in workload.arrivals]
         want = torch.tensor([a.max_tokens for a in workload.arrivals])
-        width = max(map(len, rows))
-        ids = torch.full((len(rows), width), self.engine.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, width - len(row):] = torch.tensor(row)
-            mask[i, width - len(row):] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = (t.to(device) for t in left_pad_rows(rows, self.engine.pad_token_id))
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
@@ -406,9 +401,7 @@ class OverHTTP(Contender):
     def run(self, workload: Workload) -> Run:
         before = self._completion_tokens()
         outcomes, wall = drive_http(self.client, workload.arrivals)
-        failed = [o.error for o in outcomes if not o.ok]
-        if failed:
-            raise RuntimeError(f"over HTTP: {len(failed)} requests failed: {failed[:3]}")
+        _require_ok(outcomes, "over HTTP")
         return Run(wall, self._completion_tokens() - before,
                    [o.ttft_ms for o in outcomes], [o.latency_ms for o in outcomes])
 

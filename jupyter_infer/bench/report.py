@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,16 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _in_order(keys: Iterable[str]) -> list[str]:
+    """Contender keys in table order (``ORDER``), unknown ones last."""
+    return sorted(keys, key=lambda k: ORDER.index(k) if k in ORDER else len(ORDER))
+
+
+def _label(contenders: dict[str, Any], workload: str, key: str) -> str:
+    """A contender's label; in the HTTP table the in-process baseline says so."""
+    return contenders[key]["label"] + (" (in-process)" if workload == "http" and key == "continuous" else "")
+
+
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -71,9 +81,9 @@ def format_tables(results: dict[str, Any]) -> str:
         lines += [head + "   (ms)", "-" * (len(head) + 7)]
         contenders = entry["contenders"]
         base = contenders.get("sequential", {}).get("median", {}).get("tokens_per_s")
-        for key in sorted(contenders, key=lambda k: ORDER.index(k) if k in ORDER else 99):
+        for key in _in_order(contenders):
             m = contenders[key]["median"]
-            label = contenders[key]["label"] + (" (in-process)" if name == "http" and key == "continuous" else "")
+            label = _label(contenders, name, key)
             tps = m.get("tokens_per_s")
             lines.append(
                 f"{label:<36}{_fmt(tps):>9}{_fmt(tps / base if tps and base else None, '.2f'):>7}"
@@ -126,9 +136,7 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
 
     def throughput(name: str) -> list[tuple[str, float | None, float | None]]:
         cs = workloads[name]["contenders"]
-        keys = sorted(cs, key=lambda k: ORDER.index(k) if k in ORDER else 99)
-        suffix = {"continuous": " (in-process)"} if name == "http" else {}
-        return [(cs[k]["label"] + suffix.get(k, ""), cs[k]["median"].get("tokens_per_s"), None) for k in keys]
+        return [(_label(cs, name, k), cs[k]["median"].get("tokens_per_s"), None) for k in _in_order(cs)]
 
     def ttft(name: str) -> list[tuple[str, float | None, float | None]]:
         cs = workloads[name]["contenders"]

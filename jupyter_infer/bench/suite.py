@@ -143,7 +143,7 @@ class Suite:
         burst = wl.burst(count, *sizes["burst"])
         mixed = wl.mixed(count, *sizes["mixed"])
         longest = max(len(engine.tokenize(a.prompt)) for a in mixed.arrivals) + max(sizes["mixed"][1])
-        self.results["meta"] = {
+        meta = self.results["meta"] = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "model": model_dir,
             "architecture": engine.info.details.get("architecture"),
@@ -161,7 +161,6 @@ class Suite:
             "max_batch_size": cfg.max_batch_size,
             "open_loop_load": OPEN_LOOP_LOAD,
         }
-        meta = self.results["meta"]
         self.log(f"model {model_dir}: {meta['architecture']}, {meta['parameters'] / 1e6:.1f}M parameters, "
                  f"{meta['dtype']} on {meta['device']}, {meta['torch_threads']} torch threads; "
                  f"{cfg.repeats} repeat(s), median reported")
@@ -169,11 +168,11 @@ class Suite:
         ours = {m: OurScheduler(engine, m, cfg.max_batch_size) for m in ("window", "continuous")}
         hf_cb = in_fresh_thread(TransformersContinuous, model_dir, engine.tokenize, engine.model.dtype,
                                 cfg.max_batch_size, longest)
-        self.results["meta"]["hf_cb_cache"] = hf_cb.cache_config
+        meta["hf_cb_cache"] = hf_cb.cache_config
         contenders: list[Contender] = [Sequential(engine), StaticBatch(engine), ours["window"], ours["continuous"],
                                        hf_cb, DecodeCeiling(engine)]
         try:
-            if "burst" in cfg.workloads or "open" in cfg.workloads or "http" in cfg.workloads:
+            if {"burst", "open", "http"} & set(cfg.workloads):  # open and http build on the burst
                 self.log(f"\n[a] burst: {burst.description}")
                 self._measure(burst, contenders)
             if "mixed" in cfg.workloads:
@@ -182,7 +181,7 @@ class Suite:
             if "open" in cfg.workloads:
                 capacity = self._continuous_capacity(burst)
                 rate = OPEN_LOOP_LOAD * capacity
-                self.results["meta"]["capacity_req_per_s"] = capacity
+                meta["capacity_req_per_s"] = capacity
                 open_ = wl.open_loop(count, sizes["open"], rate, sizes["open_tokens"], seed=cfg.seed)
                 self.log(f"\n[c] open loop: {open_.description}")
                 # Everyone is warm from (a) and (b), and a warm-up here would cost a whole run.
@@ -191,7 +190,7 @@ class Suite:
             hf_cb.close()
         if "http" in cfg.workloads:
             self._measure_http(burst, model_dir, threads)
-        self.results["meta"]["duration_s"] = time.perf_counter() - started
+        meta["duration_s"] = time.perf_counter() - started
         return self.results
 
     def _continuous_capacity(self, burst: wl.Workload) -> float:

@@ -6,10 +6,10 @@ same number of new tokens per request; EOS is ignored everywhere, so token count
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..client import arrival_times
 from ..engine.simulated_answers import SAMPLE_PROMPTS
 from ..loadgen import Arrival
 
@@ -77,12 +77,8 @@ def mixed(count_tokens: Callable[[str], int], n: int = 32, cycle: tuple[int, ...
 
 def open_loop(count_tokens: Callable[[str], int], n: int, rate: float, new_tokens: int = 32, seed: int = 0) -> Workload:
     """Poisson arrivals at ``rate`` req/s (the same seeded arrival times for every contender)."""
-    rng = random.Random(seed)
     prompts = bench_prompts(count_tokens, n)
-    at, arrivals = 0.0, []
-    for p in prompts:
-        arrivals.append(Arrival(round(at, 6), p, new_tokens))
-        at += rng.expovariate(rate)
+    arrivals = [Arrival(round(at, 6), p, new_tokens) for at, p in zip(arrival_times(n, rate, seed), prompts, strict=True)]
     return Workload(
         "open", f"{n} requests, Poisson arrivals at {rate:.2f} req/s (~70% of capacity), {new_tokens} new tokens each",
         arrivals,

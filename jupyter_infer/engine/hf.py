@@ -78,6 +78,17 @@ def default_num_threads() -> int:
     return cores if cores <= 4 else cores - 2
 
 
+def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one left-padded batch (on the CPU): ids and attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
 @dataclass
 class _Batch:
     """The running rows: their ids, KV cache, attention mask, next positions and last tokens."""
@@ -162,13 +173,7 @@ class HFEngine(Engine):
         self._generators.clear()
 
     def _prefill(self, seqs: list[Sequence]) -> list[int]:
-        width = max(s.num_prompt_tokens for s in seqs)
-        input_ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            n = seq.num_prompt_tokens
-            input_ids[row, width - n :] = torch.tensor(seq.prompt_ids, dtype=torch.long)
-            mask[row, width - n :] = 1
+        input_ids, mask = left_pad_rows([s.prompt_ids for s in seqs], self.pad_token_id)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
         cache = kv_cache.new_cache(self.model.config)

@@ -179,12 +179,12 @@ class InferPanel(widgets.VBox):
             self._states[i] = "queued"
             outcome = "cancelled"
             try:
-                async for piece in stream:
+                async for _ in stream:
                     if self._states[i] == "queued":
                         self._states[i] = "streaming"
                         self.run_view.record(key, id=stream.id, first_token_at=stream.first_token_at,
                                               outcome="running")
-                    self._texts[i] += piece
+                    self._texts[i] = stream.text  # the stream keeps the text: no second copy per token
                     self._dirty.add(i)
                 self._states[i] = "done"
                 outcome = "ok"

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from .summary import RunSummary
 from .timeline import BatchTimeline, timeline_data
+
+if TYPE_CHECKING:
+    from ..client import Completion
 
 
 class RunView(widgets.VBox):
@@ -32,18 +35,15 @@ class RunView(widgets.VBox):
         self.reset()
 
     def reset(self) -> None:
-        self._keys: list[str] = []
         self._server_id: dict[str, str] = {}
         self._labels: dict[str, str] = {}
-        self._observed: dict[str, dict[str, Any]] = {}
+        self._observed: dict[str, dict[str, Any]] = {}  # by key, in row order
         self._payload: dict[str, Any] = {"batches": [], "requests": []}
         self.redraw()
 
     # -- what the client saw --------------------------------------------------------------------
     def track(self, key: str, label: str | None = None) -> None:
-        if key not in self._observed:
-            self._keys.append(key)
-            self._observed[key] = {}
+        self._observed.setdefault(key, {})
         self._labels[key] = label or key
 
     def record(self, key: str, **fields: Any) -> None:
@@ -55,10 +55,15 @@ class RunView(widgets.VBox):
             self._server_id[key] = server_id
         self._observed[key].update({k: v for k, v in fields.items() if v is not None})
 
+    def record_completion(self, key: str, completion: Completion) -> None:
+        """Record a finished ``Completion`` (its id, send and receive times, tokens, outcome)."""
+        self.record(key, id=completion.id, queued_at=completion.sent_at, finished_at=completion.received_at,
+                    tokens=completion.completion_tokens, outcome="ok" if completion.ok else "error")
+
     @property
     def ids(self) -> list[str]:
         """The server ids known so far, in row order."""
-        return [self._server_id[k] for k in self._keys if k in self._server_id]
+        return [self._server_id[k] for k in self._observed if k in self._server_id]
 
     # -- what the server recorded -----------------------------------------------------------------
     def merge(self, payload: Mapping[str, Any]) -> None:
@@ -77,14 +82,14 @@ class RunView(widgets.VBox):
         self.redraw()
 
     def _limit(self) -> int:
-        return max(100, 6 * len(self._keys))
+        return max(100, 6 * len(self._observed))
 
     # -- drawing --------------------------------------------------------------------------------
     def rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        ids = [self._server_id.get(k, k) for k in self._keys]
-        labels = {self._server_id.get(k, k): self._labels[k] for k in self._keys}
-        observed = {self._server_id.get(k, k): self._observed[k] for k in self._keys}
-        return timeline_data(self._payload, ids, labels=labels, observed=observed)
+        ids = {k: self._server_id.get(k, k) for k in self._observed}
+        labels = {rid: self._labels[k] for k, rid in ids.items()}
+        observed = {rid: self._observed[k] for k, rid in ids.items()}
+        return timeline_data(self._payload, list(ids.values()), labels=labels, observed=observed)
 
     def redraw(self, now: float | None = None) -> None:
         rows, batches = self.rows()
