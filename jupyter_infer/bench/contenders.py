@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..engine.hf import left_pad_rows
-from ..loadgen import Outcome, drive_http, drive_scheduler
+from ..loadgen import Outcome, drive_http, drive_service
 from ..metrics import percentile
 from .workloads import Workload
 
@@ -193,21 +193,21 @@ class OurScheduler(Contender):
         return asyncio.run(self._run(workload))
 
     async def _run(self, workload: Workload) -> Run:
-        from ..scheduler import Scheduler, SchedulerConfig
+        from ..config import ServiceConfig
+        from ..service import InferenceService
 
-        self.engine.reset()  # a fresh scheduler must not inherit rows a previous one left behind
-        scheduler = Scheduler(self.engine, SchedulerConfig(
+        service = InferenceService(ServiceConfig(
             mode=self.mode, max_batch_size=self.max_batch_size, max_queue_size=max(256, len(workload.arrivals)),
             max_new_tokens=max(512, max(a.max_tokens for a in workload.arrivals)),
-        ))
-        scheduler.start()
+        ), engine_loader=lambda: self.engine)
+        service.start()
         try:
-            outcomes, wall = await drive_scheduler(scheduler, workload.arrivals)
+            outcomes, wall = await drive_service(service, workload.arrivals)
         finally:
-            await scheduler.stop()
+            await service.stop()
         _require_ok(outcomes, self.mode)
-        snap = scheduler.metrics.snapshot()
-        busy = scheduler.metrics.busy_s
+        snap = service.metrics()
+        busy = service.collector.busy_s
         return Run(
             wall, sum(o.tokens for o in outcomes),
             [o.ttft_ms for o in outcomes], [o.latency_ms for o in outcomes],
@@ -216,7 +216,7 @@ class OurScheduler(Contender):
                 # Time the engine thread sat idle while work existed: scheduling, asyncio hops.
                 "overhead_share": max(0.0, 1 - busy / wall) if wall else None,
                 "mean_batch_size": snap["mean_batch_size"],
-                "batches": len(scheduler.metrics.batches),
+                "batches": len(service.collector.batches),
             },
         )
 
