@@ -272,7 +272,7 @@ def test_embedded_speaks_the_same_json_as_the_server(server: LocalServer) -> Non
         assert client.wait_ready()["state"] == "ready"
     finally:
         client.close()
-    assert client.service.scheduler.state == "stopped"
+    assert client.service.state == "stopped"
 
 
 @pytest.mark.asyncio

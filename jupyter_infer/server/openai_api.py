@@ -90,10 +90,20 @@ def _check_fields(body: Any, allowed: set[str], route: str) -> Mapping[str, Any]
         )
     for name, neutral in _NEUTRAL.items():
         value = body.get(name)
-        if name in body and not any(value == v and type(value) is type(v) or value is v for v in neutral):
+        if name in body and not any(_same(value, v) for v in neutral):
             why = _WHY.get(name, f"this server only supports the default for '{name}'")
             raise InvalidRequest(f"Unsupported value for '{name}': {value!r} ({why}).", param=name)
     return body
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` is ``neutral``: numbers by value (``0.0`` is ``0``), never a bool for a
+    number (``False`` is not ``0``), everything else by type and value."""
+    if isinstance(neutral, bool) or isinstance(value, bool) or neutral is None:
+        return value is neutral
+    if isinstance(neutral, (int, float)):
+        return isinstance(value, (int, float)) and value == neutral
+    return type(value) is type(neutral) and value == neutral
 
 
 def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
