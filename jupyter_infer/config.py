@@ -43,6 +43,11 @@ class ServiceConfig:
     max_prompt_tokens: int = 2048
     max_prefill_tokens: int = 4096
     idle_admit_delay_ms: float = 5.0
+    # A longer prompt is prefilled in chunks of this many tokens, between decode steps of the
+    # running rows (continuous mode); 0 prefills every prompt whole. docs/engine.md: measured.
+    prefill_chunk_tokens: int = 128
+    # -- the engine's prefix cache --------------------------------------------------------------
+    prefix_cache_mb: float = 512.0  # KV of recent prompt prefixes, reused by later prompts; 0: off
     # -- records ----------------------------------------------------------------------------------
     keep_records: int = 1000
 
@@ -71,7 +76,9 @@ class ServiceConfig:
             fail("max_batch_size", "0 (pick for the mode) or more")
         if self.num_threads < 0:
             fail("num_threads", "0 (auto) or more")
-        for name in ("batch_window_ms", "idle_admit_delay_ms", "simulated_prefill_ms_per_token"):
+        if self.prefill_chunk_tokens < 0:
+            fail("prefill_chunk_tokens", "0 (prefill prompts whole) or more")
+        for name in ("batch_window_ms", "idle_admit_delay_ms", "simulated_prefill_ms_per_token", "prefix_cache_mb"):
             if not getattr(self, name) >= 0 or math.isinf(getattr(self, name)):  # NaN fails too
                 fail(name, "0 or more")
         low_high = self.simulated_token_delay_ms

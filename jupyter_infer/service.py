@@ -38,6 +38,7 @@ class Limits:
     max_new_tokens: int
     max_prompt_tokens: int
     max_prefill_tokens: int
+    prefill_chunk_tokens: int
 
 
 class InferenceService:
@@ -50,6 +51,7 @@ class InferenceService:
             mode=cfg.mode, batch_window_ms=cfg.batch_window_ms, max_batch_size=cfg.batch_size,
             max_queue_size=cfg.max_queue_size, max_new_tokens=cfg.max_new_tokens,
             max_prompt_tokens=cfg.max_prompt_tokens, max_prefill_tokens=cfg.max_prefill_tokens,
+            prefill_chunk_tokens=cfg.prefill_chunk_tokens,
         )
         self.collector = MetricsCollector(keep=cfg.keep_records)
         self.events = EventBus()
@@ -144,8 +146,15 @@ class InferenceService:
 
     @property
     def num_running(self) -> int:
+        """Requests in the engine: decoding, or a long prompt being prefilled in chunks."""
         core = self._loop.scheduler
-        return len(core.running) if core else 0
+        return len(core.active) if core else 0
+
+    def prefix_cache(self) -> dict[str, Any] | None:
+        """The engine's prefix cache: on or off, memory, hits, misses, reused tokens
+        (``None`` while no engine is loaded, or for an engine without one)."""
+        engine = self._loop.engine
+        return engine.prefix_cache_stats() if engine else None
 
     def subscribe(self, maxsize: int = 2000) -> Subscription:
         """Live lifecycle events (``infer/events``)."""
@@ -168,12 +177,14 @@ class InferenceService:
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"},
             "queue_depth": self.queue_depth,
             "running": self.num_running,
+            "prefix_cache": self.prefix_cache(),
             "configured": {"engine": self.config.engine, "model": self.config.model},
         }
 
     def metrics(self) -> dict[str, Any]:
         """``GET infer/metrics``: aggregates since start."""
-        return self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running)
+        return {**self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running),
+                "prefix_cache": self.prefix_cache()}
 
     def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:
         """``GET infer/batches``: recent batch and request records, and who is running or
@@ -186,7 +197,7 @@ class InferenceService:
         return {
             "batches": [b.to_json() for b in records],
             "requests": [r.to_json() for r in self.collector.request_records(requests or 4 * limit)],
-            "running": [s.id for s in core.running] if core else [],
+            "running": [s.id for s in core.active] if core else [],
             "waiting": [s.id for s in core.waiting] if core else [],
             "mode": self.config.mode,
             "now": wall(time.monotonic()),

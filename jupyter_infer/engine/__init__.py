@@ -56,6 +56,7 @@ def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
         dtype=config.dtype,
         num_threads=config.num_threads,
         local_files_only=local_only,
+        prefix_cache_mb=config.prefix_cache_mb,
     )
 
 

@@ -30,12 +30,15 @@ class StepPlan:
     them to the running batch. ``decode``: one token for every running row; ``seqs`` are
     exactly the running rows, in the order they joined. ``keep``: the ids of the rows
     already in the batch that stay for this step, in order (rows not in it have left).
+    ``chunk`` (a prefill of one long prompt, chunked): compute at most this many more of its
+    prompt tokens; it yields a token, and joins the running batch, only with the last chunk.
     """
 
     step_id: int
     kind: Literal["prefill", "decode"]
     seqs: list[Sequence]
     keep: list[str] = field(default_factory=list)
+    chunk: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -68,6 +71,7 @@ class Engine(abc.ABC):
 
     info: EngineInfo
     eos_token_ids: frozenset[int]
+    chunked_prefill = False  # whether prefill_chunk works: the scheduler chunks only then
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...
@@ -94,6 +98,31 @@ class Engine(abc.ABC):
         if batch is None:
             raise RuntimeError("a decode step needs a running batch")
         return self.decode(batch, plan.seqs), batch
+
+    def prefill_chunk(self, seq: Sequence, partial: Batch | None, budget: int) -> tuple[int | None, Batch]:
+        """Up to ``budget`` more prompt tokens of ``seq``, continuing ``partial`` (its row so
+        far, or ``None``/another row's to start afresh): the row after it, and its first token
+        once the whole prompt is in (``None`` before)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot prefill in chunks")
+
+    def step_chunk(
+        self, plan: StepPlan, batch: Batch | None, partial: Batch | None,
+    ) -> tuple[list[int], Batch | None, Batch | None]:
+        """Run a ``chunk`` plan: the next chunk of ``plan.seqs[0]``'s prompt, continuing
+        ``partial``. Returns the step's tokens (none until the prompt is complete), the
+        running batch and the partial row; on the last chunk the row joins the batch (after
+        the rows that left) and the partial is ``None``."""
+        if batch is not None and batch.ids != plan.keep:
+            batch = batch.filter(plan.keep)
+        token, row = self.prefill_chunk(plan.seqs[0], partial, plan.chunk)
+        if token is None:
+            return [], batch, row
+        return [token], row if batch is None else batch.concatenate(row), None
+
+    def prefix_cache_stats(self) -> dict | None:
+        """Hits, misses, reused tokens and memory of the prefix cache (``None``: this engine
+        has no such thing)."""
+        return None
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """A chat as one prompt; engines with a chat template override this."""

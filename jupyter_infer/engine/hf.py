@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
@@ -23,6 +23,7 @@ from transformers.utils import logging as hf_logging
 
 from . import kv_cache
 from .base import Engine, EngineInfo
+from .prefix_cache import PrefixCache
 from .sampling import sample
 
 if TYPE_CHECKING:
@@ -155,6 +156,7 @@ class HFEngine(Engine):
         dtype: str = "auto",
         num_threads: int = 0,
         local_files_only: bool = False,
+        prefix_cache_mb: float = 0,
     ) -> None:
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
         self.device = pick_device(device)
@@ -173,6 +175,10 @@ class HFEngine(Engine):
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
+        # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
+        # attends to the whole past; sliding-window layers would need their window kept.
+        self.chunked_prefill = kv_cache.reusable(config)
+        self.configure_prefix_cache(prefix_cache_mb)
         max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
         self.info = EngineInfo(
             engine="hf",
@@ -203,10 +209,22 @@ class HFEngine(Engine):
     # -- steps ------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> tuple[list[int], HFBatch]:
-        input_ids, mask = left_pad_rows([s.prompt_ids for s in seqs], self.pad_token_id)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        """The newcomers' prompts in one left-padded forward. A row whose prompt starts with
+        a cached prefix starts from that KV: its row reads ``[pad | cached | pad | rest]``,
+        the mask hides both pads and ``position_ids`` continue from the cached length."""
+        matches = [self._cached_prefix(s.prompt_ids) for s in seqs]
+        cached = [n for n, _ in matches]
+        input_ids, new_mask = left_pad_rows([s.prompt_ids[n:] for s, n in zip(seqs, cached, strict=True)],
+                                            self.pad_token_id)
+        width = max(cached)
+        past_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, n in enumerate(cached):
+            past_mask[row, width - n :] = 1
+        mask = torch.cat([past_mask, new_mask], dim=1)
+        position_ids = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(cached)[:, None]
         input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
-        cache = kv_cache.new_cache(self.model.config)
+        config = self.model.config
+        cache = kv_cache.with_past(config, [kv for _, kv in matches], width) if width else kv_cache.new_cache(config)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -215,16 +233,76 @@ class HFEngine(Engine):
             use_cache=True,
             logits_to_keep=1,
         )
+        if self.prefix_cache is not None:
+            total = mask.shape[1]
+            for row, (seq, n) in enumerate(zip(seqs, cached, strict=True)):
+                rest = len(seq.prompt_ids) - n
+                # Token j sits in column width - n + j (cached part) or total - rest + j - n.
+                self.prefix_cache.insert(seq.prompt_ids, len(seq.prompt_ids), lambda a, b, row=row, n=n, rest=rest: (
+                    kv_cache.row_kv(out.cache, row, width - n + a, width - n + b) if b <= n
+                    else kv_cache.row_kv(out.cache, row, total - rest + a - n, total - rest + b - n)))
         generators = [self._generator(s.params) for s in seqs]
         tokens = sample(out.logits[:, -1, :], [s.params for s in seqs], generators)
         return tokens, HFBatch(
             ids=[s.id for s in seqs],
             cache=out.cache,
             mask=mask,
-            positions=mask.sum(-1),
+            positions=torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device),
             last=torch.tensor(tokens, dtype=torch.long, device=self.device),
             generators=generators,
         )
+
+    @torch.inference_mode()
+    def prefill_chunk(self, seq: Sequence, partial: HFBatch | None, budget: int) -> tuple[int | None, HFBatch]:
+        """Up to ``budget`` more prompt tokens of ``seq``, continuing ``partial`` (the row so
+        far; ``None`` or another row's: start, from the longest cached prefix). One row, no
+        padding: the mask is all ones and positions continue from the tokens already there."""
+        prompt = seq.prompt_ids
+        if partial is None or partial.ids != [seq.id]:
+            done, kv = self._cached_prefix(prompt)
+            cache = kv_cache.with_past(self.model.config, [kv], done) if done else kv_cache.new_cache(self.model.config)
+        else:
+            done, cache = partial.mask.shape[1], partial.cache
+        end = min(len(prompt), done + budget)
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        out = self.model(
+            input_ids=torch.tensor([prompt[done:end]], dtype=torch.long, device=self.device),
+            attention_mask=mask,
+            position_ids=torch.arange(done, end, device=self.device)[None],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if self.prefix_cache is not None:  # blocks complete so far: a prompt arriving now reuses them
+            self.prefix_cache.insert(prompt, end, lambda a, b: kv_cache.row_kv(out.cache, 0, a, b))
+        token, generators = None, [None]
+        if end == len(prompt):
+            generators = [self._generator(seq.params)]
+            token = sample(out.logits[:, -1, :], [seq.params], generators)[0]
+        return token, HFBatch(
+            ids=[seq.id], cache=out.cache, mask=mask,
+            positions=torch.tensor([end], device=self.device),
+            last=torch.tensor([token or 0], dtype=torch.long, device=self.device),
+            generators=generators,
+        )
+
+    def _cached_prefix(self, prompt: list[int]) -> tuple[int, torch.Tensor | None]:
+        """The longest cached prefix of ``prompt`` (0 and ``None`` without a cache)."""
+        if self.prefix_cache is None:
+            return 0, None
+        return self.prefix_cache.match(prompt)
+
+    def configure_prefix_cache(self, megabytes: float) -> None:
+        """A fresh, empty prefix cache of ``megabytes`` (0: none)."""
+        self.prefix_cache = None
+        if megabytes > 0 and self.chunked_prefill:
+            self.prefix_cache = PrefixCache(int(megabytes * 2**20))
+
+    def prefix_cache_stats(self) -> dict[str, Any] | None:
+        if self.prefix_cache is None:
+            return {"enabled": False, "reason": "off (prefix_cache_mb = 0)" if self.chunked_prefill
+                    else "this model's cache has sliding-window layers"}
+        return self.prefix_cache.stats()
 
     @torch.inference_mode()
     def decode(self, batch: HFBatch, seqs: list[Sequence]) -> list[int]:

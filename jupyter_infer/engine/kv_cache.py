@@ -62,6 +62,40 @@ def new_cache(config) -> DynamicCache:
     return cache
 
 
+def reusable(config) -> bool:
+    """Whether rows of this model's cache can start from stored KV (prefix caching, chunked
+    prefill): every layer a full-attention ``GrowingLayer`` (no sliding window to respect)."""
+    layers = new_cache(config).layers
+    return bool(layers) and all(isinstance(layer, GrowingLayer) for layer in layers)
+
+
+def with_past(config, pasts: list[torch.Tensor | None], width: int) -> DynamicCache:
+    """A cache whose rows start with the given KV (``[layers, 2, heads, length, dim]`` each),
+    left-padded to ``width`` columns; a row without one is all padding."""
+    first = next(p for p in pasts if p is not None)
+    layers, _, heads, _, dim = first.shape
+    if len(pasts) == 1 and first.shape[3] == width:
+        full = first[:, :, None]
+    else:
+        full = first.new_zeros((layers, 2, len(pasts), heads, width, dim))
+        for row, past in enumerate(pasts):
+            if past is not None:
+                full[:, :, row, :, width - past.shape[3] :] = past
+    cache = new_cache(config)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(full[i, 0], full[i, 1])
+        _set(layer, full[i, 0], full[i, 1])
+    return cache
+
+
+def row_kv(cache: DynamicCache, row: int, start: int, end: int) -> torch.Tensor:
+    """Keys and values of columns ``start..end-1`` of one row, every layer, as one new tensor:
+    ``[layers, 2, heads, end - start, dim]`` (what a prefix-cache block holds)."""
+    return torch.stack([
+        torch.stack((layer.keys[row, :, start:end], layer.values[row, :, start:end])) for layer in cache.layers
+    ])
+
+
 def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     missing = width - t.shape[dim]
     if missing == 0:

@@ -45,6 +45,14 @@ class SimulatedBatch:
         return SimulatedBatch(self.ids + other.ids, self.answers + other.answers)
 
 
+@dataclass
+class PartialPrompt:
+    """A prompt part-way through a chunked prefill: its row's id and the tokens done."""
+
+    ids: list[str]
+    done: int
+
+
 class SimulatedEngine(Engine):
     def __init__(
         self,
@@ -65,6 +73,7 @@ class SimulatedEngine(Engine):
             fallback_reason=fallback_reason,
         )
         self.eos_token_ids = frozenset({EOS_ID})
+        self.chunked_prefill = True
         self.token_delay_ms = token_delay_ms
         self.prefill_ms_per_token = prefill_ms_per_token
         self.prefill_base_ms = prefill_base_ms
@@ -89,6 +98,21 @@ class SimulatedEngine(Engine):
     def prefill(self, seqs: list[Sequence]) -> tuple[list[int], SimulatedBatch]:
         prompt_tokens = sum(s.num_prompt_tokens for s in seqs)
         self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens)
+        return self._start(seqs)
+
+    def prefill_chunk(
+        self, seq: Sequence, partial: PartialPrompt | None, budget: int,
+    ) -> tuple[int | None, SimulatedBatch | PartialPrompt]:
+        done = partial.done if isinstance(partial, PartialPrompt) and partial.ids == [seq.id] else 0
+        end = min(seq.num_prompt_tokens, done + budget)
+        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * (end - done))
+        if end < seq.num_prompt_tokens:
+            return None, PartialPrompt([seq.id], end)
+        tokens, batch = self._start([seq])
+        return tokens[0], batch
+
+    def _start(self, seqs: list[Sequence]) -> tuple[list[int], SimulatedBatch]:
+        """The rows of prefilled ``seqs``: each reads out its composed answer."""
         batch = SimulatedBatch(
             [s.id for s in seqs],
             [self.tokenize(compose_answer(s.request.prompt, self._seed_for(s))) for s in seqs],

@@ -40,6 +40,7 @@ class EngineLoop:
         self.scheduler: Scheduler | None = None  # made once the engine is loaded
         self._streams: dict[str, RequestStream] = {}
         self._batch: Batch | None = None  # the running rows, as the engine holds them
+        self._partial: Batch | None = None  # the row of a prompt being prefilled in chunks
         self._stop_reason: str | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._task: asyncio.Task | None = None
@@ -81,7 +82,7 @@ class EngineLoop:
         executor, self._executor = self._executor, None
         if executor is not None:
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
-        self._batch = None
+        self._batch = self._partial = None
         self.state = "stopped"
 
     async def wait_ready(self, timeout: float | None = None) -> Engine:
@@ -127,14 +128,21 @@ class EngineLoop:
         while True:
             plan, wake_at = core.schedule(time.monotonic())
             self._end_finished()
+            if core.prefilling is None:
+                self._partial = None  # its prompt was cancelled or failed: drop its KV
             if plan is None:
                 await self._wait(wake_at)
                 continue
             started = time.monotonic()
             try:
-                tokens, self._batch = await loop.run_in_executor(
-                    self._executor, self.engine.step, plan, self._batch
-                )
+                if plan.chunk:
+                    tokens, self._batch, self._partial = await loop.run_in_executor(
+                        self._executor, self.engine.step_chunk, plan, self._batch, self._partial
+                    )
+                else:
+                    tokens, self._batch = await loop.run_in_executor(
+                        self._executor, self.engine.step, plan, self._batch
+                    )
             except Exception as err:
                 self._fail(plan, err, in_engine=True)
                 continue
@@ -160,6 +168,8 @@ class EngineLoop:
         log.error("jupyter_infer: engine step %s (%s) failed", plan.step_id, plan.kind, exc_info=err)
         if in_engine and plan.kind == "decode":
             self._batch = None  # a decode may have half-updated the batch: start clean
+        if plan.chunk:
+            self._partial = None
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()

@@ -86,10 +86,11 @@ class Recorder:
             batch.tokens += produced
             if plan.kind == "prefill":
                 batch.prefill_steps += 1
-                batch.prompt_tokens += plan.num_tokens
+                if not plan.chunk or produced:  # a chunked prompt counts once, when complete
+                    batch.prompt_tokens += plan.num_tokens
         self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now)
         if self.events.has_subscribers:  # the member list is per-step work: only when watched
-            self._emit("step", step_id=plan.step_id, kind=plan.kind,
+            self._emit("step", step_id=plan.step_id, kind=plan.kind, chunk=plan.chunk,
                        members=[s.id for s in plan.seqs],
                        tokens=produced, batch_id=batch.id if batch else None,
                        started_at=wall(started), ended_at=wall(now))

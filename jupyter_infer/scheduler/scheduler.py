@@ -6,8 +6,16 @@ running row), runs it, and hands the tokens to ``postprocess``. Time comes in as
 so the policy can be tested with a fake clock. Every sequence that ends (finished,
 cancelled, failed) is collected for the loop, which ``pop_finished()``s it to end its stream.
 
-State transitions: WAITING → RUNNING → FINISHED, and WAITING → FINISHED for a request
-cancelled in the queue. Lifecycle facts go to the ``Recorder``.
+Chunked prefill (continuous mode, ``prefill_chunk_tokens``): a prompt longer than a chunk is
+admitted alone as the one PREFILLING sequence, and each prefill turn runs its next chunk
+(the engine continues the row's KV, which the loop holds) until the last chunk yields its
+first token and it joins the running rows. Between two chunks the running rows decode, so
+a long prompt stalls them for one chunk at a time, never for its whole prefill; and while
+rows run, a group prefill of short prompts is bounded by a chunk too.
+
+State transitions: WAITING → RUNNING → FINISHED, WAITING → PREFILLING → RUNNING for a long
+prompt, and WAITING → FINISHED for a request cancelled in the queue. Lifecycle facts go to
+the ``Recorder``.
 """
 
 from __future__ import annotations
@@ -35,6 +43,10 @@ class Scheduler:
         self.max_batch_size = config.batch_size
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.prefilling: Sequence | None = None  # the long prompt being prefilled in chunks
+        # The classic window batcher runs whole batches; chunks need an engine that can.
+        chunking = config.mode == "continuous" and getattr(engine, "chunked_prefill", False)
+        self.chunk_tokens = config.prefill_chunk_tokens if chunking else 0
         self._live: dict[str, Sequence] = {}
         self._finished: list[Sequence] = []
         self._window_opened: float | None = None
@@ -72,10 +84,11 @@ class Scheduler:
 
     def abort(self, reason: str, now: float) -> None:
         """Every queued and running request ends with ``reason`` (the service stops)."""
-        for seq in self.waiting + self.running:
+        for seq in self.waiting + self.active:
             self._finish(seq, "failed", now, error=reason)
         self.waiting.clear()
         self.running.clear()
+        self.prefilling = None
         self.recorder.left([], now)
 
     def pop_finished(self) -> list[Sequence]:
@@ -83,23 +96,29 @@ class Scheduler:
         return finished
 
     @property
+    def active(self) -> list[Sequence]:
+        """Every sequence the engine holds a row of: the running ones, then the prefilling one."""
+        return self.running + ([self.prefilling] if self.prefilling is not None else [])
+
+    @property
     def has_cancelled(self) -> bool:
-        return any(s.cancelled for s in self.running)
+        return any(s.cancelled for s in self.active)
 
     # -- decisions --------------------------------------------------------------------------
     def schedule(self, now: float) -> tuple[StepPlan | None, float | None]:
         """The next step, or ``(None, wake_at)``: nothing to run before ``wake_at`` (``None``:
         until something arrives)."""
-        cancelled = [s for s in self.running if s.cancelled]
+        cancelled = [s for s in self.active if s.cancelled]
         if cancelled:
             for seq in cancelled:
                 self._retire(seq, "cancelled", now)
-            self.recorder.left(self.running, now)
+            self.recorder.left(self.active, now)
         staying = [s.id for s in self.running]
         newcomers, wake_at = self._admit(now)
         if newcomers:
             self._decodes_since_prefill = 0
-            return StepPlan(next(self._step_ids), "prefill", newcomers, staying), None
+            chunk = self.chunk_tokens if newcomers[0] is self.prefilling else 0
+            return StepPlan(next(self._step_ids), "prefill", newcomers, staying, chunk), None
         if self.running:
             self._decodes_since_prefill += 1
             return StepPlan(next(self._step_ids), "decode", list(self.running), staying), None
@@ -107,6 +126,10 @@ class Scheduler:
 
     def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
         cfg = self.config
+        if self.prefilling is not None:  # its next chunk, once the running rows had a step
+            if self.running and self._decodes_since_prefill < DECODES_PER_PREFILL:
+                return [], None
+            return [self.prefilling], None
         if not self.waiting:
             return [], None
         if cfg.mode == "window" and self.running:
@@ -133,21 +156,36 @@ class Scheduler:
         self.waiting = [s for s in self.waiting if id(s) not in admitted]
         # Leftovers of a window batch open the next window now.
         self._window_opened = now if self.waiting else None
+        if self._chunked(newcomers[0]):
+            self.prefilling, newcomers[0].status = newcomers[0], Status.PREFILLING
+            self.recorder.admitted(newcomers, self.active, now)
+            return newcomers, None
         for seq in newcomers:
             seq.status = Status.RUNNING
         self.running.extend(newcomers)
         self.recorder.admitted(newcomers, self.running, now)
         return newcomers, None
 
+    def _chunked(self, seq: Sequence) -> bool:
+        return 0 < self.chunk_tokens < seq.num_prompt_tokens
+
     def _pick(self, room: int) -> list[Sequence]:
-        """Highest priority first, FIFO within a priority, within the prefill budget."""
+        """Highest priority first, FIFO within a priority, within the prefill budget; a
+        prompt to chunk goes alone."""
+        budget = self.config.max_prefill_tokens
+        if self.running and self.chunk_tokens:
+            budget = min(budget, self.chunk_tokens)  # what the running rows wait for, at most
         newcomers: list[Sequence] = []
         longest = 0
         for seq in sorted(self.waiting, key=lambda s: s.priority_key):
             if len(newcomers) >= room or (newcomers and (seq.alone or newcomers[0].alone)):
                 break
+            if self._chunked(seq):
+                if not newcomers:
+                    newcomers.append(seq)
+                break
             longest_if = max(longest, seq.num_prompt_tokens)
-            if newcomers and longest_if * (len(newcomers) + 1) > self.config.max_prefill_tokens:
+            if newcomers and longest_if * (len(newcomers) + 1) > budget:
                 break  # padded prefill over budget; the rest waits for the next prefill
             newcomers.append(seq)
             longest = longest_if
@@ -157,9 +195,20 @@ class Scheduler:
     def postprocess(
         self, plan: StepPlan, tokens: list[int], started: float, now: float,
     ) -> list[tuple[Sequence, int, str]]:
-        """Apply a step's tokens; return ``(sequence, token, text it releases)`` per live row."""
+        """Apply a step's tokens; return ``(sequence, token, text it releases)`` per live row.
+
+        A chunk that did not finish its prompt yields no token; the one that does moves its
+        sequence from prefilling to the running rows (the engine appended its row)."""
         engine = self.engine
         out: list[tuple[Sequence, int, str]] = []
+        if plan.chunk:
+            seq = plan.seqs[0]
+            if not tokens:
+                self.recorder.step(plan, 0, started, now)
+                return out
+            if seq is self.prefilling:
+                self.prefilling, seq.status = None, Status.RUNNING
+                self.running.append(seq)
         for seq, token in zip(plan.seqs, tokens, strict=True):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
@@ -172,7 +221,7 @@ class Scheduler:
         for seq in done:
             self._retire(seq, "ok", now)
         if done:
-            self.recorder.left(self.running, now)
+            self.recorder.left(self.active, now)
         return out
 
     def fail(self, plan: StepPlan, error: str, now: float, *, retry: bool = True) -> None:
@@ -194,16 +243,19 @@ class Scheduler:
                 seq.status, seq.alone = Status.WAITING, True
                 again.append(seq)
             self.waiting[:0] = again
-            self.recorder.left(self.running, now)
+            self.recorder.left(self.active, now)
             return
         failed = plan.seqs if plan.kind == "prefill" else list(self.running)
         for seq in failed:
-            if seq.status is Status.RUNNING:
+            if seq.status in (Status.RUNNING, Status.PREFILLING):
                 self._retire(seq, "failed", now, error=error)
-        self.recorder.left(self.running, now)
+        self.recorder.left(self.active, now)
 
     def _retire(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
-        self.running.remove(seq)
+        if seq is self.prefilling:
+            self.prefilling = None
+        else:
+            self.running.remove(seq)
         self._finish(seq, outcome, now, error)
 
     def _finish(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:

@@ -1,7 +1,7 @@
 """A request as the scheduler tracks it: status, tokens so far, and the text they make.
 
 Plain data, like nano-vllm's ``Sequence``: the scheduler moves a sequence through
-WAITING → RUNNING → FINISHED; the engine only reads ``id``, ``prompt_ids``, ``output_ids``
+WAITING → (PREFILLING →) RUNNING → FINISHED; the engine only reads ``id``, ``prompt_ids``, ``output_ids``
 and ``params``. When things happened to it (queued, admitted, first token, finished, which
 batches) is written once, on ``record``: metrics, events and the final result all read it.
 """
@@ -17,6 +17,7 @@ from ..request import Request, RequestResult, SamplingParams
 
 class Status(enum.Enum):
     WAITING = "waiting"
+    PREFILLING = "prefilling"  # a long prompt, prefilled chunk by chunk between decode steps
     RUNNING = "running"
     FINISHED = "finished"
 

@@ -77,6 +77,19 @@ class InferApp(ExtensionApp):
         arrived for this long (at most 10x this after the first), so that a burst of requests
         shares one prefill (ms)."""
     ).tag(config=True)
+    prefill_chunk_tokens = Int(
+        D("prefill_chunk_tokens"), help="""Continuous mode: a prompt longer than this is prefilled in chunks of this
+        many tokens, with a decode step of the running requests between two chunks, so a long
+        prompt never freezes the streams already running for its whole prefill; while requests
+        run, a group prefill of short prompts is bounded by it too. 0 prefills every prompt
+        whole. The default is measured (docs/engine.md)."""
+    ).tag(config=True)
+    prefix_cache_mb = Float(
+        D("prefix_cache_mb"), help="""Memory (MB) for the 'hf' engine's prefix cache: the KV of recent prompts, in
+        blocks of 16 tokens, so that a prompt starting like an earlier one (a shared system
+        prompt, an agent's growing history) prefills only what is new. Least recently used
+        blocks go first. 0 turns it off."""
+    ).tag(config=True)
     num_threads = Int(
         D("num_threads"), help="CPU threads for the 'hf' engine; 0 picks for this machine."
     ).tag(config=True)
