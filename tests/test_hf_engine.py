@@ -4,6 +4,8 @@ join and leave, sampling with seeds."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,93 @@ def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_di
     # Keys, values and the mask grow in place: a decode step copies neither.
     assert (layer._key_buf.data_ptr(), batch.mask.data_ptr()) == buffers
     assert layer.keys.shape[2] == batch.mask.shape[1]  # one column per token fed so far
+
+
+# -- prefix caching and chunked prefill: the same greedy tokens --------------------------------
+SYSTEM = ("You are a careful research assistant inside a notebook. Answer briefly, say which "
+          "sources you used, and say so when you do not know. Tools: search, calculator, notes. ")
+AGENT_TASKS = ["Reflect on the question: what is a KV cache?", "Plan a tool call for batching",
+               "Synthesize what agents share"]
+
+
+@functools.cache
+def reference_cached(model_dir: Path, prompt: str, n: int) -> tuple[int, ...]:
+    return tuple(reference(model_dir, prompt, n))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("cache_mb", "chunk"), [(64, 0), (64, 16), (0, 16)])
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+async def test_prefix_cache_and_chunks_keep_greedy_outputs_exact(request, model_fixture: str, cache_mb: float,
+                                                                 chunk: int) -> None:
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1, prefix_cache_mb=cache_mb)
+    engine.eos_token_ids = frozenset()
+    s = await started(engine, prefill_chunk_tokens=chunk, idle_admit_delay_ms=0)
+    first = [SYSTEM + task for task in AGENT_TASKS]
+    streams = [await s.submit(Request(p, SamplingParams(max_tokens=12))) for p in first]
+    while s.collector.ttft_ms.count < 1:  # the first round is decoding
+        await asyncio.sleep(0.005)
+    # Late joiners: the next round of two agents, each its prompt so far plus more (a history).
+    later = [first[0] + " The cache keeps keys and values.", first[1] + " Tool: search(batching)."]
+    streams += [await s.submit(Request(p, SamplingParams(max_tokens=8))) for p in later]
+    results = await asyncio.gather(*(st.result() for st in streams))
+    stats = s.metrics()["prefix_cache"]
+    await s.stop()
+    for result, prompt in zip(results, first + later, strict=True):
+        assert result.token_ids == reference_cached(model_dir, prompt, len(result.token_ids)), prompt
+    if cache_mb:
+        assert stats["hits"] >= 2 and stats["reused_tokens"] >= 2 * 16, stats
+    else:
+        assert stats == {"enabled": False, "reason": "off (prefix_cache_mb = 0)"}
+
+
+def test_prefix_cache_reuses_blocks_and_stays_within_its_budget(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, prefix_cache_mb=1)
+    a = _seq(engine, SYSTEM + AGENT_TASKS[0], 4)
+    engine.prefill([a])
+    stats = engine.prefix_cache_stats()
+    block_mb = stats["used_mb"] / stats["blocks"]
+    assert stats["blocks"] == a.num_prompt_tokens // 16 and stats["misses"] == 1
+    b = _seq(engine, SYSTEM + AGENT_TASKS[1], 4)
+    engine.prefill([b])
+    stats = engine.prefix_cache_stats()
+    shared = len(os.path.commonprefix([a.prompt_ids, b.prompt_ids])) // 16
+    assert stats["hits"] == 1 and stats["reused_tokens"] == 16 * shared
+    # Many different prompts later, the memory stays within the budget: old blocks left.
+    for i in range(40):
+        engine.prefill([_seq(engine, f"{i} " + SYSTEM * 2, 1)])
+    stats = engine.prefix_cache_stats()
+    assert stats["used_mb"] <= 1 and stats["evicted_blocks"] > 0
+    assert stats["used_mb"] == pytest.approx(stats["blocks"] * block_mb, rel=0.01)
+
+
+def _real_kv(batch, row: int) -> list[torch.Tensor]:
+    """One row's keys and values in its real (unmasked) columns, every layer."""
+    cols = batch.mask[row].bool()
+    return [t[row][:, cols] for layer in batch.cache.layers for t in (layer.keys, layer.values)]
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_fixture: str) -> None:
+    # Greedy tokens of these random-weight models hardly depend on positions (Llama's RoPE
+    # moves its logits by ~1e-2 when positions are off by 32): compare the KV itself.
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    prompt, short = SYSTEM + AGENT_TASKS[1], "agents"
+    cold_tokens, cold = engine.prefill([_seq(engine, prompt, 1), _seq(engine, short, 1)])
+    engine.configure_prefix_cache(64)
+    engine.prefill([_seq(engine, SYSTEM + AGENT_TASKS[0], 1)])  # the shared system prompt, cached
+    hot_tokens, hot = engine.prefill([_seq(engine, prompt, 1), _seq(engine, short, 1)])
+    assert engine.prefix_cache_stats()["reused_tokens"] >= 32
+    seq, row, token = _seq(engine, prompt, 1), None, None
+    while token is None:
+        token, row = engine.prefill_chunk(seq, row, 16)
+    assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
+    assert hot_tokens == cold_tokens and token == cold_tokens[0]
+    assert hot.positions.tolist() == cold.positions.tolist() and row.positions.tolist() == cold.positions.tolist()[:1]
+    for r in (0, 1):
+        for a, b in zip(_real_kv(hot, r), _real_kv(cold, r), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for a, b in zip(_real_kv(row, 0), _real_kv(cold, 0), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -222,3 +222,127 @@ def test_idle_continuous_engine_waits_for_a_burst_to_pause() -> None:
     plan, wake_at = s.schedule(0.009)
     assert plan is None and wake_at == pytest.approx(0.018)
     assert len(s.schedule(0.0181)[0].seqs) == 2
+
+
+# -- chunked prefill -----------------------------------------------------------------------
+class ChunkingEngine(FakeEngine):
+    chunked_prefill = True
+
+
+def chunking_core(**config) -> Scheduler:
+    config.setdefault("idle_admit_delay_ms", 0.0)
+    cfg = ServiceConfig(**config)
+    return Scheduler(cfg, ChunkingEngine(), Recorder(cfg.mode, MetricsCollector(), EventBus()))
+
+
+def chunk_step(s: Scheduler, now: float, last: bool) -> StepPlan:
+    """Schedule a chunk at ``now``; the engine says whether it was the prompt's last."""
+    plan, _ = s.schedule(now)
+    assert plan is not None and plan.chunk, plan
+    s.postprocess(plan, [7] if last else [], now, now)
+    return plan
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps() -> None:
+    s = chunking_core(prefill_chunk_tokens=4)
+    a = seq(n_prompt=3, max_tokens=10)
+    s.add(a, 0.0)
+    assert run_step(s, 0.0).kind == "prefill"
+    b = seq(n_prompt=10, max_tokens=2)
+    s.add(b, 0.01)
+    kinds = []
+    for i, last in enumerate((False, False, True)):
+        assert run_step(s, 0.02 + i / 100).kind == "decode"  # the running row first, each time
+        plan = chunk_step(s, 0.025 + i / 100, last)
+        assert plan.seqs == [b] and plan.keep == [a.id] and plan.chunk == 4
+        kinds.append(b.status)
+    # Prefilling until the last chunk; no token (no first-token time) before it.
+    assert kinds == [Status.PREFILLING, Status.PREFILLING, Status.RUNNING]
+    assert b.output_ids == [7] and b.record.first_token_at == pytest.approx(0.045)
+    plan = run_step(s, 0.05)
+    assert plan.kind == "decode" and plan.seqs == [a, b]
+
+
+def test_an_idle_engine_runs_the_chunks_back_to_back() -> None:
+    s = chunking_core(prefill_chunk_tokens=4)
+    b = seq(n_prompt=9)
+    s.add(b, 0.0)
+    chunk_step(s, 0.0, last=False)
+    chunk_step(s, 0.01, last=False)
+    chunk_step(s, 0.02, last=True)
+    assert s.running == [b] and s.prefilling is None
+
+
+def test_while_a_prompt_is_chunked_others_wait_and_running_rows_bound_group_prefills() -> None:
+    s = chunking_core(prefill_chunk_tokens=8, max_batch_size=8)
+    long_, shorts = seq(n_prompt=20), [seq(n_prompt=3) for _ in range(5)]
+    s.add(long_, 0.0)
+    for x in shorts:
+        s.add(x, 0.0)
+    # The long prompt came first: it goes alone, and the short ones wait for its last chunk.
+    assert chunk_step(s, 0.0, last=False).seqs == [long_]
+    assert chunk_step(s, 0.01, last=False).seqs == [long_]
+    chunk_step(s, 0.02, last=True)
+    assert run_step(s, 0.03).kind == "decode"
+    # With a row running, a group prefill holds at most a chunk of padded tokens: 2 x 3 <= 8.
+    plan = run_step(s, 0.04)
+    assert plan.kind == "prefill" and plan.seqs == shorts[:2] and not plan.chunk
+
+
+def test_an_idle_engine_groups_short_prompts_up_to_the_prefill_budget() -> None:
+    s = chunking_core(prefill_chunk_tokens=8)
+    shorts = [seq(n_prompt=3) for _ in range(5)]
+    for x in shorts:
+        s.add(x, 0.0)
+    assert run_step(s, 0.0).seqs == shorts  # nothing runs: nobody to stall
+
+
+def test_a_short_prompt_ahead_of_a_long_one_goes_first_and_alone() -> None:
+    s = chunking_core(prefill_chunk_tokens=4)
+    short, long_ = seq(n_prompt=3), seq(n_prompt=9)
+    s.add(short, 0.0)
+    s.add(long_, 0.0)
+    assert run_step(s, 0.0).seqs == [short]
+    assert s.prefilling is None and long_.status is Status.WAITING
+
+
+def test_a_prompt_cancelled_while_prefilling_ends_at_the_next_step() -> None:
+    s = chunking_core(prefill_chunk_tokens=4)
+    a, b = seq(n_prompt=3, max_tokens=10), seq(n_prompt=10)
+    s.add(a, 0.0)
+    run_step(s, 0.0)
+    s.add(b, 0.0)
+    run_step(s, 0.01)
+    chunk_step(s, 0.02, last=False)
+    assert s.cancel(b.id, 0.025) and b.status is Status.PREFILLING
+    plan, _ = s.schedule(0.03)
+    assert plan.kind == "decode" and plan.seqs == [a]
+    assert s.prefilling is None and b.record.outcome == "cancelled"
+    assert [x.id for x in s.pop_finished()] == [b.id]
+
+
+def test_a_failed_chunk_fails_only_its_request() -> None:
+    s = chunking_core(prefill_chunk_tokens=4)
+    a, b = seq(n_prompt=3, max_tokens=10), seq(n_prompt=10)
+    s.add(a, 0.0)
+    run_step(s, 0.0)
+    s.add(b, 0.0)
+    run_step(s, 0.01)
+    plan, _ = s.schedule(0.02)
+    s.fail(plan, "boom", 0.03)
+    assert b.record.outcome == "failed" and b.record.error == "boom" and s.prefilling is None
+    assert s.running == [a] and run_step(s, 0.04).kind == "decode"
+
+
+@pytest.mark.parametrize("why", ["window mode", "engine cannot", "off"])
+def test_no_chunks_in_window_mode_for_engines_that_cannot_or_when_off(why: str) -> None:
+    if why == "window mode":
+        s = chunking_core(mode="window", batch_window_ms=0, prefill_chunk_tokens=4)
+    elif why == "engine cannot":
+        s = core(prefill_chunk_tokens=4)
+    else:
+        s = chunking_core(prefill_chunk_tokens=0)
+    long_ = seq(n_prompt=10)
+    s.add(long_, 0.0)
+    plan = run_step(s, 0.0)
+    assert plan.kind == "prefill" and not plan.chunk and long_.status is Status.RUNNING
