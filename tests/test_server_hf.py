@@ -54,3 +54,19 @@ async def test_a_real_model_over_json_sse_and_openai(
         assert [chunk async for chunk in stream]
     finally:
         await api.close()
+
+
+async def test_prefix_cache_hits_show_in_status_metrics_and_prometheus(jp_fetch: Any) -> None:
+    system = "You are a careful assistant inside a notebook; answer briefly and cite sources. " * 2
+    for question in ("What is a KV cache?", "What is batching?"):
+        await jp_fetch("infer", "generate", method="POST",
+                       body=json.dumps({"prompt": system + question, "max_tokens": 2}))
+    metrics = json.loads((await jp_fetch("infer", "metrics")).body)["prefix_cache"]
+    assert metrics["enabled"] and metrics["hits"] == 1 and metrics["misses"] == 1
+    assert metrics["reused_tokens"] >= 16 and 0 < metrics["used_mb"] <= metrics["capacity_mb"]
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["prefix_cache"]["capacity_mb"] == 512 and status["limits"]["prefill_chunk_tokens"] == 128
+    prometheus = (await jp_fetch("metrics")).body.decode()
+    assert "jupyter_infer_prefix_cache_hits_total 1.0" in prometheus
+    assert f"jupyter_infer_prefix_cache_reused_tokens_total {metrics['reused_tokens']:.1f}" in prometheus
+    assert "jupyter_infer_prefix_cache_bytes " in prometheus and "jupyter_infer_prefix_cache_blocks " in prometheus

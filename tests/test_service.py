@@ -293,3 +293,27 @@ async def test_batches_answers_the_same_amount_as_asked() -> None:
     assert len(answer["batches"]) == 60 and len(answer["requests"]) == 60
     assert len(s.batches(limit=10)["batches"]) == 10
     await s.stop()
+
+
+async def test_a_long_prompt_is_chunked_while_a_stream_keeps_its_tokens_coming() -> None:
+    engine = fast_engine()
+    s = await started(engine, prefill_chunk_tokens=8, idle_admit_delay_ms=0)
+    running = await s.submit(req("Explain the KV cache", max_tokens=40))
+    events = running.__aiter__()
+    await events.__anext__()  # it is decoding
+    long_prompt = "Why does batching help on a busy server? " * 6
+    n = len(engine.tokenize(long_prompt))
+    steps = s.subscribe()
+    long_ = await s.submit(req(long_prompt, max_tokens=4))
+    result = await long_.result()
+    kinds = []
+    while not steps.queue.empty():
+        event = steps.queue.get_nowait()
+        if event["type"] == "step":
+            kinds.append("chunk" if event["chunk"] else event["kind"])
+    # ceil(n / 8) chunks, each after a decode step of the running stream.
+    chunks = [i for i, k in enumerate(kinds) if k == "chunk"]
+    assert len(chunks) == -(-n // 8) and all(kinds[i - 1] == "decode" for i in chunks[1:])
+    assert result.completion_tokens == 4 and result.text
+    assert (await running.result()).completion_tokens == 40
+    await s.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..metrics import BatchRecord, RequestRecord
 from ..service import InferenceService
@@ -70,6 +71,31 @@ def running() -> Gauge:
     return _get(Gauge, "running_requests", "Requests in the running batch.")
 
 
+class PrefixCacheCollector:
+    """The engine's prefix cache, read at scrape time: the engine keeps its own counters."""
+
+    COUNTERS = (("hits", "Prompts that reused a cached prefix."),
+                ("misses", "Prompts that found no cached prefix."),
+                ("reused_tokens", "Prompt tokens whose KV came from the prefix cache, not a prefill."),
+                ("evicted_blocks", "Blocks dropped to stay within prefix_cache_mb."))
+    GAUGES = (("used_mb", "bytes", "Memory the cached blocks hold.", 2**20),
+              ("blocks", "blocks", "Blocks in the prefix cache.", 1))
+
+    def describe(self) -> list[Any]:
+        return self._families({})
+
+    def collect(self) -> list[Any]:
+        stats = _service.prefix_cache() if _service is not None else None
+        return self._families(stats) if stats and stats.get("enabled") else []
+
+    def _families(self, stats: dict[str, Any]) -> list[Any]:
+        out: list[Any] = [CounterMetricFamily(f"{_PREFIX}prefix_cache_{key}", text, value=stats.get(key, 0))
+                          for key, text in self.COUNTERS]
+        out += [GaugeMetricFamily(f"{_PREFIX}prefix_cache_{name}", text, value=stats.get(key, 0) * scale)
+                for key, name, text, scale in self.GAUGES]
+        return out
+
+
 def _on_request_finished(record: RequestRecord) -> None:
     requests_total().labels(outcome=record.outcome).inc()
     if record.first_token_at is not None:  # prefilled: only then were its prompt tokens processed
@@ -100,6 +126,9 @@ def attach(service: InferenceService) -> None:
     metrics.on_batch_closed.append(_on_batch_closed)
     metrics.on_rejected.append(_on_rejected)
     _service = service
+    if "prefix_cache" not in _metrics:  # a collector, like every metric, registers once per process
+        _metrics["prefix_cache"] = PrefixCacheCollector()
+        REGISTRY.register(_metrics["prefix_cache"])
     queue_depth().set_function(lambda: _service.queue_depth if _service else 0)
     running().set_function(lambda: _service.num_running if _service else 0)
 
