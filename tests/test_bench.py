@@ -13,7 +13,9 @@ from jupyter_infer.cli import main
 
 CONTENDERS = ("sequential", "static", "window", "continuous", "hf_cb", "ceiling")
 LABELS = ("sequential generate", "static batch (padded generate)", "ours: window", "ours: continuous",
-          "transformers continuous batching", "ceiling (bare decode steps)", "ours over HTTP+SSE")
+          "transformers continuous batching", "ceiling (bare decode steps)", "ours over HTTP+SSE",
+          "ours over HTTP (OpenAI completions)", "transformers serve --continuous-batching",
+          "ours: prefix cache", "ours: no prefix cache", "ours: chunked prefill", "ours: whole prefill")
 
 
 def words(text: str) -> int:
@@ -29,6 +31,26 @@ def test_workloads_match_the_issue() -> None:
     open_ = wl.open_loop(words, 20, rate=4.0, seed=1)
     assert not open_.closed
     assert open_.arrivals == wl.open_loop(words, 20, rate=4.0, seed=1).arrivals
+
+
+def test_agents_share_a_system_prompt_and_grow_their_histories() -> None:
+    agents = wl.agents(words, k=8, system_tokens=500, new_tokens=32)
+    assert len(agents.chains) == 8 and all(len(c) == 3 for c in agents.chains)
+    assert not agents.closed and len(agents.requests) == 24 and agents.total_tokens == 24 * 32
+    system = agents.chains[0][0].prompt.split("\n\nAgent")[0]
+    assert 495 <= words(system) <= 500
+    for chain in agents.chains:
+        assert all(a.prompt.startswith(system) for a in chain)
+        # Each round's prompt is the previous one plus its answer (and the tool result).
+        assert all(b.prompt.startswith(a.prompt) for a, b in zip(chain, chain[1:], strict=False))
+    assert "Tool result:" in agents.chains[0][2].prompt and "Tool result:" not in agents.chains[0][1].prompt
+    assert len({c[0].prompt for c in agents.chains}) == 8
+
+
+def test_interference_sends_a_long_prompt_once_the_streams_run() -> None:
+    w = wl.interference(words, streams=4, stream_tokens=64, long_tokens=800, after=4)
+    assert [a.max_tokens for a in w.arrivals] == [64] * 4 and w.late_after == 4
+    assert 790 <= words(w.late.prompt) <= 800 and w.requests[-1] is w.late
 
 
 def _results(**medians: dict) -> dict:
@@ -73,12 +95,22 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     assert set(CONTENDERS) <= set(workloads["burst"]["contenders"])
     assert set(CONTENDERS) <= set(workloads["mixed"]["contenders"])
     assert {"window", "continuous", "hf_cb"} <= set(workloads["open"]["contenders"])
-    assert "http" in workloads["http"]["contenders"], workloads["http"]
+    assert {"http", "http_openai", "hf_serve"} <= set(workloads["http"]["contenders"]), workloads["http"]
+    assert {"continuous", "no_cache", "hf_cb"} <= set(workloads["agents"]["contenders"])
+    agents = workloads["agents"]["contenders"]
+    assert agents["continuous"]["median"]["prefix_reused_tokens"] > 0
+    for key in ("continuous", "no_cache", "hf_cb"):  # every round of every agent answered in full
+        assert agents[key]["median"]["tokens"] == workloads["agents"]["total_new_tokens"], key
+    interference = workloads["interference"]["contenders"]
+    assert {"continuous", "no_chunk", "standalone"} <= set(interference)
+    for key in ("continuous", "no_chunk"):
+        median = interference[key]["median"]
+        assert median["worst_gap_ms"] >= median["itl_p99_ms"] > 0 and median["long_ttft_ms"] > 0, key
     for name in ("burst", "mixed"):
         for key in CONTENDERS:
             median = workloads[name]["contenders"][key]["median"]
             assert median["tokens_per_s"] > 0, (name, key)
             if key != "ceiling":  # every contender generated exactly the tokens asked for
                 assert median["tokens"] == workloads[name]["total_new_tokens"], (name, key)
-    assert len(results["targets"]) == 6
+    assert len(results["targets"]) == 12 and all(t["ratio"] is not None for t in results["targets"])
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,9 +4,12 @@ Contenders, on the same model, prompts and machine: sequential ``model.generate`
 padded batched ``generate`` (static batching), our ``window`` and ``continuous`` modes
 (in-process scheduler over the hf engine), transformers' built-in continuous batching,
 and the ceiling (bare decode steps, no scheduling). Workloads: (a) burst, (b) mixed output
-lengths, (c) open-loop Poisson arrivals at ~70 % of capacity, (d) the burst through the
-real server over HTTP + SSE. Each is warmed up, then repeated (median of ``--repeats``);
-the table, ratios and issue 4's targets are printed, and written as JSON and a PNG chart.
+lengths, (c) open-loop Poisson arrivals at ~70 % of capacity, (d) the burst over HTTP
+(our server, ``transformers serve``, llama.cpp's ``llama-server`` when there is one),
+(e) agents sharing a system prompt (with and without our prefix cache), (f) a long prompt
+arriving while streams run (with and without chunked prefill). Each is warmed up, then
+repeated (median of ``--repeats``); the tables, ratios and the issues' targets are printed,
+and written as JSON and a PNG chart.
 
 See ``docs/benchmark.md`` for how to read and reproduce the results.
 """
@@ -31,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model dtype (default float32)")
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="batch capacity for every batching contender (default 32)")
-    parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "http"),
+    parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "agents", "interference", "http"),
                         help="run only these workloads (the burst always runs when open or http do)")
+    parser.add_argument("--gguf", help="llama-server's GGUF of the model (default: MODEL/model.gguf); the "
+                        "llama-server contender runs when this file exists and llama-server is on PATH")
     parser.add_argument("--seed", type=int, default=0, help="seeds the open-loop arrivals")
 
 
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = BenchConfig(
         model=args.model, quick=args.quick, repeats=repeats, num_threads=args.threads, dtype=args.dtype,
-        max_batch_size=args.max_batch_size, seed=args.seed,
+        max_batch_size=args.max_batch_size, seed=args.seed, gguf=args.gguf,
         workloads=tuple(args.only) if args.only else BenchConfig.workloads, out=args.out,
     )
     results = Suite(config, log=lambda line: print(line, flush=True)).run()

@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 import torch
 
 from ..engine.hf import left_pad_rows
-from ..loadgen import Outcome, drive_http, drive_service
+from ..loadgen import Arrival, Outcome, drive_http
 from ..metrics import percentile
+from .drivers import drive, interference_stats
 from .workloads import Workload
 
 T = TypeVar("T")
@@ -180,45 +181,82 @@ class StaticBatch(Contender):
 
 
 class OurScheduler(Contender):
-    """Our scheduler (``window`` or ``continuous``) in-process, over the hf engine."""
+    """Our scheduler (``window`` or ``continuous``) in-process, over the hf engine.
 
-    def __init__(self, engine: Any, mode: str, max_batch_size: int) -> None:
+    Every run starts with an empty prefix cache (``prefix_cache_mb`` of it; 0: none), so
+    repeated runs of one workload do not feed each other.
+    """
+
+    def __init__(self, engine: Any, mode: str, max_batch_size: int, *, name: str | None = None,
+                 label: str | None = None, prefix_cache_mb: float | None = None,
+                 prefill_chunk_tokens: int | None = None) -> None:
+        from ..config import ServiceConfig
+
         self.engine = engine
         self.mode = mode
         self.max_batch_size = max_batch_size
-        self.name = mode
-        self.label = f"ours: {mode}"
+        self.name = name or mode
+        self.label = label or f"ours: {mode}"
+        self.prefix_cache_mb = ServiceConfig.default("prefix_cache_mb") if prefix_cache_mb is None else prefix_cache_mb
+        self.prefill_chunk_tokens = (ServiceConfig.default("prefill_chunk_tokens") if prefill_chunk_tokens is None
+                                     else prefill_chunk_tokens)
 
     def run(self, workload: Workload) -> Run:
+        self.engine.configure_prefix_cache(self.prefix_cache_mb)
         return asyncio.run(self._run(workload))
 
     async def _run(self, workload: Workload) -> Run:
         from ..config import ServiceConfig
         from ..service import InferenceService
 
+        requests = workload.requests
         service = InferenceService(ServiceConfig(
-            mode=self.mode, max_batch_size=self.max_batch_size, max_queue_size=max(256, len(workload.arrivals)),
-            max_new_tokens=max(512, max(a.max_tokens for a in workload.arrivals)),
+            mode=self.mode, max_batch_size=self.max_batch_size, max_queue_size=max(256, len(requests)),
+            max_new_tokens=max(512, max(a.max_tokens for a in requests)),
+            prefill_chunk_tokens=self.prefill_chunk_tokens, prefix_cache_mb=self.prefix_cache_mb,
         ), engine_loader=lambda: self.engine)
         service.start()
         try:
-            outcomes, wall = await drive_service(service, workload.arrivals)
+            traces, wall = await drive(service, workload)
         finally:
             await service.stop()
-        _require_ok(outcomes, self.mode)
+        failed = [t.error for t in traces if t.error]
+        if failed:
+            raise RuntimeError(f"{self.label}: {len(failed)} requests failed: {failed[:3]}")
         snap = service.metrics()
         busy = service.collector.busy_s
-        return Run(
-            wall, sum(o.tokens for o in outcomes),
-            [o.ttft_ms for o in outcomes], [o.latency_ms for o in outcomes],
-            {
-                "engine_busy_s": busy,
-                # Time the engine thread sat idle while work existed: scheduling, asyncio hops.
-                "overhead_share": max(0.0, 1 - busy / wall) if wall else None,
-                "mean_batch_size": snap["mean_batch_size"],
-                "batches": len(service.collector.batches),
-            },
-        )
+        extra = {
+            "engine_busy_s": busy,
+            # Time the engine thread sat idle while work existed: scheduling, asyncio hops.
+            "overhead_share": max(0.0, 1 - busy / wall) if wall else None,
+            "mean_batch_size": snap["mean_batch_size"],
+            "batches": len(service.collector.batches),
+        }
+        cache = snap.get("prefix_cache") or {}
+        if cache.get("enabled"):
+            extra.update(prefix_hits=cache["hits"], prefix_misses=cache["misses"],
+                         prefix_reused_tokens=cache["reused_tokens"], prefix_cache_mb=cache["used_mb"])
+        if workload.late is not None:
+            extra.update(interference_stats(traces))
+        return Run(wall, sum(t.tokens for t in traces), [t.ttft_ms for t in traces],
+                   [t.latency_ms for t in traces], extra)
+
+
+class StandalonePrefill(OurScheduler):
+    """The interference workload's long prompt alone, prefilled whole: the cost to compare with."""
+
+    def __init__(self, engine: Any, max_batch_size: int) -> None:
+        super().__init__(engine, "continuous", max_batch_size, name="standalone",
+                         label="long prompt alone (whole prefill)", prefill_chunk_tokens=0)
+
+    def supports(self, workload: Workload) -> bool:
+        return workload.late is not None
+
+    def run(self, workload: Workload) -> Run:
+        alone = Workload(workload.name, "the late prompt alone", [workload.late])
+        run = super().run(alone)
+        run.extra["long_ttft_ms"] = run.ttft_ms[0]
+        return run
 
 
 class TransformersContinuous(Contender):
@@ -229,15 +267,19 @@ class TransformersContinuous(Contender):
     The manager lives for the whole benchmark (``keep_for_next_session``), but its generation
     thread runs only during its own runs: an idle manager thread slowed the other
     contenders' ``generate`` by ~12 % in our measurements, which would flatter this one.
+    Each run builds a fresh paged cache, so with ``block_sharing`` (its prefix sharing) every
+    run starts cold, as ours does.
     """
 
-    name, label = "hf_cb", "transformers continuous batching"
+    name = "hf_cb"
 
     def __init__(self, model_dir: str, tokenize: Callable[[str], list[int]], dtype: torch.dtype,
-                 max_batch_size: int, max_tokens_per_request: int, page_size: int = 32) -> None:
+                 max_batch_size: int, max_tokens_per_request: int, page_size: int = 32,
+                 block_sharing: bool = False) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+        self.label = "transformers continuous batching" + (" + prefix sharing" if block_sharing else "")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         pad = self.model.generation_config.pad_token_id
         blocks = max_batch_size * math.ceil(max_tokens_per_request / page_size) + 8
@@ -248,11 +290,15 @@ class TransformersContinuous(Contender):
                 max_new_tokens=64, do_sample=False, eos_token_id=-1, pad_token_id=0 if pad is None else pad,
             ),
             "continuous_batching_config": ContinuousBatchingConfig(
-                **self.cache_config, allow_block_sharing=False, use_cuda_graph=False, use_async_batching=False,
+                **self.cache_config, allow_block_sharing=block_sharing, use_cuda_graph=False,
+                use_async_batching=False,
             ),
         }
         self.manager = self.model.init_continuous_batching(**self._configs)
         self.tokenize = tokenize
+
+    def supports(self, workload: Workload) -> bool:
+        return workload.late is None
 
     def _resume(self) -> None:
         """Start the manager's generation thread; return once it can take requests."""
@@ -270,28 +316,35 @@ class TransformersContinuous(Contender):
         self.manager.stop(block=True, timeout=30, keep_for_next_session=True)
 
     def run(self, workload: Workload) -> Run:
-        rows = [self.tokenize(a.prompt) for a in workload.arrivals]
+        rows = {id(a): self.tokenize(a.prompt) for a in workload.requests}
         self._resume()
         try:
             return self._run(workload, rows)
         finally:
             self._pause()
 
-    def _run(self, workload: Workload, rows: list[list[int]]) -> Run:
+    def _run(self, workload: Workload, rows: dict[int, list[int]]) -> Run:
         start = time.perf_counter()
+        next_round: dict[str, tuple[list[Arrival], int]] = {}  # request id -> (its chain, next index)
+
+        def add(arrival: Arrival) -> str:
+            return self.manager.add_request(rows[id(arrival)], max_new_tokens=arrival.max_tokens,
+                                            eos_token_id=-1, record_timestamps=True)
 
         def feed() -> None:
-            for arrival, row in zip(workload.arrivals, rows, strict=True):
+            for arrival in workload.arrivals:
                 delay = start + arrival.at - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                self.manager.add_request(row, max_new_tokens=arrival.max_tokens, eos_token_id=-1,
-                                         record_timestamps=True)
+                add(arrival)
 
+        for chain in workload.chains:
+            next_round[add(chain[0])] = (chain, 1)
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         results: dict[str, Any] = {}
-        while len(results) < len(rows):
+        total = len(workload.requests)
+        while len(results) < total:
             result = self.manager.get_result(timeout=60)
             if result is None:
                 raise RuntimeError("transformers' continuous batching manager stopped answering")
@@ -299,10 +352,14 @@ class TransformersContinuous(Contender):
                 if result.error:
                     raise RuntimeError(f"transformers' continuous batching failed: {result.error}")
                 results[result.request_id] = result
+                chain, index = next_round.pop(result.request_id, (None, 0))
+                if chain is not None and index < len(chain):
+                    next_round[add(chain[index])] = (chain, index + 1)
         feeder.join()
         end = max(r.lifespan[1] for r in results.values())
+        first = min(r.created_time for r in results.values())
         return Run(
-            end - start, sum(len(r.generated_tokens) for r in results.values()),
+            end - min(start, first), sum(len(r.generated_tokens) for r in results.values()),
             [(r.timestamps[0] - r.created_time) * 1000 for r in results.values()],
             [(r.lifespan[1] - r.created_time) * 1000 for r in results.values()],
         )
@@ -377,13 +434,14 @@ class OverHTTP(Contender):
 
     name, label = "http", "ours over HTTP+SSE"
 
-    def __init__(self, model_dir: str, dtype: str, num_threads: int, max_batch_size: int, log_path: str | None = None) -> None:
+    def __init__(self, model_dir: str, dtype: str, num_threads: int, max_batch_size: int, log_path: str | None = None,
+                 **options: Any) -> None:
         from ..client import Client
         from ..server.launcher import LocalServer
 
         started = time.perf_counter()
         self.server = LocalServer(engine="hf", model=model_dir, dtype=dtype, num_threads=num_threads, mode="continuous",
-                                  max_batch_size=max_batch_size, log_path=log_path)
+                                  max_batch_size=max_batch_size, log_path=log_path, **options)
         self.server.start()
         self.client = Client(self.server.url, self.server.token, embedded=False)
         try:

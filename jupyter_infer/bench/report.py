@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ORDER = ("sequential", "static", "window", "continuous", "hf_cb", "ceiling", "http")
-TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP+SSE"}
+ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "hf_cb", "ceiling",
+         "http", "http_openai", "hf_serve", "llama_server")
+TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
+          "agents": "[e] agents", "interference": "[f] interference"}
+# Columns of a second table, for the workloads that measure more than throughput and TTFT.
+EXTRA_COLUMNS = {
+    "agents": (("wall s", "wall_s", ".2f"), ("reused tok", "prefix_reused_tokens", ".0f"), ("hits", "prefix_hits", ".0f")),
+    "interference": (("worst gap", "worst_gap_ms", ".1f"), ("ITL p50", "itl_p50_ms", ".1f"),
+                     ("ITL p99", "itl_p99_ms", ".1f"), ("long TTFT", "long_ttft_ms", ".1f")),
+}
 
 
 @dataclass(frozen=True)
 class Target:
-    """One of issue 4's targets: ``ours`` vs ``other`` on ``metric`` in one workload."""
+    """One of the issues' targets: ``ours``'s ``metric`` over ``other``'s ``other_metric``
+    (the same metric unless given) in one workload."""
 
     workload: str
     text: str
@@ -23,15 +32,27 @@ class Target:
     metric: str
     op: str  # ">=": a ratio to reach; "<=": a ratio to stay under
     bound: float
+    other_metric: str | None = None
 
 
 TARGETS = (
+    # issue 4
     Target("burst", "continuous >= 0.90 x the decode-step ceiling (tok/s)", "continuous", "ceiling", "tokens_per_s", ">=", 0.90),
     Target("burst", "continuous >= 5 x sequential generate (tok/s)", "continuous", "sequential", "tokens_per_s", ">=", 5.0),
     Target("mixed", "continuous >= 1.3 x one padded batch (tok/s)", "continuous", "static", "tokens_per_s", ">=", 1.3),
     Target("mixed", "continuous >= 1.2 x transformers' continuous batching (tok/s)", "continuous", "hf_cb", "tokens_per_s", ">=", 1.2),
     Target("open", "TTFT p50: continuous <= 0.25 x window", "continuous", "window", "ttft_p50_ms", "<=", 0.25),
-    Target("http", "over HTTP+SSE >= 0.9 x in-process (tok/s)", "http", "continuous", "tokens_per_s", ">=", 0.9),
+    # issue 12
+    Target("agents", "TTFT p50: prefix cache <= 0.3 x none", "continuous", "no_cache", "ttft_p50_ms", "<=", 0.3),
+    Target("agents", "whole run: prefix cache <= 0.7 x none (wall time)", "continuous", "no_cache", "wall_s", "<=", 0.7),
+    Target("interference", "worst stall of the streams <= 0.25 x the long prompt's prefill alone", "continuous",
+           "standalone", "worst_gap_ms", "<=", 0.25, "long_ttft_ms"),
+    Target("interference", "long prompt's TTFT <= 2 x its prefill alone", "continuous", "standalone",
+           "long_ttft_ms", "<=", 2.0),
+    Target("http", "over HTTP+SSE >= 0.95 x in-process (tok/s)", "http", "continuous", "tokens_per_s", ">=", 0.95),
+    Target("http", "ours >= 1.3 x transformers serve (tok/s, OpenAI completions)", "http_openai", "hf_serve",
+           "tokens_per_s", ">=", 1.3),
+    Target("http", "TTFT p50: ours <= 0.6 x transformers serve", "http_openai", "hf_serve", "ttft_p50_ms", "<=", 0.6),
 )
 
 
@@ -42,15 +63,16 @@ def _median(results: dict[str, Any], workload: str, contender: str, metric: str)
         return None
 
 
-def ratio(results: dict[str, Any], workload: str, a: str, b: str, metric: str = "tokens_per_s") -> float | None:
-    x, y = _median(results, workload, a, metric), _median(results, workload, b, metric)
+def ratio(results: dict[str, Any], workload: str, a: str, b: str, metric: str = "tokens_per_s",
+          other_metric: str | None = None) -> float | None:
+    x, y = _median(results, workload, a, metric), _median(results, workload, b, other_metric or metric)
     return x / y if x is not None and y else None
 
 
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for t in TARGETS:
-        value = ratio(results, t.workload, t.ours, t.other, t.metric)
+        value = ratio(results, t.workload, t.ours, t.other, t.metric, t.other_metric)
         met = None if value is None else (value >= t.bound if t.op == ">=" else value <= t.bound)
         out.append({"workload": t.workload, "target": t.text, "ratio": value, "op": t.op, "bound": t.bound, "met": met})
     return out
@@ -95,22 +117,32 @@ def format_tables(results: dict[str, Any]) -> str:
         if noise and max(noise) > 0.05:
             lines.append(f"  (noise: other processes used up to {max(noise):.0%} of the CPUs during these runs "
                          "(median per contender); ratios are comparable only so far as that was even)")
+        columns = EXTRA_COLUMNS.get(name)
+        if columns:
+            lines.append(f"{'':<36}" + "".join(f"{title:>12}" for title, _, _ in columns)
+                         + ("   (ms)" if name == "interference" else ""))
+            for key in _in_order(contenders):
+                m = contenders[key]["median"]
+                lines.append(f"{_label(contenders, name, key):<36}"
+                             + "".join(f"{_fmt(m.get(metric), spec):>12}" for _, metric, spec in columns))
+        for note in entry.get("notes", []):
+            lines.append(f"  note: {note}")
         ceiling = contenders.get("ceiling", {}).get("median", {})
         if ceiling.get("bare_loop_tokens_per_s"):
             lines.append(f"  (ceiling = bare decode steps only, {ceiling['decode_step_ms']:.1f} ms/step; the same "
                          f"bare loop with its prefill: {ceiling['bare_loop_tokens_per_s']:.1f} tok/s)")
         ours = "http" if name == "http" else "continuous"
         others = [k for k in contenders if k != ours]
-        metric = "ttft_p50_ms" if name == "open" else "tokens_per_s"
+        metric, what = {"open": ("ttft_p50_ms", "TTFT p50"), "agents": ("ttft_p50_ms", "TTFT p50"),
+                        "interference": ("worst_gap_ms", "worst gap")}.get(name, ("tokens_per_s", "throughput"))
         parts = [f"{contenders[k]['label']} {_fmt(ratio(results, name, ours, k, metric), '.2f')}x" for k in others]
-        if parts:
-            what = "TTFT p50" if name == "open" else "throughput"
+        if parts and ours in contenders:
             lines.append(f"  {contenders[ours]['label']} {what} vs: " + ", ".join(parts))
     return "\n".join(lines)
 
 
 def format_targets(results: dict[str, Any]) -> str:
-    lines = ["", "Targets (issue 4; ratios within this run):"]
+    lines = ["", "Targets (issues 4 and 12; ratios within this run):"]
     for t in evaluate_targets(results):
         if t["ratio"] is None:
             lines.append(f"  [ n/a ] {t['target']}: not measured")
@@ -125,45 +157,55 @@ def write_json(results: dict[str, Any], path: Path) -> None:
 
 
 def write_chart(results: dict[str, Any], path: Path) -> None:
-    """Throughput per contender (burst, mixed, HTTP) and open-loop TTFT, one PNG."""
+    """One panel per workload: throughput (burst, mixed, HTTP), TTFT p50/p99 (open loop,
+    agents), worst stall and long-prompt TTFT (interference); one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels: list[tuple[str, str, Callable[[dict], list[tuple[str, float | None, float | None]]]]] = []
     workloads = results["workloads"]
+    Rows = list[tuple[str, float | None, float | None]]
 
-    def throughput(name: str) -> list[tuple[str, float | None, float | None]]:
+    def bars(name: str, first: str, second: str | None) -> Rows:
         cs = workloads[name]["contenders"]
-        return [(_label(cs, name, k), cs[k]["median"].get("tokens_per_s"), None) for k in _in_order(cs)]
+        return [(_label(cs, name, k), cs[k]["median"].get(first), cs[k]["median"].get(second) if second else None)
+                for k in _in_order(cs)]
 
-    def ttft(name: str) -> list[tuple[str, float | None, float | None]]:
-        cs = workloads[name]["contenders"]
-        return [(cs[k]["label"], cs[k]["median"].get("ttft_p50_ms"), cs[k]["median"].get("ttft_p99_ms")) for k in cs]
-
-    for name in ("burst", "mixed", "open", "http"):
-        if "contenders" not in workloads.get(name, {}):
-            continue
-        if name == "open":
-            panels.append((f"{TITLES[name]}: TTFT p50 / p99", "ms", lambda: ttft("open")))
-        else:
-            panels.append((f"{TITLES[name]}: generated tokens/s", "tokens/s", lambda n=name: throughput(n)))
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5.2 * max(len(panels), 1), 4.8), squeeze=False)
-    for ax, (title, unit, rows_of) in zip(axes[0], panels, strict=False):
-        rows = rows_of()
+    kinds = {"burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
+             "mixed": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
+             "open": ("TTFT p50 / p99", "ms", "ttft_p50_ms", "ttft_p99_ms", ("p50", "p99")),
+             "agents": ("TTFT p50 / p99", "ms", "ttft_p50_ms", "ttft_p99_ms", ("p50", "p99")),
+             "interference": ("streams' worst gap / long prompt's TTFT", "ms", "worst_gap_ms", "long_ttft_ms",
+                              ("worst gap", "long TTFT")),
+             "http": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None)}
+    panels = [(name, *kinds[name]) for name in kinds if "contenders" in workloads.get(name, {})]
+    cols = min(3, max(len(panels), 1))
+    rows_n = max(1, -(-len(panels) // cols))
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5.4 * cols, 4.8 * rows_n), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (name, title, unit, first, second, legend) in zip(axes.flat, panels, strict=False):
+        rows = bars(name, first, second)
         labels = [r[0].replace(" (", "\n(").replace(": ", ":\n") for r in rows]
-        xs = range(len(rows))
-        ax.bar(xs, [r[1] or 0 for r in rows], color="#4c72b0", label="p50" if rows and rows[0][2] is not None else None)
-        if rows and any(r[2] is not None for r in rows):
-            ax.bar(xs, [(r[2] or 0) - (r[1] or 0) for r in rows], bottom=[r[1] or 0 for r in rows],
+        xs = list(range(len(rows)))
+        if legend and legend[0] == "p50":  # p99 stacked on p50
+            ax.bar(xs, [r[1] or 0 for r in rows], color="#4c72b0", label="p50")
+            ax.bar(xs, [max((r[2] or 0) - (r[1] or 0), 0) for r in rows], bottom=[r[1] or 0 for r in rows],
                    color="#dd8452", label="p99")
             ax.legend()
+        elif legend:  # two metrics side by side
+            ax.bar([x - 0.2 for x in xs], [r[1] or 0 for r in rows], width=0.4, color="#4c72b0", label=legend[0])
+            ax.bar([x + 0.2 for x in xs], [r[2] or 0 for r in rows], width=0.4, color="#dd8452", label=legend[1])
+            ax.legend()
+        else:
+            ax.bar(xs, [r[1] or 0 for r in rows], color="#4c72b0")
         for x, r in zip(xs, rows, strict=True):
             if r[1]:
-                ax.annotate(f"{r[1]:.0f}", (x, r[1]), ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(list(xs), labels, fontsize=7, rotation=30, ha="right")
-        ax.set_title(title, fontsize=10)
+                ax.annotate(f"{r[1]:.0f}", (x - (0.2 if legend and legend[0] != "p50" else 0), r[1]),
+                            ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(xs, labels, fontsize=7, rotation=30, ha="right")
+        ax.set_title(f"{TITLES.get(name, name)}: {title}", fontsize=10)
         ax.set_ylabel(unit)
         ax.grid(axis="y", alpha=0.3)
     meta = results.get("meta", {})

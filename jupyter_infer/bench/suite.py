@@ -22,6 +22,7 @@ from .contenders import (
     OverHTTP,
     Run,
     Sequential,
+    StandalonePrefill,
     StaticBatch,
     TransformersContinuous,
     in_fresh_thread,
@@ -39,15 +40,21 @@ class BenchConfig:
     dtype: str = "float32"
     max_batch_size: int = 32
     seed: int = 0
-    workloads: tuple[str, ...] = ("burst", "mixed", "open", "http")
+    workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "http")
+    gguf: str | None = None  # llama-server's model; None: <model>/model.gguf if there
     out: Path = field(default_factory=lambda: Path("bench-results"))
 
     @property
     def sizes(self) -> dict[str, Any]:
-        """Workload sizes: the issue's, or a few small ones for a quick CI run."""
-        if self.quick:
-            return {"burst": (8, 16), "mixed": (8, (4, 8, 16, 32)), "open": 8, "open_tokens": 16}
-        return {"burst": (16, 32), "mixed": (32, wl.MIXED_CYCLE), "open": 48, "open_tokens": 32}
+        """Workload sizes: the issues', or a few small ones for a quick CI run.
+
+        agents: (agents, system prompt tokens, new tokens per round); interference: (streams,
+        their new tokens, the late prompt's tokens, tokens streamed before it arrives)."""
+        if self.quick:  # the tiny model has 512 positions
+            return {"burst": (8, 16), "mixed": (8, (4, 8, 16, 32)), "open": 8, "open_tokens": 16,
+                    "agents": (4, 120, 8), "interference": (4, 24, 300, 3)}
+        return {"burst": (16, 32), "mixed": (32, wl.MIXED_CYCLE), "open": 48, "open_tokens": 32,
+                "agents": (8, 500, 32), "interference": (4, 64, 800, 4)}
 
 
 def _cpu_sample() -> tuple[float, float, float] | None:
@@ -188,10 +195,40 @@ class Suite:
                 self._measure(open_, [ours["window"], ours["continuous"], hf_cb], warmup=False)
         finally:
             hf_cb.close()
+        if "agents" in cfg.workloads:
+            self._measure_agents(engine, model_dir, count)
+        if "interference" in cfg.workloads:
+            interference = wl.interference(count, *sizes["interference"])
+            self.log(f"\n[f] interference: {interference.description}")
+            self._measure(interference, [
+                OurScheduler(engine, "continuous", cfg.max_batch_size,
+                             label=f"ours: chunked prefill ({ours['continuous'].prefill_chunk_tokens})"),
+                OurScheduler(engine, "continuous", cfg.max_batch_size, name="no_chunk",
+                             label="ours: whole prefill", prefill_chunk_tokens=0),
+                StandalonePrefill(engine, cfg.max_batch_size),
+            ])
         if "http" in cfg.workloads:
-            self._measure_http(burst, model_dir, threads)
+            self._measure_http(burst, model_dir, threads, count)
         meta["duration_s"] = time.perf_counter() - started
         return self.results
+
+    def _measure_agents(self, engine: Any, model_dir: str, count: Callable[[str], int]) -> None:
+        cfg = self.config
+        agents = wl.agents(count, *cfg.sizes["agents"])
+        self.log(f"\n[e] agents: {agents.description}")
+        longest = max(count(a.prompt) for a in agents.requests) + cfg.sizes["agents"][2]
+        # Its paged cache holds what the agents can hold at once, no more (memory).
+        hf_share = in_fresh_thread(TransformersContinuous, model_dir, engine.tokenize, engine.model.dtype,
+                                   len(agents.chains), longest, 32, True)
+        try:
+            self._measure(agents, [
+                OurScheduler(engine, "continuous", cfg.max_batch_size, label="ours: prefix cache"),
+                OurScheduler(engine, "continuous", cfg.max_batch_size, name="no_cache",
+                             label="ours: no prefix cache", prefix_cache_mb=0),
+                hf_share,
+            ])
+        finally:
+            hf_share.close()
 
     def _continuous_capacity(self, burst: wl.Workload) -> float:
         """Requests per second our continuous mode sustains: its burst throughput / tokens each."""
@@ -199,26 +236,52 @@ class Suite:
         per_request = burst.total_tokens / len(burst.arrivals)
         return median["tokens_per_s"] / per_request
 
-    def _measure_http(self, burst: wl.Workload, model_dir: str, threads: int) -> None:
+    def _measure_http(self, burst: wl.Workload, model_dir: str, threads: int, count: Callable[[str], int]) -> None:
+        from .peers import CompletionsPeer, llama_server, transformers_serve
+
         cfg = self.config
-        self.log(f"\n[d] over HTTP: the burst through a real jupyter server (engine hf, {threads} threads)")
+        self.log(f"\n[d] over HTTP: the burst through a real jupyter server (engine hf, {threads} threads), "
+                 "and other servers on the same model")
         cfg.out.mkdir(parents=True, exist_ok=True)
         try:
+            # No prefix cache here: the rounds repeat the same prompts, and a warm cache would
+            # flatter the server against the in-process runs (each starts cold) and the peers.
             server = OverHTTP(model_dir, cfg.dtype, threads, cfg.max_batch_size,
-                              log_path=str(cfg.out / "server.log"))
+                              log_path=str(cfg.out / "server.log"), prefix_cache_mb=0)
         except Exception as err:  # the bench still reports everything else
             self.log(f"  could not start the server: {type(err).__name__}: {err}")
             self.results["workloads"]["http"] = {"error": f"{type(err).__name__}: {err}"}
             return
+        notes: list[str] = []
+        contenders: list[Contender] = [server, CompletionsPeer(
+            "http_openai", "ours over HTTP (OpenAI completions)", server.server.url + "infer/v1/", model_dir,
+            headers=server.server.headers, extra={"stream_options": {"include_usage": True}})]
+        longest = max(count(a.prompt) + a.max_tokens for a in burst.arrivals)
+        gguf = cfg.gguf or str(Path(model_dir) / "model.gguf")
+        peers = (("transformers serve", lambda: transformers_serve(
+                      model_dir, cfg.dtype, threads, len(burst.arrivals), longest, cfg.out / "transformers-serve.log")),
+                 ("llama-server", lambda: llama_server(gguf, threads, len(burst.arrivals), longest * 2,
+                                                       cfg.out / "llama-server.log")))
         try:
-            self.log(f"  server {server.server.url} ready in {server.startup_s:.1f} s")
-            self._measure(wl.over_http(burst), [server])
+            self.log(f"  ours: {server.server.url} ready in {server.startup_s:.1f} s")
+            for what, start in peers:
+                try:
+                    peer = start()
+                except Exception as err:
+                    notes.append(f"{what} not measured: {err}")
+                    self.log(f"  {notes[-1]}")
+                    continue
+                contenders.append(peer)
+                self.log(f"  {what}: {peer.base_url} ready in {peer.process.startup_s:.1f} s")
+            self._measure(wl.over_http(burst), contenders)
         finally:
-            server.close()
-        tokens = self.results["workloads"]["http"]["contenders"]["http"]["median"]["tokens"]
-        if tokens != burst.total_tokens:
-            # Over HTTP the server's EOS rule stands: throughput counts the tokens it did generate.
-            self.log(f"  note: the server stopped some rows at EOS: {tokens:.0f} of {burst.total_tokens} tokens")
-        self.results["workloads"]["http"]["contenders"]["continuous"] = (
-            self.results["workloads"]["burst"]["contenders"]["continuous"]
-        )
+            for c in contenders:
+                c.close()
+        entry = self.results["workloads"]["http"]
+        entry["notes"] = notes
+        for key in ("http", "http_openai"):
+            tokens = entry["contenders"][key]["median"]["tokens"]
+            if tokens != burst.total_tokens:
+                # Over HTTP the server's EOS rule stands: throughput counts the tokens it did generate.
+                self.log(f"  note: {key}: the server stopped some rows at EOS: {tokens:.0f} of {burst.total_tokens} tokens")
+        entry["contenders"]["continuous"] = self.results["workloads"]["burst"]["contenders"]["continuous"]

@@ -7,7 +7,7 @@ same number of new tokens per request; EOS is ignored everywhere, so token count
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..client import arrival_times
 from ..engine.simulated_answers import SAMPLE_PROMPTS
@@ -18,25 +18,43 @@ MIXED_CYCLE = (8, 16, 32, 64)
 
 @dataclass(frozen=True)
 class Workload:
-    name: str  # burst | mixed | open | http
+    """Who asks what, and when.
+
+    ``arrivals`` arrive at their times. ``chains`` (agents): each chain's requests go one
+    after the other, the next sent when the previous answer is complete. ``late`` (the
+    interference workload): one more request, sent once every arrival has streamed
+    ``late_after`` tokens.
+    """
+
+    name: str  # burst | mixed | open | http | agents | interference
     description: str
     arrivals: list[Arrival]
+    chains: list[list[Arrival]] = field(default_factory=list)
+    late: Arrival | None = None
+    late_after: int = 0
 
     @property
     def closed(self) -> bool:
         """Everyone arrives at once (a padded batch can serve it)."""
-        return all(a.at == 0 for a in self.arrivals)
+        return not self.chains and self.late is None and all(a.at == 0 for a in self.arrivals)
+
+    @property
+    def requests(self) -> list[Arrival]:
+        """Every request of the workload, in the order they are sent (chains round by round)."""
+        rounds = max(map(len, self.chains), default=0)
+        chained = [chain[r] for r in range(rounds) for chain in self.chains if r < len(chain)]
+        return self.arrivals + chained + ([self.late] if self.late else [])
 
     @property
     def total_tokens(self) -> int:
-        return sum(a.max_tokens for a in self.arrivals)
+        return sum(a.max_tokens for a in self.requests)
 
     def describe(self) -> dict:
         return {
             "name": self.name,
             "description": self.description,
-            "requests": len(self.arrivals),
-            "new_tokens": [a.max_tokens for a in self.arrivals],
+            "requests": len(self.requests),
+            "new_tokens": [a.max_tokens for a in self.requests],
             "total_new_tokens": self.total_tokens,
             "arrivals_s": [a.at for a in self.arrivals],
         }
@@ -87,3 +105,100 @@ def open_loop(count_tokens: Callable[[str], int], n: int, rate: float, new_token
 
 def over_http(base: Workload) -> Workload:
     return Workload("http", base.description + ", through the real server over HTTP + SSE", base.arrivals)
+
+
+# -- agents and interference (issue 12) -----------------------------------------------------------
+AGENT_SYSTEM = (
+    "You are one agent in a team of research assistants working inside a Jupyter notebook for a "
+    "data scientist. Every task comes in three rounds. In the reflect round you restate the "
+    "question, list what you already know, name what you are unsure about, and decide which "
+    "single tool call would help most. In the tool round you write exactly one tool call, on one "
+    "line, as name(arguments), using only the tools below, and nothing else. In the synthesize "
+    "round you read the tool result and answer the question in at most five sentences, citing "
+    "the tool result where you use it, and saying plainly when the evidence is thin. Tools: "
+    "search(query) returns the three most relevant passages from the team's notes on machine "
+    "learning systems; calculator(expression) evaluates arithmetic exactly; notebook(cell) runs "
+    "one Python cell in the user's kernel and returns its output; memory(key) returns what the "
+    "team stored under that key. Rules: be brief; never invent a tool result; prefer numbers to "
+    "adjectives; when two sources disagree, say so and give both; keep units; when a question "
+    "is about performance, ask what was measured, on which machine, and how often. The team "
+    "shares one inference server, so long prompts cost everyone: keep your answers short. "
+)
+AGENT_TASKS = (
+    "How does continuous batching differ from dynamic batching for a chat service?",
+    "Why does a KV cache make decoding cheaper, and what does it cost in memory?",
+    "When is prefix caching worth its memory on a notebook server?",
+    "What limits tokens per second on a two-core CPU?",
+    "How should an agent framework share one model between eight agents?",
+    "What does chunked prefill trade against time to first token?",
+    "Why do greedy outputs of a batched engine equal unbatched ones?",
+    "How would you measure inter-token latency fairly?",
+)
+AGENT_PHASES = ("reflect", "tool", "synthesize")
+TOOL_RESULT = (
+    "search returned: (1) batching amortizes weight reads over rows; (2) prefill is compute "
+    "bound, decode is memory bound; (3) a cached prefix skips its prefill entirely."
+)
+
+
+def fit_text(text: str, count_tokens: Callable[[str], int], tokens: int) -> str:
+    """``text`` repeated and cut at a word so that it has about ``tokens`` tokens (not more)."""
+    words = text.split()
+    out: list[str] = []
+    while True:
+        # Grow by whole runs of words, then by single words near the end.
+        step = max(1, (tokens - count_tokens(" ".join(out))) // 2) if out else max(1, tokens // 2)
+        grown = out + [words[(len(out) + i) % len(words)] for i in range(step)]
+        if count_tokens(" ".join(grown)) > tokens:
+            if step == 1:
+                return " ".join(out)
+            grown = out + [words[len(out) % len(words)]]
+            if count_tokens(" ".join(grown)) > tokens:
+                return " ".join(out)
+        out = grown
+
+
+def agents(count_tokens: Callable[[str], int], k: int = 8, system_tokens: int = 500,
+           new_tokens: int = 32) -> Workload:
+    """``k`` agents, three rounds each (reflect, tool, synthesize), sharing one system prompt.
+
+    Each round's prompt is the system prompt plus the agent's history so far: its task, then
+    each earlier round's answer (scripted here, ``new_tokens`` long, so that every contender
+    gets exactly the same prompts), and after the tool round a tool result. The next round
+    starts when the previous answer is complete.
+    """
+    system = fit_text(AGENT_SYSTEM, count_tokens, system_tokens)
+    answer_words = " ".join(AGENT_TASKS)
+    chains = []
+    for agent in range(k):
+        history = f"{system}\n\nAgent {agent + 1}. Task: {AGENT_TASKS[agent % len(AGENT_TASKS)]}"
+        chain = []
+        for r, phase in enumerate(AGENT_PHASES):
+            prompt = f"{history}\n{phase.capitalize()}:"
+            chain.append(Arrival(0.0, prompt, new_tokens))
+            shift = answer_words.split()[(agent * 7 + r * 3) % 40 :]
+            answer = fit_text(" ".join(shift), count_tokens, new_tokens)
+            history = f"{prompt} {answer}"
+            if phase == "tool":
+                history += f"\nTool result: {TOOL_RESULT}"
+        chains.append(chain)
+    longest = max(count_tokens(c[-1].prompt) for c in chains)
+    return Workload(
+        "agents", f"{k} agents x {len(AGENT_PHASES)} rounds (reflect, tool, synthesize), a "
+        f"{count_tokens(system)}-token shared system prompt, prompts up to {longest} tokens, "
+        f"{new_tokens} new tokens each", [], chains=chains,
+    )
+
+
+def interference(count_tokens: Callable[[str], int], streams: int = 4, stream_tokens: int = 64,
+                 long_tokens: int = 800, after: int = 4) -> Workload:
+    """``streams`` requests streaming, then one ``long_tokens``-token prompt (8 new tokens)
+    once each of them has streamed ``after`` tokens."""
+    prompts = bench_prompts(count_tokens, streams)
+    long_prompt = fit_text(AGENT_SYSTEM + " " + " ".join(AGENT_TASKS), count_tokens, long_tokens)
+    return Workload(
+        "interference", f"{streams} streams of {stream_tokens} tokens, then a "
+        f"{count_tokens(long_prompt)}-token prompt arrives (8 new tokens)",
+        [Arrival(0.0, p, stream_tokens) for p in prompts],
+        late=Arrival(0.0, long_prompt, 8), late_after=after,
+    )
