@@ -44,8 +44,9 @@ class ServiceConfig:
     max_prefill_tokens: int = 4096
     idle_admit_delay_ms: float = 5.0
     # A longer prompt is prefilled in chunks of this many tokens, between decode steps of the
-    # running rows (continuous mode); 0 prefills every prompt whole. docs/engine.md: measured.
-    prefill_chunk_tokens: int = 128
+    # running rows (continuous mode); 0 prefills every prompt whole; None: the engine's own
+    # choice (hf: 64 on a CPU, measured in docs/engine.md; 512 on a GPU).
+    prefill_chunk_tokens: int | None = None
     # -- the engine's prefix cache --------------------------------------------------------------
     prefix_cache_mb: float = 512.0  # KV of recent prompt prefixes, reused by later prompts; 0: off
     # -- records ----------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ class ServiceConfig:
             fail("max_batch_size", "0 (pick for the mode) or more")
         if self.num_threads < 0:
             fail("num_threads", "0 (auto) or more")
-        if self.prefill_chunk_tokens < 0:
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 0:
             fail("prefill_chunk_tokens", "0 (prefill prompts whole) or more")
         for name in ("batch_window_ms", "idle_admit_delay_ms", "simulated_prefill_ms_per_token", "prefix_cache_mb"):
             if not getattr(self, name) >= 0 or math.isinf(getattr(self, name)):  # NaN fails too

@@ -38,7 +38,7 @@ class Limits:
     max_new_tokens: int
     max_prompt_tokens: int
     max_prefill_tokens: int
-    prefill_chunk_tokens: int
+    prefill_chunk_tokens: int | None  # None: the engine's choice (status shows the one in use)
 
 
 class InferenceService:
@@ -174,7 +174,8 @@ class InferenceService:
             "max_context": info.max_context if info else None,
             "fallback_reason": info.fallback_reason if info else None,
             "details": info.details if info else {},
-            "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"},
+            "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"}
+            | ({"prefill_chunk_tokens": core.chunk_tokens} if (core := self._loop.scheduler) else {}),
             "queue_depth": self.queue_depth,
             "running": self.num_running,
             "prefix_cache": self.prefix_cache(),

@@ -226,7 +226,7 @@ def test_idle_continuous_engine_waits_for_a_burst_to_pause() -> None:
 
 # -- chunked prefill -----------------------------------------------------------------------
 class ChunkingEngine(FakeEngine):
-    chunked_prefill = True
+    prefill_chunk_tokens = 64
 
 
 def chunking_core(**config) -> Scheduler:
@@ -332,6 +332,11 @@ def test_a_failed_chunk_fails_only_its_request() -> None:
     s.fail(plan, "boom", 0.03)
     assert b.record.outcome == "failed" and b.record.error == "boom" and s.prefilling is None
     assert s.running == [a] and run_step(s, 0.04).kind == "decode"
+
+
+def test_the_chunk_size_is_the_engines_own_unless_configured() -> None:
+    assert chunking_core().chunk_tokens == ChunkingEngine.prefill_chunk_tokens
+    assert chunking_core(prefill_chunk_tokens=16).chunk_tokens == 16
 
 
 @pytest.mark.parametrize("why", ["window mode", "engine cannot", "off"])

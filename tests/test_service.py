@@ -317,3 +317,12 @@ async def test_a_long_prompt_is_chunked_while_a_stream_keeps_its_tokens_coming()
     assert result.completion_tokens == 4 and result.text
     assert (await running.result()).completion_tokens == 40
     await s.stop()
+
+
+async def test_status_shows_the_chunk_size_in_use() -> None:
+    s = await started(fast_engine())
+    assert s.status()["limits"]["prefill_chunk_tokens"] == 64  # the engine's own
+    await s.stop()
+    s = await started(fast_engine(), prefill_chunk_tokens=0)
+    assert s.status()["limits"]["prefill_chunk_tokens"] == 0
+    await s.stop()

@@ -198,8 +198,7 @@ class OurScheduler(Contender):
         self.name = name or mode
         self.label = label or f"ours: {mode}"
         self.prefix_cache_mb = ServiceConfig.default("prefix_cache_mb") if prefix_cache_mb is None else prefix_cache_mb
-        self.prefill_chunk_tokens = (ServiceConfig.default("prefill_chunk_tokens") if prefill_chunk_tokens is None
-                                     else prefill_chunk_tokens)
+        self.prefill_chunk_tokens = prefill_chunk_tokens  # None: the engine's own choice
 
     def run(self, workload: Workload) -> Run:
         self.engine.configure_prefix_cache(self.prefix_cache_mb)

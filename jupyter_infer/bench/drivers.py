@@ -24,6 +24,7 @@ class Trace:
 
     sent: float
     token_times: list[float] = field(default_factory=list)
+    token_index: list[int] = field(default_factory=list)  # how many tokens each event completes
     tokens: int = 0
     ttft_ms: float | None = None
     done: float | None = None
@@ -36,9 +37,11 @@ class Trace:
 
     @property
     def gaps_ms(self) -> list[float]:
-        """Times between consecutive tokens (ms)."""
-        t = self.token_times
-        return [(b - a) * 1000 for a, b in zip(t, t[1:], strict=False)]
+        """Times between consecutive tokens (ms). A token whose text was held back (half a
+        UTF-8 character, a possible stop string) arrives with a later one: such an event
+        spans several steps, and says nothing about the gap between two of them."""
+        t, n = self.token_times, self.token_index
+        return [(t[i] - t[i - 1]) * 1000 for i in range(1, len(t)) if not n or n[i] - n[i - 1] == 1]
 
 
 async def drive(service: Any, workload: Workload) -> tuple[list[Trace], float]:
@@ -57,8 +60,9 @@ async def drive(service: Any, workload: Workload) -> tuple[list[Trace], float]:
         traces.append(trace)
         try:
             stream = await service.submit(Request(item.prompt, SamplingParams(max_tokens=item.max_tokens)))
-            async for _ in stream:
+            async for event in stream:
                 trace.token_times.append(time.monotonic())
+                trace.token_index.append(event.index)
                 if workload.late and not late and not streaming.is_set() and _all_streaming():
                     streaming.set()
             result = await stream.result()

@@ -202,7 +202,7 @@ class Suite:
             self.log(f"\n[f] interference: {interference.description}")
             self._measure(interference, [
                 OurScheduler(engine, "continuous", cfg.max_batch_size,
-                             label=f"ours: chunked prefill ({ours['continuous'].prefill_chunk_tokens})"),
+                             label=f"ours: chunked prefill ({engine.prefill_chunk_tokens})"),
                 OurScheduler(engine, "continuous", cfg.max_batch_size, name="no_chunk",
                              label="ours: whole prefill", prefill_chunk_tokens=0),
                 StandalonePrefill(engine, cfg.max_batch_size),

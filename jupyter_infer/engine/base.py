@@ -71,7 +71,9 @@ class Engine(abc.ABC):
 
     info: EngineInfo
     eos_token_ids: frozenset[int]
-    chunked_prefill = False  # whether prefill_chunk works: the scheduler chunks only then
+    # The chunk size this engine prefers for long prompts; 0: it cannot prefill in chunks
+    # (prefill_chunk is not implemented), and the scheduler never asks it to.
+    prefill_chunk_tokens = 0
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...

@@ -177,7 +177,11 @@ class HFEngine(Engine):
         self.pad_token_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
         # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
         # attends to the whole past; sliding-window layers would need their window kept.
-        self.chunked_prefill = kv_cache.reusable(config)
+        self._reusable = kv_cache.reusable(config)
+        # On a CPU, 64-token chunks keep a running stream's worst stall near 0.15x of an
+        # 800-token prefill for 1.5x its TTFT (docs/engine.md); a GPU prefills so fast that
+        # small chunks would only add steps.
+        self.prefill_chunk_tokens = (64 if self.device == "cpu" else 512) if self._reusable else 0
         self.configure_prefix_cache(prefix_cache_mb)
         max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
         self.info = EngineInfo(
@@ -261,6 +265,8 @@ class HFEngine(Engine):
         if partial is None or partial.ids != [seq.id]:
             done, kv = self._cached_prefix(prompt)
             cache = kv_cache.with_past(self.model.config, [kv], done) if done else kv_cache.new_cache(self.model.config)
+            for layer in cache.layers:  # room for the whole prompt at once, not a copy per chunk
+                layer.reserve = len(prompt) + kv_cache.SPARE_COLUMNS
         else:
             done, cache = partial.mask.shape[1], partial.cache
         end = min(len(prompt), done + budget)
@@ -295,12 +301,12 @@ class HFEngine(Engine):
     def configure_prefix_cache(self, megabytes: float) -> None:
         """A fresh, empty prefix cache of ``megabytes`` (0: none)."""
         self.prefix_cache = None
-        if megabytes > 0 and self.chunked_prefill:
+        if megabytes > 0 and self._reusable:
             self.prefix_cache = PrefixCache(int(megabytes * 2**20))
 
     def prefix_cache_stats(self) -> dict[str, Any] | None:
         if self.prefix_cache is None:
-            return {"enabled": False, "reason": "off (prefix_cache_mb = 0)" if self.chunked_prefill
+            return {"enabled": False, "reason": "off (prefix_cache_mb = 0)" if self._reusable
                     else "this model's cache has sliding-window layers"}
         return self.prefix_cache.stats()
 

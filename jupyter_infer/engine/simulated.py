@@ -73,7 +73,7 @@ class SimulatedEngine(Engine):
             fallback_reason=fallback_reason,
         )
         self.eos_token_ids = frozenset({EOS_ID})
-        self.chunked_prefill = True
+        self.prefill_chunk_tokens = 64
         self.token_delay_ms = token_delay_ms
         self.prefill_ms_per_token = prefill_ms_per_token
         self.prefill_base_ms = prefill_base_ms

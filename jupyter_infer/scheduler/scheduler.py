@@ -45,8 +45,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.prefilling: Sequence | None = None  # the long prompt being prefilled in chunks
         # The classic window batcher runs whole batches; chunks need an engine that can.
-        chunking = config.mode == "continuous" and getattr(engine, "chunked_prefill", False)
-        self.chunk_tokens = config.prefill_chunk_tokens if chunking else 0
+        own = getattr(engine, "prefill_chunk_tokens", 0)
+        wanted = own if config.prefill_chunk_tokens is None else config.prefill_chunk_tokens
+        self.chunk_tokens = wanted if config.mode == "continuous" and own else 0
         self._live: dict[str, Sequence] = {}
         self._finished: list[Sequence] = []
         self._window_opened: float | None = None

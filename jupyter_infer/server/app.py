@@ -78,11 +78,12 @@ class InferApp(ExtensionApp):
         shares one prefill (ms)."""
     ).tag(config=True)
     prefill_chunk_tokens = Int(
-        D("prefill_chunk_tokens"), help="""Continuous mode: a prompt longer than this is prefilled in chunks of this
-        many tokens, with a decode step of the running requests between two chunks, so a long
+        D("prefill_chunk_tokens"), allow_none=True,
+        help="""Continuous mode: a prompt longer than this is prefilled in chunks of this many
+        tokens, with a decode step of the running requests between two chunks, so a long
         prompt never freezes the streams already running for its whole prefill; while requests
         run, a group prefill of short prompts is bounded by it too. 0 prefills every prompt
-        whole. The default is measured (docs/engine.md)."""
+        whole. Unset: the engine's choice, 64 on a CPU (measured: docs/engine.md), 512 on a GPU."""
     ).tag(config=True)
     prefix_cache_mb = Float(
         D("prefix_cache_mb"), help="""Memory (MB) for the 'hf' engine's prefix cache: the KV of recent prompts, in
