@@ -49,3 +49,11 @@ class RequestFailed(InferError):
 class RequestCancelled(InferError):
     status = 499
     code = "cancelled"
+
+
+class ServerTimeout(EngineUnavailable, TimeoutError):
+    """The client heard nothing from the server for too long (a frozen or unreachable
+    server); raised by ``jupyter_infer.Client`` instead of waiting forever."""
+
+    status = 504
+    code = "timeout"
