@@ -14,7 +14,6 @@ from .arrivals import arrival_times
 from .backend import Backend
 from .discovery import Connection, discover
 from .embedded import EmbeddedBackend
-from .http import HTTPBackend
 from .loop import IOThread
 from .results import Completion
 from .streams import AsyncTokenStream, TokenStream
@@ -61,6 +60,8 @@ class Client:
             return
         self.connection = discover(url, token)
         if self.connection.backend == "server":
+            from .http import HTTPBackend  # imports httpx (a third of a second): only when needed
+
             self._backend = HTTPBackend(self.connection.url, self.connection.token, timeout, read_timeout)
             return
         if embedded is False:
