@@ -1,7 +1,7 @@
 """The simulated engine's tokenizer: a fixed vocabulary with a byte fallback, like byte-level BPE.
 
 Text is cut into word-ish pieces the way GPT-2 pre-tokenizes (a word or punctuation mark takes
-the one space before it; other whitespace stands alone). A piece in the vocabulary (every word
+the one space before it; other whitespace stands alone, up to and including a line break). A piece in the vocabulary (every word
 and mark of the knowledge file, with and without a leading space) is one id, so the engine's own
 answers cost one id per word; any other piece is spelled in ASCII letter pairs (one id per two
 letters, about what a BPE spends on a word it has never seen) and, for the rest, UTF-8 bytes.
@@ -22,10 +22,12 @@ EOS_ID = 0
 _FIRST_BYTE_ID = 1  # ids 1..256 are the bytes 0..255
 _FIRST_PIECE_ID = _FIRST_BYTE_ID + 256
 
-_PIECE = re.compile(r" ?[\w']+| ?[^\w\s]|\s+(?!\S)|\s+")
-_SPELLING = re.compile(r" ?[A-Za-z]{1,2}|[\s\S]")  # how an unknown piece is spelled
+# GPT-2's pre-tokenizer, except that whitespace ending in a line break is one piece, so a CRLF
+# never streams as two fragments (SSE would read each as a line break).
+_PIECE = re.compile(r" ?[\w']+| ?[^\w\s]|\s*\n|\s+(?!\S)|\s+")
+_SPELLING = re.compile(r" ?[A-Za-z]{1,2}|\r\n|[\s\S]")  # how an unknown piece is spelled
 _FIELD = re.compile(r"\{\w+\}")  # template fields such as {t}: filled with labels, not said
-_WHITESPACE = (" ", "  ", "\n", "\n\n", "\t")
+_WHITESPACE = (" ", "  ", "\t", "\n", "\n\n", "\r\n", "\r\n\r\n")
 
 
 class ByteFallbackTokenizer:
