@@ -55,17 +55,21 @@ CONCEPT_NAMES: tuple[str, ...] = tuple(concept.name for concept in _CONCEPTS)
 """Every concept name that :func:`matched_concepts` can return."""
 
 
-def knowledge_texts(node: object = _DATA) -> Iterator[str]:
+def knowledge_texts() -> Iterator[str]:
     """Every text an answer is made of (the simulated tokenizer builds its vocabulary from them)."""
+    return _texts(_DATA)
+
+
+def _texts(node: object) -> Iterator[str]:
     if isinstance(node, str):
         yield node
     elif isinstance(node, list):
         for item in node:
-            yield from knowledge_texts(item)
+            yield from _texts(item)
     elif isinstance(node, dict):
         for key, value in node.items():
-            if key not in ("about", "name", "pair", "form", "patterns"):
-                yield from knowledge_texts(value)
+            if key not in ("about", "name", "pair", "form", "patterns"):  # not said in answers
+                yield from _texts(value)
 
 
 def _find(prompt: str) -> list[_Concept]:
