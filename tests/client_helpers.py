@@ -9,7 +9,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from jupyter_infer.engine import EngineConfig
+from jupyter_infer.config import ServiceConfig
 from jupyter_infer.service import InferenceService
 
 Script = Callable[[str, str, asyncio.StreamWriter], Awaitable[None]]
@@ -17,7 +17,7 @@ Script = Callable[[str, str, asyncio.StreamWriter], Awaitable[None]]
 
 def fast_service(delay_ms: tuple[float, float] = (1.0, 3.0)) -> InferenceService:
     """An embedded simulated engine with ``delay_ms`` between tokens."""
-    return InferenceService(engine_config=EngineConfig(engine="simulated", token_delay_ms=delay_ms))
+    return InferenceService(ServiceConfig(engine="simulated", simulated_token_delay_ms=delay_ms))
 
 
 class ScriptedServer:
