@@ -308,13 +308,16 @@ def test_cancelled_readers_leave_no_stray_task_errors(server: LocalServer, caplo
     before = client.metrics()["requests"]
 
     async def cancel_mid_stream(rounds: int = 10, readers: int = 3) -> None:
-        async def read() -> None:
-            async for _ in client.astream("Explain batching at length", max_tokens=300):
-                pass
-
         for i in range(rounds):
-            tasks = [asyncio.ensure_future(read()) for _ in range(readers)]
-            await asyncio.sleep(0.05 + 0.003 * i)  # land the cancel at varying points of a step
+            streaming = [asyncio.Event() for _ in range(readers)]
+
+            async def read(started: asyncio.Event) -> None:
+                async for _ in client.astream("Explain batching at length", max_tokens=300):
+                    started.set()
+
+            tasks = [asyncio.ensure_future(read(started)) for started in streaming]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 30)
+            await asyncio.sleep(0.001 * i)  # land the cancel at varying points of a step
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -323,14 +326,14 @@ def test_cancelled_readers_leave_no_stray_task_errors(server: LocalServer, caplo
 
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         asyncio.run(cancel_mid_stream())
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while client.metrics()["requests"]["running"] and time.monotonic() < deadline:
             time.sleep(0.05)
         gc.collect()
-    after = client.metrics()["requests"]
-    # The requests that reached the server were cancelled there (one cancelled before it was
-    # sent never reached it), and nothing is left running.
-    assert after["running"] == 0 and after["cancelled"] - before["cancelled"] >= 20
+    after = {k: v - before[k] for k, v in client.metrics()["requests"].items()}
+    # All 30 were streaming when their readers were cancelled, and were cancelled at the server.
+    # (Rarely the server misses a closed connection and runs one on: main's client did too.)
+    assert after["running"] == 0 and after["cancelled"] + after["ok"] == 30 and after["cancelled"] >= 27
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
