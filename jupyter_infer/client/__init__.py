@@ -18,11 +18,11 @@ from __future__ import annotations
 from .api import Client, default_client, set_default_client
 from .arrivals import arrival_times
 from .backend import Accepted, Backend, Final, Fragment
-from .discovery import Connection, discover, find_kernel_server
+from .discovery import ENV_TOKEN, ENV_URL, Connection, discover, find_kernel_server
 from .results import Completion
 from .streams import AsyncTokenStream, TokenStream
 
 __all__ = [
-    "Accepted", "AsyncTokenStream", "Backend", "Client", "Completion", "Connection", "Final", "Fragment",
+    "ENV_TOKEN", "ENV_URL", "Accepted", "AsyncTokenStream", "Backend", "Client", "Completion", "Connection", "Final", "Fragment",
     "TokenStream", "arrival_times", "default_client", "discover", "find_kernel_server", "set_default_client",
 ]
