@@ -9,10 +9,13 @@ import { Token } from '@lumino/coreutils';
 import { inferIcon } from './icon';
 import { DEFAULT_SETTINGS, InferenceModel } from './model';
 import { InferencePanel, PANEL_ID } from './panel';
+import { TimelineWidget } from './livetimeline';
+import { MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { InferStatusItem } from './statusbar';
 
 const PLUGIN_ID = 'jupyter-infer:plugin';
 export const OPEN_COMMAND = 'jupyter-infer:open';
+export const TIMELINE_COMMAND = 'jupyter-infer:open-timeline';
 
 /** The live model of the inference server, for other plugins (the status bar). */
 export const IInferenceModel = new Token<InferenceModel>('jupyter-infer:model', 'The live jupyter_infer server model.');
@@ -30,7 +33,7 @@ const panelPlugin: JupyterFrontEndPlugin<InferenceModel> = {
     restorer: ILayoutRestorer | null
   ): InferenceModel => {
     const model = new InferenceModel();
-    const panel = new InferencePanel(model);
+    const panel = new InferencePanel(model, () => void app.commands.execute(TIMELINE_COMMAND));
     panel.title.icon = inferIcon;
     app.shell.add(panel, 'right', { rank: 600, type: 'Inference' });
     restorer?.add(panel, PANEL_ID);
@@ -42,6 +45,27 @@ const panelPlugin: JupyterFrontEndPlugin<InferenceModel> = {
       execute: () => app.shell.activateById(PANEL_ID)
     });
     palette?.addItem({ command: OPEN_COMMAND, category: 'Inference' });
+
+    // The live timeline, full width in the main area (one at a time).
+    const tracker = new WidgetTracker<MainAreaWidget<TimelineWidget>>({ namespace: 'jupyter-infer-timeline' });
+    app.commands.addCommand(TIMELINE_COMMAND, {
+      label: 'Open the Inference Timeline',
+      caption: 'The live batch timeline of every request on this server, full width',
+      icon: inferIcon,
+      execute: () => {
+        let widget = tracker.currentWidget;
+        if (!widget || widget.isDisposed) {
+          widget = new MainAreaWidget({ content: new TimelineWidget(model) });
+          widget.id = 'jupyter-infer-timeline';
+          widget.title.icon = inferIcon;
+          void tracker.add(widget);
+          app.shell.add(widget, 'main', { mode: 'split-bottom' });
+        }
+        app.shell.activateById(widget.id);
+      }
+    });
+    palette?.addItem({ command: TIMELINE_COMMAND, category: 'Inference' });
+    restorer?.restore(tracker, { command: TIMELINE_COMMAND, name: () => 'timeline' });
 
     if (registry) {
       registry

@@ -5,8 +5,7 @@ import { Widget } from '@lumino/widgets';
 import { InferError, IGenerateResult, IMetrics, IStatus } from './api';
 import { formatMs, formatNumber } from './format';
 import { InferenceModel } from './model';
-import { TimelineView } from './timeline/render';
-import { isLive } from './timeline/layout';
+import { LiveTimelineView } from './livetimeline';
 
 export const PANEL_ID = 'jupyter-infer';
 
@@ -35,13 +34,24 @@ function field(parent: Element, label: string, name: string): HTMLElement {
   return el('span', 'ji-field-value', row, '–');
 }
 
-function ms(summary: { p50: number | null; p95: number | null } | undefined): string {
-  return summary ? `${formatMs(summary.p50)} / ${formatMs(summary.p95)}` : '–';
+/** "104 / 180 ms": two durations that share a unit when they can. */
+export function formatPair(summary: { p50: number | null; p95: number | null } | undefined): string {
+  if (!summary || summary.p50 == null || summary.p95 == null) {
+    return '–';
+  }
+  const [a, b] = [summary.p50, summary.p95];
+  if (b < 1000) {
+    return `${Math.round(a)} / ${Math.round(b)} ms`;
+  }
+  if (a >= 1000 && b < 100_000) {
+    return `${(a / 1000).toFixed(1)} / ${(b / 1000).toFixed(1)} s`;
+  }
+  return `${formatMs(a)} / ${formatMs(b)}`;
 }
 
 export class InferencePanel extends Widget {
   readonly model: InferenceModel;
-  readonly timeline: TimelineView;
+  readonly timeline: LiveTimelineView;
   private _state: HTMLElement;
   private _notice: HTMLElement;
   private _fields = new Map<string, HTMLElement>();
@@ -49,12 +59,12 @@ export class InferencePanel extends Widget {
   private _windowTitle: HTMLElement;
   private _flash: HTMLElement;
   private _flashTimer = 0;
-  private _timer = 0;
-  private _timerMs = 0;
   private _prompt: PromptBox;
+  private _openWide: (() => void) | null;
 
-  constructor(model: InferenceModel) {
+  constructor(model: InferenceModel, openWide: (() => void) | null = null) {
     super();
+    this._openWide = openWide;
     this.model = model;
     this.id = PANEL_ID;
     this.addClass('ji-panel');
@@ -88,9 +98,9 @@ export class InferencePanel extends Widget {
       ['tokens/s', 'rate'],
       ['TTFT p50 / p95', 'ttft'],
       ['latency p50 / p95', 'latency'],
-      ['ok · cancelled · failed', 'outcomes']
+      ['finished requests', 'outcomes']
     ]) {
-      const card = el('div', 'ji-figure', figures);
+      const card = el('div', `ji-figure ji-figure-${name}`, figures);
       card.dataset.figure = name;
       this._figures.set(name, el('div', 'ji-figure-value', card, '–'));
       el('div', 'ji-figure-label', card, label);
@@ -99,17 +109,12 @@ export class InferencePanel extends Widget {
     const section = el('section', 'ji-section ji-live', root);
     const head = el('div', 'ji-section-head', section);
     this._windowTitle = el('h3', 'ji-subheading', head, 'Timeline');
-    el('span', 'ji-hint', head, 'hover a row for details; click a running row to cancel it');
+    const wide = el('button', 'ji-link', head, 'wide view ⤢');
+    wide.title = 'Open the live timeline in the main area';
+    wide.addEventListener('click', () => this._openWide?.());
+    el('div', 'ji-hint', section, 'Hover a row for details; click a running row to cancel it.');
     const host = el('div', 'ji-timeline-host', section);
-    this.timeline = new TimelineView(host, {
-      windowS: () => this.model.settings.timeWindow,
-      maxBatchSize: () => this.model.status?.limits?.max_batch_size ?? null,
-      clickable: row => isLive(row),
-      onRowClick: row => void this.cancel(row.id),
-      clickHint: 'click to cancel this request',
-      emptyText: 'No requests in this window. Requests from every kernel and client show here.',
-      maxRowsHeight: 360
-    });
+    this.timeline = new LiveTimelineView(host, model, (text, kind) => this._showFlash(text, kind), 360);
 
     this._prompt = new PromptBox(model, el('section', 'ji-section ji-prompt', root));
     model.changed.connect(this._render, this);
@@ -117,47 +122,28 @@ export class InferencePanel extends Widget {
   }
 
   dispose(): void {
-    window.clearInterval(this._timer);
     window.clearTimeout(this._flashTimer);
     this.model.changed.disconnect(this._render, this);
     this.timeline.dispose();
     super.dispose();
   }
 
-  /** Cancel one request (a running row's click). */
-  async cancel(id: string): Promise<void> {
-    try {
-      await this.model.api.cancel(id);
-      this._showFlash(`Cancelled ${id}.`, 'info');
-    } catch (err) {
-      this._showFlash(`Could not cancel ${id}: ${(err as Error).message}`, 'error');
-    }
-  }
-
   protected onAfterShow(): void {
-    this._restartTimer();
+    this.timeline.start();
   }
 
   protected onAfterAttach(): void {
-    this._restartTimer();
+    if (this.isVisible) {
+      this.timeline.start(); // a sidebar panel is attached while hidden too
+    }
   }
 
   protected onBeforeHide(): void {
-    window.clearInterval(this._timer);
-    this._timer = 0;
+    this.timeline.stop();
   }
 
   protected onBeforeDetach(): void {
-    this.onBeforeHide();
-  }
-
-  /** Redraw the timeline at the refresh rate while the panel is visible. */
-  private _restartTimer(): void {
-    window.clearInterval(this._timer);
-    const draw = (): void => this.timeline.update(this.model.live.state());
-    draw();
-    this._timer = window.setInterval(draw, Math.max(100, this.model.settings.refreshInterval));
-    this._timerMs = this.model.settings.refreshInterval;
+    this.timeline.stop();
   }
 
   /** What an action did (a cancel), shown for a few seconds. */
@@ -177,9 +163,6 @@ export class InferencePanel extends Widget {
 
   private _render(): void {
     const m = this.model;
-    if (this._timer && this._timerMs !== m.settings.refreshInterval) {
-      this._restartTimer();
-    }
     this._windowTitle.textContent = `Timeline · last ${formatMs(m.settings.timeWindow * 1000)}`;
     const s: IStatus | null = m.status;
     const state =
@@ -234,10 +217,10 @@ export class InferencePanel extends Widget {
     set('queue', String(metrics.queue_depth));
     set('running', String(metrics.requests.running));
     set('rate', formatNumber(metrics.recent_tokens_per_s, 0));
-    set('ttft', ms(metrics.ttft_ms));
-    set('latency', ms(metrics.latency_ms));
+    set('ttft', formatPair(metrics.ttft_ms));
+    set('latency', formatPair(metrics.latency_ms));
     const r = metrics.requests;
-    set('outcomes', `${r.ok} · ${r.cancelled} · ${r.failed}`);
+    set('outcomes', `${r.ok} ok · ${r.cancelled} cancelled · ${r.failed} failed`);
   }
 }
 
@@ -274,8 +257,9 @@ class PromptBox {
     };
     this._maxTokens = number('max tokens', '128', { min: '1', step: '1', name: 'max_tokens' });
     this._temperature = number('temperature', '0.7', { min: '0', max: '2', step: '0.1', name: 'temperature' });
-    this._send = el('button', 'ji-button ji-send', controls, 'Send');
-    this._stop = el('button', 'ji-button ji-stop', controls, 'Stop');
+    const buttons = el('div', 'ji-prompt-buttons', controls);
+    this._send = el('button', 'ji-button ji-send', buttons, 'Send');
+    this._stop = el('button', 'ji-button ji-stop', buttons, 'Stop');
     this._stop.disabled = true;
     this._output = el('div', 'ji-output', root);
     this._result = el('div', 'ji-result', root);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { layoutTimeline, sizeBins, truncate } from '../src/timeline/layout';
+import { formatTick, layoutTimeline, sizeBins, truncate } from '../src/timeline/layout';
 import { longHistory } from './fixtures';
 
 const W = 800;
@@ -108,10 +108,16 @@ describe('layoutTimeline', () => {
       { width: W, windowS: 30 }
     );
     expect(layout.live).toBe(true);
-    expect([layout.t0, layout.t1]).toEqual([70, 100]);
+    expect(layout.t1).toBe(100);
+    expect(layout.t0).toBeCloseTo(100 - 5 * 1.08); // 5 s of history, drawn wide, not 30 s
     expect(layout.rows.map(r => r.row.id)).toEqual(['new']);
     expect(layout.ticks[layout.ticks.length - 1].label).toBe('now');
     expect(layout.cuts).toHaveLength(0);
+    const later = layoutTimeline(
+      { rows: [{ id: 'r', queued_at: 40, admitted_at: 40, first_token_at: 41, outcome: 'running' }], batches: [], now: 100 },
+      { width: W, windowS: 30 }
+    );
+    expect(later.t0).toBe(70); // a long history: the last 30 s, scrolling
   });
 
   it('marks cancelled and failed rows', () => {
@@ -141,5 +147,15 @@ describe('sizeBins', () => {
       }
     }
     expect(sizeBins(16).map(b => b.label)).toEqual(['1', '2–3', '4–6', '7–16']);
+  });
+});
+
+describe('formatTick', () => {
+  it('uses the digits the step needs', () => {
+    expect(formatTick(-5, 5)).toBe('-5 s');
+    expect(formatTick(1.5, 0.5)).toBe('1.5 s');
+    expect(formatTick(0.25, 0.05)).toBe('250 ms');
+    expect(formatTick(0, 1)).toBe('0 s');
+    expect(formatTick(180, 60)).toBe('3 min');
   });
 });

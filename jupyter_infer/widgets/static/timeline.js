@@ -22,6 +22,7 @@ function formatMs(ms) {
 
 // src/timeline/layout.ts
 var CUT_W = 14;
+var MIN_LIVE_S = 3;
 var MIN_TICK_PX = 72;
 var CHAR_W = 6.2;
 function sizeBins(maxSize) {
@@ -54,6 +55,20 @@ function niceStep(raw) {
     }
   }
   return 10 * pow;
+}
+function formatTick(v, step) {
+  if (Math.abs(v) < 1e-9) {
+    return "0 s";
+  }
+  if (step < 1 && Math.abs(v) < 1) {
+    return `${Math.round(v * 1e3)} ms`;
+  }
+  if (step >= 60 && Math.abs(v) >= 120) {
+    const minutes = v / 60;
+    return `${Number.isInteger(Math.round(minutes * 10) / 10) ? Math.round(minutes) : minutes.toFixed(1)} min`;
+  }
+  const digits = step >= 1 ? 0 : step >= 0.1 ? 1 : 2;
+  return `${v.toFixed(digits)} s`;
 }
 function truncate(text, maxChars) {
   if (text.length <= maxChars) {
@@ -134,7 +149,10 @@ function layoutTimeline(state, options) {
   let t1 = now ?? (times.length ? Math.max(...times) : 0);
   let t0;
   if (live) {
-    t0 = t1 - options.windowS;
+    const windowS = options.windowS;
+    const recent = times.filter((t) => t >= t1 - windowS);
+    const span = recent.length ? (t1 - Math.min(...recent)) * 1.08 : windowS;
+    t0 = t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S)));
   } else {
     t0 = times.length ? Math.min(...times) : t1 - 1;
     if (now !== null && times.length) {
@@ -222,10 +240,7 @@ function layoutTimeline(state, options) {
     if (live && Math.abs(v) < step / 2) {
       return "now";
     }
-    if (!live && v < 1e-9) {
-      return "0 s";
-    }
-    return formatMs(v * 1e3);
+    return formatTick(v, step);
   };
   let lastX = -Infinity;
   segments.forEach((s, i) => {

@@ -99,6 +99,8 @@ export interface ITimelineLayout {
 }
 
 export const CUT_W = 14;
+/** The shortest span the live timeline shows (s). */
+const MIN_LIVE_S = 3;
 const MIN_TICK_PX = 72;
 const CHAR_W = 6.2;
 
@@ -142,6 +144,22 @@ function niceStep(raw: number): number {
     }
   }
   return 10 * pow;
+}
+
+/** A tick's label, with as many digits as the tick step needs: "-10 s", "1.5 s", "250 ms". */
+export function formatTick(v: number, step: number): string {
+  if (Math.abs(v) < 1e-9) {
+    return '0 s';
+  }
+  if (step < 1 && Math.abs(v) < 1) {
+    return `${Math.round(v * 1000)} ms`;
+  }
+  if (step >= 60 && Math.abs(v) >= 120) {
+    const minutes = v / 60;
+    return `${Number.isInteger(Math.round(minutes * 10) / 10) ? Math.round(minutes) : minutes.toFixed(1)} min`;
+  }
+  const digits = step >= 1 ? 0 : step >= 0.1 ? 1 : 2;
+  return `${v.toFixed(digits)} s`;
 }
 
 /** Truncate to `maxChars` with an ellipsis, at a word boundary when one is near. */
@@ -233,7 +251,12 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
   let t1 = now ?? (times.length ? Math.max(...times) : 0);
   let t0: number;
   if (live) {
-    t0 = t1 - (options.windowS as number);
+    // The last `windowS` seconds at most; less while the history is shorter, so that a
+    // burst that just started is drawn wide rather than as a sliver at the right edge.
+    const windowS = options.windowS as number;
+    const recent = times.filter(t => t >= t1 - windowS);
+    const span = recent.length ? (t1 - Math.min(...recent)) * 1.08 : windowS;
+    t0 = t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S)));
   } else {
     t0 = times.length ? Math.min(...times) : t1 - 1;
     if (now !== null && times.length) {
@@ -332,10 +355,7 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
     if (live && Math.abs(v) < step / 2) {
       return 'now';
     }
-    if (!live && v < 1e-9) {
-      return '0 s';
-    }
-    return formatMs(v * 1000);
+    return formatTick(v, step);
   };
   let lastX = -Infinity;
   segments.forEach((s, i) => {

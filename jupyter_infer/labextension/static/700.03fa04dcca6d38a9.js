@@ -265,6 +265,77 @@
 .ji-status-item[data-state='offline'] {
   color: var(--jp-error-color1);
 }
+
+.ji-panel .ji-figure-outcomes {
+  grid-column: 1 / -1;
+}
+
+.ji-panel .ji-field[data-field='limits'] .ji-field-value {
+  white-space: normal;
+}
+
+.ji-panel .ji-link {
+  padding: 0;
+  border: none;
+  background: none;
+  color: var(--jp-content-link-color);
+  font-size: var(--jp-ui-font-size0);
+  cursor: pointer;
+}
+
+.ji-panel .ji-link:hover {
+  text-decoration: underline;
+}
+
+.ji-timeline-widget {
+  padding: 8px 12px;
+  overflow: auto;
+  background: var(--jp-layout-color1);
+  color: var(--jp-ui-font-color1);
+  font-family: var(--jp-ui-font-family);
+  font-size: var(--jp-ui-font-size1);
+}
+
+.ji-timeline-widget .ji-section-head {
+  display: flex;
+  flex-wrap: wrap;
+  align-items: baseline;
+  gap: 2px 12px;
+  margin-bottom: 6px;
+}
+
+.ji-timeline-widget .ji-subheading {
+  margin: 0;
+  font-size: var(--jp-ui-font-size1);
+  font-weight: 600;
+}
+
+.ji-timeline-widget .ji-hint {
+  font-size: var(--jp-ui-font-size0);
+  color: var(--jp-ui-font-color2);
+}
+
+.ji-timeline-widget .ji-notice {
+  padding: 4px 8px;
+  margin-bottom: 6px;
+  border-left: 3px solid var(--jp-info-color1);
+  background: var(--jp-layout-color2);
+}
+
+.ji-timeline-widget .ji-notice[data-kind='error'] {
+  border-left-color: var(--jp-error-color1);
+}
+
+.ji-panel .ji-figure-outcomes .ji-figure-value {
+  font-size: var(--jp-ui-font-size1);
+  white-space: normal;
+}
+
+.ji-panel .ji-prompt-buttons {
+  display: flex;
+  gap: 6px;
+  margin-left: auto;
+}
 `,""]),r.d(i,{},{A:p})},813(e,i,r){var o=r(601),t=r.n(o),a=r(314),n=(r.n(a))()(t());n.push([e.id,`/* The batch timeline, shared by the side panel and the notebook widget (copied to
    jupyter_infer/widgets/static/timeline.css by the build). JupyterLab theme variables only;
    the fallbacks serve front ends without them. */
@@ -467,4 +538,4 @@
 .ji-timeline .ji-legend-summary {
   color: var(--jp-ui-font-color2, #616161);
 }
-`,""]),r.d(i,{},{A:n})},314(e){e.exports=function(e){var i=[];return i.toString=function(){return this.map(function(i){var r="",o=void 0!==i[5];return i[4]&&(r+="@supports (".concat(i[4],") {")),i[2]&&(r+="@media ".concat(i[2]," {")),o&&(r+="@layer".concat(i[5].length>0?" ".concat(i[5]):""," {")),r+=e(i),o&&(r+="}"),i[2]&&(r+="}"),i[4]&&(r+="}"),r}).join("")},i.i=function(e,r,o,t,a){"string"==typeof e&&(e=[[null,e,void 0]]);var n={};if(o)for(var l=0;l<this.length;l++){var p=this[l][0];null!=p&&(n[p]=!0)}for(var c=0;c<e.length;c++){var s=[].concat(e[c]);o&&n[s[0]]||(void 0!==a&&(void 0===s[5]||(s[1]="@layer".concat(s[5].length>0?" ".concat(s[5]):""," {").concat(s[1],"}")),s[5]=a),r&&(s[2]&&(s[1]="@media ".concat(s[2]," {").concat(s[1],"}")),s[2]=r),t&&(s[4]?(s[1]="@supports (".concat(s[4],") {").concat(s[1],"}"),s[4]=t):s[4]="".concat(t)),i.push(s))}},i}},601(e){e.exports=function(e){return e[1]}},72(e){var i=[];function r(e){for(var r=-1,o=0;o<i.length;o++)if(i[o].identifier===e){r=o;break}return r}function o(e,o){for(var t={},a=[],n=0;n<e.length;n++){var l=e[n],p=o.base?l[0]+o.base:l[0],c=t[p]||0,s="".concat(p," ").concat(c);t[p]=c+1;var d=r(s),j={css:l[1],media:l[2],sourceMap:l[3],supports:l[4],layer:l[5]};if(-1!==d)i[d].references++,i[d].updater(j);else{var u=function(e,i){var r=i.domAPI(i);return r.update(e),function(i){i?(i.css!==e.css||i.media!==e.media||i.sourceMap!==e.sourceMap||i.supports!==e.supports||i.layer!==e.layer)&&r.update(e=i):r.remove()}}(j,o);o.byIndex=n,i.splice(n,0,{identifier:s,updater:u,references:1})}a.push(s)}return a}e.exports=function(e,t){var a=o(e=e||[],t=t||{});return function(e){e=e||[];for(var n=0;n<a.length;n++){var l=r(a[n]);i[l].references--}for(var p=o(e,t),c=0;c<a.length;c++){var s=r(a[c]);0===i[s].references&&(i[s].updater(),i.splice(s,1))}a=p}}},659(e){var i={};e.exports=function(e,r){var o=function(e){if(void 0===i[e]){var r=document.querySelector(e);if(window.HTMLIFrameElement&&r instanceof window.HTMLIFrameElement)try{r=r.contentDocument.head}catch(e){r=null}i[e]=r}return i[e]}(e);if(!o)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");o.appendChild(r)}},540(e){e.exports=function(e){var i=document.createElement("style");return e.setAttributes(i,e.attributes),e.insert(i,e.options),i}},56(e,i,r){e.exports=function(e){var i=r.nc;i&&e.setAttribute("nonce",i)}},825(e){e.exports=function(e){if("u"<typeof document)return{update:function(){},remove:function(){}};var i=e.insertStyleElement(e);return{update:function(r){var o,t,a;o="",r.supports&&(o+="@supports (".concat(r.supports,") {")),r.media&&(o+="@media ".concat(r.media," {")),(t=void 0!==r.layer)&&(o+="@layer".concat(r.layer.length>0?" ".concat(r.layer):""," {")),o+=r.css,t&&(o+="}"),r.media&&(o+="}"),r.supports&&(o+="}"),(a=r.sourceMap)&&"u">typeof btoa&&(o+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(a))))," */")),e.styleTagTransform(o,i,e.options)},remove:function(){var e;null===(e=i).parentNode||e.parentNode.removeChild(e)}}}},113(e){e.exports=function(e,i){if(i.styleSheet)i.styleSheet.cssText=e;else{for(;i.firstChild;)i.removeChild(i.firstChild);i.appendChild(document.createTextNode(e))}}},959(e,i,r){var o=r(72),t=r.n(o),a=r(825),n=r.n(a),l=r(659),p=r.n(l),c=r(56),s=r.n(c),d=r(540),j=r.n(d),u=r(113),f=r.n(u),v=r(646),b={};b.styleTagTransform=f(),b.setAttributes=s(),b.insert=p().bind(null,"head"),b.domAPI=n(),b.insertStyleElement=j(),t()(v.A,b),v.A&&v.A.locals&&v.A.locals}}]);
+`,""]),r.d(i,{},{A:n})},314(e){e.exports=function(e){var i=[];return i.toString=function(){return this.map(function(i){var r="",o=void 0!==i[5];return i[4]&&(r+="@supports (".concat(i[4],") {")),i[2]&&(r+="@media ".concat(i[2]," {")),o&&(r+="@layer".concat(i[5].length>0?" ".concat(i[5]):""," {")),r+=e(i),o&&(r+="}"),i[2]&&(r+="}"),i[4]&&(r+="}"),r}).join("")},i.i=function(e,r,o,t,a){"string"==typeof e&&(e=[[null,e,void 0]]);var n={};if(o)for(var l=0;l<this.length;l++){var p=this[l][0];null!=p&&(n[p]=!0)}for(var c=0;c<e.length;c++){var j=[].concat(e[c]);o&&n[j[0]]||(void 0!==a&&(void 0===j[5]||(j[1]="@layer".concat(j[5].length>0?" ".concat(j[5]):""," {").concat(j[1],"}")),j[5]=a),r&&(j[2]&&(j[1]="@media ".concat(j[2]," {").concat(j[1],"}")),j[2]=r),t&&(j[4]?(j[1]="@supports (".concat(j[4],") {").concat(j[1],"}"),j[4]=t):j[4]="".concat(t)),i.push(j))}},i}},601(e){e.exports=function(e){return e[1]}},72(e){var i=[];function r(e){for(var r=-1,o=0;o<i.length;o++)if(i[o].identifier===e){r=o;break}return r}function o(e,o){for(var t={},a=[],n=0;n<e.length;n++){var l=e[n],p=o.base?l[0]+o.base:l[0],c=t[p]||0,j="".concat(p," ").concat(c);t[p]=c+1;var d=r(j),s={css:l[1],media:l[2],sourceMap:l[3],supports:l[4],layer:l[5]};if(-1!==d)i[d].references++,i[d].updater(s);else{var u=function(e,i){var r=i.domAPI(i);return r.update(e),function(i){i?(i.css!==e.css||i.media!==e.media||i.sourceMap!==e.sourceMap||i.supports!==e.supports||i.layer!==e.layer)&&r.update(e=i):r.remove()}}(s,o);o.byIndex=n,i.splice(n,0,{identifier:j,updater:u,references:1})}a.push(j)}return a}e.exports=function(e,t){var a=o(e=e||[],t=t||{});return function(e){e=e||[];for(var n=0;n<a.length;n++){var l=r(a[n]);i[l].references--}for(var p=o(e,t),c=0;c<a.length;c++){var j=r(a[c]);0===i[j].references&&(i[j].updater(),i.splice(j,1))}a=p}}},659(e){var i={};e.exports=function(e,r){var o=function(e){if(void 0===i[e]){var r=document.querySelector(e);if(window.HTMLIFrameElement&&r instanceof window.HTMLIFrameElement)try{r=r.contentDocument.head}catch(e){r=null}i[e]=r}return i[e]}(e);if(!o)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");o.appendChild(r)}},540(e){e.exports=function(e){var i=document.createElement("style");return e.setAttributes(i,e.attributes),e.insert(i,e.options),i}},56(e,i,r){e.exports=function(e){var i=r.nc;i&&e.setAttribute("nonce",i)}},825(e){e.exports=function(e){if("u"<typeof document)return{update:function(){},remove:function(){}};var i=e.insertStyleElement(e);return{update:function(r){var o,t,a;o="",r.supports&&(o+="@supports (".concat(r.supports,") {")),r.media&&(o+="@media ".concat(r.media," {")),(t=void 0!==r.layer)&&(o+="@layer".concat(r.layer.length>0?" ".concat(r.layer):""," {")),o+=r.css,t&&(o+="}"),r.media&&(o+="}"),r.supports&&(o+="}"),(a=r.sourceMap)&&"u">typeof btoa&&(o+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(a))))," */")),e.styleTagTransform(o,i,e.options)},remove:function(){var e;null===(e=i).parentNode||e.parentNode.removeChild(e)}}}},113(e){e.exports=function(e,i){if(i.styleSheet)i.styleSheet.cssText=e;else{for(;i.firstChild;)i.removeChild(i.firstChild);i.appendChild(document.createTextNode(e))}}},959(e,i,r){var o=r(72),t=r.n(o),a=r(825),n=r.n(a),l=r(659),p=r.n(l),c=r(56),j=r.n(c),d=r(540),s=r.n(d),u=r(113),f=r.n(u),v=r(646),m={};m.styleTagTransform=f(),m.setAttributes=j(),m.insert=p().bind(null,"head"),m.domAPI=n(),m.insertStyleElement=s(),t()(v.A,m),v.A&&v.A.locals&&v.A.locals}}]);
