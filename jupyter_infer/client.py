@@ -506,7 +506,7 @@ class _EmbeddedBackend:
 
     def _started(self) -> InferenceService:
         service = self.service
-        if service.scheduler._task is None:
+        if not service.started:
             service.start()
             _started_services[id(service)] = service
         return service
@@ -514,11 +514,11 @@ class _EmbeddedBackend:
     def _request(self, body: dict[str, Any]) -> Any:
         from .request import parse_generate_body
 
-        return parse_generate_body(body, max_new_tokens=self.service.scheduler_config.max_new_tokens)
+        return parse_generate_body(body, max_new_tokens=self.service.limits.max_new_tokens)
 
     async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         service = self._started()
-        stream = await service.scheduler.submit(self._request(body))
+        stream = await service.submit(self._request(body))
         try:
             return (await stream.result()).to_json()
         except asyncio.CancelledError:
@@ -527,7 +527,7 @@ class _EmbeddedBackend:
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[tuple[str, str]]:
         service = self._started()
-        stream = await service.scheduler.submit(self._request(body))
+        stream = await service.submit(self._request(body))
         try:
             async for event in stream:
                 if event.text:
@@ -539,7 +539,7 @@ class _EmbeddedBackend:
     async def wait_ready(self, timeout: float) -> dict[str, Any]:
         service = self._started()
         try:
-            await service.scheduler.wait_ready(timeout)
+            await service.wait_ready(timeout)
         except asyncio.TimeoutError:
             raise EngineUnavailable(f"The embedded engine is still loading after {timeout:.0f} s.") from None
         return service.status()
@@ -549,10 +549,10 @@ class _EmbeddedBackend:
         if path == "infer/status":
             return service.status()
         if path == "infer/metrics":
-            return service.scheduler.snapshot()
+            return service.metrics()
         if path == "infer/batches":
             limit = int((params or {}).get("limit", 50))
-            return service.batches(limit, limit * 4)
+            return service.batches(limit)
         raise InvalidRequest(f"embedded mode has no route {path!r}")
 
     async def close(self) -> None:

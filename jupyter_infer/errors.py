@@ -20,6 +20,11 @@ class InvalidRequest(InferError):
     code = "invalid_request"
 
 
+class NotFound(InferError):
+    status = 404
+    code = "not_found"
+
+
 class PayloadTooLarge(InferError):
     status = 413
     code = "payload_too_large"
@@ -45,7 +50,3 @@ class RequestFailed(InferError):
     status = 500
     code = "engine_error"
 
-
-class RequestCancelled(InferError):
-    status = 499
-    code = "cancelled"

@@ -10,7 +10,6 @@ class Subscription:
     def __init__(self, bus: EventBus, maxsize: int) -> None:
         self._bus = bus
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize)
-        self.dropped = 0
 
     async def get(self, timeout: float | None = None) -> dict[str, Any] | None:
         try:
@@ -45,4 +44,4 @@ class EventBus:
             try:
                 sub.queue.put_nowait(event)
             except asyncio.QueueFull:
-                sub.dropped += 1
+                pass  # a subscriber that does not read loses events; nobody else waits

@@ -100,15 +100,15 @@ def summarize(outcomes: Sequence[Outcome], wall_s: float, offered_rate: float | 
 
 
 # -- in-process ------------------------------------------------------------------------------
-async def drive_scheduler(scheduler: Any, workload: Sequence[Arrival], **params: Any) -> tuple[list[Outcome], float]:
-    """Send ``workload`` to a started ``Scheduler`` at its arrival times; wait for every answer.
+async def drive_service(service: Any, workload: Sequence[Arrival], **params: Any) -> tuple[list[Outcome], float]:
+    """Send ``workload`` to a started ``InferenceService`` at its arrival times; wait for every answer.
 
     ``params`` go to ``SamplingParams`` (e.g. ``temperature``). Returns the outcomes, in
     workload order, and the wall time from the first arrival to the last answer.
     """
     from .request import Request, SamplingParams
 
-    await scheduler.wait_ready()
+    await service.wait_ready()
     loop = asyncio.get_running_loop()
     start = loop.time()
 
@@ -119,7 +119,7 @@ async def drive_scheduler(scheduler: Any, workload: Sequence[Arrival], **params:
         sent = time.monotonic()
         first: float | None = None
         try:
-            stream = await scheduler.submit(Request(item.prompt, SamplingParams(max_tokens=item.max_tokens, **params)))
+            stream = await service.submit(Request(item.prompt, SamplingParams(max_tokens=item.max_tokens, **params)))
             async for _ in stream:
                 if first is None:
                     first = time.monotonic()
@@ -250,29 +250,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run_local(args: argparse.Namespace, workload: list[Arrival]) -> tuple[list[Outcome], float]:
-    from .engine import DEFAULT_MODEL, EngineConfig
-    from .scheduler import SchedulerConfig
+    from .config import DEFAULT_MODEL, ServiceConfig
     from .service import InferenceService
 
-    service = InferenceService(
-        EngineConfig(
-            engine=args.engine, model=args.model or DEFAULT_MODEL, num_threads=args.num_threads,
-            token_delay_ms=tuple(args.token_delay_ms), prefill_ms_per_token=args.prefill_ms_per_token,
-        ),
-        SchedulerConfig(
-            mode=args.mode, max_batch_size=args.max_batch_size, batch_window_ms=args.batch_window_ms,
-            max_queue_size=max(256, len(workload)),
-            max_new_tokens=max(512, args.max_tokens),
-        ),
-    )
+    service = InferenceService(ServiceConfig(
+        engine=args.engine, model=args.model or DEFAULT_MODEL, num_threads=args.num_threads,
+        simulated_token_delay_ms=tuple(args.token_delay_ms),
+        simulated_prefill_ms_per_token=args.prefill_ms_per_token,
+        mode=args.mode, max_batch_size=args.max_batch_size, batch_window_ms=args.batch_window_ms,
+        max_queue_size=max(256, len(workload)), max_new_tokens=max(512, args.max_tokens),
+    ))
     service.start()
     try:
-        await service.scheduler.wait_ready()
+        await service.wait_ready()
         status = service.status()
         print(f"target:  in-process, engine {status['engine']}, model {status['model']}, mode {status['mode']}, "
               f"max batch {args.max_batch_size}"
               + (f"\n         (fallback: {status['fallback_reason']})" if status.get("fallback_reason") else "")
               + "\n")
-        return await drive_scheduler(service.scheduler, workload)
+        return await drive_service(service, workload)
     finally:
         await service.stop()

@@ -44,8 +44,9 @@ class RequestRecord:
     first_token_at: float | None = None
     finished_at: float | None = None
     completion_tokens: int = 0
-    batch_id: int | None = None
-    batch_ids: list[int] = field(default_factory=list)
+    batch_id: int | None = None  # the batch it was admitted into
+    batch_size: int = 0  # that batch's size at admission
+    batch_ids: list[int] = field(default_factory=list)  # every span it ran in
     outcome: str = "queued"  # queued | running | ok | cancelled | failed
     finish_reason: str | None = None
     error: str | None = None
@@ -119,7 +120,7 @@ class LogHistogram:
 class MetricsCollector:
     def __init__(self, keep: int = 1000) -> None:
         self.requests: dict[str, RequestRecord] = {}  # live (queued or running)
-        self.finished: deque[RequestRecord] = deque(maxlen=keep)
+        self.finished_records: deque[RequestRecord] = deque(maxlen=keep)
         self.batches: deque[BatchRecord] = deque(maxlen=keep)
         self.outcomes: Counter[str] = Counter()
         self.ttft_ms = LogHistogram()
@@ -137,9 +138,9 @@ class MetricsCollector:
         self.on_batch_closed: list[Callable[[BatchRecord], None]] = []
         self.on_rejected: list[Callable[[str], None]] = []
 
-    # -- request lifecycle ----------------------------------------------------------------
-    def queued(self, request_id: str, priority: int, prompt_tokens: int, at: float, depth: int) -> None:
-        self.requests[request_id] = RequestRecord(request_id, priority, prompt_tokens, at)
+    # -- request lifecycle (the records are the sequences' own: written once) ----------------
+    def queued(self, record: RequestRecord, depth: int) -> None:
+        self.requests[record.id] = record
         self.max_queue_depth = max(self.max_queue_depth, depth)
 
     def rejected(self, reason: str) -> None:
@@ -147,41 +148,23 @@ class MetricsCollector:
         for listener in self.on_rejected:
             listener(reason)
 
-    def admitted(self, request_id: str, batch_id: int, at: float) -> None:
-        rec = self.requests[request_id]
-        rec.admitted_at = at
-        rec.batch_id = batch_id
-        rec.outcome = "running"
-        self.queue_ms.add((at - rec.queued_at) * 1000)
+    def admitted(self, record: RequestRecord) -> None:
+        self.queue_ms.add((record.admitted_at - record.queued_at) * 1000)
 
-    def joined_batch(self, request_id: str, batch_id: int) -> None:
-        rec = self.requests.get(request_id)
-        if rec is not None and (not rec.batch_ids or rec.batch_ids[-1] != batch_id):
-            rec.batch_ids.append(batch_id)
+    def first_token(self, record: RequestRecord) -> None:
+        self.ttft_ms.add((record.first_token_at - record.queued_at) * 1000)
+        self.prompt_tokens += record.prompt_tokens  # prefilled: only now were they processed
 
-    def first_token(self, request_id: str, at: float) -> None:
-        rec = self.requests[request_id]
-        rec.first_token_at = at
-        self.ttft_ms.add((at - rec.queued_at) * 1000)
-
-    def finished_request(
-        self, request_id: str, outcome: str, at: float, completion_tokens: int,
-        finish_reason: str | None = None, error: str | None = None,
-    ) -> RequestRecord | None:
-        rec = self.requests.pop(request_id, None)
-        if rec is None:
-            return None
-        rec.outcome, rec.finished_at, rec.finish_reason, rec.error = outcome, at, finish_reason, error
-        rec.completion_tokens = completion_tokens
-        self.outcomes[outcome] += 1
-        self.prompt_tokens += rec.prompt_tokens
-        self.completion_tokens += completion_tokens
-        if outcome == "ok":
-            self.latency_ms.add((at - rec.queued_at) * 1000)
-        self.finished.append(rec)
+    def finished(self, record: RequestRecord) -> None:
+        if self.requests.pop(record.id, None) is None:
+            return
+        self.outcomes[record.outcome] += 1
+        self.completion_tokens += record.completion_tokens
+        if record.outcome == "ok":
+            self.latency_ms.add((record.finished_at - record.queued_at) * 1000)
+        self.finished_records.append(record)
         for listener in self.on_request_finished:
-            listener(rec)
-        return rec
+            listener(record)
 
     # -- steps and batches ------------------------------------------------------------------
     def step(self, kind: str, rows: int, tokens: int, seconds: float, at: float) -> None:
@@ -203,7 +186,7 @@ class MetricsCollector:
 
     def request_records(self, limit: int = 200) -> list[RequestRecord]:
         live = sorted(self.requests.values(), key=lambda r: r.queued_at)
-        return (list(self.finished) + live)[-limit:] if limit > 0 else []
+        return (list(self.finished_records) + live)[-limit:] if limit > 0 else []
 
     def snapshot(self, queue_depth: int = 0, running: int = 0) -> dict[str, Any]:
         now = time.monotonic()

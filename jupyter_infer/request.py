@@ -25,9 +25,10 @@ def new_request_id() -> str:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` means greedy decoding."""
+    """How to pick tokens. ``temperature == 0`` means greedy decoding; ``max_tokens=None``
+    means as many as fit (the service resolves it before queueing)."""
 
-    max_tokens: int = 64
+    max_tokens: int | None = 64
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -41,8 +42,12 @@ class SamplingParams:
 
 @dataclass
 class Request:
+    """What to generate from: a ``prompt``, or chat ``messages`` that the service renders
+    with the model's chat template (then ``prompt`` is filled in)."""
+
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
+    messages: list[dict[str, str]] | None = None
     priority: int = 0
     id: str = field(default_factory=new_request_id)
     arrival: float = field(default_factory=time.monotonic)
@@ -70,6 +75,7 @@ class RequestResult:
     queued_ms: float
     ttft_ms: float | None
     total_ms: float
+    token_ids: tuple[int, ...] = field(default=(), repr=False)  # the generated tokens
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,22 +138,18 @@ def parse_stop(value: Any) -> tuple[str, ...]:
 
 
 def parse_sampling(
-    body: Mapping[str, Any], *, max_new_tokens: int, default_max_tokens: int = 64,
+    body: Mapping[str, Any], *, max_new_tokens: int, default_max_tokens: int | None = 64,
     default_temperature: float = 0.0,
 ) -> SamplingParams:
-    """Sampling parameters from a JSON body, checked against the server's limits."""
+    """Sampling parameters from a JSON body (the service checks them against its limits)."""
     max_tokens = body.get("max_tokens", default_max_tokens)
     if max_tokens is None:
         max_tokens = default_max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0
+    ):
         raise InvalidRequest(
             f"'max_tokens' must be a positive integer (at most {max_new_tokens}); got {max_tokens!r}.",
-            param="max_tokens",
-        )
-    if max_tokens > max_new_tokens:
-        raise InvalidRequest(
-            f"'max_tokens' is {max_tokens}, above this server's limit of {max_new_tokens} "
-            "(InferApp.max_new_tokens). Ask for fewer tokens.",
             param="max_tokens",
         )
     return SamplingParams(

@@ -1,52 +1,193 @@
-"""One object that holds the engine, scheduler, metrics and events: what the server and the
-embedded client share, and what handlers talk to."""
+"""``InferenceService``: the one request-level seam. Handlers, the embedded client, the bench,
+the demo and loadgen talk to it and to nothing behind it.
+
+``submit(request) -> stream``, ``cancel(id)``, ``status()``, ``metrics()``, ``batches()``,
+``limits``: what an engine of any kind (local, simulated, an upstream server) has to offer.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any, TypeVar
 
-from .engine import EngineConfig, load_engine
-from .events import EventBus
-from .metrics import MetricsCollector
-from .scheduler import Scheduler, SchedulerConfig
+from .config import ServiceConfig
+from .engine import Engine, EngineInfo, load_engine
+from .errors import InvalidRequest
+from .events import EventBus, Subscription
+from .metrics import MetricsCollector, wall
+from .request import Request
+from .scheduler import EngineLoop, Recorder, RequestStream, Sequence
+
+# Prompts longer than this are tokenized on a worker thread: tokenizing a long text can take
+# long enough to stall every other handler of the Jupyter server.
+TOKENIZE_INLINE_CHARS = 4096
+T = TypeVar("T")
 
 
-@dataclass
+@dataclass(frozen=True)
+class Limits:
+    """What a request may ask for, and how batches are formed (``status()['limits']``)."""
+
+    mode: str
+    batch_window_ms: float
+    max_batch_size: int
+    max_queue_size: int
+    max_new_tokens: int
+    max_prompt_tokens: int
+    max_prefill_tokens: int
+
+
 class InferenceService:
-    engine_config: EngineConfig = field(default_factory=EngineConfig)
-    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
-    keep_records: int = 1000
-
-    def __post_init__(self) -> None:
-        self.metrics = MetricsCollector(keep=self.keep_records)
-        self.events = EventBus()
-        self.scheduler = Scheduler(
-            lambda: load_engine(self.engine_config), self.scheduler_config, self.metrics, self.events
+    def __init__(
+        self, config: ServiceConfig | None = None, *, engine_loader: Callable[[], Engine] | None = None,
+    ) -> None:
+        self.config = config or ServiceConfig()
+        cfg = self.config
+        self.limits = Limits(
+            mode=cfg.mode, batch_window_ms=cfg.batch_window_ms, max_batch_size=cfg.batch_size,
+            max_queue_size=cfg.max_queue_size, max_new_tokens=cfg.max_new_tokens,
+            max_prompt_tokens=cfg.max_prompt_tokens, max_prefill_tokens=cfg.max_prefill_tokens,
         )
+        self.collector = MetricsCollector(keep=cfg.keep_records)
+        self.events = EventBus()
+        self._recorder = Recorder(cfg.mode, self.collector, self.events)
+        self._loop = EngineLoop(engine_loader or (lambda: load_engine(cfg)), cfg, self._recorder)
 
+    # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        """Start loading the engine in the background; requests wait until it is ready."""
-        self.scheduler.start()
+        """Start loading the engine in the background (on the running event loop); requests
+        wait until it is ready. Idempotent."""
+        self._loop.start()
 
-    async def stop(self) -> None:
-        await self.scheduler.stop()
+    async def stop(self, reason: str = "the inference server is shutting down") -> None:
+        await self._loop.stop(reason)
 
-    def batches(self, limit: int = 50, requests: int = 200) -> dict[str, Any]:
-        """What ``GET infer/batches`` answers: recent batch and request records, and who is
-        running or waiting now; enough to draw a timeline of a past run."""
-        scheduler = self.scheduler
-        return {
-            "batches": [b.to_json() for b in self.metrics.recent_batches(limit)],
-            "requests": [r.to_json() for r in self.metrics.request_records(requests)],
-            "running": [s.id for s in scheduler.running],
-            "waiting": [s.id for s in scheduler.waiting],
-            "mode": scheduler.config.mode,
-            "now": round(time.time(), 6),
-        }
+    @property
+    def started(self) -> bool:
+        return self._loop.started
+
+    @property
+    def state(self) -> str:
+        """``stopped`` | ``loading`` | ``ready`` | ``failed``."""
+        return self._loop.state
+
+    async def wait_ready(self, timeout: float | None = None) -> EngineInfo:
+        return (await self._loop.wait_ready(timeout)).info
+
+    # -- requests ---------------------------------------------------------------------------
+    async def submit(self, request: Request) -> RequestStream:
+        """Check ``request`` against the limits and queue it; raise ``InvalidRequest``,
+        ``QueueFull`` or ``EngineUnavailable`` without queueing anything."""
+        engine = await self._loop.wait_ready()
+        try:
+            if request.messages is not None:
+                request.prompt = await self._off_loop(engine.render_chat, request.messages, size=sum(
+                    len(m["content"]) for m in request.messages))
+            prompt_ids = await self._off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
+            self._check(request, prompt_ids, engine.info.max_context)
+        except InvalidRequest:
+            self._recorder.rejected("invalid")
+            raise
+        return self._loop.submit(Sequence(request, prompt_ids))
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a queued or running request; False if no such request is live."""
+        return self._loop.cancel(request_id)
+
+    @staticmethod
+    async def _off_loop(fn: Callable[[Any], T], arg: Any, *, size: int) -> T:
+        if size <= TOKENIZE_INLINE_CHARS:
+            return fn(arg)
+        return await asyncio.to_thread(fn, arg)
+
+    def _check(self, request: Request, prompt_ids: list[int], max_context: int) -> None:
+        """Every limit a request must meet, checked in this one place; resolves an open
+        ``max_tokens`` to as many as fit."""
+        limits = self.limits
+        if request.params.max_tokens is None:
+            room = max_context - len(prompt_ids)
+            request.params = replace(request.params, max_tokens=max(1, min(limits.max_new_tokens, room)))
+        max_tokens = request.params.max_tokens
+        if max_tokens > limits.max_new_tokens:
+            raise InvalidRequest(
+                f"'max_tokens' is {max_tokens}, above this server's limit of "
+                f"{limits.max_new_tokens} (InferApp.max_new_tokens). Ask for fewer tokens.",
+                param="max_tokens",
+            )
+        if not prompt_ids:
+            raise InvalidRequest("The prompt is empty after tokenization: send some text.", param="prompt")
+        if len(prompt_ids) > limits.max_prompt_tokens:
+            raise InvalidRequest(
+                f"The prompt has {len(prompt_ids)} tokens, above this server's limit of "
+                f"{limits.max_prompt_tokens} (InferApp.max_prompt_tokens). Shorten it.", param="prompt",
+            )
+        room = max_context - len(prompt_ids)
+        if max_tokens > room:
+            raise InvalidRequest(
+                f"The prompt ({len(prompt_ids)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                f"model's context of {max_context} tokens; ask for at most {max(room, 0)} tokens "
+                "or shorten the prompt.", param="max_tokens",
+            )
+
+    def reject(self, reason: str) -> None:
+        """Count a request refused before it reached the service (e.g. a bad body)."""
+        self._recorder.rejected(reason)
+
+    # -- views ------------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        core = self._loop.scheduler
+        return len(core.waiting) if core else 0
+
+    @property
+    def num_running(self) -> int:
+        core = self._loop.scheduler
+        return len(core.running) if core else 0
+
+    def subscribe(self, maxsize: int = 2000) -> Subscription:
+        """Live lifecycle events (``infer/events``)."""
+        return self.events.subscribe(maxsize)
 
     def status(self) -> dict[str, Any]:
-        out = self.scheduler.status()
-        out["configured"] = {"engine": self.engine_config.engine, "model": self.engine_config.model}
-        return out
+        engine = self._loop.engine
+        info = engine.info if engine else None
+        return {
+            "state": self.state,
+            "load_error": self._loop.load_error,
+            "mode": self.config.mode,
+            "engine": info.engine if info else None,
+            "model": info.model if info else None,
+            "device": info.device if info else None,
+            "dtype": info.dtype if info else None,
+            "max_context": info.max_context if info else None,
+            "fallback_reason": info.fallback_reason if info else None,
+            "details": info.details if info else {},
+            "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"},
+            "queue_depth": self.queue_depth,
+            "running": self.num_running,
+            "configured": {"engine": self.config.engine, "model": self.config.model},
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        """``GET infer/metrics``: aggregates since start."""
+        return self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running)
+
+    def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:
+        """``GET infer/batches``: recent batch and request records, and who is running or
+        waiting now; enough to draw a timeline of a past run. ``requests`` defaults to the
+        records of those batches' members (four per batch)."""
+        core = self._loop.scheduler
+        records = self.collector.recent_batches(limit)
+        if self._recorder.batch is not None:  # the open one too, so a live timeline is current
+            records = [*records[1 - limit:], self._recorder.batch] if limit > 1 else [self._recorder.batch]
+        return {
+            "batches": [b.to_json() for b in records],
+            "requests": [r.to_json() for r in self.collector.request_records(requests or 4 * limit)],
+            "running": [s.id for s in core.running] if core else [],
+            "waiting": [s.id for s in core.waiting] if core else [],
+            "mode": self.config.mode,
+            "now": wall(time.monotonic()),
+        }

@@ -11,11 +11,18 @@ from typing import Any
 
 import pytest
 
-from jupyter_infer.engine import EngineConfig, StepPlan
-from jupyter_infer.engine.simulated import SimulatedEngine
+from jupyter_infer.config import ServiceConfig
+from jupyter_infer.engine.simulated import SimulatedBatch, SimulatedEngine
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"token {TOKEN}"}
+
+def service_of(serverapp: Any) -> Any:
+    """The ``InferenceService`` of a running server (what the handlers talk to)."""
+    from jupyter_infer.server.handlers import SERVICE_KEY
+
+    return serverapp.web_app.settings[SERVICE_KEY]
+
 
 # Prompts the scripted engine treats specially.
 POISON = "POISON"  # the prefill step of a request with this prompt fails
@@ -46,26 +53,23 @@ def server_config(**infer: Any) -> dict[str, Any]:
 class ScriptedEngine(SimulatedEngine):
     """The simulated engine, plus fixed answers for ``SCRIPTS`` prompts and a poison pill."""
 
-    def step(self, plan: StepPlan) -> list[int]:
-        if plan.kind == "prefill" and any(POISON in s.request.prompt for s in plan.seqs):
-            for row_id in plan.release:
-                self._answers.pop(row_id, None)
+    def prefill(self, seqs: list[Any]) -> tuple[list[int], SimulatedBatch]:
+        if any(POISON in s.request.prompt for s in seqs):
             raise RuntimeError("the scripted engine refuses poisoned prompts")
-        tokens = super().step(plan)
-        if plan.kind == "prefill":
-            for i, seq in enumerate(plan.seqs):
-                script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
-                if script is not None:
-                    self._answers[seq.id] = self.tokenize(script)
-                    tokens[i] = self._next_token(seq)
-        return tokens
+        tokens, batch = super().prefill(seqs)
+        for i, seq in enumerate(seqs):
+            script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
+            if script is not None:
+                batch.answers[i] = self.tokenize(script)
+                tokens[i] = batch.answers[i][0]
+        return tokens, batch
 
 
 @dataclass
 class EngineGate:
     """Holds engine loading until ``open()``: lets a test see the ``loading`` state."""
 
-    loaded: list[EngineConfig] = field(default_factory=list)
+    loaded: list[ServiceConfig] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         import threading
@@ -79,13 +83,13 @@ class EngineGate:
 def use_scripted_engine(monkeypatch: pytest.MonkeyPatch, gate: EngineGate | None = None) -> None:
     """Make every InferenceService load a ``ScriptedEngine`` built from its config."""
 
-    def load(config: EngineConfig) -> ScriptedEngine:
+    def load(config: ServiceConfig) -> ScriptedEngine:
         if gate is not None:
             assert gate.event.wait(30), "the test never opened the engine gate"
             gate.loaded.append(config)
         return ScriptedEngine(
-            seed=config.seed, token_delay_ms=config.token_delay_ms,
-            prefill_ms_per_token=config.prefill_ms_per_token,
+            seed=config.seed, token_delay_ms=config.simulated_token_delay_ms,
+            prefill_ms_per_token=config.simulated_prefill_ms_per_token,
         )
 
     monkeypatch.setattr("jupyter_infer.service.load_engine", load)

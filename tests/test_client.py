@@ -27,7 +27,7 @@ from jupyter_infer.client import (
     discover,
     find_kernel_server,
 )
-from jupyter_infer.engine import EngineConfig
+from jupyter_infer.config import ServiceConfig
 from jupyter_infer.errors import EngineUnavailable, InferError, InvalidRequest
 from jupyter_infer.server.launcher import LocalServer
 from jupyter_infer.service import InferenceService
@@ -56,11 +56,11 @@ def fast_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The embedded fallback builds a fast simulated engine (not the default auto one)."""
     monkeypatch.setattr(client_module, "_shared_service", None)
     monkeypatch.setattr(client_module, "make_embedded_service", lambda: InferenceService(
-        engine_config=EngineConfig(engine="simulated", token_delay_ms=(1.0, 3.0))))
+        ServiceConfig(engine="simulated", simulated_token_delay_ms=(1.0, 3.0))))
 
 
 def embedded_client() -> Client:
-    return Client(embedded=InferenceService(engine_config=EngineConfig(engine="simulated", token_delay_ms=(1.0, 3.0))))
+    return Client(embedded=InferenceService(ServiceConfig(engine="simulated", simulated_token_delay_ms=(1.0, 3.0))))
 
 
 # -- discovery ----------------------------------------------------------------------------------
@@ -272,13 +272,13 @@ def test_embedded_speaks_the_same_json_as_the_server(server: LocalServer) -> Non
         assert client.wait_ready()["state"] == "ready"
     finally:
         client.close()
-    assert client.service.scheduler.state == "stopped"
+    assert client.service.state == "stopped"
 
 
 @pytest.mark.asyncio
 async def test_embedded_async_and_cancel() -> None:
-    slow = EngineConfig(engine="simulated", token_delay_ms=(10.0, 20.0))  # answers outlast the test
-    client = Client(embedded=InferenceService(engine_config=slow))
+    slow = ServiceConfig(engine="simulated", simulated_token_delay_ms=(10.0, 20.0))  # answers outlast the test
+    client = Client(embedded=InferenceService(slow))
     stream = client.astream("Explain speculative decoding", max_tokens=300)
     async for _ in stream:
         break

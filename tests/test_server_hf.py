@@ -36,8 +36,10 @@ async def test_a_real_model_over_json_sse_and_openai(
     await jp_fetch("infer", "generate_stream", method="POST", streaming_callback=chunks.append,
                    body=json.dumps({"prompt": "hello world", "max_tokens": 6}))
     events, _ = parse_sse(b"".join(chunks).decode())
-    assert events[-1].event == "done"
-    assert "".join(e.data for e in events[:-1]) == answers[0]["text"]
+    assert [e.event for e in events[-2:]] == ["result", "done"]
+    assert "".join(e.data for e in events if e.event == "token") == answers[0]["text"]
+    # The true token count comes with the result (fragments are not tokens).
+    assert json.loads(events[-2].data)["usage"] == answers[0]["usage"]
 
     api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1",
                              api_key=TOKEN, max_retries=0)

@@ -143,3 +143,12 @@ async def test_the_client_raises_on_unknown_models_and_bad_keys(client: openai.A
     with pytest.raises(openai.PermissionDeniedError):
         await stranger.models.list()
     await stranger.close()
+
+
+async def test_neutral_values_are_accepted_as_floats_too(client: openai.AsyncOpenAI) -> None:
+    # Clients send their defaults explicitly, often as floats: 0.0 is the neutral 0.
+    completion = await client.completions.create(
+        model="default", prompt="Explain attention", max_tokens=3,
+        frequency_penalty=0.0, presence_penalty=0, n=1,
+    )
+    assert completion.usage.completion_tokens == 3

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import AUTH, POISON, eventually
+from server_helpers import AUTH, POISON, eventually, service_of
 from tornado.httpclient import HTTPClientError
 
 from jupyter_infer.server.app import InferApp
@@ -26,10 +26,6 @@ ROUTES = [
     ("POST", "infer/v1/chat/completions"),
     ("GET", "infer/v1/models"),
 ]
-
-
-def service_of(serverapp: Any) -> Any:
-    return serverapp.web_app.settings["jupyter_infer"]
 
 
 async def post(jp_fetch: Any, path: str, body: Any, **kwargs: Any) -> Any:
@@ -101,8 +97,8 @@ async def test_concurrent_generate_calls_share_one_batch(jp_fetch: Any) -> None:
 @pytest.mark.parametrize("infer_options", [{"max_batch_size": 4, "mode": "window", "batch_window_ms": 200.0}])
 async def test_max_batch_size_reaches_the_scheduler(jp_fetch: Any, jp_serverapp: Any) -> None:
     service = service_of(jp_serverapp)
-    assert service.scheduler.config.max_batch_size == 4
-    assert service.engine_config.token_delay_ms == (0.0, 0.0)
+    assert service.limits.max_batch_size == 4
+    assert service.config.simulated_token_delay_ms == (0.0, 0.0)
     status = json.loads((await jp_fetch("infer", "status")).body)
     assert status["limits"]["max_batch_size"] == 4 and status["mode"] == "window"
     answers = await asyncio.gather(*(
@@ -149,10 +145,10 @@ async def test_bad_input_is_refused_and_nothing_is_queued(jp_fetch: Any, jp_serv
     for body, status, message in BAD_INPUT:
         code, error, _ = await error_of(jp_fetch, path, body)
         assert (code, message in error["message"]) == (status, True), (body, error)
-    snapshot = service.scheduler.snapshot()
+    snapshot = service.metrics()
     assert snapshot["requests"]["rejected"] == len(BAD_INPUT)
     assert snapshot["requests"]["ok"] == snapshot["requests"]["failed"] == 0
-    assert not service.scheduler.waiting and not service.metrics.finished
+    assert service.queue_depth == 0 and not service.batches()["requests"]
     # The server still answers.
     assert (await post_json(jp_fetch, "infer/generate", {"prompt": "still there?", "max_tokens": 3}))["text"]
 
@@ -190,14 +186,14 @@ async def test_batches_limit_is_checked(jp_fetch: Any) -> None:
 async def test_full_queue_answers_429_with_retry_after(jp_fetch: Any, jp_serverapp: Any) -> None:
     service = service_of(jp_serverapp)
     first = asyncio.ensure_future(post_json(jp_fetch, "infer/generate", {"prompt": "one", "max_tokens": 20}))
-    await eventually(lambda: len(service.scheduler.running) == 1)
+    await eventually(lambda: service.num_running == 1)
     second = asyncio.ensure_future(post_json(jp_fetch, "infer/generate", {"prompt": "two", "max_tokens": 2}))
-    await eventually(lambda: len(service.scheduler.waiting) == 1)
+    await eventually(lambda: service.queue_depth == 1)
     code, error, headers = await error_of(jp_fetch, "infer/generate", {"prompt": "three", "max_tokens": 2})
     assert code == 429 and "queue is full" in error["message"]
     assert int(headers["Retry-After"]) >= 1
     assert (await first)["text"] and (await second)["text"]
-    assert service.scheduler.snapshot()["requests"]["rejected"] == 1
+    assert service.metrics()["requests"]["rejected"] == 1
 
 
 # -- engine errors ----------------------------------------------------------------------------
@@ -268,10 +264,8 @@ async def test_prometheus_metrics_on_the_server_endpoint(jp_fetch: Any) -> None:
     ],
 )
 def test_invalid_traits_say_what_to_fix(options: dict[str, Any], message: str) -> None:
-    from traitlets import TraitError
-
-    with pytest.raises(TraitError, match=message.replace("(", r"\(")):
-        InferApp(**options)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        InferApp(**options).service_config()
 
 
 def test_every_trait_has_help() -> None:

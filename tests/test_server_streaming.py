@@ -18,6 +18,7 @@ from server_helpers import (
     eventually,
     parse_sse,
     server_config,
+    service_of,
     use_scripted_engine,
 )
 
@@ -49,10 +50,6 @@ def client(jp_fetch: Any, jp_http_port: int, jp_base_url: str, jp_asyncio_loop: 
     jp_asyncio_loop.run_until_complete(http.aclose())
 
 
-def service_of(serverapp: Any) -> Any:
-    return serverapp.web_app.settings["jupyter_infer"]
-
-
 async def read_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[httpx.Response, str]:
     async with client.stream("POST", "infer/generate_stream", json=body) as response:
         text = "".join([chunk async for chunk in response.aiter_text()])
@@ -76,13 +73,20 @@ async def test_stream_wire_format_is_exact(client: httpx.AsyncClient) -> None:
     assert response.headers["cache-control"] == "no-cache"
     assert response.headers["x-accel-buffering"] == "no"
     rid = response.headers["x-request-id"]
-    assert text == (
+    tokens, result, done = text.partition(f"event: result\nid: {rid}\ndata: ")
+    assert tokens == (
         ": ok\n\n"
         f"event: token\nid: {rid}\ndata: alpha\n\n"
         f"event: token\nid: {rid}\ndata:  beta\n\n"
         f"event: token\nid: {rid}\ndata: \ndata: gamma\n\n"
-        "event: done\ndata: [DONE]\n\n"
     )
+    # The final result (usage, timings, batch), then done; both carry the request id.
+    data, _, done = done.partition("\n\n")
+    final = json.loads(data)
+    assert final["id"] == rid and final["text"] == "alpha beta\ngamma"
+    assert final["usage"]["completion_tokens"] == 3 and final["finish_reason"] == "stop"
+    assert set(final["timings"]) == {"queued_ms", "ttft_ms", "total_ms"} and final["batch"]["size"] == 1
+    assert done == f"event: done\nid: {rid}\ndata: [DONE]\n\n"
 
 
 async def test_multiline_fragments_round_trip_through_an_sse_parser(client: httpx.AsyncClient) -> None:
@@ -91,7 +95,7 @@ async def test_multiline_fragments_round_trip_through_an_sse_parser(client: http
     response, text = await read_stream(client, {"prompt": "MULTILINE", "max_tokens": 50})
     events, comments = parse_sse(text)
     assert comments == ["ok"]
-    assert [e.event for e in events] == ["token"] * (len(events) - 1) + ["done"]
+    assert [e.event for e in events] == ["token"] * (len(events) - 2) + ["result", "done"]
     assert events[-1].data == "[DONE]"
     tokens = [e for e in events if e.event == "token"]
     assert {e.id for e in tokens} == {response.headers["x-request-id"]}
@@ -104,8 +108,10 @@ async def test_token_events_arrive_in_order_and_done_is_last(client: httpx.Async
     whole = (await client.post("infer/generate", json={"prompt": "explain batching", "max_tokens": 40})).json()
     _, text = await read_stream(client, {"prompt": "explain batching", "max_tokens": 40})
     events, _ = parse_sse(text)
-    assert events[-1].event == "done" and all(e.event == "token" for e in events[:-1])
-    assert "".join(e.data for e in events[:-1]) == whole["text"]
+    assert [e.event for e in events[-2:]] == ["result", "done"]
+    assert all(e.event == "token" for e in events[:-2])
+    assert "".join(e.data for e in events[:-2]) == whole["text"]
+    assert json.loads(events[-2].data)["usage"] == whole["usage"]
 
 
 async def test_get_stream_with_query_parameters(client: httpx.AsyncClient) -> None:
@@ -115,7 +121,7 @@ async def test_get_stream_with_query_parameters(client: httpx.AsyncClient) -> No
         text = "".join([chunk async for chunk in response.aiter_text()])
     assert response.status_code == 200
     events, _ = parse_sse(text)
-    assert len(events) == 7 and events[-1].event == "done"
+    assert len(events) == 8 and events[-1].event == "done"
 
 
 async def test_an_engine_error_mid_stream_is_an_error_event(client: httpx.AsyncClient) -> None:
@@ -158,20 +164,22 @@ async def test_a_client_that_leaves_cancels_its_request(client: httpx.AsyncClien
             if seen.count("event: token") >= 3:
                 break
     # Leaving the block closed the connection mid-stream.
-    assert len(service.scheduler.running) == 2 or service.scheduler.snapshot()["requests"]["cancelled"] == 1
-    await eventually(lambda: service.scheduler.snapshot()["requests"]["cancelled"] == 1)
-    assert leaver not in [s.id for s in service.scheduler.running]
+    await eventually(lambda: service.metrics()["requests"]["cancelled"] == 1)
+    # Its slot freed while its batch-mate (200 tokens at 10 ms each) still streams.
+    running = service.batches()["running"]
+    assert not stays.done() and len(running) == 1 and leaver not in running
     _, text = await stays
     assert parse_sse(text)[0][-1].event == "done"
-    records = {r.id: r for r in service.metrics.request_records()}
-    assert records[leaver].outcome == "cancelled"
-    assert records[leaver].completion_tokens < 200
+    answer = service.batches()
+    records = {r["id"]: r for r in answer["requests"]}
+    assert records[leaver]["outcome"] == "cancelled"
+    assert records[leaver]["completion_tokens"] < 200
     # The running batch shrank: a span with both rows, then one without the leaver.
-    batches = service.metrics.recent_batches()
-    together = [b for b in batches if leaver in b.members and len(b.members) == 2]
+    batches = answer["batches"]
+    together = [b for b in batches if leaver in b["members"] and len(b["members"]) == 2]
     assert together
-    after = [b for b in batches if b.id > together[-1].id]
-    assert after and all(leaver not in b.members for b in after)
+    after = [b for b in batches if b["id"] > together[-1]["id"]]
+    assert after and all(leaver not in b["members"] for b in after)
     metrics = (await client.get("infer/metrics")).json()
     assert metrics["requests"]["cancelled"] == 1 and metrics["requests"]["ok"] == 1
 
@@ -272,9 +280,9 @@ async def test_a_client_that_leaves_a_plain_generate_cancels_it_too(
 ) -> None:
     service = service_of(jp_serverapp)
     call = asyncio.ensure_future(client.post("infer/generate", json={"prompt": "long one", "max_tokens": 200}))
-    await eventually(lambda: len(service.scheduler.running) == 1)
+    await eventually(lambda: service.num_running == 1)
     call.cancel()  # httpx closes the connection
-    await eventually(lambda: service.scheduler.snapshot()["requests"]["cancelled"] == 1)
-    assert not service.scheduler.running
+    await eventually(lambda: service.metrics()["requests"]["cancelled"] == 1)
+    assert service.num_running == 0
     answer = await client.post("infer/generate", json={"prompt": "next", "max_tokens": 2})
     assert answer.status_code == 200

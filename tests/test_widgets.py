@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer import Client
-from jupyter_infer.engine import EngineConfig
+from jupyter_infer.config import ServiceConfig
 from jupyter_infer.service import InferenceService
 from jupyter_infer.widgets import BatchTimeline, InferPanel, RunSummary, percentile, timeline_data
 from jupyter_infer.widgets import panel as panel_module
@@ -46,8 +46,8 @@ PAYLOAD = {
 
 @pytest.fixture
 def client() -> Iterator[Client]:
-    engine = EngineConfig(engine="simulated", token_delay_ms=(2.0, 4.0))
-    client = Client(embedded=InferenceService(engine_config=engine))
+    engine = ServiceConfig(engine="simulated", simulated_token_delay_ms=(2.0, 4.0))
+    client = Client(embedded=InferenceService(engine))
     yield client
     client.close()
 
@@ -124,8 +124,8 @@ async def test_panel_run(client: Client, monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.asyncio
 async def test_panel_cancel() -> None:
-    slow = EngineConfig(engine="simulated", token_delay_ms=(10.0, 20.0))  # answers outlast the test
-    client = Client(embedded=InferenceService(engine_config=slow))
+    slow = ServiceConfig(engine="simulated", simulated_token_delay_ms=(10.0, 20.0))  # answers outlast the test
+    client = Client(embedded=InferenceService(slow))
     panel = InferPanel(client, prompts=["Explain batching at length"] * 3)
     panel.max_tokens.value = 400
     task = panel.send()

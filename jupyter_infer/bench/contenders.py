@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..engine.hf import left_pad_rows
-from ..loadgen import Outcome, drive_http, drive_scheduler
+from ..loadgen import Outcome, drive_http, drive_service
 from ..metrics import percentile
 from .workloads import Workload
 
@@ -193,21 +193,21 @@ class OurScheduler(Contender):
         return asyncio.run(self._run(workload))
 
     async def _run(self, workload: Workload) -> Run:
-        from ..scheduler import Scheduler, SchedulerConfig
+        from ..config import ServiceConfig
+        from ..service import InferenceService
 
-        self.engine.reset()  # a fresh scheduler must not inherit rows a previous one left behind
-        scheduler = Scheduler(self.engine, SchedulerConfig(
+        service = InferenceService(ServiceConfig(
             mode=self.mode, max_batch_size=self.max_batch_size, max_queue_size=max(256, len(workload.arrivals)),
             max_new_tokens=max(512, max(a.max_tokens for a in workload.arrivals)),
-        ))
-        scheduler.start()
+        ), engine_loader=lambda: self.engine)
+        service.start()
         try:
-            outcomes, wall = await drive_scheduler(scheduler, workload.arrivals)
+            outcomes, wall = await drive_service(service, workload.arrivals)
         finally:
-            await scheduler.stop()
+            await service.stop()
         _require_ok(outcomes, self.mode)
-        snap = scheduler.metrics.snapshot()
-        busy = scheduler.metrics.busy_s
+        snap = service.metrics()
+        busy = service.collector.busy_s
         return Run(
             wall, sum(o.tokens for o in outcomes),
             [o.ttft_ms for o in outcomes], [o.latency_ms for o in outcomes],
@@ -216,7 +216,7 @@ class OurScheduler(Contender):
                 # Time the engine thread sat idle while work existed: scheduling, asyncio hops.
                 "overhead_share": max(0.0, 1 - busy / wall) if wall else None,
                 "mean_batch_size": snap["mean_batch_size"],
-                "batches": len(scheduler.metrics.batches),
+                "batches": len(service.collector.batches),
             },
         )
 
@@ -234,11 +234,12 @@ class TransformersContinuous(Contender):
     name, label = "hf_cb", "transformers continuous batching"
 
     def __init__(self, model_dir: str, tokenize: Callable[[str], list[int]], dtype: torch.dtype,
-                 max_batch_size: int, max_tokens_per_request: int, page_size: int = 32) -> None:
+                 max_batch_size: int, max_tokens_per_request: int, page_size: int = 32,
+                 device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         pad = self.model.generation_config.pad_token_id
         blocks = max_batch_size * math.ceil(max_tokens_per_request / page_size) + 8
         self.cache_config = {"page_size": page_size, "num_blocks": blocks,

@@ -5,36 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .base import Engine, EngineInfo, StepPlan
+from ..config import ServiceConfig
+from .base import Batch, Engine, EngineInfo, StepPlan
 
-__all__ = ["Engine", "EngineInfo", "EngineConfig", "StepPlan", "load_engine", "ENGINES"]
+__all__ = ["Batch", "Engine", "EngineInfo", "StepPlan", "load_engine"]
 
 log = logging.getLogger(__name__)
-ENGINES = ("auto", "hf", "simulated")
-DEFAULT_MODEL = "sshleifer/tiny-gpt2"
 
 
-@dataclass
-class EngineConfig:
-    engine: str = "auto"
-    model: str = DEFAULT_MODEL
-    device: str = "auto"
-    dtype: str = "auto"
-    num_threads: int = 0  # 0: pick for this machine
-    seed: int = 0
-    token_delay_ms: tuple[float, float] = (10.0, 40.0)  # simulated engine
-    prefill_ms_per_token: float = 0.2  # simulated engine
-
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}; got {self.engine!r}")
-
-
-def load_engine(config: EngineConfig) -> Engine:
+def load_engine(config: ServiceConfig) -> Engine:
     """Build the configured engine; ``auto`` falls back to ``simulated`` and says why."""
     if config.engine == "simulated":
         return _simulated(config)
@@ -48,18 +30,18 @@ def load_engine(config: EngineConfig) -> Engine:
         return _simulated(config, fallback_reason=reason)
 
 
-def _simulated(config: EngineConfig, fallback_reason: str | None = None) -> Engine:
+def _simulated(config: ServiceConfig, fallback_reason: str | None = None) -> Engine:
     from .simulated import SimulatedEngine
 
     return SimulatedEngine(
         seed=config.seed,
-        token_delay_ms=config.token_delay_ms,
-        prefill_ms_per_token=config.prefill_ms_per_token,
+        token_delay_ms=config.simulated_token_delay_ms,
+        prefill_ms_per_token=config.simulated_prefill_ms_per_token,
         fallback_reason=fallback_reason,
     )
 
 
-def _hf(config: EngineConfig, *, auto: bool) -> Engine:
+def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
     from .hf import HFEngine  # imports torch and transformers; missing ones fall back
 
     folder = Path(config.model).expanduser()

@@ -1,14 +1,14 @@
-"""The one small interface the scheduler drives, step by step, from its engine thread."""
+"""The one small interface the engine loop drives, step by step, from its engine thread."""
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
-    from ..sequence import Sequence
+    from ..scheduler.sequence import Sequence
 
 
 @dataclass
@@ -26,15 +26,16 @@ class EngineInfo:
 class StepPlan:
     """What one engine step runs.
 
-    ``prefill``: run the prompts of ``seqs`` (newcomers), sample their first token and merge
-    them into the running batch. ``decode``: one token for every running row; ``seqs`` are
-    exactly the running rows, in the order they joined (the scheduler keeps that order). ``release`` rows leave the batch before the step runs.
+    ``prefill``: run the prompts of ``seqs`` (newcomers), sample their first token and join
+    them to the running batch. ``decode``: one token for every running row; ``seqs`` are
+    exactly the running rows, in the order they joined. ``keep``: the ids of the rows
+    already in the batch that stay for this step, in order (rows not in it have left).
     """
 
     step_id: int
     kind: Literal["prefill", "decode"]
     seqs: list[Sequence]
-    release: list[str] = field(default_factory=list)
+    keep: list[str] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -43,11 +44,26 @@ class StepPlan:
         return len(self.seqs)
 
 
-class Engine(abc.ABC):
-    """A causal LM that keeps a running batch of rows between steps.
+class Batch(Protocol):
+    """The running rows of an engine, as one value (TGI's ``CausalLMBatch``): the rows' ids
+    and whatever per-row state the engine keeps (KV cache, sampling generators, ...)."""
 
-    All methods but ``tokenize``/``detokenize`` are called from the scheduler's single
-    engine thread, so implementations need no locks for their batch state.
+    ids: list[str]
+
+    def filter(self, ids: list[str]) -> Batch | None:
+        """Keep only the rows in ``ids`` (in that order, a subsequence of ``self.ids``);
+        ``None`` when none is left."""
+
+    def concatenate(self, other: Batch) -> Batch:
+        """The rows of ``self``, then those of ``other``."""
+
+
+class Engine(abc.ABC):
+    """A causal LM, stepped one plan at a time from the engine loop's single thread.
+
+    An engine holds no running rows itself: ``prefill`` returns the newcomers' ``Batch`` and
+    ``decode`` advances the one it is given, so the loop that owns the batch value is the
+    one place that says which rows run. ``tokenize``/``detokenize`` may run on any thread.
     """
 
     info: EngineInfo
@@ -60,20 +76,24 @@ class Engine(abc.ABC):
     def detokenize(self, token_ids: Seq[int]) -> str: ...
 
     @abc.abstractmethod
-    def step(self, plan: StepPlan) -> list[int]:
-        """Run ``plan``; return one sampled token id per ``plan.seqs``, in order."""
+    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], Batch]:
+        """Run the prompts of ``seqs``; their first tokens and the batch of their rows."""
 
     @abc.abstractmethod
-    def release(self, row_ids: Seq[str]) -> None:
-        """Drop these rows from the running batch (unknown ids are ignored)."""
+    def decode(self, batch: Batch, seqs: list[Sequence]) -> list[int]:
+        """One token for every row of ``batch`` (``seqs`` are its rows, in order)."""
 
-    @abc.abstractmethod
-    def reset(self) -> None:
-        """Drop every running row (after a failed step left the batch state unknown)."""
-
-    @property
-    def num_running(self) -> int:
-        return 0
+    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[list[int], Batch | None]:
+        """Run ``plan`` on the running ``batch``: one token per ``plan.seqs``, and the batch
+        after the step. Rows that left are filtered out first."""
+        if batch is not None and batch.ids != plan.keep:
+            batch = batch.filter(plan.keep)
+        if plan.kind == "prefill":
+            tokens, newcomers = self.prefill(plan.seqs)
+            return tokens, newcomers if batch is None else batch.concatenate(newcomers)
+        if batch is None:
+            raise RuntimeError("a decode step needs a running batch")
+        return self.decode(batch, plan.seqs), batch
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """A chat as one prompt; engines with a chat template override this."""

@@ -1,9 +1,10 @@
 """Hugging Face causal LMs with iteration-level batching over a plain ``DynamicCache``.
 
 The running batch is a value with two operations, as in TGI's ``CausalLMBatch``:
-``_merge`` (prefilled newcomers join: both KV caches are left-padded to one length and
-concatenated on the batch axis) and ``_filter`` (finished or cancelled rows leave, and cache
-columns that only padding uses are trimmed). Every row keeps its own attention mask and
+``concatenate`` (prefilled newcomers join: both KV caches are left-padded to one length and
+concatenated on the batch axis) and ``filter`` (finished or cancelled rows leave, and cache
+columns that only padding uses are trimmed). Per-row sampling state (the generators of
+seeded or sampled rows) lives in the batch beside the tensors. Every row keeps its own attention mask and
 explicit ``position_ids``, so left padding never shifts a row's positions: that is what keeps
 GPT-2's learned positions and Llama's RoPE exact.
 """
@@ -21,11 +22,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from . import kv_cache
-from .base import Engine, EngineInfo, StepPlan
+from .base import Engine, EngineInfo
 from .sampling import sample
 
 if TYPE_CHECKING:
-    from ..sequence import Sequence
+    from ..request import SamplingParams
+    from ..scheduler.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +92,58 @@ def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 
 @dataclass
-class _Batch:
-    """The running rows: their ids, KV cache, attention mask, next positions and last tokens."""
+class HFBatch:
+    """The running rows: ids, KV cache, attention mask, next positions, last tokens, RNGs."""
 
     ids: list[str]
     cache: DynamicCache
     mask: torch.Tensor  # [rows, cache_len] 1 = real token
     positions: torch.Tensor  # [rows] position id of the next token
     last: torch.Tensor  # [rows] the token to feed next
+    generators: list[torch.Generator | None]  # per row; None for greedy rows
+    _mask_buf: torch.Tensor | None = None  # ``mask`` is a view of it, with spare columns
+
+    def filter(self, ids: list[str]) -> HFBatch | None:
+        if not ids:
+            return None
+        row = {row_id: i for i, row_id in enumerate(self.ids)}
+        keep = [row[i] for i in ids]
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        mask = self.mask[index]
+        # Columns that only departed rows used are pure padding now: trim them.
+        start = int(mask.any(dim=0).nonzero()[0])
+        kv_cache.select_rows(self.cache, index, start)
+        self.ids = list(ids)
+        self.mask, self._mask_buf = mask[:, start:], None
+        self.positions = self.positions[index]
+        self.last = self.last[index]
+        self.generators = [self.generators[i] for i in keep]
+        return self
+
+    def concatenate(self, other: HFBatch) -> HFBatch:
+        """Rows of ``other`` after these, both left-padded to one cache length."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        return HFBatch(
+            ids=self.ids + other.ids,
+            cache=kv_cache.merge(self.cache, other.cache, width),
+            mask=torch.cat([kv_cache.left_pad(self.mask, width, 1), kv_cache.left_pad(other.mask, width, 1)]),
+            positions=torch.cat([self.positions, other.positions]),
+            last=torch.cat([self.last, other.last]),
+            generators=self.generators + other.generators,
+        )
+
+    def extend_mask(self) -> torch.Tensor:
+        """The mask with one more real-token column, written in place into spare room (a
+        ``torch.cat`` of the whole mask every step would copy it all)."""
+        rows, length = self.mask.shape
+        buf = self._mask_buf
+        if buf is None or buf.shape[1] <= length:
+            buf = self.mask.new_zeros((rows, length + 1 + kv_cache.SPARE_COLUMNS))
+            buf[:, :length] = self.mask
+            self._mask_buf = buf
+        buf[:, length] = 1
+        self.mask = buf[:, : length + 1]
+        return self.mask
 
 
 class HFEngine(Engine):
@@ -141,8 +187,6 @@ class HFEngine(Engine):
                 "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
             },
         )
-        self._batch: _Batch | None = None
-        self._generators: dict[str, torch.Generator] = {}
 
     # -- text -------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -157,22 +201,8 @@ class HFEngine(Engine):
         return super().render_chat(messages)
 
     # -- steps ------------------------------------------------------------------------------
-    @property
-    def num_running(self) -> int:
-        return 0 if self._batch is None else len(self._batch.ids)
-
-    def step(self, plan: StepPlan) -> list[int]:
-        self.release(plan.release)
-        with torch.inference_mode():
-            if plan.kind == "prefill":
-                return self._prefill(plan.seqs)
-            return self._decode(plan.seqs)
-
-    def reset(self) -> None:
-        self._batch = None
-        self._generators.clear()
-
-    def _prefill(self, seqs: list[Sequence]) -> list[int]:
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], HFBatch]:
         input_ids, mask = left_pad_rows([s.prompt_ids for s in seqs], self.pad_token_id)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
@@ -185,86 +215,38 @@ class HFEngine(Engine):
             use_cache=True,
             logits_to_keep=1,
         )
-        tokens = self._sample(out.logits[:, -1, :], seqs)
-        newcomers = _Batch(
+        generators = [self._generator(s.params) for s in seqs]
+        tokens = sample(out.logits[:, -1, :], [s.params for s in seqs], generators)
+        return tokens, HFBatch(
             ids=[s.id for s in seqs],
             cache=out.cache,
             mask=mask,
             positions=mask.sum(-1),
             last=torch.tensor(tokens, dtype=torch.long, device=self.device),
+            generators=generators,
         )
-        self._batch = newcomers if self._batch is None else _merge(self._batch, newcomers)
-        return tokens
 
-    def _decode(self, seqs: list[Sequence]) -> list[int]:
-        batch = self._batch
-        if batch is None or [s.id for s in seqs] != batch.ids:
-            raise RuntimeError("decode step does not match the running batch")
-        mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.ids), 1))], dim=-1)
+    @torch.inference_mode()
+    def decode(self, batch: HFBatch, seqs: list[Sequence]) -> list[int]:
         out = self.model(
             input_ids=batch.last[:, None],
-            attention_mask=mask,
+            attention_mask=batch.extend_mask(),
             position_ids=batch.positions[:, None],
             cache=batch.cache,
             use_cache=True,
         )
-        tokens = self._sample(out.logits[:, -1, :], seqs)
+        tokens = sample(out.logits[:, -1, :], [s.params for s in seqs], batch.generators)
         batch.cache = out.cache
-        batch.mask = mask
         batch.positions = batch.positions + 1
         batch.last = torch.tensor(tokens, dtype=torch.long, device=self.device)
         return tokens
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        return sample(logits, [s.params for s in seqs], [self._generator(s) for s in seqs])
-
-    def _generator(self, seq: Sequence) -> torch.Generator | None:
-        if seq.params.greedy:
+    def _generator(self, params: SamplingParams) -> torch.Generator | None:
+        if params.greedy:
             return None
-        gen = self._generators.get(seq.id)
-        if gen is None:
-            gen = torch.Generator(device=self.device)
-            if seq.params.seed is not None:
-                gen.manual_seed(seq.params.seed)
-            else:
-                gen.seed()
-            self._generators[seq.id] = gen
+        gen = torch.Generator(device=self.device)
+        if params.seed is not None:
+            gen.manual_seed(params.seed)
+        else:
+            gen.seed()
         return gen
-
-    def release(self, row_ids: Seq[str]) -> None:
-        if row_ids:
-            self._filter(set(row_ids))
-
-    def _filter(self, leaving: set[str]) -> None:
-        for row_id in leaving:
-            self._generators.pop(row_id, None)
-        batch = self._batch
-        if batch is None:
-            return
-        keep = [i for i, row_id in enumerate(batch.ids) if row_id not in leaving]
-        if len(keep) == len(batch.ids):
-            return
-        if not keep:
-            self._batch = None
-            return
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        mask = batch.mask[index]
-        # Columns that only departed rows used are pure padding now: trim them.
-        start = int(mask.any(dim=0).nonzero()[0])
-        kv_cache.select_rows(batch.cache, index, start)
-        batch.ids = [batch.ids[i] for i in keep]
-        batch.mask = mask[:, start:]
-        batch.positions = batch.positions[index]
-        batch.last = batch.last[index]
-
-
-def _merge(running: _Batch, newcomers: _Batch) -> _Batch:
-    """Concatenate two batches on the row axis, left-padding the shorter one."""
-    width = max(running.mask.shape[1], newcomers.mask.shape[1])
-    return _Batch(
-        ids=running.ids + newcomers.ids,
-        cache=kv_cache.merge(running.cache, newcomers.cache, width),
-        mask=torch.cat([kv_cache.left_pad(running.mask, width, 1), kv_cache.left_pad(newcomers.mask, width, 1)]),
-        positions=torch.cat([running.positions, newcomers.positions]),
-        last=torch.cat([running.last, newcomers.last]),
-    )

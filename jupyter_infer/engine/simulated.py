@@ -12,17 +12,37 @@ import re
 import threading
 import time
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import Engine, EngineInfo, StepPlan
+from .base import Engine, EngineInfo
 from .simulated_answers import compose_answer
 
 if TYPE_CHECKING:
-    from ..sequence import Sequence
+    from ..scheduler.sequence import Sequence
 
 # Word-ish pieces, each carrying its leading whitespace, like a byte-level BPE would.
 _PIECE = re.compile(r"\s*[\w']+|\s*[^\w\s]|\s+")
 EOS_ID = 0
+
+
+@dataclass
+class SimulatedBatch:
+    """The running rows: their ids and the token ids of the answer each one is reading out."""
+
+    ids: list[str]
+    answers: list[list[int]]
+
+    def filter(self, ids: list[str]) -> SimulatedBatch | None:
+        if not ids:
+            return None
+        row = {row_id: i for i, row_id in enumerate(self.ids)}
+        self.answers = [self.answers[row[i]] for i in ids]
+        self.ids = list(ids)
+        return self
+
+    def concatenate(self, other: SimulatedBatch) -> SimulatedBatch:
+        return SimulatedBatch(self.ids + other.ids, self.answers + other.answers)
 
 
 class SimulatedEngine(Engine):
@@ -52,11 +72,6 @@ class SimulatedEngine(Engine):
         self._pieces: list[str] = ["<eos>"]
         self._ids: dict[str, int] = {}
         self._vocab_lock = threading.Lock()  # tokenize runs on the event loop too
-        self._answers: dict[str, list[int]] = {}  # row id -> the answer's token ids
-
-    @property
-    def num_running(self) -> int:
-        return len(self._answers)
 
     def tokenize(self, text: str) -> list[int]:
         with self._vocab_lock:
@@ -71,23 +86,18 @@ class SimulatedEngine(Engine):
     def detokenize(self, token_ids: Seq[int]) -> str:
         return "".join(self._pieces[i] for i in token_ids if i != EOS_ID)
 
-    def release(self, row_ids: Seq[str]) -> None:
-        for row_id in row_ids:
-            self._answers.pop(row_id, None)
+    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], SimulatedBatch]:
+        prompt_tokens = sum(s.num_prompt_tokens for s in seqs)
+        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens)
+        batch = SimulatedBatch(
+            [s.id for s in seqs],
+            [self.tokenize(compose_answer(s.request.prompt, self._seed_for(s))) for s in seqs],
+        )
+        return [answer[0] if answer else EOS_ID for answer in batch.answers], batch
 
-    def step(self, plan: StepPlan) -> list[int]:
-        self.release(plan.release)
-        if plan.kind == "prefill":
-            prompt_tokens = sum(s.num_prompt_tokens for s in plan.seqs)
-            self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens)
-            for seq in plan.seqs:
-                self._answers[seq.id] = self.tokenize(compose_answer(seq.request.prompt, self._seed_for(seq)))
-        else:
-            self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
-        return [self._next_token(seq) for seq in plan.seqs]
-
-    def reset(self) -> None:
-        self._answers.clear()
+    def decode(self, batch: SimulatedBatch, seqs: list[Sequence]) -> list[int]:
+        self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
+        return [_next(answer, len(seq.output_ids)) for answer, seq in zip(batch.answers, seqs, strict=True)]
 
     def _seed_for(self, seq: Sequence) -> int:
         if seq.params.seed is not None:
@@ -96,12 +106,11 @@ class SimulatedEngine(Engine):
             return 0  # greedy: one answer per prompt
         return self._rng.randrange(2**31)
 
-    def _next_token(self, seq: Sequence) -> int:
-        answer = self._answers[seq.id]
-        position = len(seq.output_ids)
-        return answer[position] if position < len(answer) else EOS_ID
-
     @staticmethod
     def _sleep_ms(ms: float) -> None:
         if ms > 0:
             time.sleep(ms / 1000.0)
+
+
+def _next(answer: list[int], position: int) -> int:
+    return answer[position] if position < len(answer) else EOS_ID

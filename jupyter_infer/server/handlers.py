@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from ..errors import InferError, InvalidRequest, PayloadTooLarge, QueueFull
+from ..errors import InferError, InvalidRequest, NotFound, PayloadTooLarge, QueueFull
 from ..metrics import wall
 from ..request import Request, RequestResult, parse_generate_body
 from ..scheduler import RequestStream
@@ -26,7 +26,7 @@ from . import openai_api
 from .sse import EventStreamHandler, format_event
 
 AUTH_RESOURCE = "jupyter_infer"
-SERVICE_KEY = "jupyter_infer"  # settings key of the one InferenceService
+SERVICE_KEY = "jupyter_infer.service"  # settings key of the one InferenceService
 GENERATE = "execute"  # the auth action that running the model needs
 _QUERY_INTS = {"max_tokens", "top_k", "seed", "priority"}
 _QUERY_FLOATS = {"temperature", "top_p"}
@@ -68,7 +68,7 @@ class InferHandler(EventStreamHandler):
 
     @property
     def max_new_tokens(self) -> int:
-        return self.service.scheduler.config.max_new_tokens
+        return self.service.limits.max_new_tokens
 
     # -- input ------------------------------------------------------------------------------
     def read_json(self) -> Any:
@@ -113,11 +113,11 @@ class InferHandler(EventStreamHandler):
         try:
             return build()
         except InferError as err:
-            self.service.metrics.rejected("too_large" if isinstance(err, PayloadTooLarge) else "invalid")
+            self.service.reject("too_large" if isinstance(err, PayloadTooLarge) else "invalid")
             raise
 
     async def submit(self, request: Request) -> RequestStream:
-        stream = await self.service.scheduler.submit(request)
+        stream = await self.service.submit(request)
         self._stream = stream  # cancelled if the client leaves
         if self.gone.is_set():  # it left while we waited for the engine to load
             stream.cancel()
@@ -142,7 +142,8 @@ class InferHandler(EventStreamHandler):
         self.finish(json.dumps(self.error_body(err)))
 
     async def stream_tokens(self, stream: RequestStream) -> None:
-        """The contract's SSE: ``token`` events, then ``done`` or ``error``."""
+        """The contract's SSE: ``token`` events, then ``result`` (usage, timings, batch) and
+        ``done``, or ``error``."""
         self.start_event_stream()
         if not await self.send(""):
             return
@@ -152,7 +153,8 @@ class InferHandler(EventStreamHandler):
         if isinstance(outcome, InferError):
             self.write_infer_error(outcome)
             return
-        await self.send(format_event("[DONE]", "done"))
+        await self.send(format_event(json.dumps(outcome.to_json()), "result", stream.id)
+                        + format_event("[DONE]", "done", stream.id))
         self.finish_event_stream()
 
     async def whole_result(self, stream: RequestStream) -> RequestResult | None:
@@ -201,7 +203,7 @@ class MetricsHandler(InferHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        self.finish(self.service.scheduler.snapshot())
+        self.finish(self.service.metrics())
 
 
 class BatchesHandler(InferHandler):
@@ -209,9 +211,9 @@ class BatchesHandler(InferHandler):
     @authorized
     @answers_errors
     async def get(self) -> None:
-        self.finish(self.service.batches(self._limit("limit", 50), self._limit("requests", 200)))
+        self.finish(self.service.batches(self._limit("limit", 50), self._limit("requests", None)))
 
-    def _limit(self, name: str, default: int) -> int:
+    def _limit(self, name: str, default: int | None) -> int | None:
         value = self.get_query_argument(name, None)
         if value is None:
             return default
@@ -228,7 +230,7 @@ class EventsHandler(InferHandler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        subscription = self.service.events.subscribe()
+        subscription = self.service.subscribe()
         try:
             self.start_event_stream()
             if not await self.send(""):
@@ -257,8 +259,8 @@ class OpenAIHandler(InferHandler):
         super().write_infer_error(err)
 
     async def complete(self, parse: Callable[..., openai_api.OpenAIRequest], chat: bool) -> None:
-        engine = await self.service.scheduler.wait_ready()
-        parsed = self.parse(lambda: parse(self.read_json(), engine, max_new_tokens=self.max_new_tokens))
+        info = await self.service.wait_ready()
+        parsed = self.parse(lambda: parse(self.read_json(), info, max_new_tokens=self.max_new_tokens))
         stream = await self.submit(parsed.request)
         shape = openai_api.Shaper(chat, stream.id, parsed.model, parsed.include_usage)
         if not parsed.stream:
@@ -307,9 +309,21 @@ class ModelsHandler(OpenAIHandler):
     @authorized
     @answers_errors
     async def get(self) -> None:
-        engine = await self.service.scheduler.wait_ready()
-        created = int(wall(self.service.metrics.started_at))
-        self.finish(openai_api.models_list(engine, created))
+        info = await self.service.wait_ready()
+        created = int(wall(self.service.collector.started_at))
+        self.finish(openai_api.models_list(info, created))
+
+
+class RequestHandler(InferHandler):
+    """``DELETE infer/requests/{id}``: cancel one queued or running request."""
+
+    @web.authenticated
+    @authorized(GENERATE)
+    @answers_errors
+    async def delete(self, request_id: str) -> None:
+        if not self.service.cancel(request_id):
+            raise NotFound(f"No queued or running request has the id {request_id!r}; it may have finished.")
+        self.finish({"id": request_id, "cancelled": True})
 
 
 def routes() -> list[tuple[str, type]]:
@@ -324,4 +338,5 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/v1/completions", CompletionsHandler),
         (r"/infer/v1/chat/completions", ChatCompletionsHandler),
         (r"/infer/v1/models", ModelsHandler),
+        (r"/infer/requests/([^/]+)", RequestHandler),
     ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engine import Engine
+from ..engine import EngineInfo
 from ..errors import InferError, InvalidRequest
 from ..request import Request, RequestResult, check_prompt, parse_sampling
 
@@ -58,16 +58,16 @@ def error_body(err: InferError) -> dict[str, Any]:
     return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
 
 
-def model_names(engine: Engine) -> list[str]:
+def model_names(info: EngineInfo) -> list[str]:
     """The served model's name first, then the aliases a client may use for it."""
-    served = engine.info.model
+    served = info.model
     names = [served, Path(served).name, "default"]
     return list(dict.fromkeys(n for n in names if n))
 
 
-def models_list(engine: Engine, created: int) -> dict[str, Any]:
+def models_list(info: EngineInfo, created: int) -> dict[str, Any]:
     return {"object": "list", "data": [
-        {"id": engine.info.model, "object": "model", "created": created, "owned_by": "jupyter_infer"}
+        {"id": info.model, "object": "model", "created": created, "owned_by": "jupyter_infer"}
     ]}
 
 
@@ -90,14 +90,24 @@ def _check_fields(body: Any, allowed: set[str], route: str) -> Mapping[str, Any]
         )
     for name, neutral in _NEUTRAL.items():
         value = body.get(name)
-        if name in body and not any(value == v and type(value) is type(v) or value is v for v in neutral):
+        if name in body and not any(_same(value, v) for v in neutral):
             why = _WHY.get(name, f"this server only supports the default for '{name}'")
             raise InvalidRequest(f"Unsupported value for '{name}': {value!r} ({why}).", param=name)
     return body
 
 
-def _check_model(body: Mapping[str, Any], engine: Engine) -> str:
-    names = model_names(engine)
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` is ``neutral``: numbers by value (``0.0`` is ``0``), never a bool for a
+    number (``False`` is not ``0``), everything else by type and value."""
+    if isinstance(neutral, bool) or isinstance(value, bool) or neutral is None:
+        return value is neutral
+    if isinstance(neutral, (int, float)):
+        return isinstance(value, (int, float)) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
+def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
+    names = model_names(info)
     model = body.get("model")
     if model is None:
         return names[0]
@@ -133,10 +143,10 @@ def _sampling_body(body: Mapping[str, Any], max_tokens: Any) -> dict[str, Any]:
     return out
 
 
-def parse_completion(body: Any, engine: Engine, *, max_new_tokens: int) -> OpenAIRequest:
+def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int) -> OpenAIRequest:
     """``POST infer/v1/completions`` → a ``Request``; raises ``InvalidRequest``."""
     body = _check_fields(body, COMPLETION_FIELDS, "completions")
-    model = _check_model(body, engine)
+    model = _check_model(body, info)
     stream, include_usage = _check_stream(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list):
@@ -172,10 +182,11 @@ def _message_text(message: Mapping[str, Any], index: int) -> str:
     raise InvalidRequest(f"messages[{index}].content must be a string.", param="messages")
 
 
-def parse_chat(body: Any, engine: Engine, *, max_new_tokens: int) -> OpenAIRequest:
-    """``POST infer/v1/chat/completions`` → a ``Request`` whose prompt is the rendered chat."""
+def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int) -> OpenAIRequest:
+    """``POST infer/v1/chat/completions`` → a ``Request`` for the chat (the service renders
+    it with the model's chat template)."""
     body = _check_fields(body, CHAT_FIELDS, "chat/completions")
-    model = _check_model(body, engine)
+    model = _check_model(body, info)
     stream, include_usage = _check_stream(body)
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
@@ -199,19 +210,14 @@ def parse_chat(body: Any, engine: Engine, *, max_new_tokens: int) -> OpenAIReque
         chat.append({"role": ROLES[role], "content": _message_text(message, i)})
     if not any(m["content"].strip() for m in chat):
         raise InvalidRequest("All messages are empty: send some text.", param="messages")
-    prompt = engine.render_chat(chat)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is None:
-        # OpenAI's default is "as much as fits": the server's limit, or the room left in context.
-        room = engine.info.max_context - len(engine.tokenize(prompt))
-        max_tokens_default = max(1, min(max_new_tokens, room))
-    else:
-        max_tokens_default = max_new_tokens
+    # OpenAI's default is "as much as fits" (None): the service resolves it against the
+    # server's limit and the room left in the context.
     params = parse_sampling(
         _sampling_body(body, max_tokens), max_new_tokens=max_new_tokens,
-        default_max_tokens=max_tokens_default, default_temperature=OPENAI_DEFAULT_TEMPERATURE,
+        default_max_tokens=None, default_temperature=OPENAI_DEFAULT_TEMPERATURE,
     )
-    return OpenAIRequest(Request(prompt=prompt, params=params), model, stream, include_usage)
+    return OpenAIRequest(Request(prompt="", messages=chat, params=params), model, stream, include_usage)
 
 
 def _finish_reason(result: RequestResult) -> str:

@@ -2,7 +2,7 @@
 
 jupyter_server serves ``prometheus_client``'s default registry, so the metrics live there.
 A metric name may be registered once per process, and tests start several servers in one
-process: each metric is created on first use and found again after that.
+process: each metric is created on first use and kept in this module after that.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ _service: InferenceService | None = None  # the one whose queue the gauges read
 def _get(kind: type, name: str, documentation: str, **kwargs: Any) -> Any:
     """The metric ``name``, created once per process in the default registry."""
     if name not in _metrics:
-        existing = getattr(REGISTRY, "_names_to_collectors", {}).get(_PREFIX + name)
-        _metrics[name] = existing or kind(_PREFIX + name, documentation, **kwargs)
+        _metrics[name] = kind(_PREFIX + name, documentation, registry=REGISTRY, **kwargs)
     return _metrics[name]
 
 
@@ -73,7 +72,8 @@ def running() -> Gauge:
 
 def _on_request_finished(record: RequestRecord) -> None:
     requests_total().labels(outcome=record.outcome).inc()
-    tokens_total().labels(kind="prompt").inc(record.prompt_tokens)
+    if record.first_token_at is not None:  # prefilled: only then were its prompt tokens processed
+        tokens_total().labels(kind="prompt").inc(record.prompt_tokens)
     tokens_total().labels(kind="completion").inc(record.completion_tokens)
     if record.admitted_at is not None:
         queue_wait_seconds().observe(record.admitted_at - record.queued_at)
@@ -95,18 +95,18 @@ def _on_rejected(reason: str) -> None:
 def attach(service: InferenceService) -> None:
     """Feed ``service``'s records into the process-wide metrics; its queue drives the gauges."""
     global _service
-    metrics = service.metrics
+    metrics = service.collector
     metrics.on_request_finished.append(_on_request_finished)
     metrics.on_batch_closed.append(_on_batch_closed)
     metrics.on_rejected.append(_on_rejected)
     _service = service
-    queue_depth().set_function(lambda: len(_service.scheduler.waiting) if _service else 0)
-    running().set_function(lambda: len(_service.scheduler.running) if _service else 0)
+    queue_depth().set_function(lambda: _service.queue_depth if _service else 0)
+    running().set_function(lambda: _service.num_running if _service else 0)
 
 
 def detach(service: InferenceService) -> None:
     global _service
-    metrics = service.metrics
+    metrics = service.collector
     for listeners, fn in (
         (metrics.on_request_finished, _on_request_finished),
         (metrics.on_batch_closed, _on_batch_closed),

@@ -2,16 +2,17 @@
 
 Plain data, like nano-vllm's ``Sequence``: the scheduler moves a sequence through
 WAITING → RUNNING → FINISHED; the engine only reads ``id``, ``prompt_ids``, ``output_ids``
-and ``params``.
+and ``params``. When things happened to it (queued, admitted, first token, finished, which
+batches) is written once, on ``record``: metrics, events and the final result all read it.
 """
 
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable
 
-from .request import Request, SamplingParams
+from ..metrics import RequestRecord
+from ..request import Request, RequestResult, SamplingParams
 
 
 class Status(enum.Enum):
@@ -30,13 +31,7 @@ class Sequence:
         self.status = Status.WAITING
         self.cancelled = False
         self.alone = False  # prefill it on its own: a group prefill it was in failed
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.batch_id: int | None = None
-        self.batch_size = 0
-        self.admitted_at: float | None = None
-        self.first_token_at: float | None = None
-        self.finished_at: float | None = None
+        self.record = RequestRecord(request.id, request.priority, len(prompt_ids), request.arrival)
         self.text = ""  # text released to the caller so far
         self._decoded = ""  # text of all output tokens (may hold back a stop-string prefix)
         self._prefix_offset = 0
@@ -50,7 +45,39 @@ class Sequence:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 
-    def append(self, token_id: int, detokenize: Callable[[list[int]], str], eos_ids: frozenset[int]) -> str:
+    @property
+    def finish_reason(self) -> str | None:
+        return self.record.finish_reason
+
+    @finish_reason.setter
+    def finish_reason(self, value: str | None) -> None:
+        self.record.finish_reason = value
+
+    def result(self) -> RequestResult:
+        """The answer of a finished sequence, as the caller sees it."""
+        rec = self.record
+        end = rec.finished_at if rec.finished_at is not None else rec.queued_at
+
+        def ms(t: float | None) -> float | None:
+            return None if t is None else (t - rec.queued_at) * 1000
+
+        return RequestResult(
+            id=self.id,
+            text=self.text,
+            finish_reason=rec.finish_reason or rec.outcome,
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=len(self.output_ids),
+            batch_id=rec.batch_id,
+            batch_size=rec.batch_size,
+            queued_ms=ms(rec.admitted_at if rec.admitted_at is not None else end),
+            ttft_ms=ms(rec.first_token_at),
+            total_ms=ms(end),
+            token_ids=tuple(self.output_ids),
+        )
+
+    def append(
+        self, token_id: int, detokenize: Callable[[list[int]], str], eos_ids: frozenset[int], now: float,
+    ) -> str:
         """Add one generated token; return the text fragment it releases to the caller.
 
         Sets ``finish_reason`` when this token ends the sequence (EOS, a stop sequence, or
@@ -58,9 +85,8 @@ class Sequence:
         token costs O(1) however long the output is, and a multi-byte character split over
         tokens is released only once complete.
         """
-        now = time.monotonic()
-        if self.first_token_at is None:
-            self.first_token_at = now
+        if self.record.first_token_at is None:
+            self.record.first_token_at = now
         if token_id in eos_ids:
             self.finish_reason = "stop"
             return self._release(final=True)

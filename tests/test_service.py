@@ -1,4 +1,5 @@
-"""The scheduler with the simulated engine: batching, streaming, cancellation, failures."""
+"""The service end to end with the simulated engine: batching, streaming, cancellation,
+failures, through ``InferenceService`` (policy decisions alone: test_scheduler_core.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import time
 
 import pytest
 
-from jupyter_infer.engine.base import StepPlan
+from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine.simulated import SimulatedEngine
-from jupyter_infer.errors import InvalidRequest, QueueFull, RequestFailed
+from jupyter_infer.errors import EngineUnavailable, InvalidRequest, QueueFull, RequestFailed
 from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.scheduler import Scheduler, SchedulerConfig
+from jupyter_infer.service import InferenceService
 
 pytestmark = pytest.mark.asyncio
 
@@ -24,17 +25,17 @@ def fast_engine(**kw) -> SimulatedEngine:
 class PoisonEngine(SimulatedEngine):
     """Fails any step that holds a row whose prompt says POISON."""
 
-    def step(self, plan: StepPlan) -> list[int]:
-        if any("POISON" in s.request.prompt for s in plan.seqs):
+    def prefill(self, seqs):
+        if any("POISON" in s.request.prompt for s in seqs):
             raise RuntimeError("poisoned row")
-        return super().step(plan)
+        return super().prefill(seqs)
 
 
-async def started(engine, **config) -> Scheduler:
-    scheduler = Scheduler(engine, SchedulerConfig(**config))
-    scheduler.start()
-    await scheduler.wait_ready(10)
-    return scheduler
+async def started(engine, **config) -> InferenceService:
+    service = InferenceService(ServiceConfig(**config), engine_loader=lambda: engine)
+    service.start()
+    await service.wait_ready(10)
+    return service
 
 
 def req(prompt: str = "What is dynamic batching?", max_tokens: int = 8, **kw) -> Request:
@@ -107,8 +108,8 @@ async def test_cancel_queued_and_running_without_harming_batch_mates() -> None:
     running = [await s.submit(req(f"rag {i}", max_tokens=40)) for i in range(3)]
     queued = await s.submit(req("queued one", max_tokens=40))
     await asyncio.sleep(0.1)
-    assert queued.seq.status.value == "waiting"
-    s.cancel(queued.id)
+    assert s.batches()["waiting"] == [queued.id]
+    assert s.cancel(queued.id)
     assert (await queued.result()).finish_reason == "cancelled"
     victim = running[1]
     async for ev in victim:
@@ -119,9 +120,8 @@ async def test_cancel_queued_and_running_without_harming_batch_mates() -> None:
     assert victim_result.finish_reason == "cancelled"
     assert victim_result.completion_tokens < 40
     assert all(r.completion_tokens == 40 for r in others)
-    await asyncio.sleep(0.05)
-    assert not s.running and not s.waiting and s.engine.num_running == 0  # no slot leaked
-    snap = s.snapshot()
+    assert s.num_running == 0 and s.queue_depth == 0  # no slot leaked
+    snap = s.metrics()
     assert snap["requests"]["cancelled"] == 2 and snap["requests"]["ok"] == 2
     await s.stop()
 
@@ -137,7 +137,7 @@ async def test_engine_failure_fails_only_that_step_and_scheduler_keeps_serving()
             pass
     good = await (await s.submit(req("What is attention?"))).result()
     assert good.completion_tokens == 8
-    assert s.snapshot()["requests"]["failed"] == 2
+    assert s.metrics()["requests"]["failed"] == 2
     await s.stop()
 
 
@@ -161,8 +161,8 @@ async def test_queue_full_rejects_without_queueing() -> None:
     queued = [await s.submit(req()) for _ in range(2)]
     with pytest.raises(QueueFull, match="queue is full"):
         await s.submit(req())
-    assert len(s.waiting) == 2
-    assert s.snapshot()["requests"]["rejected"] == 1
+    assert s.queue_depth == 2
+    assert s.metrics()["requests"]["rejected"] == 1
     await asyncio.gather(first.result(), *(q.result() for q in queued))
     await s.stop()
 
@@ -173,7 +173,7 @@ async def test_limits_rejected_before_queueing() -> None:
         await s.submit(req("word " * 50))
     with pytest.raises(InvalidRequest, match="max_new_tokens"):
         await s.submit(req(max_tokens=51))
-    assert not s.waiting and s.snapshot()["requests"]["rejected"] == 2
+    assert s.queue_depth == 0 and s.metrics()["requests"]["rejected"] == 2
     await s.stop()
 
 
@@ -196,7 +196,7 @@ async def test_stop_ends_running_requests_with_an_error() -> None:
     stream = await s.submit(req(max_tokens=100))
     await asyncio.sleep(0.1)
     await s.stop()
-    with pytest.raises(Exception, match="shutting down"):
+    with pytest.raises(EngineUnavailable, match="shutting down"):
         await asyncio.wait_for(stream.result(), 5)
 
 
@@ -205,11 +205,11 @@ async def test_batch_records_and_metrics() -> None:
     streams = [await s.submit(req(f"embeddings {i}", max_tokens=4 + 4 * i)) for i in range(3)]
     await asyncio.gather(*(st.result() for st in streams))
     await asyncio.sleep(0.02)
-    batches = s.metrics.recent_batches()
+    batches = s.batches()["batches"]
     # Continuous mode: a record per span of constant membership, shrinking as rows finish.
-    assert [len(b.members) for b in batches] == [3, 2, 1]
-    assert sum(b.tokens for b in batches) == 4 + 8 + 12
-    snap = s.snapshot()
+    assert [b["size"] for b in batches] == [3, 2, 1]
+    assert sum(b["tokens"] for b in batches) == 4 + 8 + 12
+    snap = s.metrics()
     assert snap["requests"]["ok"] == 3 and snap["tokens"]["completion"] == 24
     assert snap["ttft_ms"]["p50"] is not None and snap["latency_ms"]["p99"] is not None
     assert snap["batch_size_histogram"] and snap["mean_batch_size"] > 1
@@ -218,7 +218,7 @@ async def test_batch_records_and_metrics() -> None:
 
 async def test_live_events_tell_the_whole_story() -> None:
     s = await started(fast_engine(), mode="continuous")
-    sub = s.events.subscribe()
+    sub = s.subscribe()
     results = await asyncio.gather(*[(await s.submit(req(f"agents {i}", max_tokens=3))).result() for i in range(2)])
     kinds: dict[str, list[dict]] = {}
     while (event := await sub.get(timeout=0.2)) is not None:
@@ -236,7 +236,7 @@ async def test_rows_that_finish_together_close_one_span() -> None:
     s = await started(fast_engine(), mode="continuous")
     streams = [await s.submit(req(f"rag {i}", max_tokens=5)) for i in range(4)]
     await asyncio.gather(*(st.result() for st in streams))
-    assert [len(b.members) for b in s.metrics.recent_batches()] == [4]
+    assert [b["size"] for b in s.batches()["batches"]] == [4]
     await s.stop()
 
 
@@ -259,7 +259,37 @@ async def test_a_bad_prompt_does_not_take_down_the_requests_admitted_with_it(mod
     outcomes = await asyncio.gather(*(st.result() for st in streams), return_exceptions=True)
     assert isinstance(outcomes[1], RequestFailed)
     assert outcomes[0].completion_tokens == 8 and outcomes[2].completion_tokens == 8
-    snap = s.snapshot()
+    snap = s.metrics()
     assert snap["requests"]["failed"] == 1 and snap["requests"]["ok"] == 2
-    assert not s.running and not s.waiting
+    assert s.num_running == 0 and s.queue_depth == 0
+    await s.stop()
+
+
+async def test_stop_waits_for_the_running_step_to_end() -> None:
+    class SlowDecode(SimulatedEngine):
+        steps_running = 0
+
+        def decode(self, batch, seqs):
+            SlowDecode.steps_running += 1
+            try:
+                return super().decode(batch, seqs)
+            finally:
+                SlowDecode.steps_running -= 1
+
+    s = await started(SlowDecode(prefill_ms_per_token=0, prefill_base_ms=0, token_delay_ms=(150, 150)))
+    stream = await s.submit(req(max_tokens=50))
+    await asyncio.sleep(0.2)  # a 150 ms decode step is running now
+    await s.stop()
+    assert SlowDecode.steps_running == 0  # stop() returned only after the step ended
+    with pytest.raises(EngineUnavailable):
+        await stream.result()
+
+
+async def test_batches_answers_the_same_amount_as_asked() -> None:
+    s = await started(fast_engine(), mode="continuous", max_batch_size=1)
+    streams = [await s.submit(req(f"rag {i}", max_tokens=2)) for i in range(60)]
+    await asyncio.gather(*(st.result() for st in streams))
+    answer = s.batches(limit=60)
+    assert len(answer["batches"]) == 60 and len(answer["requests"]) == 60
+    assert len(s.batches(limit=10)["batches"]) == 10
     await s.stop()

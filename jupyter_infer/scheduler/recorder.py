@@ -1,0 +1,115 @@
+"""One listener for the scheduler's lifecycle facts; it feeds metrics, live events and batch spans.
+
+The scheduling core says what happened (a request queued, rows admitted, a token, rows
+left, a request finished, a step ran); the recorder turns each fact into the metrics'
+aggregates, the ``infer/events`` stream and the batch records a timeline is drawn from.
+
+Batch records: in ``window`` mode a batch is the group admitted together, and it lasts until
+its last member leaves. In ``continuous`` mode a batch is a span of constant membership: a
+new record opens whenever a request joins or leaves, so a timeline shows exactly who ran
+with whom, and when.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any
+
+from ..events import EventBus
+from ..metrics import BatchRecord, MetricsCollector, wall
+
+if TYPE_CHECKING:
+    from ..engine import EngineInfo, StepPlan
+    from .sequence import Sequence
+
+
+class Recorder:
+    def __init__(self, mode: str, metrics: MetricsCollector, events: EventBus) -> None:
+        self.mode = mode
+        self.metrics = metrics
+        self.events = events
+        self.batch: BatchRecord | None = None  # the open batch record
+        self._batch_ids = itertools.count(1)
+
+    def ready(self, info: EngineInfo) -> None:
+        self._emit("ready", engine=info.engine, model=info.model, mode=self.mode)
+
+    # -- requests ---------------------------------------------------------------------------
+    def queued(self, seq: Sequence, depth: int) -> None:
+        rec = seq.record
+        self.metrics.queued(rec, depth)
+        self._emit("queued", id=rec.id, priority=rec.priority, prompt_tokens=rec.prompt_tokens,
+                   at=wall(rec.queued_at))
+
+    def rejected(self, reason: str) -> None:
+        self.metrics.rejected(reason)
+
+    def admitted(self, newcomers: Seq[Sequence], running: Seq[Sequence], now: float) -> None:
+        """``newcomers`` joined; ``running`` is every running row now, newcomers included."""
+        members = newcomers if self.mode == "window" or self.batch is None else running
+        self._open_batch(members, now)
+        for seq in newcomers:
+            rec = seq.record
+            rec.admitted_at, rec.outcome = now, "running"
+            rec.batch_id, rec.batch_size = self.batch.id, len(members)
+            self.metrics.admitted(rec)
+            self._emit("admitted", id=rec.id, batch_id=rec.batch_id, at=wall(now))
+
+    def token(self, seq: Sequence, fragment: str, first: bool) -> None:
+        if first:
+            self.metrics.first_token(seq.record)
+        if fragment and self.events.has_subscribers:
+            self._emit("token", id=seq.id, index=len(seq.output_ids), text=fragment)
+
+    def left(self, running: Seq[Sequence], now: float) -> None:
+        """Rows left (``running`` is who stays): close the batch when it is empty; in
+        continuous mode the survivors form a new span (one per step, however many left)."""
+        if not running:
+            self._close_batch(now)
+        elif self.mode == "continuous" and self.batch is not None and len(self.batch.members) != len(running):
+            self._open_batch(running, now)
+
+    def finished(self, seq: Sequence) -> None:
+        rec = seq.record
+        rec.completion_tokens = len(seq.output_ids)
+        self.metrics.finished(rec)
+        self._emit("finished", id=rec.id, outcome=rec.outcome, finish_reason=rec.finish_reason,
+                   completion_tokens=rec.completion_tokens, at=wall(rec.finished_at), error=rec.error)
+
+    # -- steps ------------------------------------------------------------------------------
+    def step(self, plan: StepPlan, produced: int, started: float, now: float) -> None:
+        """Count a finished step in the batch that ran it (before rows leave)."""
+        batch = self.batch
+        if batch is not None:
+            batch.steps += 1
+            batch.tokens += produced
+            if plan.kind == "prefill":
+                batch.prefill_steps += 1
+                batch.prompt_tokens += plan.num_tokens
+        self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now)
+        if self.events.has_subscribers:  # the member list is per-step work: only when watched
+            self._emit("step", step_id=plan.step_id, kind=plan.kind,
+                       members=[s.id for s in plan.seqs],
+                       tokens=produced, batch_id=batch.id if batch else None,
+                       started_at=wall(started), ended_at=wall(now))
+
+    def _open_batch(self, members: Seq[Sequence], now: float) -> None:
+        self._close_batch(now)
+        self.batch = BatchRecord(next(self._batch_ids), self.mode, [s.id for s in members], now)
+        for seq in members:
+            ids = seq.record.batch_ids
+            if not ids or ids[-1] != self.batch.id:
+                ids.append(self.batch.id)
+        self._emit("batch", state="open", **self.batch.to_json())
+
+    def _close_batch(self, now: float) -> None:
+        if self.batch is not None:
+            self.batch.ended_at = now
+            self.metrics.batch_closed(self.batch)
+            self._emit("batch", state="closed", **self.batch.to_json())
+            self.batch = None
+
+    def _emit(self, kind: str, /, **data: Any) -> None:
+        if self.events.has_subscribers:
+            self.events.publish({"type": kind, **data})

@@ -1,0 +1,217 @@
+"""The scheduling core: which sequences run next, and what a step's tokens do to them.
+
+Synchronous and free of I/O, like nano-vllm's ``Scheduler``: the engine loop calls
+``schedule(now)`` for a ``StepPlan`` (prefill newcomers, or decode one token for every
+running row), runs it, and hands the tokens to ``postprocess``. Time comes in as ``now``,
+so the policy can be tested with a fake clock. Every sequence that ends (finished,
+cancelled, failed) is collected for the loop, which ``pop_finished()``s it to end its stream.
+
+State transitions: WAITING → RUNNING → FINISHED, and WAITING → FINISHED for a request
+cancelled in the queue. Lifecycle facts go to the ``Recorder``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+from ..engine import StepPlan
+from ..errors import QueueFull
+from .recorder import Recorder
+from .sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from ..config import ServiceConfig
+    from ..engine import Engine
+
+DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefills
+
+
+class Scheduler:
+    def __init__(self, config: ServiceConfig, engine: Engine, recorder: Recorder) -> None:
+        self.config = config
+        self.engine = engine  # read for detokenize and EOS only: steps run in the loop
+        self.recorder = recorder
+        self.max_batch_size = config.batch_size
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self._live: dict[str, Sequence] = {}
+        self._finished: list[Sequence] = []
+        self._window_opened: float | None = None
+        self._last_arrival = 0.0
+        self._decodes_since_prefill = 0
+        self._step_ids = itertools.count(1)
+
+    # -- requests ---------------------------------------------------------------------------
+    def add(self, seq: Sequence, now: float) -> None:
+        """Queue ``seq``; raise ``QueueFull`` (queueing nothing) when the queue is full."""
+        if len(self.waiting) >= self.config.max_queue_size:
+            self.recorder.rejected("queue_full")
+            raise QueueFull(
+                f"The queue is full ({self.config.max_queue_size} waiting requests). Retry "
+                "shortly, or raise InferApp.max_queue_size.", retry_after=1.0,
+            )
+        if not self.waiting:  # the first request into an empty queue opens the window
+            self._window_opened = now
+        self._last_arrival = now
+        self.waiting.append(seq)
+        self._live[seq.id] = seq
+        self.recorder.queued(seq, len(self.waiting))
+
+    def cancel(self, request_id: str, now: float) -> bool:
+        """Cancel a request: dropped now if queued, at the next step if running."""
+        seq = self._live.get(request_id)
+        if seq is None:
+            return False
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+            self._finish(seq, "cancelled", now)
+        else:
+            seq.cancelled = True
+        return True
+
+    def abort(self, reason: str, now: float) -> None:
+        """Every queued and running request ends with ``reason`` (the service stops)."""
+        for seq in self.waiting + self.running:
+            self._finish(seq, "failed", now, error=reason)
+        self.waiting.clear()
+        self.running.clear()
+        self.recorder.left([], now)
+
+    def pop_finished(self) -> list[Sequence]:
+        finished, self._finished = self._finished, []
+        return finished
+
+    @property
+    def has_cancelled(self) -> bool:
+        return any(s.cancelled for s in self.running)
+
+    # -- decisions --------------------------------------------------------------------------
+    def schedule(self, now: float) -> tuple[StepPlan | None, float | None]:
+        """The next step, or ``(None, wake_at)``: nothing to run before ``wake_at`` (``None``:
+        until something arrives)."""
+        cancelled = [s for s in self.running if s.cancelled]
+        if cancelled:
+            for seq in cancelled:
+                self._retire(seq, "cancelled", now)
+            self.recorder.left(self.running, now)
+        staying = [s.id for s in self.running]
+        newcomers, wake_at = self._admit(now)
+        if newcomers:
+            self._decodes_since_prefill = 0
+            return StepPlan(next(self._step_ids), "prefill", newcomers, staying), None
+        if self.running:
+            self._decodes_since_prefill += 1
+            return StepPlan(next(self._step_ids), "decode", list(self.running), staying), None
+        return None, wake_at
+
+    def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
+        cfg = self.config
+        if not self.waiting:
+            return [], None
+        if cfg.mode == "window" and self.running:
+            return [], None  # the classic batcher runs a batch to completion
+        if self.running:
+            if self._decodes_since_prefill < DECODES_PER_PREFILL:
+                return [], None  # let the running streams make progress first
+        else:
+            # An idle engine waits for the window (window mode), or a few ms (continuous):
+            # a burst landing over some ms then shares one prefill instead of two.
+            if self._window_opened is None:
+                self._window_opened = now
+            if cfg.mode == "window":
+                deadline = self._window_opened + cfg.batch_window_ms / 1000
+            else:
+                quiet = cfg.idle_admit_delay_ms / 1000
+                deadline = min(self._window_opened + 10 * quiet, self._last_arrival + quiet)
+            if len(self.waiting) < self.max_batch_size and now < deadline:
+                return [], deadline
+        newcomers = self._pick(self.max_batch_size - len(self.running))
+        if not newcomers:
+            return [], None
+        admitted = set(map(id, newcomers))
+        self.waiting = [s for s in self.waiting if id(s) not in admitted]
+        # Leftovers of a window batch open the next window now.
+        self._window_opened = now if self.waiting else None
+        for seq in newcomers:
+            seq.status = Status.RUNNING
+        self.running.extend(newcomers)
+        self.recorder.admitted(newcomers, self.running, now)
+        return newcomers, None
+
+    def _pick(self, room: int) -> list[Sequence]:
+        """Highest priority first, FIFO within a priority, within the prefill budget."""
+        newcomers: list[Sequence] = []
+        longest = 0
+        for seq in sorted(self.waiting, key=lambda s: s.priority_key):
+            if len(newcomers) >= room or (newcomers and (seq.alone or newcomers[0].alone)):
+                break
+            longest_if = max(longest, seq.num_prompt_tokens)
+            if newcomers and longest_if * (len(newcomers) + 1) > self.config.max_prefill_tokens:
+                break  # padded prefill over budget; the rest waits for the next prefill
+            newcomers.append(seq)
+            longest = longest_if
+        return newcomers
+
+    # -- results ----------------------------------------------------------------------------
+    def postprocess(
+        self, plan: StepPlan, tokens: list[int], started: float, now: float,
+    ) -> list[tuple[Sequence, int, str]]:
+        """Apply a step's tokens; return ``(sequence, token, text it releases)`` per live row."""
+        engine = self.engine
+        out: list[tuple[Sequence, int, str]] = []
+        for seq, token in zip(plan.seqs, tokens, strict=True):
+            if seq.status is not Status.RUNNING or seq.cancelled:
+                continue
+            first = seq.record.first_token_at is None
+            fragment = seq.append(token, engine.detokenize, engine.eos_token_ids, now)
+            self.recorder.token(seq, fragment, first)
+            out.append((seq, token, fragment))
+        self.recorder.step(plan, len(out), started, now)
+        done = [seq for seq, _, _ in out if seq.finish_reason is not None]
+        for seq in done:
+            self._retire(seq, "ok", now)
+        if done:
+            self.recorder.left(self.running, now)
+        return out
+
+    def fail(self, plan: StepPlan, error: str, now: float, *, retry: bool = True) -> None:
+        """A step failed: only its requests fail, and the loop goes on.
+
+        A failed prefill of several newcomers fails none of them yet: each is retried in a
+        prefill of its own, so one bad prompt cannot take down the requests admitted with
+        it. After a failed decode every running row fails: its batch state is unknown.
+        """
+        if plan.kind == "prefill" and retry and len(plan.seqs) > 1:
+            again = []
+            for seq in plan.seqs:
+                if seq.status is not Status.RUNNING:
+                    continue
+                self.running.remove(seq)
+                if seq.cancelled:  # cancelled meanwhile: it ends here, it is not run again
+                    self._finish(seq, "cancelled", now)
+                    continue
+                seq.status, seq.alone = Status.WAITING, True
+                again.append(seq)
+            self.waiting[:0] = again
+            self.recorder.left(self.running, now)
+            return
+        failed = plan.seqs if plan.kind == "prefill" else list(self.running)
+        for seq in failed:
+            if seq.status is Status.RUNNING:
+                self._retire(seq, "failed", now, error=error)
+        self.recorder.left(self.running, now)
+
+    def _retire(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
+        self.running.remove(seq)
+        self._finish(seq, outcome, now, error)
+
+    def _finish(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
+        seq.status = Status.FINISHED
+        rec = seq.record
+        rec.outcome, rec.finished_at, rec.error = outcome, now, error
+        if outcome == "cancelled":
+            rec.finish_reason = "cancelled"
+        del self._live[seq.id]
+        self.recorder.finished(seq)
+        self._finished.append(seq)

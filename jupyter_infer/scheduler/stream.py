@@ -1,0 +1,63 @@
+"""What a caller holds for one request: its tokens as they come, then its result."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from ..request import RequestResult, TokenEvent
+
+
+class _End:
+    """Marks the end of a request's token stream."""
+
+
+class RequestStream:
+    """Iterate for ``TokenEvent``s, await ``result()``; leaving early cancels the request."""
+
+    def __init__(self, request_id: str, cancel: Callable[[str], object]) -> None:
+        self.id = request_id
+        self._cancel = cancel
+        self._events: asyncio.Queue[TokenEvent | _End] = asyncio.Queue()
+        self._result: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
+
+    @property
+    def done(self) -> bool:
+        return self._result.done()
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[TokenEvent]:
+        try:
+            while True:
+                event = await self._events.get()
+                if isinstance(event, _End):
+                    break
+                yield event
+            if self._result.exception() is not None:
+                raise self._result.exception()
+        finally:
+            if not self.done:  # the consumer walked away: free the slot
+                self.cancel()
+
+    async def result(self) -> RequestResult:
+        """The final result; raises the ``InferError`` the request failed with."""
+        return await asyncio.shield(self._result)
+
+    def cancel(self) -> None:
+        self._cancel(self.id)
+
+    # -- called by the engine loop ----------------------------------------------------------
+    def push(self, event: TokenEvent) -> None:
+        self._events.put_nowait(event)
+
+    def finish(self, result: RequestResult | None = None, error: BaseException | None = None) -> None:
+        if self._result.done():
+            return
+        if error is not None:
+            self._result.set_exception(error)
+            self._result.exception()  # mark retrieved: a stream nobody awaits must not warn
+        else:
+            self._result.set_result(result)
+        self._events.put_nowait(_End())

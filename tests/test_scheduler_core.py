@@ -1,0 +1,224 @@
+"""The scheduling core alone: policy decisions with a fake clock and a fake engine, no
+asyncio, no sleeps, no timing bounds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import pytest
+
+from jupyter_infer.config import ServiceConfig
+from jupyter_infer.engine import StepPlan
+from jupyter_infer.errors import QueueFull
+from jupyter_infer.events import EventBus
+from jupyter_infer.metrics import MetricsCollector
+from jupyter_infer.request import Request, SamplingParams
+from jupyter_infer.scheduler import Recorder, Scheduler, Sequence, Status
+
+EOS = 0
+
+
+class FakeEngine:
+    """What the core reads of an engine: detokenize and the EOS ids. Token ``n`` is "wn "."""
+
+    eos_token_ids = frozenset({EOS})
+
+    @staticmethod
+    def detokenize(ids: Seq[int]) -> str:
+        return "".join(f"w{i} " for i in ids)
+
+
+def core(**config) -> Scheduler:
+    config.setdefault("idle_admit_delay_ms", 0.0)
+    cfg = ServiceConfig(**config)
+    return Scheduler(cfg, FakeEngine(), Recorder(cfg.mode, MetricsCollector(), EventBus()))
+
+
+def seq(n_prompt: int = 4, max_tokens: int = 3, priority: int = 0, at: float = 0.0) -> Sequence:
+    request = Request("p", SamplingParams(max_tokens=max_tokens), priority=priority, arrival=at)
+    return Sequence(request, list(range(1, n_prompt + 1)))
+
+
+def run_step(s: Scheduler, now: float, token: int = 7) -> StepPlan | None:
+    """Schedule at ``now`` and, if there is a plan, give every row ``token``."""
+    plan, _ = s.schedule(now)
+    if plan is not None:
+        s.postprocess(plan, [token] * len(plan.seqs), now, now)
+    return plan
+
+
+def test_window_waits_for_its_window_then_groups_and_the_17th_waits() -> None:
+    s = core(mode="window", batch_window_ms=50, max_batch_size=16)
+    seqs = [seq(at=0.0) for _ in range(17)]
+    for x in seqs[:3]:
+        s.add(x, 0.0)
+    plan, wake_at = s.schedule(0.01)
+    assert plan is None and wake_at == pytest.approx(0.05)  # the window is still open
+    for x in seqs[3:]:
+        s.add(x, 0.02)
+    plan, _ = s.schedule(0.02)  # full batch: no need to wait for the window
+    assert plan.kind == "prefill" and plan.seqs == seqs[:16]
+    assert [x.status for x in seqs[:16]] == [Status.RUNNING] * 16 and seqs[16].status is Status.WAITING
+    s.postprocess(plan, [7] * 16, 0.02, 0.03)
+    # Window mode runs the batch to completion: the 17th is not admitted meanwhile.
+    assert s.schedule(0.2)[0].kind == "decode"
+
+
+def test_window_expiry_admits_a_partial_batch() -> None:
+    s = core(mode="window", batch_window_ms=50)
+    for _ in range(3):
+        s.add(seq(), 0.0)
+    assert s.schedule(0.049)[0] is None
+    plan, _ = s.schedule(0.05)
+    assert plan.kind == "prefill" and len(plan.seqs) == 3
+
+
+def test_continuous_newcomer_joins_after_one_decode_step_and_leavers_go_at_once() -> None:
+    s = core(mode="continuous")
+    a = seq(max_tokens=10)
+    s.add(a, 0.0)
+    assert run_step(s, 0.0).kind == "prefill"
+    b = seq(max_tokens=1)
+    s.add(b, 0.01)
+    # The running row gets a decode step before the next prefill (it cannot starve) ...
+    assert run_step(s, 0.01).kind == "decode"
+    plan = run_step(s, 0.02)
+    # ... then the newcomer joins the running batch; the plan says who stays.
+    assert plan.kind == "prefill" and plan.seqs == [b] and plan.keep == [a.id]
+    assert b.status is Status.FINISHED and b.record.finish_reason == "length"
+    plan = run_step(s, 0.03)
+    assert plan.kind == "decode" and plan.seqs == [a] and plan.keep == [a.id]
+
+
+def test_priority_first_then_fifo() -> None:
+    s = core(mode="window", batch_window_ms=0, max_batch_size=2)
+    low = [seq(priority=0) for _ in range(2)]
+    high = seq(priority=5)
+    for x in (*low, high):
+        s.add(x, 0.0)
+    plan, _ = s.schedule(0.0)
+    assert plan.seqs == [high, low[0]]
+
+
+def test_prefill_budget_splits_long_prompts() -> None:
+    s = core(mode="continuous", max_prefill_tokens=10)
+    a, b = seq(n_prompt=6), seq(n_prompt=6)
+    s.add(a, 0.0)
+    s.add(b, 0.0)
+    assert s.schedule(0.0)[0].seqs == [a]  # 2 x 6 padded tokens would exceed 10
+
+
+def test_queue_full_refuses_without_queueing() -> None:
+    s = core(max_queue_size=2)
+    s.add(seq(), 0.0)
+    s.add(seq(), 0.0)
+    with pytest.raises(QueueFull, match="queue is full"):
+        s.add(seq(), 0.0)
+    assert len(s.waiting) == 2 and s.recorder.metrics.outcomes["rejected"] == 1
+
+
+def test_cancel_queued_ends_now_and_running_at_the_next_step() -> None:
+    s = core(mode="continuous", max_batch_size=1)
+    running, queued = seq(max_tokens=10), seq(max_tokens=10)
+    s.add(running, 0.0)
+    run_step(s, 0.0)
+    s.add(queued, 0.0)
+    assert s.cancel(queued.id, 0.01)
+    assert [x.id for x in s.pop_finished()] == [queued.id] and queued.record.outcome == "cancelled"
+    assert s.cancel(running.id, 0.01) and running.status is Status.RUNNING
+    assert s.schedule(0.02)[0] is None  # the cancelled row left before anything else ran
+    assert running.record.outcome == "cancelled" and not s.running
+    assert not s.cancel("req-unknown", 0.03)
+
+
+def test_eos_and_stop_strings_finish_rows() -> None:
+    s = core()
+    a = seq(max_tokens=10)
+    a.params = SamplingParams(max_tokens=10, stop=("w9",))
+    b = seq(max_tokens=10)
+    s.add(a, 0.0)
+    s.add(b, 0.0)
+    plan, _ = s.schedule(0.0)
+    released = s.postprocess(plan, [9, EOS], 0.0, 0.0)
+    assert [text for _, _, text in released] == ["", ""]
+    assert a.record.finish_reason == "stop" and a.text == ""
+    assert b.record.finish_reason == "stop" and b.output_ids == []
+
+
+def test_a_failed_group_prefill_retries_each_newcomer_alone() -> None:
+    s = core(mode="continuous")
+    rows = [seq() for _ in range(3)]
+    for x in rows:
+        s.add(x, 0.0)
+    plan, _ = s.schedule(0.0)
+    s.fail(plan, "boom", 0.01)
+    assert not s.pop_finished() and all(x.status is Status.WAITING and x.alone for x in rows)
+    assert s.schedule(0.02)[0].seqs == [rows[0]]  # each alone now, in their order
+
+
+def test_a_request_cancelled_during_a_failed_group_prefill_is_not_run_again() -> None:
+    s = core(mode="continuous")
+    rows = [seq() for _ in range(3)]
+    for x in rows:
+        s.add(x, 0.0)
+    plan, _ = s.schedule(0.0)
+    s.cancel(rows[1].id, 0.005)  # the caller leaves while the prefill runs
+    s.fail(plan, "boom", 0.01)
+    assert [x.id for x in s.pop_finished()] == [rows[1].id]
+    assert rows[1].record.outcome == "cancelled" and rows[1] not in s.waiting
+    assert [x.id for x in s.waiting] == [rows[0].id, rows[2].id]
+
+
+def test_a_failed_decode_fails_every_running_row_and_only_those() -> None:
+    s = core(mode="continuous", max_batch_size=2)
+    a, b, c = seq(max_tokens=10), seq(max_tokens=10), seq(max_tokens=10)
+    for x in (a, b):
+        s.add(x, 0.0)
+    run_step(s, 0.0)
+    s.add(c, 0.0)
+    plan, _ = s.schedule(0.01)
+    assert plan.kind == "decode"
+    s.fail(plan, "boom", 0.02)
+    assert {x.id for x in s.pop_finished()} == {a.id, b.id}
+    assert a.record.error == "boom" and c.status is Status.WAITING
+
+
+def test_prompt_tokens_count_only_once_prefilled() -> None:
+    s = core(mode="continuous", max_batch_size=1)
+    served, cancelled = seq(n_prompt=5, max_tokens=1), seq(n_prompt=7)
+    s.add(served, 0.0)
+    s.add(cancelled, 0.0)
+    s.cancel(cancelled.id, 0.0)
+    run_step(s, 0.0)
+    failed = seq(n_prompt=11)
+    s.add(failed, 0.1)
+    plan, _ = s.schedule(0.1)
+    s.fail(plan, "boom", 0.1)
+    metrics = s.recorder.metrics
+    assert metrics.prompt_tokens == 5
+    assert metrics.outcomes == {"ok": 1, "cancelled": 1, "failed": 1}
+
+
+def test_continuous_spans_follow_membership() -> None:
+    s = core(mode="continuous")
+    rows = [seq(max_tokens=n) for n in (1, 2, 2)]
+    for x in rows:
+        s.add(x, 0.0)
+    t = 0.0
+    while run_step(s, t) is not None:
+        t += 0.01
+    batches = list(s.recorder.metrics.batches)
+    assert [len(b.members) for b in batches] == [3, 2]  # one span per membership
+    assert rows[1].record.batch_ids == [b.id for b in batches]
+    assert sum(b.tokens for b in batches) == 5
+
+
+def test_idle_continuous_engine_waits_for_a_burst_to_pause() -> None:
+    s = core(mode="continuous", idle_admit_delay_ms=10)
+    s.add(seq(), 0.0)
+    plan, wake_at = s.schedule(0.001)
+    assert plan is None and wake_at == pytest.approx(0.010)
+    s.add(seq(), 0.008)
+    plan, wake_at = s.schedule(0.009)
+    assert plan is None and wake_at == pytest.approx(0.018)
+    assert len(s.schedule(0.0181)[0].seqs) == 2
