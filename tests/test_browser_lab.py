@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -79,52 +79,73 @@ def _wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    home = tmp_path_factory.mktemp("lab")
-    port = _free_port()
-    env = {
-        **os.environ,
-        # A clean Jupyter home: no user settings or workspaces leak in, none leak out.
-        "JUPYTER_CONFIG_DIR": str(home / "config"),
-        "JUPYTER_DATA_DIR": str(home / "data"),
-        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-        "HF_HUB_OFFLINE": "1",
-    }
-    cmd = [
-        sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
-        "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-        f"--ServerApp.root_dir={home}", f"--IdentityProvider.token={TOKEN}",
-        f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
-        "--InferApp.engine=simulated",
-    ]
-    # No "get notified about Jupyter news?" toast over the panel.
-    news = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
-    news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    log = open(home / "lab.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=home)
-    server = Lab(f"http://127.0.0.1:{port}", TOKEN)
+class LabProcess:
+    """``jupyter lab`` in a clean Jupyter home, on a fixed port so that it can be restarted."""
 
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"jupyter lab exited:\n{(home / 'lab.log').read_text()[-3000:]}")
-        try:
-            return server.get("infer/status")["state"] == "ready"
-        except httpx.HTTPError:
-            return False
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        port = _free_port()
+        self.lab = Lab(f"http://127.0.0.1:{port}", TOKEN)
+        self.env = {
+            **os.environ,
+            # A clean Jupyter home: no user settings or workspaces leak in, none leak out.
+            "JUPYTER_CONFIG_DIR": str(home / "config"),
+            "JUPYTER_DATA_DIR": str(home / "data"),
+            "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+            "HF_HUB_OFFLINE": "1",
+        }
+        self.cmd = [
+            sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+            f"--ServerApp.root_dir={home}", f"--IdentityProvider.token={TOKEN}",
+            f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
+            "--InferApp.engine=simulated",
+        ]
+        # No "get notified about Jupyter news?" toast over the panel.
+        news = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+        news.parent.mkdir(parents=True, exist_ok=True)
+        news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    try:
+    def start(self) -> None:
+        with open(self.home / "lab.log", "a") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.home)
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"jupyter lab exited:\n{(self.home / 'lab.log').read_text()[-3000:]}")
+            try:
+                return self.lab.get("infer/status")["state"] == "ready"
+            except httpx.HTTPError:
+                return False
+
         _wait_until(ready, 60, "jupyter lab with the simulated engine")
-        yield server
-    finally:
-        proc.terminate()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
         try:
-            proc.wait(15)
+            self.proc.wait(15)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def lab_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabProcess]:
+    process = LabProcess(tmp_path_factory.mktemp("lab"))
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def lab(lab_process: LabProcess) -> Lab:
+    if lab_process.proc is None:  # a test that restarts it failed half-way
+        lab_process.start()
+    return lab_process.lab
 
 
 # Function scope: Playwright's sync API runs its own event loop, which must be closed before
@@ -184,14 +205,19 @@ def _shot(target: Any, name: str) -> None:
 
 
 def _run_command(page: Any, label: str) -> None:
-    """Run a command from the command palette, as a person would."""
-    page.keyboard.press("Control+Shift+C")
-    search = page.locator("#command-palette .lm-CommandPalette-input")
-    expect(search).to_be_visible()
-    search.fill(label)
-    item = page.locator("#command-palette .lm-CommandPalette-item", has_text=label).first
-    expect(item).to_be_visible()
-    item.click()
+    """Run a command from the command palette, as a person would. The modal palette closes
+    when the app moves the focus (at start-up, after a theme change): then open it again."""
+    palette = page.locator("#command-palette")
+    for attempt in range(3):
+        page.keyboard.press("Control+Shift+C")
+        try:
+            palette.locator(".lm-CommandPalette-input").fill(label, timeout=5_000)
+            palette.locator(".lm-CommandPalette-item", has_text=label).first.click(timeout=5_000)
+            return
+        except sync_api.TimeoutError:
+            if attempt == 2:
+                raise
+            page.keyboard.press("Escape")
 
 
 def _widen_right_sidebar(page: Any, width: int) -> None:
@@ -231,7 +257,6 @@ def test_side_panel_follows_the_server(lab: Lab, page: Any) -> None:
         expect(panel.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
     expect(panel.locator('[data-figure="running"] .ji-figure-value')).not_to_have_text("0")
     expect(status_item).to_contain_text("running")
-    _shot(panel, "lab-panel-burst-light.png")
 
     # Cancel one running request by clicking its row; the server counts it.
     cancelled_before = lab.get("infer/metrics")["requests"]["cancelled"]
@@ -242,11 +267,14 @@ def test_side_panel_follows_the_server(lab: Lab, page: Any) -> None:
     _wait_until(lambda: lab.get("infer/metrics")["requests"]["cancelled"] == cancelled_before + 1,
                 15, "the server counts the cancelled request")
     expect(row.locator(".ji-marker.ji-cancelled")).to_have_count(1)
+    panel.locator(f'g.ji-row[data-id="{ids[4]}"] rect.ji-part').last.hover()
+    expect(panel.locator(".ji-tl-tip")).to_contain_text(ids[4])
+    _shot(panel, "lab-panel-burst-light.png")  # mid-burst: a cancelled row, a hovered one
     expect(panel.locator('[data-figure="outcomes"] .ji-figure-value')).to_contain_text(
-        f"· {cancelled_before + 1} ·")
+        f"{cancelled_before + 1} cancelled")
     burst.wait()
     assert burst.results[victim]["finish_reason"] == "cancelled"
-    assert all(burst.results[rid]["finish_reason"] == "length" for rid in ids if rid != victim)
+    assert all(burst.results[rid]["finish_reason"] != "cancelled" for rid in ids if rid != victim)
 
     # A prompt from the panel's box streams its answer in.
     box = panel.locator(".ji-prompt")
@@ -260,9 +288,27 @@ def test_side_panel_follows_the_server(lab: Lab, page: Any) -> None:
     expect(output).to_have_attribute("data-state", "done", timeout=30_000)
     final = output.text_content()
     assert partial and final.startswith(partial) and len(final) > len(partial), "the answer arrived at once"
-    expect(box.locator(".ji-result")).to_contain_text("120 tokens")
-    expect(panel.locator("g.ji-row", has_text="What is speculative decoding?")).to_have_count(1)
+    expect(box.locator(".ji-result")).to_contain_text(re.compile(r"(stop|length) · \d+ tokens · TTFT \d+ ms"))
+    # Its row in the timeline is labelled with the prompt (truncated; in full on hover).
+    expect(panel.locator('g.ji-row[aria-label^="What is speculative decoding?"]')).to_have_count(1)
     assert not errors, errors
+
+
+def test_panel_follows_a_server_restart(lab_process: LabProcess, lab: Lab, page: Any) -> None:
+    page, _ = page
+    panel = page.locator(PANEL)
+    _run_command(page, "Open the Inference Panel")
+    expect(panel.locator(".ji-state")).to_have_text("ready")
+    lab_process.stop()
+    expect(panel.locator(".ji-state")).to_have_text("reconnecting…")
+    expect(page.locator(".ji-status-item")).to_have_text("infer: offline")
+    lab_process.start()
+    expect(panel.locator(".ji-state")).to_have_text("ready", timeout=30_000)
+    # The live stream is back: a request from outside shows up.
+    burst = Burst(lab, ["Are you back?"], max_tokens=40)
+    (rid,) = burst.take(1)
+    expect(panel.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
+    burst.wait()
 
 
 def test_dark_theme_and_long_history(lab: Lab, page: Any) -> None:
@@ -274,9 +320,16 @@ def test_dark_theme_and_long_history(lab: Lab, page: Any) -> None:
     panel = page.locator(PANEL)
     if not panel.is_visible():
         _run_command(page, "Open the Inference Panel")
-    burst = Burst(lab, [f"Tell me about topic {i} and batching" for i in range(10)], max_tokens=200)
-    for rid in burst.take(10):
+    _widen_right_sidebar(page, 460)
+    _run_command(page, "Open the Inference Timeline")
+    wide = page.locator(".ji-timeline-widget")
+    expect(wide).to_be_visible()
+    burst = Burst(lab, [f"Tell me about topic {i} and batching" for i in range(12)], max_tokens=200)
+    for rid in burst.take(12):
         expect(panel.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
+        expect(wide.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
+    # Mid-burst: some rows have finished, others still stream.
+    expect(panel.locator("g.ji-row:not(.ji-live)").first).to_be_attached(timeout=30_000)
     _shot(panel, "lab-panel-burst-dark.png")
     _shot(page, "lab-burst-dark-full.png")
     burst.wait()
@@ -286,6 +339,7 @@ def test_dark_theme_and_long_history(lab: Lab, page: Any) -> None:
             expect(page.locator('body[data-jp-theme-light="true"]')).to_have_count(1)
         _draw_long_history(page)
         _shot(page.locator("#ji-long-history"), f"timeline-long-history-{theme.lower()}.png")
+        page.evaluate("document.getElementById('ji-long-history').remove()")
     assert not errors, errors
 
 

@@ -34,6 +34,8 @@ export class InferenceModel implements IDisposable {
   metrics: IMetrics | null = null;
   error: string | null = null;
   connection: Connection = 'connecting';
+  /** When this page first saw the engine loading (ms since epoch), for "loading for 12 s". */
+  loadingSince: number | null = null;
   settings: IModelSettings = { ...DEFAULT_SETTINGS };
   private _changed = new Signal<this, void>(this);
   private _stop = new AbortController();
@@ -95,6 +97,11 @@ export class InferenceModel implements IDisposable {
     try {
       this.status = await this.api.status();
       this.error = null;
+      if (this.status.state !== 'loading') {
+        this.loadingSince = null;
+      } else if (this.loadingSince === null) {
+        this.loadingSince = Date.now();
+      }
     } catch (err) {
       this.error = (err as Error).message;
     }

@@ -194,7 +194,8 @@ export class InferencePanel extends Widget {
     } else if (s?.state === 'failed') {
       this._setNotice(`The engine failed to load: ${s.load_error ?? 'unknown reason'}`, 'error');
     } else if (s?.state === 'loading') {
-      this._setNotice(`Loading ${s.configured?.model ?? 'the model'}…`, 'info');
+      const since = m.loadingSince === null ? '' : ` (${formatMs(Date.now() - m.loadingSince)} so far)`;
+      this._setNotice(`Loading ${s.configured?.model ?? 'the model'} into the ${s.configured?.engine ?? ''} engine…${since}`, 'info');
     } else if (s?.fallback_reason) {
       this._setNotice(
         `Running the ${s.engine} engine instead of ${s.configured?.engine ?? 'the configured one'}: ${s.fallback_reason}`,

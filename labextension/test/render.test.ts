@@ -65,7 +65,7 @@ describe('TimelineView', () => {
     part.dispatchEvent(new MouseEvent('mousemove', { bubbles: true, clientX: 300, clientY: 60 }));
     const tip = host.querySelector('.ji-tl-tip') as HTMLElement;
     expect(tip.hidden).toBe(false);
-    expect(tip.textContent).toContain('req-a · ok · 12 tokens');
+    expect(tip.textContent).toContain('req-a · ok · 12 tokens out');
     expect(tip.textContent).toContain('queued 50 ms');
     expect(tip.textContent).toContain('TTFT 200 ms');
     expect(tip.textContent).toContain('batches #1 ×2');

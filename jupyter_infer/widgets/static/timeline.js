@@ -244,9 +244,12 @@ function layoutTimeline(state, options) {
   };
   let lastX = -Infinity;
   segments.forEach((s, i) => {
-    if (i > 0 && s.x - lastX > MIN_TICK_PX * 0.6) {
-      ticks.push({ x: s.x, label: tickLabel(s.a - ref) });
-      lastX = s.x;
+    if (i > 0) {
+      while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
+        ticks.pop();
+      }
+      ticks.push({ x: s.x, label: tickLabel(s.a - ref), resume: true });
+      lastX = s.x + MIN_TICK_PX * 0.3;
     }
     for (let k = Math.ceil((s.a - ref) / step - 1e-9); ; k++) {
       const t = ref + k * step;
@@ -368,7 +371,7 @@ function describeRow(row, batches, now) {
     lines.push(row.label);
   }
   const outcome = row.outcome || (isLive(row) ? "running" : "done");
-  lines.push(`${row.id} \xB7 ${outcome} \xB7 ${row.tokens ?? 0} tokens${isNum(row.prompt_tokens) ? ` (prompt ${row.prompt_tokens})` : ""}`);
+  lines.push(`${row.id} \xB7 ${outcome} \xB7 ${row.tokens ?? 0} tokens out${isNum(row.prompt_tokens) ? `, ${row.prompt_tokens} in` : ""}`);
   const q = row.queued_at;
   const end = isNum(row.finished_at) ? row.finished_at : now;
   const timing = [];
@@ -587,11 +590,12 @@ var TimelineView = class {
     svg.setAttribute("width", String(layout.width));
     svg.setAttribute("height", String(HEAD_H));
     svg.setAttribute("viewBox", `0 0 ${layout.width} ${HEAD_H}`);
+    this._drawCuts(svg, layout, 0, HEAD_H, true);
     const axis = svgEl("g", { class: "ji-axis" }, svg);
     for (const t of layout.ticks) {
       svgEl("line", { x1: t.x, x2: t.x, y1: AXIS_H - 4, y2: HEAD_H, class: "ji-grid" }, axis);
-      const anchor = t.x > layout.plotRight - 20 ? "end" : t.x < layout.plotLeft + 14 ? "start" : "middle";
-      svgEl("text", { x: t.x, y: AXIS_H - 6, "text-anchor": anchor }, axis).textContent = t.label;
+      const anchor = t.x > layout.plotRight - 20 ? "end" : t.resume || t.x < layout.plotLeft + 14 ? "start" : "middle";
+      svgEl("text", { x: t.resume ? t.x + 2 : t.x, y: AXIS_H - 6, "text-anchor": anchor }, axis).textContent = t.label;
     }
     const track = svgEl("g", { class: "ji-batches" }, svg);
     svgEl("text", { x: 4, y: AXIS_H + 13, class: "ji-track-label" }, track).textContent = "batches";
@@ -611,7 +615,6 @@ var TimelineView = class {
         }
       }
     });
-    this._drawCuts(svg, layout, 0, HEAD_H, true);
   }
   _drawCuts(svg, layout, y, h, labelled) {
     for (const cut of layout.cuts) {
@@ -800,7 +803,7 @@ var TimelineView = class {
 // src/timeline/widget.ts
 var TRAITS = ["requests", "batches", "now", "title"];
 function render({ model, el }) {
-  const view = new TimelineView(el, { maxRowsHeight: 520 });
+  const view = new TimelineView(el, { maxRowsHeight: 600 });
   const redraw = () => view.update({
     rows: model.get("requests") || [],
     batches: model.get("batches") || [],

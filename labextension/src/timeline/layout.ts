@@ -59,6 +59,8 @@ export interface IBandLayout {
 export interface ITick {
   x: number;
   label: string;
+  /** Where the axis resumes after a cut: the label starts at the tick, right of the cut. */
+  resume?: boolean;
 }
 
 /** An idle gap cut out of the axis, drawn as a narrow break of width `w`. */
@@ -359,9 +361,13 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
   };
   let lastX = -Infinity;
   segments.forEach((s, i) => {
-    if (i > 0 && s.x - lastX > MIN_TICK_PX * 0.6) {
-      ticks.push({ x: s.x, label: tickLabel(s.a - ref) }); // where the axis resumes after a cut
-      lastX = s.x;
+    if (i > 0) {
+      // Where the axis resumes after a cut: always labelled, so every stretch has a time.
+      while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
+        ticks.pop();
+      }
+      ticks.push({ x: s.x, label: tickLabel(s.a - ref), resume: true });
+      lastX = s.x + MIN_TICK_PX * 0.3; // its label starts here and reads to the right
     }
     for (let k = Math.ceil((s.a - ref) / step - 1e-9); ; k++) {
       const t = ref + k * step;
@@ -498,7 +504,7 @@ export function describeRow(row: ITimelineRow, batches: Map<number, ITimelineBat
     lines.push(row.label);
   }
   const outcome = row.outcome || (isLive(row) ? 'running' : 'done');
-  lines.push(`${row.id} · ${outcome} · ${row.tokens ?? 0} tokens${isNum(row.prompt_tokens) ? ` (prompt ${row.prompt_tokens})` : ''}`);
+  lines.push(`${row.id} · ${outcome} · ${row.tokens ?? 0} tokens out${isNum(row.prompt_tokens) ? `, ${row.prompt_tokens} in` : ''}`);
   const q = row.queued_at;
   const end = isNum(row.finished_at) ? row.finished_at : now;
   const timing: string[] = [];

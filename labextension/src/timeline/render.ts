@@ -209,11 +209,13 @@ export class TimelineView {
     svg.setAttribute('width', String(layout.width));
     svg.setAttribute('height', String(HEAD_H));
     svg.setAttribute('viewBox', `0 0 ${layout.width} ${HEAD_H}`);
+    this._drawCuts(svg, layout, 0, HEAD_H, true);
     const axis = svgEl('g', { class: 'ji-axis' }, svg);
     for (const t of layout.ticks) {
       svgEl('line', { x1: t.x, x2: t.x, y1: AXIS_H - 4, y2: HEAD_H, class: 'ji-grid' }, axis);
-      const anchor = t.x > layout.plotRight - 20 ? 'end' : t.x < layout.plotLeft + 14 ? 'start' : 'middle';
-      svgEl('text', { x: t.x, y: AXIS_H - 6, 'text-anchor': anchor }, axis).textContent = t.label;
+      const anchor =
+        t.x > layout.plotRight - 20 ? 'end' : t.resume || t.x < layout.plotLeft + 14 ? 'start' : 'middle';
+      svgEl('text', { x: t.resume ? t.x + 2 : t.x, y: AXIS_H - 6, 'text-anchor': anchor }, axis).textContent = t.label;
     }
     const track = svgEl('g', { class: 'ji-batches' }, svg);
     svgEl('text', { x: 4, y: AXIS_H + 13, class: 'ji-track-label' }, track).textContent = 'batches';
@@ -233,7 +235,6 @@ export class TimelineView {
         }
       }
     });
-    this._drawCuts(svg, layout, 0, HEAD_H, true);
   }
 
   private _drawCuts(svg: SVGSVGElement, layout: ITimelineLayout, y: number, h: number, labelled: boolean): void {

@@ -14,7 +14,7 @@ interface IModel {
 const TRAITS = ['requests', 'batches', 'now', 'title'];
 
 function render({ model, el }: { model: IModel; el: HTMLElement }): () => void {
-  const view = new TimelineView(el, { maxRowsHeight: 520 });
+  const view = new TimelineView(el, { maxRowsHeight: 600 });
   const redraw = (): void =>
     view.update({
       rows: (model.get('requests') as ITimelineRow[]) || [],
