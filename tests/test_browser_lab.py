@@ -170,11 +170,12 @@ def page(lab: Lab) -> Iterator[Any]:
 class Burst:
     """``n`` streaming requests sent from outside the browser, each on its own thread."""
 
-    def __init__(self, lab: Lab, prompts: list[str], max_tokens: int) -> None:
+    def __init__(self, lab: Lab, prompts: list[str], max_tokens: int | list[int]) -> None:
         self.ids: queue.Queue[str] = queue.Queue()
         self.results: dict[str, dict[str, Any]] = {}
         self._pool = ThreadPoolExecutor(len(prompts))
-        self._futures = [self._pool.submit(self._one, lab, p, max_tokens) for p in prompts]
+        lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        self._futures = [self._pool.submit(self._one, lab, p, n) for p, n in zip(prompts, lengths, strict=True)]
 
     def _one(self, lab: Lab, prompt: str, max_tokens: int) -> None:
         body = {"prompt": prompt, "max_tokens": max_tokens}
@@ -291,6 +292,18 @@ def test_side_panel_follows_the_server(lab: Lab, page: Any) -> None:
     expect(box.locator(".ji-result")).to_contain_text(re.compile(r"(stop|length) · \d+ tokens · TTFT \d+ ms"))
     # Its row in the timeline is labelled with the prompt (truncated; in full on hover).
     expect(panel.locator('g.ji-row[aria-label^="What is speculative decoding?"]')).to_have_count(1)
+
+    # Stop cancels the streaming request on the server.
+    cancelled_before = lab.get("infer/metrics")["requests"]["cancelled"]
+    box.locator("textarea").fill("Explain continuous batching at length, with examples.")
+    box.locator('input[name="max_tokens"]').fill("500")
+    box.locator(".ji-send").click()
+    expect(output).not_to_be_empty()
+    box.locator(".ji-stop").click()
+    expect(output).to_have_attribute("data-state", "stopped")
+    expect(box.locator(".ji-result")).to_contain_text("cancelled")
+    _wait_until(lambda: lab.get("infer/metrics")["requests"]["cancelled"] == cancelled_before + 1,
+                15, "the server counts the stopped request")
     assert not errors, errors
 
 
@@ -324,12 +337,15 @@ def test_dark_theme_and_long_history(lab: Lab, page: Any) -> None:
     _run_command(page, "Open the Inference Timeline")
     wide = page.locator(".ji-timeline-widget")
     expect(wide).to_be_visible()
-    burst = Burst(lab, [f"Tell me about topic {i} and batching" for i in range(12)], max_tokens=200)
+    # Answers of different lengths, so that rows leave the batch one by one.
+    burst = Burst(lab, [f"Tell me about topic {i} and batching" for i in range(12)],
+                  max_tokens=[40 + 25 * i for i in range(12)])
     for rid in burst.take(12):
         expect(panel.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
         expect(wide.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
     # Mid-burst: some rows have finished, others still stream.
-    expect(panel.locator("g.ji-row:not(.ji-live)").first).to_be_attached(timeout=30_000)
+    expect(panel.locator("g.ji-row:not(.ji-live)").nth(3)).to_be_attached(timeout=30_000)
+    expect(panel.locator("g.ji-row.ji-live").nth(3)).to_be_attached()
     _shot(panel, "lab-panel-burst-dark.png")
     _shot(page, "lab-burst-dark-full.png")
     burst.wait()

@@ -11,6 +11,7 @@ import type { IBatchesAnswer } from './api';
 import { isLive } from './timeline/layout';
 import { ITimelineBatch, ITimelineRow, ITimelineState } from './timeline/types';
 
+/** One `infer/events` event: its `type` and the fields listed above. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 export type ServerEvent = { type: string } & Record<string, any>;
 

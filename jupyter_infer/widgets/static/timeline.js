@@ -468,6 +468,7 @@ var TimelineView = class {
     this._state = { rows: [], batches: [], now: null, title: "" };
     this._layout = null;
     this._batches = /* @__PURE__ */ new Map();
+    this._inks = /* @__PURE__ */ new Map();
     this._frame = 0;
     this._drawnWidth = 0;
     this._hover = null;
@@ -570,6 +571,7 @@ var TimelineView = class {
     this._title.textContent = state.title || "";
     this._title.hidden = !state.title;
     this._batches = new Map((state.batches || []).map((b) => [b.id, b]));
+    this._inks.clear();
     const many = (state.rows || []).length > 30;
     const layout = layoutTimeline(state, {
       width,
@@ -726,6 +728,12 @@ var TimelineView = class {
   }
   /** The theme's text colour that reads best on bin `bin`'s fill (null when unknown). */
   _ink(bin) {
+    if (!this._inks.has(bin)) {
+      this._inks.set(bin, this._resolveInk(bin));
+    }
+    return this._inks.get(bin) ?? null;
+  }
+  _resolveInk(bin) {
     if (typeof getComputedStyle === "undefined") {
       return null;
     }

@@ -96,6 +96,7 @@ export class TimelineView {
   private _state: ITimelineState = { rows: [], batches: [], now: null, title: '' };
   private _layout: ITimelineLayout | null = null;
   private _batches = new Map<number, ITimelineBatch>();
+  private _inks = new Map<number, string | null>();
   private _uid: string;
   private _frame = 0;
   private _drawnWidth = 0;
@@ -188,6 +189,7 @@ export class TimelineView {
     this._title.textContent = state.title || '';
     this._title.hidden = !state.title;
     this._batches = new Map((state.batches || []).map(b => [b.id, b]));
+    this._inks.clear(); // the theme may have changed since the last draw
     const many = (state.rows || []).length > 30;
     const layout = layoutTimeline(state, {
       width,
@@ -353,6 +355,13 @@ export class TimelineView {
 
   /** The theme's text colour that reads best on bin `bin`'s fill (null when unknown). */
   private _ink(bin: number): string | null {
+    if (!this._inks.has(bin)) {
+      this._inks.set(bin, this._resolveInk(bin));
+    }
+    return this._inks.get(bin) ?? null;
+  }
+
+  private _resolveInk(bin: number): string | null {
     if (typeof getComputedStyle === 'undefined') {
       return null;
     }
