@@ -66,6 +66,9 @@ export class LiveTimeline {
     const row = typeof event.id === 'string' ? this.rows.get(event.id) : undefined;
     switch (event.type) {
       case 'queued':
+        if (typeof event.prompt === 'string' && !this.labels.has(event.id)) {
+          this.labels.set(event.id, event.prompt); // a server that shares the prompt's start
+        }
         this.rows.set(event.id, {
           id: event.id,
           queued_at: event.at,
