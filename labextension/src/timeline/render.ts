@@ -286,7 +286,8 @@ export class TimelineView {
     const h = layout.rowHeight;
     layout.rows.forEach((r, i) => {
       const clickable = !!(opts.onRowClick && opts.clickable?.(r.row));
-      const g = svgEl('g', { class: `ji-row${clickable ? ' ji-clickable' : ''}${r.live ? ' ji-live' : ''}`, 'data-row': i }, svg);
+      const ended = r.marker ? ` ji-ended-${r.marker.kind}` : '';
+      const g = svgEl('g', { class: `ji-row${clickable ? ' ji-clickable' : ''}${r.live ? ' ji-live' : ''}${ended}`, 'data-row': i }, svg);
       g.setAttribute('data-id', r.row.id);
       g.setAttribute('aria-label', `${r.fullLabel}: ${r.row.outcome ?? 'running'}`);
       svgEl('rect', { x: 0, y: r.y - 1, width: layout.width, height: h + 2, class: 'ji-row-bg' }, g);

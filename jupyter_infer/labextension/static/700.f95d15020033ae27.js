@@ -447,6 +447,16 @@
 
 .ji-timeline .ji-marker {
   font-weight: 700;
+  /* A halo in the background colour keeps the mark legible where it overlaps the bar. */
+  paint-order: stroke;
+  stroke: var(--jp-layout-color1, #ffffff);
+  stroke-width: 3px;
+}
+
+/* A cancelled or failed request reads as such at a glance, not only by its mark. */
+.ji-timeline .ji-ended-cancelled .ji-part,
+.ji-timeline .ji-ended-failed .ji-part {
+  opacity: 0.5;
 }
 
 .ji-timeline .ji-cancelled,
