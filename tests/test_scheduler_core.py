@@ -351,3 +351,20 @@ def test_no_chunks_in_window_mode_for_engines_that_cannot_or_when_off(why: str) 
     s.add(long_, 0.0)
     plan = run_step(s, 0.0)
     assert plan.kind == "prefill" and not plan.chunk and long_.status is Status.RUNNING
+
+
+def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
+    class CRLF(FakeEngine):
+        @staticmethod
+        def detokenize(ids: Seq[int]) -> str:
+            return "".join({1: "a\r", 2: "\nb"}[i] for i in ids)
+
+    s = core()
+    s.engine = CRLF()
+    x = seq(max_tokens=5)
+    s.add(x, 0.0)
+    plan, _ = s.schedule(0.0)
+    first = s.postprocess(plan, [1], 0.0, 0.0)[0][2]
+    second = s.postprocess(s.schedule(0.0)[0], [2], 0.0, 0.0)[0][2]
+    # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
+    assert (first, second) == ("a", "\r\nb")

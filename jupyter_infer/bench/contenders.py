@@ -274,12 +274,12 @@ class TransformersContinuous(Contender):
 
     def __init__(self, model_dir: str, tokenize: Callable[[str], list[int]], dtype: torch.dtype,
                  max_batch_size: int, max_tokens_per_request: int, page_size: int = 32,
-                 block_sharing: bool = False) -> None:
+                 device: str = "cpu", block_sharing: bool = False) -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         self.label = "transformers continuous batching" + (" + prefix sharing" if block_sharing else "")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         pad = self.model.generation_config.pad_token_id
         blocks = max_batch_size * math.ceil(max_tokens_per_request / page_size) + 8
         self.cache_config = {"page_size": page_size, "num_blocks": blocks,

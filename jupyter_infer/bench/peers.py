@@ -153,7 +153,7 @@ class ServerProcess:
         self.log.close()
 
 
-def transformers_serve(model_dir: str, dtype: str, threads: int, max_batch_size: int,
+def transformers_serve(model_dir: str, device: str, dtype: str, threads: int, max_batch_size: int,
                        max_tokens_per_request: int, log_path: Path, page_size: int = 32) -> CompletionsPeer:
     """``transformers serve --continuous-batching`` on ``model_dir``, its paged cache sized like
     the in-process manager's (its default takes most of free memory)."""
@@ -165,7 +165,7 @@ def transformers_serve(model_dir: str, dtype: str, threads: int, max_batch_size:
     port = free_port()
     blocks = max_batch_size * math.ceil(max_tokens_per_request / page_size) + 8
     cmd = [exe, "serve", model_dir, "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
-           "--device", "cpu", "--dtype", dtype, "--cb-block-size", str(page_size), "--cb-num-blocks", str(blocks),
+           "--device", device, "--dtype", dtype, "--cb-block-size", str(page_size), "--cb-num-blocks", str(blocks),
            "--cb-max-batch-tokens", "1024", "--log-level", "warning"]
     process = ServerProcess(cmd, f"http://127.0.0.1:{port}/v1/models", log_path,
                             env={"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"})

@@ -38,6 +38,7 @@ class BenchConfig:
     repeats: int = 3
     num_threads: int = 0
     dtype: str = "float32"
+    device: str = "cpu"  # the CPU by default: the figures in docs/benchmark.md are CPU figures
     max_batch_size: int = 32
     seed: int = 0
     workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "http")
@@ -142,7 +143,7 @@ class Suite:
         model_dir = self._model_dir()
         threads = cfg.num_threads or default_num_threads()
         # Nothing runs torch on the main thread: see in_fresh_thread.
-        engine = in_fresh_thread(lambda: HFEngine(model_dir, device="cpu", dtype=cfg.dtype, num_threads=threads))
+        engine = in_fresh_thread(lambda: HFEngine(model_dir, device=cfg.device, dtype=cfg.dtype, num_threads=threads))
         # Every contender generates exactly the tokens asked for: EOS must not end a row early.
         engine.eos_token_ids = frozenset()
         count = lambda text: len(engine.tokenize(text))  # noqa: E731
@@ -173,8 +174,8 @@ class Suite:
                  f"{cfg.repeats} repeat(s), median reported")
 
         ours = {m: OurScheduler(engine, m, cfg.max_batch_size) for m in ("window", "continuous")}
-        hf_cb = in_fresh_thread(TransformersContinuous, model_dir, engine.tokenize, engine.model.dtype,
-                                cfg.max_batch_size, longest)
+        hf_cb = in_fresh_thread(lambda: TransformersContinuous(
+            model_dir, engine.tokenize, engine.model.dtype, cfg.max_batch_size, longest, device=engine.device))
         meta["hf_cb_cache"] = hf_cb.cache_config
         contenders: list[Contender] = [Sequential(engine), StaticBatch(engine), ours["window"], ours["continuous"],
                                        hf_cb, DecodeCeiling(engine)]
@@ -208,7 +209,7 @@ class Suite:
                 StandalonePrefill(engine, cfg.max_batch_size),
             ])
         if "http" in cfg.workloads:
-            self._measure_http(burst, model_dir, threads, count)
+            self._measure_http(burst, model_dir, threads, count, engine.device)
         meta["duration_s"] = time.perf_counter() - started
         return self.results
 
@@ -218,8 +219,9 @@ class Suite:
         self.log(f"\n[e] agents: {agents.description}")
         longest = max(count(a.prompt) for a in agents.requests) + cfg.sizes["agents"][2]
         # Its paged cache holds what the agents can hold at once, no more (memory).
-        hf_share = in_fresh_thread(TransformersContinuous, model_dir, engine.tokenize, engine.model.dtype,
-                                   len(agents.chains), longest, 32, True)
+        hf_share = in_fresh_thread(lambda: TransformersContinuous(
+            model_dir, engine.tokenize, engine.model.dtype, len(agents.chains), longest, device=engine.device,
+            block_sharing=True))
         try:
             self._measure(agents, [
                 OurScheduler(engine, "continuous", cfg.max_batch_size, label="ours: prefix cache"),
@@ -236,7 +238,8 @@ class Suite:
         per_request = burst.total_tokens / len(burst.arrivals)
         return median["tokens_per_s"] / per_request
 
-    def _measure_http(self, burst: wl.Workload, model_dir: str, threads: int, count: Callable[[str], int]) -> None:
+    def _measure_http(self, burst: wl.Workload, model_dir: str, threads: int, count: Callable[[str], int],
+                      device: str) -> None:
         from .peers import CompletionsPeer, llama_server, transformers_serve
 
         cfg = self.config
@@ -259,7 +262,8 @@ class Suite:
         longest = max(count(a.prompt) + a.max_tokens for a in burst.arrivals)
         gguf = cfg.gguf or str(Path(model_dir) / "model.gguf")
         peers = (("transformers serve", lambda: transformers_serve(
-                      model_dir, cfg.dtype, threads, len(burst.arrivals), longest, cfg.out / "transformers-serve.log")),
+                      model_dir, device, cfg.dtype, threads, len(burst.arrivals), longest,
+                      cfg.out / "transformers-serve.log")),
                  ("llama-server", lambda: llama_server(gguf, threads, len(burst.arrivals), longest * 2,
                                                        cfg.out / "llama-server.log")))
         try:
