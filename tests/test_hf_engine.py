@@ -280,3 +280,21 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     for a, b in zip(_real_kv(row, 0), _real_kv(cold, 0), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
+    batch = step(engine, StepPlan(1, "prefill", [a, b]), None)
+    batch = step(engine, StepPlan(2, "prefill", [c], ids([a, b])), batch)  # c joins
+    layer = batch.cache.layers[0]
+    merged = layer._key_buf.data_ptr()
+    batch = step(engine, StepPlan(3, "decode", [a, b, c], ids([a, b, c])), batch)
+    # The join wrote into a buffer with spare room: the decode after it copied nothing.
+    assert layer._key_buf.data_ptr() == merged
+    batch = batch.filter(ids([a, c]))  # b leaves
+    kept = layer._key_buf.data_ptr()
+    batch = step(engine, StepPlan(4, "decode", [a, c], ids([a, c])), batch)
+    assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == batch.mask.shape[1]
+    for seq in (a, c):
+        assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
