@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import html
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -279,6 +280,41 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
     return {"text/plain": text, "text/html": f"<table>{table}</table>"}
 
 
+MAGIC_NAMES = ("infer", "infer_burst", "infer_panel", "infer_status")
+# One of our line magics whose argument ends in "?": a question, not a help request.
+_ASKING = re.compile(r"(?P<indent>[ \t]*)%(?P<name>{})[ \t]+(?P<args>.*[^?\s].*\?)[ \t]*".format("|".join(MAGIC_NAMES)))
+_TRIPLE_QUOTE = re.compile("\"{3}|'{3}")
+
+
+def questions_are_prompts(lines: list[str]) -> list[str]:
+    """An input transformer: ``%infer What is dynamic batching?`` asks the question.
+
+    IPython reads any line that ends in ``?`` as a help request (``%infer What is X?`` would
+    look up ``X``); questions end in ``?``. This cleanup transform runs before IPython's own
+    and turns such a line of ours into the call IPython makes for ``%infer …``, so it is not
+    read as help; ``%infer?`` and ``%infer??`` (nothing between) still show the help. Lines
+    inside a triple-quoted string are left alone.
+    """
+    out = []
+    in_string = False
+    for line in lines:
+        match = None if in_string else _ASKING.fullmatch(line.rstrip("\r\n"))
+        if match:
+            line = f"{match['indent']}get_ipython().run_line_magic({match['name']!r}, {match['args'].strip()!r})\n"
+        elif len(_TRIPLE_QUOTE.findall(line)) % 2:
+            in_string = not in_string
+        out.append(line)
+    return out
+
+
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext jupyter_infer``."""
+    """``%load_ext jupyter_infer``: the magics, and questions that end in ``?``."""
     ipython.register_magics(InferMagics(ipython))
+    if questions_are_prompts not in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.append(questions_are_prompts)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext jupyter_infer``: questions ending in ``?`` are help requests again."""
+    if questions_are_prompts in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(questions_are_prompts)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from jupyter_infer.magics import split_options
+from jupyter_infer.magics import questions_are_prompts, split_options
 from jupyter_infer.server.launcher import LocalServer
 
 
@@ -50,6 +50,28 @@ def test_split_options() -> None:
     assert split_options("--max-tokens 20 --no-stream  Explain  it") == ("--max-tokens 20 --no-stream", "Explain  it")
     assert split_options("--seed=3 -- --not an option") == ("--seed=3", "--not an option")
     assert split_options("-1 is a number") == ("", "-1 is a number")
+
+
+def test_questions_are_prompts() -> None:
+    """The input transformer: a line of ours that ends in "?" runs the magic; help stays."""
+    assert questions_are_prompts(["%infer What is dynamic batching?\n"]) == [
+        "get_ipython().run_line_magic('infer', 'What is dynamic batching?')\n"]
+    assert questions_are_prompts(["x = 1\n", "    %infer --max-tokens 8 What's RAG?\n"])[1] == (
+        "    get_ipython().run_line_magic('infer', \"--max-tokens 8 What's RAG?\")\n")
+    untouched = ["%infer?\n", "%infer??\n", "%infer_burst?\n", "%%infer\n", "What?\n", "%info what?\n",
+                 's = """\n', "%infer inside a string?\n", '"""\n']
+    assert questions_are_prompts(untouched) == untouched
+
+
+def test_a_question_streams_its_answer(kernel: Any) -> None:
+    """The example in ``%infer?``; IPython alone reads it as ``batching?`` (help)."""
+    status, messages, _ = run(kernel, "%infer What is dynamic batching?")
+    assert status == "ok"
+    assert not any("not found" in t for t in texts(messages, "stream")), texts(messages, "stream")
+    final = [m for m in messages if m["msg_type"] == "update_display_data"][-1]["content"]["data"]["text/plain"]
+    assert "batching" in final.lower() and "tokens · first token" in final
+    _, _, reply = run(kernel, "%infer?")
+    assert "Complete a prompt" in reply["payload"][0]["data"]["text/plain"]
 
 
 def test_cell_magic_streams_into_one_updating_display(kernel: Any) -> None:
