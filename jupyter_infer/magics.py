@@ -8,12 +8,15 @@ Errors a user can hit print as one short line, not a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
 import re
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import wait
+from queue import SimpleQueue
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -191,8 +194,9 @@ class InferMagics(Magics):
         ``%infer_burst 16`` sends 16 sample prompts together; ``%infer_burst 32 --rate 20
         --max-tokens 48`` spreads them as Poisson arrivals at 20 requests/s. The batch
         timeline draws one row per request (queued, prefill, decoding; colour = batch) and
-        updates while the burst runs; a summary (TTFT and latency p50/p95, tokens/s, mean batch
-        size, batch-size histogram) follows. Returns nothing; the timeline is in ``_infer_burst``.
+        updates while the burst runs, with a summary under it (TTFT and latency p50/p95,
+        tokens/s, mean batch size, batch-size histogram; where widgets do not render, the
+        output's text is that summary). Returns nothing; the view is in ``_infer_burst``.
         """
         from .widgets import RunView
 
@@ -203,36 +207,29 @@ class InferMagics(Magics):
         client = self.client
         view = RunView(title=f"burst of {args.n}" + (f" at {args.rate:g}/s" if args.rate else ", all at once"))
         for i, prompt in enumerate(prompts):
-            view.track(f"#{i + 1}", f"#{i + 1} {prompt[:22]}")
-        display(view)
-        t0 = time.time()
-        for i, delay in enumerate(arrival_times(args.n, args.rate, args.seed)):
-            view.record(f"#{i + 1}", queued_at=t0 + delay)
-        finished: list[tuple[int, Completion]] = []  # appended on the client's I/O thread
-        future = client.submit(client.aburst(
-            prompts, args.rate, seed=args.seed, max_tokens=args.max_tokens,
-            on_result=lambda i, result: finished.append((i, result)),
-        ))
+            view.track(f"#{i + 1}", f"#{i + 1} {prompt}")
+        handle = display(view, display_id=True)
+        facts: SimpleQueue[tuple[int, dict[str, Any]]] = SimpleQueue()  # filled on the client's I/O thread
+        future = client.submit(_burst(client, prompts, args.rate, args.seed, {"max_tokens": args.max_tokens}, facts))
         try:
             while not future.done():
                 # Widgets change only here, on the kernel's thread; the burst runs on the client's.
-                time.sleep(BURST_POLL_S)
-                _observe(view, finished)
+                wait([future], timeout=BURST_POLL_S)
+                _observe(view, facts)
                 try:
                     view.refresh(client)
                 except InferError:
                     view.redraw()
-            results = future.result()
+            errors = future.result()
         except BaseException:
             future.cancel()
             raise
-        _observe(view, finished)
+        _observe(view, facts)
         view.refresh(client)
         self.shell.user_ns["_infer_burst"] = view
-        errors = [r.error for r in results if r.error]
+        handle.update(view)  # the same widget; its text (nbconvert, terminals) now holds the summary
         if errors:
-            print(f"jupyter_infer: {len(errors)} of {len(results)} requests failed: {errors[0]}", file=sys.stderr)
-        print(view.summary)
+            print(f"jupyter_infer: {len(errors)} of {args.n} requests failed: {errors[0]}", file=sys.stderr)
 
     @line_magic
     @_short_errors
@@ -245,11 +242,39 @@ class InferMagics(Magics):
         display(_status_bundle(client, status, metrics), raw=True)
 
 
-def _observe(view: Any, finished: list[tuple[int, Completion]]) -> None:
-    """Record the results that came in since the last call (each one once)."""
-    while finished:
-        i, result = finished.pop(0)
-        view.record_completion(f"#{i + 1}", result)
+async def _burst(
+    client: Client, prompts: list[str], rate: float | None, seed: int, params: dict[str, Any],
+    facts: SimpleQueue[tuple[int, dict[str, Any]]],
+) -> list[str]:
+    """Stream every prompt (at once, or as Poisson arrivals), reporting to ``facts`` what each
+    request's row learns as it learns it: sent, its id and first token, its end. Streams, not
+    ``generate``: the rows of a live timeline then hold facts, not guesses. Returns the errors."""
+    delays = arrival_times(len(prompts), rate, seed)
+
+    async def one(i: int, prompt: str) -> str | None:
+        await asyncio.sleep(delays[i])
+        stream = client.astream(prompt, **params)
+        facts.put((i, {"queued_at": time.time()}))
+        try:
+            async for _ in stream:
+                if stream.fragments == 1:
+                    facts.put((i, {"id": stream.id, "first_token_at": stream.first_token_at, "outcome": "running"}))
+        except InferError as err:
+            facts.put((i, {"id": stream.id, "finished_at": time.time(), "outcome": "error"}))
+            return err.message
+        result = stream.completion
+        facts.put((i, {"id": result.id, "finished_at": result.received_at, "tokens": result.completion_tokens,
+                       "outcome": "cancelled" if result.finish_reason == "cancelled" else "ok"}))
+        return None
+
+    return [e for e in await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))) if e]
+
+
+def _observe(view: Any, facts: SimpleQueue[tuple[int, dict[str, Any]]]) -> None:
+    """Record the facts that came in since the last call."""
+    while not facts.empty():
+        i, fields = facts.get()
+        view.record(f"#{i + 1}", **fields)
 
 
 def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, Any]) -> dict[str, str]:
