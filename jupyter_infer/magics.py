@@ -259,6 +259,7 @@ async def _burst(
             async for _ in stream:
                 if stream.fragments == 1:
                     facts.put((i, {"id": stream.id, "first_token_at": stream.first_token_at, "outcome": "running"}))
+                facts.put((i, {"tokens": stream.tokens}))  # tokens/s so far
         except InferError as err:
             facts.put((i, {"id": stream.id, "finished_at": time.time(), "outcome": "error"}))
             return err.message

@@ -269,12 +269,14 @@ def test_a_stale_live_record_does_not_undo_what_the_client_saw() -> None:
 def test_a_mid_run_summary_says_what_it_covers() -> None:
     rows = [
         {"id": "a", "queued_at": 100.0, "first_token_at": 100.04, "finished_at": 100.5, "outcome": "ok", "tokens": 8},
-        {"id": "b", "queued_at": 100.0, "first_token_at": 100.05, "finished_at": None, "outcome": "running"},
+        {"id": "b", "queued_at": 100.0, "first_token_at": 100.05, "finished_at": None, "outcome": "running", "tokens": 5},
         {"id": "c", "queued_at": 100.0, "first_token_at": None, "finished_at": None, "outcome": "running"},
         {"id": "d", "queued_at": None, "first_token_at": None, "finished_at": None, "outcome": None},
     ]
-    summary = RunSummary.from_timeline(rows, [])
+    summary = RunSummary.from_timeline(rows, [], now=101.0)
     assert (summary.running, summary.ttft_known, summary.latency_known) == (3, 2, 1)
+    # Tokens so far (8 done, 5 streaming) over the time so far, not over the first finish.
+    assert (summary.tokens, summary.wall_s, summary.tokens_per_s) == (13, 1.0, 13.0)
     assert summary.ttft_p95_ms == pytest.approx(50, abs=0.5)  # from the two first tokens known
     text = str(summary)
     assert "1 ok, 0 failed, 0 cancelled, 3 running" in text

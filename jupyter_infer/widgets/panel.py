@@ -38,20 +38,23 @@ _ERROR_COLOUR = "var(--jp-error-color1, #c33)"
 _CSS = """<style>
 .ji-panel .ji-wrap { flex-wrap: wrap; gap: 2px 4px; align-items: center; }
 .ji-panel .ji-prompt-row .widget-textarea { flex: 1 1 auto; width: auto; min-width: 0; }
+.ji-panel .ji-prompt-row textarea { field-sizing: content; max-height: 8.5em; }
+.ji-panel .jupyter-widget-Collapse-header { padding: 5px 10px; }
 .ji-panel .ji-row-index { flex: 0 0 auto; min-width: 26px; color: var(--jp-ui-font-color2, #777); font-size: 11px; }
 .ji-panel .ji-status { flex: 1 1 200px; min-width: 0; }
-.ji-answer { border-left: 3px solid; padding: 0 6px; margin: 2px 0; font-size: 12px; line-height: 1.4; }
+.ji-panel .jupyter-widget-Collapse-contents { padding: 4px 6px; }
+.ji-answer { border-left: 3px solid; padding: 0 6px; margin: 3px 0; font-size: 12px; line-height: 1.45; }
 .ji-answer summary { cursor: pointer; list-style: none; }
 .ji-answer summary::-webkit-details-marker { display: none; }
-.ji-answer-head { color: var(--jp-ui-font-color2, #666); font-size: 11px; }
+.ji-answer-line { overflow: hidden; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
+.ji-answer-head { color: var(--jp-ui-font-color2, #666); font-size: 11px; margin-right: 4px; }
 .ji-answer-head b { color: var(--jp-ui-font-color1, #222); }
-.ji-answer-text { font-family: var(--jp-code-font-family, monospace); white-space: pre-wrap;
-  word-break: break-word; color: var(--jp-content-font-color1, #222); }
-.ji-answer-preview { overflow: hidden; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical; }
+.ji-answer-text { font-family: var(--jp-code-font-family, monospace); color: var(--jp-content-font-color1, #222); }
+.ji-answer-full { white-space: pre-wrap; word-break: break-word; max-height: 260px; overflow: auto; }
 .ji-answer details[open] .ji-answer-preview { display: none; }
-.ji-answer details:not([open]) .ji-answer-more::after { content: " · show all"; }
-.ji-answer details[open] .ji-answer-more::after { content: " · show less"; }
 .ji-answer-more { color: var(--jp-brand-color1, #37c); }
+.ji-answer details:not([open]) .ji-answer-more::after { content: "show all ▸"; }
+.ji-answer details[open] .ji-answer-more::after { content: "show less ▴"; }
 </style>"""
 
 
@@ -321,6 +324,7 @@ class InferPanel(widgets.VBox):
                 if i < len(self.outputs.children):
                     self.outputs.children[i].value = _answer_html(i, self._states[i], self._texts[i],
                                                                   self._tokens[i])
+                    self.run_view.record(f"#{i + 1}", tokens=self._tokens[i])  # tokens/s so far
             if dirty:
                 self._label_rows()
             self.run_view.redraw()
@@ -353,18 +357,17 @@ def _textarea(row: widgets.HBox) -> widgets.Textarea:
 
 
 def _answer_html(i: int, state: str, text: str, tokens: int) -> str:
-    """One answer, compact: a head line and two lines of text (the newest while it streams);
-    a finished answer opens to its whole text."""
+    """One answer in two lines: its number, state and tokens, then the start of its text (the
+    newest text while it streams); a click opens a finished answer to its whole text."""
     colour = _COLOURS.get(state, _ERROR_COLOUR)
     head = (f"<span class='ji-answer-head'><b>#{i + 1}</b> <span style='color:{colour}'>"
             f"{html.escape(state)}</span>{f' · {tokens} tokens' if tokens else ''}</span>")
+    box = f"<div class='ji-answer' data-state='{html.escape(state)}' style='border-color:{colour}'>"
     if state in IN_FLIGHT or not text:
         shown = text if len(text) <= TAIL_CHARS else "…" + text[-TAIL_CHARS:]
-        body = f"<div class='ji-answer-text ji-answer-preview'>{html.escape(shown)}</div>" if shown else ""
-        return f"<div class='ji-answer' data-state='{html.escape(state)}' style='border-color:{colour}'>{head}{body}</div>"
+        return f"{box}<div class='ji-answer-line'>{head}<span class='ji-answer-text'>{html.escape(shown)}</span></div></div>"
     return (
-        f"<div class='ji-answer' data-state='{html.escape(state)}' style='border-color:{colour}'><details>"
-        f"<summary>{head}<span class='ji-answer-head ji-answer-more'></span>"
-        f"<div class='ji-answer-text ji-answer-preview'>{html.escape(text)}</div></summary>"
-        f"<div class='ji-answer-text'>{html.escape(text)}</div></details></div>"
+        f"{box}<details><summary><div class='ji-answer-line'>{head}<span class='ji-answer-head ji-answer-more'></span>"
+        f"<span class='ji-answer-text ji-answer-preview'>{html.escape(text)}</span></div></summary>"
+        f"<div class='ji-answer-text ji-answer-full'>{html.escape(text)}</div></details></div>"
     )

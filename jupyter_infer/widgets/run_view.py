@@ -110,10 +110,11 @@ class RunView(widgets.VBox):
 
     def redraw(self, now: float | None = None) -> None:
         rows, batches = self.rows()
-        self.summary = RunSummary.from_timeline(rows, batches)
         running = any(r["finished_at"] is None for r in rows)
+        now = (now or time.time()) if running else None
+        self.summary = RunSummary.from_timeline(rows, batches, now)
         with self.timeline.hold_sync():
             self.timeline.requests = rows
             self.timeline.batches = batches
-            self.timeline.now = (now or time.time()) if running else None
+            self.timeline.now = now
         self.summary_html.value = self.summary.to_html() if rows else ""

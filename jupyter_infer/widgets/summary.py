@@ -39,8 +39,11 @@ class RunSummary:
     batch_size_histogram: dict[int, int] = field(default_factory=dict)  # size -> steps
 
     @classmethod
-    def from_timeline(cls, rows: Sequence[Mapping[str, Any]], batches: Sequence[Mapping[str, Any]]) -> RunSummary:
-        """From ``timeline_data`` rows and batches (or a ``BatchTimeline``'s traits)."""
+    def from_timeline(
+        cls, rows: Sequence[Mapping[str, Any]], batches: Sequence[Mapping[str, Any]], now: float | None = None,
+    ) -> RunSummary:
+        """From ``timeline_data`` rows and batches (or a ``BatchTimeline``'s traits). Mid-run,
+        ``now`` (epoch s) ends the wall time: the tokens counted so far over the time so far."""
         outcomes = Counter(r.get("outcome") for r in rows)
         running = sum(1 for r in rows if not r.get("finished_at") and r.get("outcome") in (None, "queued", "running"))
         ttft = [(r["first_token_at"] - r["queued_at"]) * 1000 for r in rows
@@ -50,6 +53,8 @@ class RunSummary:
         tokens = sum(int(r.get("tokens") or 0) for r in rows)
         starts = [r["queued_at"] for r in rows if r.get("queued_at")]
         ends = [r["finished_at"] for r in rows if r.get("finished_at")]
+        if running and now is not None:
+            ends.append(now)
         wall = (max(ends) - min(starts)) if starts and ends else None
         histogram: Counter[int] = Counter()
         for b in batches:
