@@ -59,7 +59,7 @@ def notebook(lab_process: LabProcess, lab: Lab) -> Iterator[tuple[Any, list[str]
     _write_notebook(lab_process)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1500, "height": 1700})
+        context = browser.new_context(viewport={"width": 1500, "height": 2100})
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda err: errors.append(f"uncaught: {err}"))
@@ -155,7 +155,7 @@ def test_burst_and_panel_in_a_notebook(lab: Lab, notebook: tuple[Any, list[str]]
                if controls.nth(i).bounding_box()["x"] + controls.nth(i).bounding_box()["width"] > right + 1]
     assert not clipped, f"controls beyond the output's right edge at 900 px: {clipped}"
     _shot(cell.locator(".jp-OutputArea"), "notebook-panel-900px.png")
-    page.set_viewport_size({"width": 1500, "height": 1700})
+    page.set_viewport_size({"width": 1500, "height": 2100})
 
     # The next cell: its output is there, and nothing anywhere is stderr or an error.
     last = _run_cell(page, 1)
