@@ -78,8 +78,8 @@ def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
 
 def step(engine: HFEngine, plan: StepPlan, batch):
     """Run ``plan``, append each row's token; the batch after the step."""
-    tokens, batch = engine.step(plan, batch)
-    for seq, tok in zip(plan.seqs, tokens, strict=True):
+    sampled, batch = engine.step(plan, batch)
+    for seq, tok in zip(plan.seqs, sampled.tokens, strict=True):
         seq.output_ids.append(tok)
     return batch
 

@@ -25,6 +25,11 @@ ROUTES = [
     ("POST", "infer/v1/completions"),
     ("POST", "infer/v1/chat/completions"),
     ("GET", "infer/v1/models"),
+    ("GET", "infer/v1/models/simulated"),
+    ("GET", "infer/v1/embeddings"),
+    ("GET", "infer/health"),
+    ("POST", "infer/tokenize"),
+    ("POST", "infer/detokenize"),
 ]
 
 
@@ -58,10 +63,12 @@ async def test_every_route_refuses_requests_without_credentials(
 ) -> None:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}") as client:
         for method, path in ROUTES:
+            # OpenAI's clients understand 401 (AuthenticationError); the rest is jupyter_server's 403.
+            refused = 401 if path.startswith(("infer/v1/", "infer/tokenize", "infer/detokenize")) else 403
             response = await client.request(method, path, json={"prompt": "hi"} if method == "POST" else None)
-            assert response.status_code == 403, (method, path)
+            assert response.status_code == refused, (method, path)
             wrong = await client.request(method, path, headers={"Authorization": "token nope"})
-            assert wrong.status_code == 403, (method, path)
+            assert wrong.status_code == refused, (method, path)
         # The same routes answer with the token (the streams are covered elsewhere).
         ok = await client.get("infer/status", headers=AUTH)
         assert ok.status_code == 200
@@ -126,11 +133,12 @@ BAD_INPUT = [
     ([1, 2], 400, "must be a JSON object"),
     ({"prompt": 5}, 400, "'prompt' must be a string"),
     ({"prompt": "   "}, 400, "'prompt' is empty"),
-    ({"prompt": "hi", "max_tokens": 0}, 400, "'max_tokens' must be a positive integer"),
-    ({"prompt": "hi", "max_tokens": "ten"}, 400, "'max_tokens' must be a positive integer"),
+    ({"prompt": "hi", "max_tokens": -1}, 400, "'max_tokens' must be an integer from 0"),
+    ({"prompt": "hi", "max_tokens": "ten"}, 400, "'max_tokens' must be an integer from 0"),
     ({"prompt": "hi", "max_tokens": 10_000}, 400, "InferApp.max_new_tokens"),
     ({"prompt": "hi", "temperature": 7}, 400, "'temperature' must be between"),
-    ({"prompt": "hi", "top_p": 0}, 400, "'top_p' must be between"),
+    ({"prompt": "hi", "top_p": 1.5}, 400, "'top_p' must be between"),
+    ({"prompt": "hi", "repetition_penalty": -1}, 400, "'repetition_penalty' must be between"),
     ({"prompt": "hi", "stop": [1]}, 400, "'stop' must be"),
     ({"prompt": "hi", "colour": "red"}, 400, "Unknown field(s): colour"),
     ({"prompt": "word " * 40}, 400, "InferApp.max_prompt_tokens"),
