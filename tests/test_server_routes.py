@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import AUTH, POISON, eventually, service_of
+from server_helpers import AUTH, POISON, eventually, parse_sse, service_of
 from tornado.httpclient import HTTPClientError
 
 from jupyter_infer.server.app import InferApp
@@ -87,6 +87,21 @@ async def test_generate_answers_with_the_contract_shape(jp_fetch: Any) -> None:
     assert set(answer["timings"]) == {"queued_ms", "ttft_ms", "total_ms"}
     again = await post_json(jp_fetch, "infer/generate", {"prompt": "What is attention?", "max_tokens": 12})
     assert again["text"] == answer["text"]  # greedy by default: deterministic
+
+
+async def test_generate_takes_the_sampling_extras(jp_fetch: Any) -> None:
+    short = {"prompt": "SHORT answer", "max_tokens": 12}  # the scripted answer has 3 tokens
+    assert (await post_json(jp_fetch, "infer/generate", short))["usage"]["completion_tokens"] == 3
+    for extra in ({"ignore_eos": True}, {"min_tokens": 12}):
+        answer = await post_json(jp_fetch, "infer/generate", {**short, **extra})
+        assert answer["usage"]["completion_tokens"] == 12 and answer["text"].startswith("alpha beta")
+    neutral = {"top_k": -1, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0,
+               "logit_bias": {"1": 0}, "stop": [f"never{i}" for i in range(20)]}
+    assert (await post_json(jp_fetch, "infer/generate", {**short, **neutral}))["text"] == "alpha beta\ngamma"
+    nothing = await post_json(jp_fetch, "infer/generate", {**short, "max_tokens": 0})
+    assert nothing["usage"]["completion_tokens"] == 0 and nothing["finish_reason"] == "length"
+    streamed = await jp_fetch("infer", "generate_stream", params={**short, "ignore_eos": "true"})
+    assert json.loads(parse_sse(streamed.body.decode())[0][-2].data)["usage"]["completion_tokens"] == 12
 
 
 @pytest.mark.parametrize("infer_options", [{"mode": "window", "batch_window_ms": 300.0}])
