@@ -472,7 +472,7 @@ class TokenizeHandler(OpenAIHandler):
     ``{count, max_model_len, tokens, token_strs}``, as the generate routes tokenize."""
 
     @web.authenticated
-    @authorized
+    @authorized("read")  # tokenizing runs no model: reading, though it is a POST
     @answers_errors
     async def post(self) -> None:
         info = await self.service.wait_ready()
@@ -494,7 +494,7 @@ class DetokenizeHandler(OpenAIHandler):
     """``POST infer/detokenize`` (vLLM's shape): ``{tokens}`` → ``{prompt}``."""
 
     @web.authenticated
-    @authorized
+    @authorized("read")
     @answers_errors
     async def post(self) -> None:
         body = self.parse(self.read_json)

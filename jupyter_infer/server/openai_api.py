@@ -41,7 +41,7 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 # Fields each route acts on, or accepts knowing they change nothing (user, metadata, ...).
 _COMMON = SAMPLING_FIELDS | {"model", "stream", "stream_options", "n", "user", "metadata", "store",
                              "service_tier"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix", "max_completion_tokens"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                          "response_format", "tools", "tool_choice", "parallel_tool_calls",
                          "functions", "function_call"}
@@ -235,8 +235,11 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
         raise InvalidRequest("'echo' must be true or false.", param="echo")
     logprobs = _logprobs(body, "logprobs")
     prompts = parse_prompts(body.get("prompt"))
+    sampling = dict(body)
+    if sampling.get("max_tokens") is None:  # the chat route's name, which some clients send here too
+        sampling["max_tokens"] = body.get("max_completion_tokens")
     params = parse_sampling(
-        body, max_new_tokens=max_new_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+        sampling, max_new_tokens=max_new_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
         default_temperature=OPENAI_DEFAULT_TEMPERATURE,
     )
     params = replace(params, logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
@@ -312,7 +315,8 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
         raise InvalidRequest("'logprobs' must be true or false (top_logprobs says how many).", param="logprobs")
     top = _logprobs(body, "top_logprobs") or 0
     sampling = dict(body)
-    sampling["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens"))
+    if body.get("max_completion_tokens") is not None:
+        sampling["max_tokens"] = body["max_completion_tokens"]
     # OpenAI's default is "as much as fits" (None): the service resolves it against the
     # server's limit and the room left in the context.
     params = parse_sampling(
