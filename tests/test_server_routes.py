@@ -30,6 +30,7 @@ ROUTES = [
     ("GET", "infer/health"),
     ("POST", "infer/tokenize"),
     ("POST", "infer/detokenize"),
+    ("GET", "infer/tokenizer_info"),
 ]
 
 
@@ -64,7 +65,7 @@ async def test_every_route_refuses_requests_without_credentials(
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}") as client:
         for method, path in ROUTES:
             # OpenAI's clients understand 401 (AuthenticationError); the rest is jupyter_server's 403.
-            refused = 401 if path.startswith(("infer/v1/", "infer/tokenize", "infer/detokenize")) else 403
+            refused = 401 if path.startswith("infer/v1/") or path in ("infer/tokenize", "infer/detokenize") else 403
             response = await client.request(method, path, json={"prompt": "hi"} if method == "POST" else None)
             assert response.status_code == refused, (method, path)
             wrong = await client.request(method, path, headers={"Authorization": "token nope"})
@@ -72,6 +73,11 @@ async def test_every_route_refuses_requests_without_credentials(
         # The same routes answer with the token (the streams are covered elsewhere).
         ok = await client.get("infer/status", headers=AUTH)
         assert ok.status_code == 200
+        # An unknown path is a JSON 404, not a redirect to the login page (on which lm-eval's
+        # probe for vLLM's infer/tokenizer_info choked) nor HTML.
+        for method in ("GET", "POST", "DELETE"):
+            missing = await client.request(method, "infer/tokenizer_info", headers=AUTH)
+            assert missing.status_code == 404 and "No route" in missing.json()["message"]
 
 
 # -- generate ---------------------------------------------------------------------------------

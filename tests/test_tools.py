@@ -37,9 +37,10 @@ def server_url(jp_fetch: Any, jp_http_port: int, jp_base_url: str) -> str:
 
 async def run(command: list[str], **env: str) -> str:
     """Run ``command`` without blocking the server's loop; its output, or a failure with it."""
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # jupyter_server sets it to ours
     process = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **env},
+        env={**base, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **env},
     )
     out, _ = await process.communicate()
     text = out.decode(errors="replace")

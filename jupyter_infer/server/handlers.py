@@ -504,12 +504,12 @@ class DetokenizeHandler(OpenAIHandler):
         self.finish({"prompt": await self.service.detokenize(tokens)})
 
 
-class OpenAINotFoundHandler(OpenAIHandler):
-    """Any other path under ``infer/v1/``: a 404 in OpenAI's shape, whatever the method."""
+class NotFoundHandler(InferHandler):
+    """Any other path under ``infer/``: a JSON 404 (jupyter_server would answer a redirect to
+    its login page, or HTML), whatever the method."""
 
-    def _not_found(self, *args: Any) -> None:
-        raise web.HTTPError(404, f"No route {self.request.path}: this server offers v1/completions, "
-                                 "v1/chat/completions and v1/models.")
+    def _not_found(self) -> None:
+        raise web.HTTPError(404, f"No route {self.request.path}: docs/server.md lists this server's routes.")
 
     @web.authenticated
     def get(self, *args: Any) -> None:
@@ -530,6 +530,14 @@ class OpenAINotFoundHandler(OpenAIHandler):
     @web.authenticated
     def delete(self, *args: Any) -> None:
         self._not_found()
+
+
+class OpenAINotFoundHandler(OpenAIHandler, NotFoundHandler):
+    """Any other path under ``infer/v1/``: the same 404, in OpenAI's shape."""
+
+    def _not_found(self) -> None:
+        raise web.HTTPError(404, f"No route {self.request.path}: this server offers v1/completions, "
+                                 "v1/chat/completions and v1/models.")
 
 
 class RequestHandler(InferHandler):
@@ -562,4 +570,5 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/tokenize", TokenizeHandler),
         (r"/infer/detokenize", DetokenizeHandler),
         (r"/infer/requests/([^/]+)", RequestHandler),
+        (r"/infer/.*", NotFoundHandler),
     ]
