@@ -50,3 +50,10 @@ class RequestFailed(InferError):
     status = 500
     code = "engine_error"
 
+
+class ServerTimeout(EngineUnavailable, TimeoutError):
+    """The client heard nothing from the server for too long (a frozen or unreachable
+    server); raised by ``jupyter_infer.Client`` instead of waiting forever."""
+
+    status = 504
+    code = "timeout"
