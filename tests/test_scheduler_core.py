@@ -235,7 +235,7 @@ def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
     x = seq(max_tokens=5)
     s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    first = s.postprocess(plan, [1], 0.0, 0.0)[0][2]
-    second = s.postprocess(s.schedule(0.0)[0], [2], 0.0, 0.0)[0][2]
+    first = s.postprocess(plan, Sampled([1]), 0.0, 0.0)[0][2]
+    second = s.postprocess(s.schedule(0.0)[0], Sampled([2]), 0.0, 0.0)[0][2]
     # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
     assert (first, second) == ("a", "\r\nb")

@@ -96,8 +96,8 @@ async def test_generate_answers_with_the_contract_shape(jp_fetch: Any) -> None:
 
 
 async def test_generate_takes_the_sampling_extras(jp_fetch: Any) -> None:
-    short = {"prompt": "SHORT answer", "max_tokens": 12}  # the scripted answer has 3 tokens
-    assert (await post_json(jp_fetch, "infer/generate", short))["usage"]["completion_tokens"] == 3
+    short = {"prompt": "SHORT answer", "max_tokens": 12}  # the scripted answer is shorter: EOS ends it
+    assert (await post_json(jp_fetch, "infer/generate", short))["usage"]["completion_tokens"] < 12
     for extra in ({"ignore_eos": True}, {"min_tokens": 12}):
         answer = await post_json(jp_fetch, "infer/generate", {**short, **extra})
         assert answer["usage"]["completion_tokens"] == 12 and answer["text"].startswith("alpha beta")

@@ -83,7 +83,7 @@ class SimulatedEngine(Engine):
 
     @property
     def vocab_size(self) -> int:
-        return len(self._pieces)
+        return self._tokenizer.vocab_size
 
     def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, SimulatedBatch]:
         prompt_tokens = sum(s.num_prompt_tokens for s in seqs)
