@@ -252,9 +252,8 @@ def parse_sampling(
         raise InvalidRequest(
             f"'min_tokens' ({min_tokens}) is above 'max_tokens' ({max_tokens}).", param="min_tokens"
         )
-    repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, 10.0)
-    if repetition_penalty == 0.0:
-        raise InvalidRequest("'repetition_penalty' must be above 0 (1.0 is none).", param="repetition_penalty")
+    # 1.0 is no penalty; 0 (which clients send meaning "none") is taken as 1.0 too.
+    repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, 10.0) or 1.0
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", default_temperature, 0.0, 2.0),

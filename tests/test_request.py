@@ -25,7 +25,7 @@ from jupyter_infer.request import parse_generate_body
         ({"prompt": "hi", "stop": [3]}, "stop"),
         ({"prompt": "hi", "stop": [f"s{i}" for i in range(65)]}, "at most 64"),
         ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, "above 'max_tokens'"),
-        ({"prompt": "hi", "repetition_penalty": 0}, "above 0"),
+        ({"prompt": "hi", "repetition_penalty": 11}, "repetition_penalty"),
         ({"prompt": "hi", "frequency_penalty": 2.5}, "frequency_penalty"),
         ({"prompt": "hi", "ignore_eos": "yes"}, "true or false"),
         ({"prompt": "hi", "logit_bias": {"x": 1}}, "token ids"),
@@ -55,11 +55,11 @@ def test_good_body_becomes_a_request() -> None:
 def test_sampling_extras_and_neutral_values_are_accepted() -> None:
     r = parse_generate_body(
         {"prompt": "hi", "max_tokens": 0, "top_p": 0, "top_k": -1, "min_tokens": 0, "ignore_eos": True,
-         "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0,
+         "repetition_penalty": 0, "frequency_penalty": 0.0, "presence_penalty": 0,
          "logit_bias": {"7": 0, "9": -100}, "stop": [f"s{i}" for i in range(64)] + [""]},
         max_new_tokens=256,
     )
     p = r.params
     assert (p.max_tokens, p.top_p, p.top_k, p.ignore_eos) == (0, 0.0, 0, True)
     assert p.logit_bias == ((9, -100.0),) and len(p.stop) == 64
-    assert p.shapes_logits and not p.penalised
+    assert p.shapes_logits and not p.penalised and p.repetition_penalty == 1.0

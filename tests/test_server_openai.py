@@ -218,8 +218,8 @@ async def test_sampling_extras_and_zero_values(client: openai.AsyncOpenAI) -> No
     b = await client.completions.create(temperature=1.0, seed=11, **kw)
     assert a.choices[0].text == b.choices[0].text  # a seed makes sampling repeatable
     zeros = await client.completions.create(
-        temperature=0.0, top_p=1.0, frequency_penalty=0.0, presence_penalty=0, n=1, logprobs=0,
-        extra_body={"top_k": 0, "min_tokens": 0, "repetition_penalty": 1.0, "ignore_eos": False}, **kw)
+        temperature=0.0, top_p=1.0, frequency_penalty=0.0, presence_penalty=0, n=1, logprobs=0, best_of=0,
+        extra_body={"top_k": 0, "min_tokens": 0, "repetition_penalty": 0, "ignore_eos": False}, **kw)
     greedy = await client.completions.create(temperature=0, **kw)
     assert zeros.choices[0].text == greedy.choices[0].text
     extras = await client.completions.create(
@@ -281,7 +281,7 @@ async def test_chat_completion_whole_and_streamed(client: openai.AsyncOpenAI) ->
     [
         ("completions", {"prompt": "hi", "n": 0}, "n", "'n' must be an integer"),
         ("completions", {"prompt": "hi", "logprobs": 21}, "logprobs", "from 0 to 20"),
-        ("completions", {"prompt": "hi", "best_of": 3}, "best_of", "best_of"),
+        ("completions", {"prompt": "hi", "best_of": 3}, "best_of", "above n"),
         ("completions", {"prompt": "hi", "suffix": "x"}, "suffix", "suffix"),
         ("completions", {"prompt": []}, "prompt", "token-id lists"),
         ("completions", {"prompt": [[1], []]}, "prompt", "token-id lists"),

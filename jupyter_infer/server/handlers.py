@@ -411,7 +411,7 @@ class OpenAIHandler(InferHandler):
             tokens[i] = event.completion_tokens
             rest = (event.logprobs or ())[records[i]:]
             lp = shape.event_logprobs(rest, chars[i]) if rest else None
-            return text + data(shape.chunk(i, None if chat else "", finish_reason=openai_api._finish_reason(event),
+            return text + data(shape.chunk(i, None if chat else "", finish_reason=openai_api.finish_reason(event),
                                            logprobs=lp, usage=usage(i)))
 
         self.start_event_stream()

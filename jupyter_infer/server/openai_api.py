@@ -224,10 +224,10 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
     stream, include_usage, continuous = _check_stream(body)
     n = _check_n(body, max_choices)
     best_of = body.get("best_of")
-    if best_of is not None and best_of != n and best_of != 1:
+    if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int) or best_of > n):
         raise InvalidRequest(
-            f"'best_of' ({best_of!r}) other than n is not supported: ask for n choices and pick "
-            "with logprobs.", param="best_of",
+            f"'best_of' ({best_of!r}) above n is not supported: ask for that many choices (n) and "
+            "pick with logprobs.", param="best_of",
         )
     _refuse_unless(body, "suffix", (None, ""), "insertion with a suffix is not supported")
     echo = body.get("echo") or False
@@ -333,7 +333,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
 
 
 # -- answers ---------------------------------------------------------------------------------------
-def _finish_reason(result: RequestResult) -> str:
+def finish_reason(result: RequestResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
@@ -378,7 +378,7 @@ class Shaper:
     def whole(self, results: list[RequestResult]) -> dict[str, Any]:
         choices = []
         for index, result in enumerate(results):
-            choice: dict[str, Any] = {"index": index, "finish_reason": _finish_reason(result), "logprobs": None}
+            choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result), "logprobs": None}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
                 if self.call.logprobs is not None:
