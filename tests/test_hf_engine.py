@@ -201,9 +201,9 @@ async def test_greedy_logprobs_are_the_models_log_softmax(tiny_model_dir: Path) 
     plain = await s.submit(Request(PROMPTS[3], SamplingParams(max_tokens=6)))
     results = await asyncio.gather(*(x.result() for x in streams))
     assert (await plain.result()).logprobs is None  # rows that did not ask carry nothing
+    assert len({result.batch_id for result in results}) == 1  # one padded batch
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     for result in results:
-        assert len({result.batch_id for result in results}) == 1
         tokens = list(result.prompt_ids) + list(result.token_ids)
         with torch.no_grad():
             expected = torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), -1)
