@@ -253,7 +253,7 @@ def test_run_streams_concurrently_on_the_clients_own_loop(server: LocalServer) -
         assert s.sent_at <= s.first_token_at <= s.finished_at
         assert 0 < s.ttft_ms <= s.total_ms
     with pytest.raises(InvalidRequest, match="max_tokens"):
-        client.run(client.agenerate("hi", max_tokens=0))
+        client.run(client.agenerate("hi", max_tokens=-1))
     client.close()
 
 
@@ -296,9 +296,9 @@ def test_leaving_a_stream_early_cancels_the_request(server: LocalServer) -> None
 def test_errors_carry_the_servers_message(server: LocalServer) -> None:
     client = Client(server.url, server.token)
     with pytest.raises(InvalidRequest, match="max_tokens"):
-        client.generate("hi", max_tokens=0)
+        client.generate("hi", max_tokens=-1)
     with pytest.raises(InvalidRequest, match="max_tokens"):
-        list(client.stream("hi", max_tokens=0))
+        list(client.stream("hi", max_tokens=-1))
     with pytest.raises(InferError, match="refused.*JUPYTER_INFER_TOKEN"):
         Client(server.url, "wrong").status()
     burst = client.burst(["ok", "hi"], max_tokens=2, stop=123)

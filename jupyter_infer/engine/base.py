@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from ..request import TokenLogprob
     from ..scheduler.sequence import Sequence
 
 
@@ -44,6 +45,17 @@ class StepPlan:
         return len(self.seqs)
 
 
+@dataclass
+class Sampled:
+    """One step's output: a token per row and, only for the rows whose request asks,
+    log probabilities (``None`` when no row asked, so the common step carries nothing)."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None] | None = None  # per row: the chosen token's
+    # per row of a prefill: every prompt position's (the first is None); None if not asked
+    prompt_logprobs: list[list[TokenLogprob | None] | None] | None = None
+
+
 class Batch(Protocol):
     """The running rows of an engine, as one value (TGI's ``CausalLMBatch``): the rows' ids
     and whatever per-row state the engine keeps (KV cache, sampling generators, ...)."""
@@ -75,22 +87,27 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def detokenize(self, token_ids: Seq[int]) -> str: ...
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids from 0 to ``vocab_size - 1`` are valid in a prompt or ``logit_bias``."""
+        raise NotImplementedError
+
     @abc.abstractmethod
-    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], Batch]:
+    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, Batch]:
         """Run the prompts of ``seqs``; their first tokens and the batch of their rows."""
 
     @abc.abstractmethod
-    def decode(self, batch: Batch, seqs: list[Sequence]) -> list[int]:
+    def decode(self, batch: Batch, seqs: list[Sequence]) -> Sampled:
         """One token for every row of ``batch`` (``seqs`` are its rows, in order)."""
 
-    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[list[int], Batch | None]:
+    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[Sampled, Batch | None]:
         """Run ``plan`` on the running ``batch``: one token per ``plan.seqs``, and the batch
         after the step. Rows that left are filtered out first."""
         if batch is not None and batch.ids != plan.keep:
             batch = batch.filter(plan.keep)
         if plan.kind == "prefill":
-            tokens, newcomers = self.prefill(plan.seqs)
-            return tokens, newcomers if batch is None else batch.concatenate(newcomers)
+            sampled, newcomers = self.prefill(plan.seqs)
+            return sampled, newcomers if batch is None else batch.concatenate(newcomers)
         if batch is None:
             raise RuntimeError("a decode step needs a running batch")
         return self.decode(batch, plan.seqs), batch

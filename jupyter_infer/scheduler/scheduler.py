@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from ..engine import StepPlan
+from ..engine import Sampled, StepPlan
 from ..errors import QueueFull
 from .recorder import Recorder
 from .sequence import Sequence, Status
@@ -155,16 +155,23 @@ class Scheduler:
 
     # -- results ----------------------------------------------------------------------------
     def postprocess(
-        self, plan: StepPlan, tokens: list[int], started: float, now: float,
+        self, plan: StepPlan, sampled: Sampled, started: float, now: float,
     ) -> list[tuple[Sequence, int, str]]:
-        """Apply a step's tokens; return ``(sequence, token, text it releases)`` per live row."""
+        """Apply a step's tokens (and the log probabilities of the rows that asked); return
+        ``(sequence, token, text it releases)`` per live row."""
         engine = self.engine
         out: list[tuple[Sequence, int, str]] = []
-        for seq, token in zip(plan.seqs, tokens, strict=True):
+        logprobs = sampled.logprobs
+        prompt_logprobs = sampled.prompt_logprobs if plan.kind == "prefill" else None
+        for row, (seq, token) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
+            if prompt_logprobs is not None and prompt_logprobs[row] is not None:
+                seq.prompt_logprobs = prompt_logprobs[row]
             first = seq.record.first_token_at is None
-            fragment = seq.append(token, engine.detokenize, engine.eos_token_ids, now)
+            fragment = seq.append(
+                token, engine.detokenize, engine.eos_token_ids, now, logprobs[row] if logprobs else None
+            )
             self.recorder.token(seq, fragment, first)
             out.append((seq, token, fragment))
         self.recorder.step(plan, len(out), started, now)
