@@ -82,18 +82,63 @@ class InferenceService:
     # -- requests ---------------------------------------------------------------------------
     async def submit(self, request: Request) -> RequestStream:
         """Check ``request`` against the limits and queue it; raise ``InvalidRequest``,
-        ``QueueFull`` or ``EngineUnavailable`` without queueing anything."""
+        ``QueueFull`` or ``EngineUnavailable`` without queueing anything.
+
+        A request with ``prompt_ids`` runs those tokens (checked against the vocabulary)
+        and gets their text as its ``prompt``; otherwise ``prompt`` (or the rendered
+        ``messages``) is tokenized."""
         engine = await self._loop.wait_ready()
         try:
-            if request.messages is not None:
-                request.prompt = await self._off_loop(engine.render_chat, request.messages, size=sum(
-                    len(m["content"]) for m in request.messages))
-            prompt_ids = await self._off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
+            if request.prompt_ids is not None:
+                prompt_ids = list(request.prompt_ids)
+                self._check_token_ids(prompt_ids, engine.vocab_size, "prompt")
+                request.prompt = await self._off_loop(engine.detokenize, prompt_ids, size=len(prompt_ids))
+            else:
+                if request.messages is not None:
+                    request.prompt = await self._off_loop(engine.render_chat, request.messages, size=sum(
+                        len(m["content"]) for m in request.messages))
+                prompt_ids = await self._off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
+            self._check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
             self._check(request, prompt_ids, engine.info.max_context)
         except InvalidRequest:
             self._recorder.rejected("invalid")
             raise
         return self._loop.submit(Sequence(request, prompt_ids))
+
+    def knows(self, request_id: str) -> bool:
+        """Whether ``request_id`` is queued, running, or among the recently finished (an
+        EventSource reconnecting after the end names one of those)."""
+        return self._loop.knows(request_id)
+
+    # -- the tokenizer ----------------------------------------------------------------------
+    async def tokenize(self, text: str) -> list[int]:
+        """``text`` as the generate routes tokenize a prompt."""
+        engine = await self._loop.wait_ready()
+        return await self._off_loop(engine.tokenize, text, size=len(text))
+
+    async def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """A chat as the prompt the chat route would run."""
+        engine = await self._loop.wait_ready()
+        return await self._off_loop(engine.render_chat, messages, size=sum(len(m["content"]) for m in messages))
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        engine = await self._loop.wait_ready()
+        self._check_token_ids(token_ids, engine.vocab_size, "tokens")
+        return await self._off_loop(engine.detokenize, token_ids, size=len(token_ids))
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's own text (log probability answers name tokens by it)."""
+        engine = self._loop.engine
+        return [engine.detokenize([t]) for t in token_ids]
+
+    @staticmethod
+    def _check_token_ids(token_ids: list[int], vocab_size: int, name: str) -> None:
+        bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InvalidRequest(
+                f"'{name}' holds the token id {bad}, outside this model's vocabulary "
+                f"(0 to {vocab_size - 1}).", param=name,
+            )
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request; False if no such request is live."""
@@ -121,6 +166,11 @@ class InferenceService:
             )
         if not prompt_ids:
             raise InvalidRequest("The prompt is empty after tokenization: send some text.", param="prompt")
+        if request.params.min_tokens > max_tokens:
+            raise InvalidRequest(
+                f"'min_tokens' ({request.params.min_tokens}) is above 'max_tokens' ({max_tokens}).",
+                param="min_tokens",
+            )
         if len(prompt_ids) > limits.max_prompt_tokens:
             raise InvalidRequest(
                 f"The prompt has {len(prompt_ids)} tokens, above this server's limit of "

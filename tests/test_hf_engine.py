@@ -80,8 +80,8 @@ def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
 
 def step(engine: HFEngine, plan: StepPlan, batch):
     """Run ``plan``, append each row's token; the batch after the step."""
-    tokens, batch = engine.step(plan, batch)
-    for seq, tok in zip(plan.seqs, tokens, strict=True):
+    sampled, batch = engine.step(plan, batch)
+    for seq, tok in zip(plan.seqs, sampled.tokens, strict=True):
         seq.output_ids.append(tok)
     return batch
 
@@ -269,11 +269,11 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     engine.prefill([_seq(engine, SYSTEM + AGENT_TASKS[0], 1)])  # the shared system prompt, cached
     hot_tokens, hot = engine.prefill([_seq(engine, prompt, 1), _seq(engine, short, 1)])
     assert engine.prefix_cache_stats()["reused_tokens"] >= 32
-    seq, row, token = _seq(engine, prompt, 1), None, None
-    while token is None:
-        token, row = engine.prefill_chunk(seq, row, 16)
+    seq, row, first = _seq(engine, prompt, 1), None, None
+    while first is None:
+        first, row = engine.prefill_chunk(seq, row, 16)
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
-    assert hot_tokens == cold_tokens and token == cold_tokens[0]
+    assert hot_tokens.tokens == cold_tokens.tokens and first.tokens == cold_tokens.tokens[:1]
     assert hot.positions.tolist() == cold.positions.tolist() and row.positions.tolist() == cold.positions.tolist()[:1]
     for r in (0, 1):
         for a, b in zip(_real_kv(hot, r), _real_kv(cold, r), strict=True):
@@ -298,3 +298,66 @@ def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir:
     assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == batch.mask.shape[1]
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
+
+
+@pytest.mark.asyncio
+async def test_greedy_logprobs_are_the_models_log_softmax(tiny_model_dir: Path) -> None:
+    """Decode and echoed-prompt logprobs equal log_softmax of the model's own logits for the
+    same tokens, for rows of different lengths in one batch (left padding included)."""
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    s = await started(engine, mode="window", batch_window_ms=50)
+    params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=4, prompt_logprobs=4)
+    streams = [await s.submit(Request(p, params)) for p in PROMPTS[:3]]
+    plain = await s.submit(Request(PROMPTS[3], SamplingParams(max_tokens=6)))
+    results = await asyncio.gather(*(x.result() for x in streams))
+    assert (await plain.result()).logprobs is None  # rows that did not ask carry nothing
+    assert len({result.batch_id for result in results}) == 1  # one padded batch
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for result in results:
+        tokens = list(result.prompt_ids) + list(result.token_ids)
+        with torch.no_grad():
+            expected = torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), -1)
+        got = [None if r is None else r.logprob for r in result.prompt_logprobs] + [r.logprob for r in result.logprobs]
+        assert got[0] is None and len(got) == len(tokens)
+        want = [float(expected[i - 1, t]) for i, t in enumerate(tokens) if i > 0]
+        assert got[1:] == pytest.approx(want, abs=1e-4)
+        for i, record in enumerate(result.logprobs, start=len(result.prompt_ids)):
+            top = expected[i - 1].topk(4)
+            assert [t for t, _ in record.top] == top.indices.tolist()
+            assert record.token_id == top.indices[0]  # greedy: the chosen one is the most likely
+    await s.stop()
+
+
+@pytest.mark.asyncio
+async def test_logit_bias_min_tokens_and_ignore_eos_on_the_real_engine(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    eos = min(engine.eos_token_ids)
+    s = await started(engine)
+
+    async def run(**params) -> RequestResult:
+        return await (await s.submit(Request("hello there", SamplingParams(max_tokens=8, **params)))).result()
+
+    assert (await run(logit_bias=((eos, 100.0),))).completion_tokens == 0  # EOS at once
+    assert (await run(logit_bias=((eos, 100.0),), min_tokens=3)).completion_tokens == 3
+    forced = await run(logit_bias=((eos, 100.0),), ignore_eos=True)
+    assert forced.completion_tokens == 8 and set(forced.token_ids) == {eos}
+    free = await run(ignore_eos=True)
+    penalised = await run(ignore_eos=True, repetition_penalty=5.0, frequency_penalty=2.0)
+    assert len(set(penalised.token_ids)) >= len(set(free.token_ids))
+    await s.stop()
+
+
+@pytest.mark.asyncio
+async def test_echoed_prompt_logprobs_bypass_the_prefix_cache_and_chunks(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, prefix_cache_mb=64)
+    s = await started(engine, prefill_chunk_tokens=16, idle_admit_delay_ms=0)
+    prompt = SYSTEM + AGENT_TASKS[0]
+    await (await s.submit(Request(prompt, SamplingParams(max_tokens=1)))).result()  # now cached
+    echo = await (await s.submit(Request(prompt, SamplingParams(max_tokens=1, prompt_logprobs=1)))).result()
+    await s.stop()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([list(echo.prompt_ids)])).logits[0], -1)
+    got = [r.logprob for r in echo.prompt_logprobs[1:]]
+    assert len(got) == len(echo.prompt_ids) - 1 > 16  # every position, though cached and long
+    assert got == pytest.approx([float(expected[i - 1, t]) for i, t in enumerate(echo.prompt_ids) if i], abs=1e-4)

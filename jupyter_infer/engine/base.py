@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from ..request import TokenLogprob
     from ..scheduler.sequence import Sequence
 
 
@@ -47,6 +48,17 @@ class StepPlan:
         return len(self.seqs)
 
 
+@dataclass
+class Sampled:
+    """One step's output: a token per row and, only for the rows whose request asks,
+    log probabilities (``None`` when no row asked, so the common step carries nothing)."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None] | None = None  # per row: the chosen token's
+    # per row of a prefill: every prompt position's (the first is None); None if not asked
+    prompt_logprobs: list[list[TokenLogprob | None] | None] | None = None
+
+
 class Batch(Protocol):
     """The running rows of an engine, as one value (TGI's ``CausalLMBatch``): the rows' ids
     and whatever per-row state the engine keeps (KV cache, sampling generators, ...)."""
@@ -81,27 +93,32 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def detokenize(self, token_ids: Seq[int]) -> str: ...
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids from 0 to ``vocab_size - 1`` are valid in a prompt or ``logit_bias``."""
+        raise NotImplementedError
+
     @abc.abstractmethod
-    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], Batch]:
+    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, Batch]:
         """Run the prompts of ``seqs``; their first tokens and the batch of their rows."""
 
     @abc.abstractmethod
-    def decode(self, batch: Batch, seqs: list[Sequence]) -> list[int]:
+    def decode(self, batch: Batch, seqs: list[Sequence]) -> Sampled:
         """One token for every row of ``batch`` (``seqs`` are its rows, in order)."""
 
-    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[list[int], Batch | None]:
+    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[Sampled, Batch | None]:
         """Run ``plan`` on the running ``batch``: one token per ``plan.seqs``, and the batch
         after the step. Rows that left are filtered out first."""
         if batch is not None and batch.ids != plan.keep:
             batch = batch.filter(plan.keep)
         if plan.kind == "prefill":
-            tokens, newcomers = self.prefill(plan.seqs)
-            return tokens, newcomers if batch is None else batch.concatenate(newcomers)
+            sampled, newcomers = self.prefill(plan.seqs)
+            return sampled, newcomers if batch is None else batch.concatenate(newcomers)
         if batch is None:
             raise RuntimeError("a decode step needs a running batch")
         return self.decode(batch, plan.seqs), batch
 
-    def prefill_chunk(self, seq: Sequence, partial: Batch | None, budget: int) -> tuple[int | None, Batch]:
+    def prefill_chunk(self, seq: Sequence, partial: Batch | None, budget: int) -> tuple[Sampled | None, Batch]:
         """Up to ``budget`` more prompt tokens of ``seq``, continuing ``partial`` (its row so
         far, or ``None``/another row's to start afresh): the row after it, and its first token
         once the whole prompt is in (``None`` before)."""
@@ -109,17 +126,17 @@ class Engine(abc.ABC):
 
     def step_chunk(
         self, plan: StepPlan, batch: Batch | None, partial: Batch | None,
-    ) -> tuple[list[int], Batch | None, Batch | None]:
+    ) -> tuple[Sampled, Batch | None, Batch | None]:
         """Run a ``chunk`` plan: the next chunk of ``plan.seqs[0]``'s prompt, continuing
         ``partial``. Returns the step's tokens (none until the prompt is complete), the
         running batch and the partial row; on the last chunk the row joins the batch (after
         the rows that left) and the partial is ``None``."""
         if batch is not None and batch.ids != plan.keep:
             batch = batch.filter(plan.keep)
-        token, row = self.prefill_chunk(plan.seqs[0], partial, plan.chunk)
-        if token is None:
-            return [], batch, row
-        return [token], row if batch is None else batch.concatenate(row), None
+        sampled, row = self.prefill_chunk(plan.seqs[0], partial, plan.chunk)
+        if sampled is None:
+            return Sampled([]), batch, row
+        return sampled, row if batch is None else batch.concatenate(row), None
 
     def prefix_cache_stats(self) -> dict | None:
         """Hits, misses, reused tokens and memory of the prefix cache (``None``: this engine

@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from . import kv_cache
-from .base import Engine, EngineInfo
+from .base import Engine, EngineInfo, Sampled
 from .prefix_cache import PrefixCache
-from .sampling import sample
+from .sampling import prompt_logprobs, sample
 
 if TYPE_CHECKING:
     from ..request import SamplingParams
@@ -205,6 +205,10 @@ class HFEngine(Engine):
     def detokenize(self, token_ids: Seq[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().num_embeddings)
+
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -212,11 +216,12 @@ class HFEngine(Engine):
 
     # -- steps ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], HFBatch]:
+    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, HFBatch]:
         """The newcomers' prompts in one left-padded forward. A row whose prompt starts with
         a cached prefix starts from that KV: its row reads ``[pad | cached | pad | rest]``,
         the mask hides both pads and ``position_ids`` continue from the cached length."""
-        matches = [self._cached_prefix(s.prompt_ids) for s in seqs]
+        echo = [i for i, s in enumerate(seqs) if s.params.prompt_logprobs is not None]
+        matches = [self._cached_prefix(s) for s in seqs]
         cached = [n for n, _ in matches]
         input_ids, new_mask = left_pad_rows([s.prompt_ids[n:] for s, n in zip(seqs, cached, strict=True)],
                                             self.pad_token_id)
@@ -235,7 +240,8 @@ class HFEngine(Engine):
             position_ids=position_ids,
             cache=cache,
             use_cache=True,
-            logits_to_keep=1,
+            # Logits of every position only when a row asks for its prompt's logprobs.
+            logits_to_keep=0 if echo else 1,
         )
         if self.prefix_cache is not None:
             total = mask.shape[1]
@@ -246,24 +252,31 @@ class HFEngine(Engine):
                     kv_cache.row_kv(out.cache, row, width - n + a, width - n + b) if b <= n
                     else kv_cache.row_kv(out.cache, row, total - rest + a - n, total - rest + b - n)))
         generators = [self._generator(s.params) for s in seqs]
-        tokens = sample(out.logits[:, -1, :], [s.params for s in seqs], generators)
-        return tokens, HFBatch(
+        sampled = sample(out.logits[:, -1, :], seqs, generators, self.eos_token_ids)
+        if echo:
+            sampled.prompt_logprobs = [None] * len(seqs)
+            for i in echo:
+                prompt = seqs[i].prompt_ids
+                sampled.prompt_logprobs[i] = prompt_logprobs(
+                    out.logits[i, -len(prompt):], prompt, seqs[i].params.prompt_logprobs
+                )
+        return sampled, HFBatch(
             ids=[s.id for s in seqs],
             cache=out.cache,
             mask=mask,
             positions=torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device),
-            last=torch.tensor(tokens, dtype=torch.long, device=self.device),
+            last=torch.tensor(sampled.tokens, dtype=torch.long, device=self.device),
             generators=generators,
         )
 
     @torch.inference_mode()
-    def prefill_chunk(self, seq: Sequence, partial: HFBatch | None, budget: int) -> tuple[int | None, HFBatch]:
+    def prefill_chunk(self, seq: Sequence, partial: HFBatch | None, budget: int) -> tuple[Sampled | None, HFBatch]:
         """Up to ``budget`` more prompt tokens of ``seq``, continuing ``partial`` (the row so
         far; ``None`` or another row's: start, from the longest cached prefix). One row, no
         padding: the mask is all ones and positions continue from the tokens already there."""
         prompt = seq.prompt_ids
         if partial is None or partial.ids != [seq.id]:
-            done, kv = self._cached_prefix(prompt)
+            done, kv = self._cached_prefix(seq)
             cache = kv_cache.with_past(self.model.config, [kv], done) if done else kv_cache.new_cache(self.model.config)
             for layer in cache.layers:  # room for the whole prompt at once, not a copy per chunk
                 layer.reserve = len(prompt) + kv_cache.SPARE_COLUMNS
@@ -281,22 +294,23 @@ class HFEngine(Engine):
         )
         if self.prefix_cache is not None:  # blocks complete so far: a prompt arriving now reuses them
             self.prefix_cache.insert(prompt, end, lambda a, b: kv_cache.row_kv(out.cache, 0, a, b))
-        token, generators = None, [None]
+        sampled, generators = None, [None]
         if end == len(prompt):
             generators = [self._generator(seq.params)]
-            token = sample(out.logits[:, -1, :], [seq.params], generators)[0]
-        return token, HFBatch(
+            sampled = sample(out.logits[:, -1, :], [seq], generators, self.eos_token_ids)
+        return sampled, HFBatch(
             ids=[seq.id], cache=out.cache, mask=mask,
             positions=torch.tensor([end], device=self.device),
-            last=torch.tensor([token or 0], dtype=torch.long, device=self.device),
+            last=torch.tensor(sampled.tokens if sampled else [0], dtype=torch.long, device=self.device),
             generators=generators,
         )
 
-    def _cached_prefix(self, prompt: list[int]) -> tuple[int, torch.Tensor | None]:
-        """The longest cached prefix of ``prompt`` (0 and ``None`` without a cache)."""
-        if self.prefix_cache is None:
+    def _cached_prefix(self, seq: Sequence) -> tuple[int, torch.Tensor | None]:
+        """The longest cached prefix of ``seq``'s prompt (0 and ``None`` without a cache, or
+        for a row that wants its prompt's logprobs: those need every prompt position's logits)."""
+        if self.prefix_cache is None or seq.params.prompt_logprobs is not None:
             return 0, None
-        return self.prefix_cache.match(prompt)
+        return self.prefix_cache.match(seq.prompt_ids)
 
     def configure_prefix_cache(self, megabytes: float) -> None:
         """A fresh, empty prefix cache of ``megabytes`` (0: none)."""
@@ -311,7 +325,7 @@ class HFEngine(Engine):
         return self.prefix_cache.stats()
 
     @torch.inference_mode()
-    def decode(self, batch: HFBatch, seqs: list[Sequence]) -> list[int]:
+    def decode(self, batch: HFBatch, seqs: list[Sequence]) -> Sampled:
         out = self.model(
             input_ids=batch.last[:, None],
             attention_mask=batch.extend_mask(),
@@ -319,11 +333,11 @@ class HFEngine(Engine):
             cache=batch.cache,
             use_cache=True,
         )
-        tokens = sample(out.logits[:, -1, :], [s.params for s in seqs], batch.generators)
+        sampled = sample(out.logits[:, -1, :], seqs, batch.generators, self.eos_token_ids)
         batch.cache = out.cache
         batch.positions = batch.positions + 1
-        batch.last = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        return tokens
+        batch.last = torch.tensor(sampled.tokens, dtype=torch.long, device=self.device)
+        return sampled
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.greedy:

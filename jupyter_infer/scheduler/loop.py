@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RECENT_IDS = 1024  # finished request ids remembered (a reconnecting EventSource names one)
+
 
 class EngineLoop:
     def __init__(self, load: Callable[[], Engine], config: ServiceConfig, recorder: Recorder) -> None:
@@ -39,6 +42,7 @@ class EngineLoop:
         self.engine: Engine | None = None
         self.scheduler: Scheduler | None = None  # made once the engine is loaded
         self._streams: dict[str, RequestStream] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()  # ids of recently finished requests
         self._batch: Batch | None = None  # the running rows, as the engine holds them
         self._partial: Batch | None = None  # the row of a prompt being prefilled in chunks
         self._stop_reason: str | None = None
@@ -96,11 +100,15 @@ class EngineLoop:
     # -- requests ---------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> RequestStream:
         """Queue a checked sequence (the loop must be ready); raises ``QueueFull``."""
-        stream = RequestStream(seq.id, self.cancel)
+        stream = RequestStream(seq.id, self.cancel, seq.prompt_ids)
         self.scheduler.add(seq, time.monotonic())
         self._streams[seq.id] = stream
         self._wakeup.set()
         return stream
+
+    def knows(self, request_id: str) -> bool:
+        """Queued, running, or among the last ``RECENT_IDS`` finished."""
+        return request_id in self._streams or request_id in self._recent
 
     def cancel(self, request_id: str) -> bool:
         if self.scheduler is None or not self.scheduler.cancel(request_id, time.monotonic()):
@@ -136,24 +144,26 @@ class EngineLoop:
             started = time.monotonic()
             try:
                 if plan.chunk:
-                    tokens, self._batch, self._partial = await loop.run_in_executor(
+                    sampled, self._batch, self._partial = await loop.run_in_executor(
                         self._executor, self.engine.step_chunk, plan, self._batch, self._partial
                     )
                 else:
-                    tokens, self._batch = await loop.run_in_executor(
+                    sampled, self._batch = await loop.run_in_executor(
                         self._executor, self.engine.step, plan, self._batch
                     )
             except Exception as err:
                 self._fail(plan, err, in_engine=True)
                 continue
             try:
-                released = core.postprocess(plan, tokens, started, time.monotonic())
+                released = core.postprocess(plan, sampled, started, time.monotonic())
             except Exception as err:  # a bug here must not stop the loop for everyone
                 self._fail(plan, err, in_engine=False)
                 continue
             for seq, token, fragment in released:
-                if fragment:
-                    self._streams[seq.id].push(TokenEvent(seq.id, len(seq.output_ids), token, fragment))
+                logprobs, prompt_logprobs = seq.take_logprobs()
+                if fragment or logprobs or prompt_logprobs is not None:
+                    self._streams[seq.id].push(TokenEvent(
+                        seq.id, len(seq.output_ids), token, fragment, logprobs, prompt_logprobs))
             self._end_finished()
 
     async def _wait(self, wake_at: float | None) -> None:
@@ -177,6 +187,9 @@ class EngineLoop:
     def _end_finished(self) -> None:
         """End the streams of the sequences the core finished."""
         for seq in self.scheduler.pop_finished():
+            self._recent[seq.id] = None
+            if len(self._recent) > RECENT_IDS:
+                self._recent.popitem(last=False)
             stream = self._streams.pop(seq.id, None)
             if stream is None:
                 continue

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from ..engine import StepPlan
+from ..engine import Sampled, StepPlan
 from ..errors import QueueFull
 from .recorder import Recorder
 from .sequence import Sequence, Status
@@ -168,7 +168,8 @@ class Scheduler:
         return newcomers, None
 
     def _chunked(self, seq: Sequence) -> bool:
-        return 0 < self.chunk_tokens < seq.num_prompt_tokens
+        # A request for its prompt's logprobs needs every prompt position's logits at once.
+        return 0 < self.chunk_tokens < seq.num_prompt_tokens and seq.params.prompt_logprobs is None
 
     def _pick(self, room: int) -> list[Sequence]:
         """Highest priority first, FIFO within a priority, within the prefill budget; a
@@ -194,9 +195,10 @@ class Scheduler:
 
     # -- results ----------------------------------------------------------------------------
     def postprocess(
-        self, plan: StepPlan, tokens: list[int], started: float, now: float,
+        self, plan: StepPlan, sampled: Sampled, started: float, now: float,
     ) -> list[tuple[Sequence, int, str]]:
-        """Apply a step's tokens; return ``(sequence, token, text it releases)`` per live row.
+        """Apply a step's tokens (and the log probabilities of the rows that asked); return
+        ``(sequence, token, text it releases)`` per live row.
 
         A chunk that did not finish its prompt yields no token; the one that does moves its
         sequence from prefilling to the running rows (the engine appended its row)."""
@@ -204,17 +206,23 @@ class Scheduler:
         out: list[tuple[Sequence, int, str]] = []
         if plan.chunk:
             seq = plan.seqs[0]
-            if not tokens:
+            if not sampled.tokens:
                 self.recorder.step(plan, 0, started, now)
                 return out
             if seq is self.prefilling:
                 self.prefilling, seq.status = None, Status.RUNNING
                 self.running.append(seq)
-        for seq, token in zip(plan.seqs, tokens, strict=True):
+        logprobs = sampled.logprobs
+        prompt_logprobs = sampled.prompt_logprobs if plan.kind == "prefill" else None
+        for row, (seq, token) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
+            if prompt_logprobs is not None and prompt_logprobs[row] is not None:
+                seq.prompt_logprobs = prompt_logprobs[row]
             first = seq.record.first_token_at is None
-            fragment = seq.append(token, engine.detokenize, engine.eos_token_ids, now)
+            fragment = seq.append(
+                token, engine.detokenize, engine.eos_token_ids, now, logprobs[row] if logprobs else None
+            )
             self.recorder.token(seq, fragment, first)
             out.append((seq, token, fragment))
         self.recorder.step(plan, len(out), started, now)

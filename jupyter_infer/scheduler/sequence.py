@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable
 
 from ..metrics import RequestRecord
-from ..request import Request, RequestResult, SamplingParams
+from ..request import Request, RequestResult, SamplingParams, TokenLogprob
 
 
 class Status(enum.Enum):
@@ -37,6 +37,11 @@ class Sequence:
         self._decoded = ""  # text of all output tokens (may hold back a stop-string prefix)
         self._prefix_offset = 0
         self._read_offset = 0
+        # Only for requests that ask: one record per output token, and the prompt's.
+        self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self._logprobs_sent = 0
+        self._prompt_logprobs_sent = False
 
     @property
     def priority_key(self) -> tuple[int, int]:
@@ -74,31 +79,55 @@ class Sequence:
             ttft_ms=ms(rec.first_token_at),
             total_ms=ms(end),
             token_ids=tuple(self.output_ids),
+            prompt_ids=tuple(self.prompt_ids),
+            prompt_text=self.request.prompt,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            prompt_logprobs=None if self.prompt_logprobs is None else tuple(self.prompt_logprobs),
         )
+
+    def take_logprobs(self) -> tuple[tuple[TokenLogprob, ...], tuple[TokenLogprob | None, ...] | None]:
+        """The records not handed out yet: the output tokens' since the last call, and the
+        prompt's (once)."""
+        out: tuple[TokenLogprob, ...] = ()
+        if self.logprobs is not None and self._logprobs_sent < len(self.logprobs):
+            out = tuple(self.logprobs[self._logprobs_sent :])
+            self._logprobs_sent = len(self.logprobs)
+        prompt = None
+        if self.prompt_logprobs is not None and not self._prompt_logprobs_sent:
+            prompt, self._prompt_logprobs_sent = tuple(self.prompt_logprobs), True
+        return out, prompt
 
     def append(
         self, token_id: int, detokenize: Callable[[list[int]], str], eos_ids: frozenset[int], now: float,
+        logprob: TokenLogprob | None = None,
     ) -> str:
         """Add one generated token; return the text fragment it releases to the caller.
 
-        Sets ``finish_reason`` when this token ends the sequence (EOS, a stop sequence, or
-        ``max_tokens``). Detokenization is incremental (TGI's prefix/read offsets) so that a
-        token costs O(1) however long the output is, and a multi-byte character split over
-        tokens is released only once complete.
+        Sets ``finish_reason`` when this token ends the sequence (EOS unless ``ignore_eos``
+        or fewer than ``min_tokens`` yet, a stop sequence once ``min_tokens`` exist, or
+        ``max_tokens``; ``max_tokens=0`` ends at once, without the token). Detokenization is
+        incremental (TGI's prefix/read offsets) so that a token costs O(1) however long the
+        output is, and a multi-byte character split over tokens is released only once complete.
         """
         if self.record.first_token_at is None:
             self.record.first_token_at = now
-        if token_id in eos_ids:
+        params = self.params
+        if params.max_tokens == 0:  # only the prompt was wanted (echo with logprobs)
+            self.finish_reason = "length"
+            return ""
+        if token_id in eos_ids and not params.ignore_eos and len(self.output_ids) >= params.min_tokens:
             self.finish_reason = "stop"
             return self._release(final=True)
         self.output_ids.append(token_id)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
         prefix = detokenize(self.output_ids[self._prefix_offset : self._read_offset])
         full = detokenize(self.output_ids[self._prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self._decoded += full[len(prefix) :]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self.output_ids)
-        for stop in self.params.stop:
+        for stop in self.params.stop if len(self.output_ids) >= params.min_tokens else ():
             at = self._decoded.find(stop, max(0, len(self.text) - len(stop)))
             if at != -1:
                 self._decoded = self._decoded[:at]

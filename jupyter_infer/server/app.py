@@ -9,7 +9,7 @@ from dataclasses import fields
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Int, List, Unicode
+from traitlets import Bool, Float, Int, List, Unicode
 
 from .. import __version__
 from ..config import DTYPES, ENGINES, MODES, ServiceConfig
@@ -104,6 +104,14 @@ class InferApp(ExtensionApp):
     max_body_bytes = Int(
         1024 * 1024, help="Largest request body accepted; larger ones are refused with 413."
     ).tag(config=True)
+    max_choices = Int(
+        128, help="""Most choices one OpenAI call may ask for (prompts x n); each is its own request
+        in the queue, so they batch together.""",
+    ).tag(config=True)
+    health_without_auth = Bool(
+        False, help="""Answer GET infer/health without authentication (for load balancers and
+        probes that cannot send the token). It tells only whether the engine is ready.""",
+    ).tag(config=True)
     sse_keepalive_s = Float(
         15.0, help="Seconds between ': keepalive' comments on an event stream with nothing to say."
     ).tag(config=True)
@@ -115,6 +123,8 @@ class InferApp(ExtensionApp):
         """The traits as a ``ServiceConfig``; raises ``ValueError`` saying what to fix."""
         if self.max_body_bytes < 1:
             raise ValueError(f"InferApp.max_body_bytes must be at least 1; got {self.max_body_bytes}.")
+        if self.max_choices < 1:
+            raise ValueError(f"InferApp.max_choices must be at least 1; got {self.max_choices}.")
         if not 0 < self.sse_keepalive_s <= 15:
             raise ValueError(
                 f"InferApp.sse_keepalive_s must be above 0 and at most 15; got {self.sse_keepalive_s}."

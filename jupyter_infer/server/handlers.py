@@ -1,25 +1,29 @@
 """The HTTP routes under ``<base_url>infer/``: validate → service → shape the answer.
 
 Every verb is ``@web.authenticated`` + ``@authorized`` on the ``jupyter_infer`` resource:
-reads (status, metrics, batches, events, models) need ``read``; generating needs ``execute``.
-Errors a user can hit are ``InferError``s, answered as JSON ``{"message": ...}`` (OpenAI's
-``{"error": {...}}`` under ``infer/v1/``) with their status; nothing is queued on bad input.
+reads (status, metrics, batches, events, models, health, tokenize) need ``read``; generating
+needs ``execute``. ``infer/health`` may be opened to probes without auth
+(``InferApp.health_without_auth``). Errors a user can hit are ``InferError``s, answered as
+JSON ``{"message": ...}`` (OpenAI's ``{"error": {...}}`` under ``infer/v1/`` and on the vLLM
+tokenizer routes, including the 401/404/405 that tornado and jupyter_server raise
+themselves) with their status; nothing is queued on bad input.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from jupyter_server.auth.decorator import authorized
+from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from tornado import web
 
 from ..errors import InferError, InvalidRequest, NotFound, PayloadTooLarge, QueueFull
 from ..metrics import wall
-from ..request import Request, RequestResult, parse_generate_body
+from ..request import Request, RequestResult, TokenEvent, parse_generate_body
 from ..scheduler import RequestStream
 from ..service import InferenceService
 from . import openai_api
@@ -28,8 +32,9 @@ from .sse import EventStreamHandler, format_event
 AUTH_RESOURCE = "jupyter_infer"
 SERVICE_KEY = "jupyter_infer.service"  # settings key of the one InferenceService
 GENERATE = "execute"  # the auth action that running the model needs
-_QUERY_INTS = {"max_tokens", "top_k", "seed", "priority"}
-_QUERY_FLOATS = {"temperature", "top_p"}
+_QUERY_INTS = {"max_tokens", "top_k", "seed", "priority", "min_tokens"}
+_QUERY_FLOATS = {"temperature", "top_p", "repetition_penalty", "frequency_penalty", "presence_penalty"}
+_QUERY_FLAGS = {"ignore_eos"}
 _QUERY_IGNORED = {"token", "_xsrf", "no_track_activity"}
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
@@ -98,14 +103,18 @@ class InferHandler(EventStreamHandler):
                 continue
             value = values[-1]
             try:
-                if name in _QUERY_INTS:
+                if name in _QUERY_FLAGS:
+                    if value.lower() not in {"true", "false", "1", "0"}:
+                        raise ValueError(value)
+                    body[name] = value.lower() in {"true", "1"}
+                elif name in _QUERY_INTS:
                     body[name] = int(value)
                 elif name in _QUERY_FLOATS:
                     body[name] = float(value)
                 else:
                     body[name] = value
             except ValueError:
-                raise InvalidRequest(f"'{name}' must be a number; got {value!r}.", param=name) from None
+                raise InvalidRequest(f"'{name}' must be a number (or true/false); got {value!r}.", param=name) from None
         return body
 
     def parse(self, build: Callable[[], T]) -> T:
@@ -117,12 +126,24 @@ class InferHandler(EventStreamHandler):
             raise
 
     async def submit(self, request: Request) -> RequestStream:
-        stream = await self.service.submit(request)
-        self._stream = stream  # cancelled if the client leaves
+        return (await self.submit_all([request]))[0]
+
+    async def submit_all(self, requests: list[Request]) -> list[RequestStream]:
+        """Queue every request, or none: if one is refused, those already queued are
+        cancelled and the refusal is raised."""
+        try:
+            for request in requests:
+                stream = await self.service.submit(request)
+                self.request_streams.append(stream)  # cancelled if the client leaves
+        except InferError:
+            for stream in self.request_streams:
+                stream.cancel()
+            raise
         if self.gone.is_set():  # it left while we waited for the engine to load
-            stream.cancel()
-        self.set_header("X-Request-Id", stream.id)
-        return stream
+            for stream in self.request_streams:
+                stream.cancel()
+        self.set_header("X-Request-Id", self.request_streams[0].id)
+        return list(self.request_streams)
 
     # -- output -----------------------------------------------------------------------------
     def error_body(self, err: InferError) -> dict[str, Any]:
@@ -131,8 +152,8 @@ class InferHandler(EventStreamHandler):
     def write_infer_error(self, err: InferError) -> None:
         if self.streaming:
             body = self.error_body(err)
-            if self._stream is not None:
-                body["id"] = self._stream.id
+            if self.request_streams:
+                body["id"] = self.request_streams[0].id
             self.write(format_event(json.dumps(body), "error"))
             self.finish_event_stream()
             return
@@ -147,13 +168,19 @@ class InferHandler(EventStreamHandler):
         self.start_event_stream()
         if not await self.send(""):
             return
-        outcome = await self.relay(stream, lambda ev: format_event(ev.text, "token", ev.request_id))
+
+        def render(_: int, event: TokenEvent | RequestResult) -> str:
+            if isinstance(event, TokenEvent) and event.text:
+                return format_event(event.text, "token", event.request_id)
+            return ""
+
+        outcome = await self.relay([stream], render)
         if outcome is None:
             return  # the client left; the request is cancelled
         if isinstance(outcome, InferError):
             self.write_infer_error(outcome)
             return
-        await self.send(format_event(json.dumps(outcome.to_json()), "result", stream.id)
+        await self.send(format_event(json.dumps(outcome[0].to_json()), "result", stream.id)
                         + format_event("[DONE]", "done", stream.id))
         self.finish_event_stream()
 
@@ -185,11 +212,44 @@ class GenerateStreamHandler(InferHandler):
     @authorized(GENERATE)
     @answers_errors
     async def get(self) -> None:
+        # An EventSource reconnects after the stream ends, naming the last event's id (the
+        # request's). 204 is what the WHATWG spec says stops it; without it every
+        # reconnect would start a new generation.
+        last = self.request.headers.get("Last-Event-ID")
+        if last and self.service.knows(last):
+            self.set_status(204)
+            self.finish()
+            return
         await self._generate(self.query_body)
 
     async def _generate(self, read: Callable[[], Any]) -> None:
         request = self.parse(lambda: parse_generate_body(read(), max_new_tokens=self.max_new_tokens))
         await self.stream_tokens(await self.submit(request))
+
+
+class HealthHandler(InferHandler):
+    """``GET infer/health``: 200 ``{"status": "ok"}`` when the engine is ready, 503 while it
+    loads or after it failed. Auth as everywhere, unless ``InferApp.health_without_auth``."""
+
+    _track_activity = False  # a probe is not user activity (it must not defeat idle culling)
+
+    @allow_unauthenticated
+    async def get(self) -> None:
+        if self.infer_config.health_without_auth:
+            self._answer()
+        else:
+            await self._get_authenticated()
+
+    @web.authenticated
+    @authorized
+    async def _get_authenticated(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        state = self.service.state
+        if state != "ready":
+            self.set_status(503)
+        self.finish({"status": "ok" if state == "ready" else state})
 
 
 class StatusHandler(InferHandler):
@@ -250,43 +310,121 @@ class EventsHandler(InferHandler):
 
 
 # -- OpenAI-compatible ------------------------------------------------------------------------
+INVALID_KEY = ("Invalid or missing API key: use this Jupyter server's token as the API key "
+               "(Authorization: Bearer <token>).")
+
+
 class OpenAIHandler(InferHandler):
+    """Errors in the client's language: OpenAI's ``{"error": {...}}`` for what we raise and
+    for what tornado and jupyter_server raise (401 for a bad key, where jupyter_server would
+    say 403 or complain about a missing ``_xsrf``; 404; 405)."""
+
     def error_body(self, err: InferError) -> dict[str, Any]:
         return openai_api.error_body(err)
 
+    def check_xsrf_cookie(self) -> None:
+        # jupyter_server checks XSRF on a POST whose token did not authenticate it; for an
+        # API client that sent a wrong key the truth is 401, not "'_xsrf' argument missing".
+        if hasattr(self, "_jupyter_current_user") and self.current_user is None:
+            raise web.HTTPError(401, INVALID_KEY)
+        super().check_xsrf_cookie()
+
+    def get_login_url(self) -> str:
+        raise web.HTTPError(401, INVALID_KEY)  # what @web.authenticated asks for without a user
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        err = kwargs.get("exc_info", (None, None))[1]
+        message = getattr(err, "log_message", None) or self._reason
+        code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(status_code)
+        if status_code == 405:
+            message = f"{self.request.method} is not allowed on {self.request.path}."
+        if status_code >= 500 and not isinstance(err, web.HTTPError):
+            message = "The server failed on this request; see its log."
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(openai_api.error_json(status_code, message, code)))
+
     def write_infer_error(self, err: InferError) -> None:
-        if self.streaming:  # OpenAI streams report a late error as a data chunk
-            self.write(format_event(json.dumps(self.error_body(err))))
+        if self.streaming:  # OpenAI streams report a late error as a data chunk, then end
+            self.write(format_event(json.dumps(self.error_body(err))) + format_event("[DONE]"))
             self.finish_event_stream()
             return
         super().write_infer_error(err)
 
     async def complete(self, parse: Callable[..., openai_api.OpenAIRequest], chat: bool) -> None:
         info = await self.service.wait_ready()
-        parsed = self.parse(lambda: parse(self.read_json(), info, max_new_tokens=self.max_new_tokens))
-        stream = await self.submit(parsed.request)
-        shape = openai_api.Shaper(chat, stream.id, parsed.model, parsed.include_usage)
-        if not parsed.stream:
-            result = await self.whole_result(stream)
-            if result is not None:
-                self.finish(shape.whole(result))
+        call = self.parse(lambda: parse(self.read_json(), info, max_new_tokens=self.max_new_tokens,
+                                        max_choices=self.infer_config.max_choices))
+        if call.ignored:
+            self.set_header("X-Ignored-Fields", ", ".join(call.ignored))
+        streams = await self.submit_all(call.requests)
+        shape = openai_api.Shaper(chat, streams[0].id, call, self.service.token_texts)
+        if call.stream:
+            await self._stream_choices(streams, call, shape)
             return
+        try:
+            results = await asyncio.gather(*(s.result() for s in streams))
+        finally:
+            for stream in streams:
+                if not stream.done:
+                    stream.cancel()  # another choice failed, or the client left
+        if not self.gone.is_set():
+            self.finish(shape.whole(results))
+
+    async def _stream_choices(
+        self, streams: list[RequestStream], call: openai_api.OpenAIRequest, shape: openai_api.Shaper,
+    ) -> None:
+        """Chunks of every choice, interleaved as they come, each with its ``index``."""
+        chat = shape.chat
+        tokens = [0] * len(streams)  # completion tokens so far, per choice
+        chars = [0] * len(streams)  # text sent so far, per choice (logprobs' text_offset)
+        records = [0] * len(streams)  # logprob records sent so far, per choice
+        opened = [chat] * len(streams)  # completions: the echo chunk is sent (chat: role chunk)
 
         def data(obj: Any) -> str:
             return format_event(json.dumps(obj))
 
+        def usage(i: int) -> dict[str, int] | None:
+            if not call.continuous_usage:
+                return None
+            return shape.usage([len(streams[i].prompt_ids)], [tokens[i]])
+
+        def echo(i: int, prompt_logprobs: Any) -> str:
+            opened[i] = True
+            if not call.echo:
+                return ""
+            text = call.requests[i].prompt
+            chars[i] = len(text)
+            return data(shape.chunk(i, text, logprobs=shape.echo_logprobs(streams[i].prompt_ids, prompt_logprobs),
+                                    usage=usage(i)))
+
+        def render(i: int, event: TokenEvent | RequestResult) -> str:
+            if isinstance(event, TokenEvent):
+                text = "" if opened[i] else echo(i, event.prompt_logprobs)
+                tokens[i] = event.index
+                records[i] += len(event.logprobs)
+                lp = shape.event_logprobs(event.logprobs, chars[i])
+                chars[i] += len(event.text)
+                if event.text or lp is not None:
+                    text += data(shape.chunk(i, event.text, logprobs=lp, usage=usage(i)))
+                return text
+            text = "" if opened[i] else echo(i, event.prompt_logprobs)
+            tokens[i] = event.completion_tokens
+            rest = (event.logprobs or ())[records[i]:]
+            lp = shape.event_logprobs(rest, chars[i]) if rest else None
+            return text + data(shape.chunk(i, None if chat else "", finish_reason=openai_api.finish_reason(event),
+                                           logprobs=lp, usage=usage(i)))
+
         self.start_event_stream()
-        if chat and not await self.send(data(shape.chunk("", first=True))):
+        if chat and not await self.send("".join(
+                data(shape.chunk(i, "", first=True, usage=usage(i))) for i in range(len(streams)))):
             return
-        outcome = await self.relay(stream, lambda ev: data(shape.chunk(ev.text)))
+        outcome = await self.relay(streams, render)
         if outcome is None:
             return
         if isinstance(outcome, InferError):
             self.write_infer_error(outcome)
             return
-        text = data(shape.last_chunk(outcome))
-        if parsed.include_usage:
-            text += data(shape.usage_chunk(outcome))
+        text = data(shape.usage_chunk(outcome)) if call.include_usage else ""
         await self.send(text + format_event("[DONE]"))
         self.finish_event_stream()
 
@@ -313,8 +451,96 @@ class ModelsHandler(OpenAIHandler):
     @answers_errors
     async def get(self) -> None:
         info = await self.service.wait_ready()
-        created = int(wall(self.service.collector.started_at))
-        self.finish(openai_api.models_list(info, created))
+        self.finish(openai_api.models_list(info, self._created()))
+
+    def _created(self) -> int:
+        return int(wall(self.service.collector.started_at))
+
+
+class ModelHandler(ModelsHandler):
+    """``GET infer/v1/models/{id}``: the card of the served model (ids may hold ``/``)."""
+
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def get(self, model: str) -> None:
+        info = await self.service.wait_ready()
+        if model not in openai_api.model_names(info):
+            raise NotFound(f"The model {model!r} is not served here; GET infer/v1/models lists the one that is.")
+        self.finish(openai_api.model_card(info, self._created()))
+
+
+class TokenizeHandler(OpenAIHandler):
+    """``POST infer/tokenize`` (vLLM's shape): ``{prompt}`` or ``{messages}`` →
+    ``{count, max_model_len, tokens, token_strs}``, as the generate routes tokenize."""
+
+    @web.authenticated
+    @authorized("read")  # tokenizing runs no model: reading, though it is a POST
+    @answers_errors
+    async def post(self) -> None:
+        info = await self.service.wait_ready()
+        body = self.parse(self.read_json)
+        if not isinstance(body, dict):
+            raise InvalidRequest("The request body must be a JSON object with 'prompt' or 'messages'.")
+        if "messages" in body:
+            prompt = await self.service.render_chat(openai_api.parse_messages(body))
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise InvalidRequest("'prompt' must be a string (or send 'messages').", param="prompt")
+        tokens = await self.service.tokenize(prompt)
+        strs = self.service.token_texts(tokens) if body.get("return_token_strs") else None
+        self.finish({"count": len(tokens), "max_model_len": info.max_context, "tokens": tokens, "token_strs": strs})
+
+
+class DetokenizeHandler(OpenAIHandler):
+    """``POST infer/detokenize`` (vLLM's shape): ``{tokens}`` → ``{prompt}``."""
+
+    @web.authenticated
+    @authorized("read")
+    @answers_errors
+    async def post(self) -> None:
+        body = self.parse(self.read_json)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidRequest("'tokens' must be a list of token ids.", param="tokens")
+        self.finish({"prompt": await self.service.detokenize(tokens)})
+
+
+class NotFoundHandler(InferHandler):
+    """Any other path under ``infer/``: a JSON 404 (jupyter_server would answer a redirect to
+    its login page, or HTML), whatever the method."""
+
+    def _not_found(self) -> None:
+        raise web.HTTPError(404, f"No route {self.request.path}: docs/server.md lists this server's routes.")
+
+    @web.authenticated
+    def get(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def post(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def put(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def patch(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def delete(self, *args: Any) -> None:
+        self._not_found()
+
+
+class OpenAINotFoundHandler(OpenAIHandler, NotFoundHandler):
+    """Any other path under ``infer/v1/``: the same 404, in OpenAI's shape."""
+
+    def _not_found(self) -> None:
+        raise web.HTTPError(404, f"No route {self.request.path}: this server offers v1/completions, "
+                                 "v1/chat/completions and v1/models.")
 
 
 class RequestHandler(InferHandler):
@@ -341,5 +567,11 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/v1/completions", CompletionsHandler),
         (r"/infer/v1/chat/completions", ChatCompletionsHandler),
         (r"/infer/v1/models", ModelsHandler),
+        (r"/infer/v1/models/(.+)", ModelHandler),
+        (r"/infer/v1/.*", OpenAINotFoundHandler),
+        (r"/infer/health", HealthHandler),
+        (r"/infer/tokenize", TokenizeHandler),
+        (r"/infer/detokenize", DetokenizeHandler),
         (r"/infer/requests/([^/]+)", RequestHandler),
+        (r"/infer/.*", NotFoundHandler),
     ]
