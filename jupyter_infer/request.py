@@ -49,6 +49,7 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     messages: list[dict[str, str]] | None = None
     priority: int = 0
+    model: str | None = None  # the model (or router backend) the caller named; None: any
     id: str = field(default_factory=new_request_id)
     arrival: float = field(default_factory=time.monotonic)
     # FIFO tie-break within a priority, immune to equal timestamps.
@@ -76,9 +77,10 @@ class RequestResult:
     ttft_ms: float | None
     total_ms: float
     token_ids: tuple[int, ...] = field(default=(), repr=False)  # the generated tokens
+    route: str | None = None  # the router's backend that served it (engine = "router")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "text": self.text,
             "finish_reason": self.finish_reason,
@@ -94,10 +96,13 @@ class RequestResult:
                 "total_ms": round(self.total_ms, 2),
             },
         }
+        if self.route is not None:
+            out["route"] = self.route
+        return out
 
 
 GENERATE_FIELDS = {
-    "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "priority",
+    "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "priority", "model",
 }
 
 
@@ -183,4 +188,7 @@ def parse_generate_body(body: Any, *, max_new_tokens: int) -> Request:
     prompt = check_prompt(body.get("prompt"))
     params = parse_sampling(body, max_new_tokens=max_new_tokens)
     priority = _integer(body, "priority", 0, -1000, 1000) or 0
-    return Request(prompt=prompt, params=params, priority=priority)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string (see GET infer/v1/models).", param="model")
+    return Request(prompt=prompt, params=params, priority=priority, model=model)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..engine import Batch, Engine, StepPlan
+from ..engine import Batch, Engine, EngineInfo, StepPlan
 from ..errors import EngineUnavailable, RequestFailed
 from ..request import TokenEvent
 from .recorder import Recorder
@@ -50,6 +50,10 @@ class EngineLoop:
     @property
     def started(self) -> bool:
         return self._task is not None
+
+    @property
+    def info(self) -> EngineInfo | None:
+        return self.engine.info if self.engine else None
 
     def start(self) -> None:
         """Start loading the engine (on the engine thread) and the loop; idempotent."""

@@ -17,6 +17,8 @@ class RequestStream:
 
     def __init__(self, request_id: str, cancel: Callable[[str], object]) -> None:
         self.id = request_id
+        self.model: str | None = None  # the model that serves it (the service fills it in)
+        self.route: str | None = None  # the router's backend that serves it
         self._cancel = cancel
         self._events: asyncio.Queue[TokenEvent | _End] = asyncio.Queue()
         self._result: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()

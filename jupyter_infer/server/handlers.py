@@ -122,6 +122,8 @@ class InferHandler(EventStreamHandler):
         if self.gone.is_set():  # it left while we waited for the engine to load
             stream.cancel()
         self.set_header("X-Request-Id", stream.id)
+        if stream.route is not None:  # engine = "router": the backend that serves it
+            self.set_header("X-Route", stream.route)
         return stream
 
     # -- output -----------------------------------------------------------------------------
@@ -160,6 +162,8 @@ class InferHandler(EventStreamHandler):
     async def whole_result(self, stream: RequestStream) -> RequestResult | None:
         """Wait for the whole result; ``None`` if the client left meanwhile."""
         result = await stream.result()
+        if result.route is not None:  # a fallback may have moved it since submit
+            self.set_header("X-Route", result.route)
         return None if self.gone.is_set() else result
 
 
@@ -262,7 +266,7 @@ class OpenAIHandler(InferHandler):
         info = await self.service.wait_ready()
         parsed = self.parse(lambda: parse(self.read_json(), info, max_new_tokens=self.max_new_tokens))
         stream = await self.submit(parsed.request)
-        shape = openai_api.Shaper(chat, stream.id, parsed.model, parsed.include_usage)
+        shape = openai_api.Shaper(chat, stream.id, stream.model or parsed.model, parsed.include_usage)
         if not parsed.stream:
             result = await self.whole_result(stream)
             if result is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..engine import EngineInfo
@@ -60,14 +59,16 @@ def error_body(err: InferError) -> dict[str, Any]:
 
 def model_names(info: EngineInfo) -> list[str]:
     """The served model's name first, then the aliases a client may use for it."""
-    served = info.model
-    names = [served, Path(served).name, "default"]
-    return list(dict.fromkeys(n for n in names if n))
+    return info.model_names()
 
 
 def models_list(info: EngineInfo, created: int) -> dict[str, Any]:
+    """``v1/models``: the served model; behind a router, every backend's (with its route)."""
+    cards = info.models or [{"id": info.model}]
     return {"object": "list", "data": [
-        {"id": info.model, "object": "model", "created": created, "owned_by": "jupyter_infer"}
+        {"id": card["id"], "object": "model", "created": created, "owned_by": "jupyter_infer",
+         **({"route": card["route"]} if card.get("route") else {})}
+        for card in cards
     ]}
 
 
@@ -119,6 +120,12 @@ def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
     return names[0]
 
 
+def _requested(request: Request, body: Mapping[str, Any]) -> Request:
+    """Keep the model the client named (a router routes by it)."""
+    request.model = body.get("model")
+    return request
+
+
 def _check_stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
@@ -162,7 +169,7 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int) -> Ope
         default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
         default_temperature=OPENAI_DEFAULT_TEMPERATURE,
     )
-    return OpenAIRequest(Request(prompt=prompt, params=params), model, stream, include_usage)
+    return OpenAIRequest(_requested(Request(prompt=prompt, params=params), body), model, stream, include_usage)
 
 
 def _message_text(message: Mapping[str, Any], index: int) -> str:
@@ -217,7 +224,8 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int) -> OpenAIReq
         _sampling_body(body, max_tokens), max_new_tokens=max_new_tokens,
         default_max_tokens=None, default_temperature=OPENAI_DEFAULT_TEMPERATURE,
     )
-    return OpenAIRequest(Request(prompt="", messages=chat, params=params), model, stream, include_usage)
+    request = _requested(Request(prompt="", messages=chat, params=params), body)
+    return OpenAIRequest(request, model, stream, include_usage)
 
 
 def _finish_reason(result: RequestResult) -> str:
@@ -258,7 +266,10 @@ class Shaper:
             choice["message"] = {"role": "assistant", "content": result.text}
         else:
             choice["text"] = result.text
-        return {**self._base(False), "choices": [choice], "usage": _usage(result)}
+        out = {**self._base(False), "choices": [choice], "usage": _usage(result)}
+        if result.route is not None:
+            out["route"] = result.route
+        return out
 
     def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
