@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .client import Client, Completion
-from .engine.simulated_answers import SAMPLE_PROMPTS
 from .errors import EngineUnavailable, InferError
+from .prompts import SAMPLE_PROMPTS
 
 BURST_TOKENS = (16, 24, 32, 40)  # varied lengths, so rows visibly leave a continuous batch
 

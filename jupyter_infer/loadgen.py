@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .client import AsyncTokenStream, Client, arrival_times
-from .engine.simulated_answers import SAMPLE_PROMPTS
 from .errors import InferError
 from .metrics import percentile
+from .prompts import SAMPLE_PROMPTS
 
 
 # -- workload --------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from .client import Client, Completion, arrival_times, default_client
-from .engine.simulated_answers import SAMPLE_PROMPTS
 from .errors import InferError
+from .prompts import SAMPLE_PROMPTS
 
 STREAM_REDRAW_S = 0.1  # the streamed output is redrawn at most 10 times a second
 BURST_POLL_S = 0.4

@@ -15,8 +15,8 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..client import Client, arrival_times, default_client
-from ..engine.simulated_answers import SAMPLE_PROMPTS
 from ..errors import InferError
+from ..prompts import SAMPLE_PROMPTS
 from .run_view import RunView
 
 REDRAW_S = 0.2  # widget updates at most 5 times a second
