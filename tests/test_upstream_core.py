@@ -74,6 +74,23 @@ def test_queue_full_is_429_without_queueing() -> None:
     assert len(s.waiting) == 1 and len(s.running) == 1
 
 
+def test_requests_that_finish_together_close_one_span() -> None:
+    s = core(max_batch_size=4, idle_admit_delay_ms=5)
+    rows = [seq() for _ in range(4)]
+    for x in rows:
+        s.add(x, 0.0)
+    s.start(0.0)
+    s.start(0.006)  # the idle wait for a burst: all four start together
+    for i, x in enumerate(rows[:3]):  # three finish a millisecond apart, each on its own chunk
+        s.complete(x, "length", 1.0 + i / 1000)
+    assert s.start(1.002) == ([], pytest.approx(1.005))  # their span closes once, a bit later
+    s.start(1.005)
+    s.complete(rows[3], "length", 2.0)
+    spans = list(s.recorder.metrics.batches)
+    assert [len(sp.members) for sp in spans] == [4, 1]
+    assert spans[0].ended_at == spans[1].started_at == pytest.approx(1.005)
+
+
 def test_a_cancelled_running_request_leaves_at_once_and_its_late_text_is_dropped() -> None:
     s = core(max_batch_size=4)
     a, b = seq(), seq()
@@ -96,6 +113,7 @@ def test_spans_follow_what_is_in_flight_and_count_streamed_tokens() -> None:
     for t, x in ((0.1, a), (0.1, b), (0.2, a)):
         s.receive(x, "w", t)
     s.complete(a, "length", 0.3, usage=(7, 2))
+    s.start(0.3)
     s.receive(b, "w", 0.4)
     s.fail_request(b, "the upstream broke", 0.5)
     spans = list(s.recorder.metrics.batches)

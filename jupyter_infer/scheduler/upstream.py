@@ -6,6 +6,11 @@ waits ``idle_admit_delay_ms`` so that a burst starts together. What differs is t
 no steps: an admitted request runs upstream on its own, its text arrives chunk by chunk, and
 it leaves (finished, failed, cancelled) the moment it ends. Synchronous and free of I/O, like
 the engine's core; the ``UpstreamLoop`` does the HTTP.
+
+Spans (the batch records of an upstream) change when requests start or leave. Requests that
+the upstream finishes together (a burst with one ``max_tokens``) leave a millisecond apart,
+each on its own chunk: their departures are recorded together, ``idle_admit_delay_ms`` after
+the first (or at the next start), as an engine records every row that leaves in one step.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ class UpstreamScheduler(Scheduler):
     def __init__(self, config: ServiceConfig, recorder: Recorder) -> None:
         super().__init__(config, None, recorder)
         self.prefill_budget = None  # the upstream pads and batches on its own
+        self._left_at: float | None = None  # a departure not yet recorded in the spans
 
     def _may_join(self) -> bool:
         return True  # upstream requests do not wait for each other's steps
@@ -32,7 +38,17 @@ class UpstreamScheduler(Scheduler):
         """The queued requests to send upstream now (they are running from here on), or
         ``([], wake_at)``: nothing to start before ``wake_at`` (``None``: until something
         arrives or leaves)."""
-        return self._admit(now)
+        newcomers, wake_at = self._admit(now)
+        if newcomers:
+            self._left_at = None  # admitted() opened a span of who runs now
+        elif self._left_at is not None:
+            due = self._left_at + self.config.idle_admit_delay_ms / 1000
+            if now >= due:
+                self._left_at = None
+                self.recorder.left(self.running, now)
+            else:
+                wake_at = due if wake_at is None else min(wake_at, due)
+        return newcomers, wake_at
 
     def cancel(self, request_id: str, now: float) -> bool:
         """Cancel a request: a running one leaves at once (the loop closes its upstream
@@ -73,4 +89,8 @@ class UpstreamScheduler(Scheduler):
 
     def _leave(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
         self._retire(seq, outcome, now, error)
-        self.recorder.left(self.running, now)
+        if not self.running:  # the last one out closes the span at once
+            self._left_at = None
+            self.recorder.left([], now)
+        elif self._left_at is None:
+            self._left_at = now
