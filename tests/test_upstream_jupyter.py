@@ -50,6 +50,7 @@ def upstream_metrics(server: LocalServer) -> dict[str, Any]:
 
 async def test_a_client_that_leaves_cancels_the_request_upstream(front: httpx.AsyncClient,
                                                                  upstream_server: LocalServer) -> None:
+    await front.get("infer/v1/models")  # answers once the front has looked at the upstream
     status = (await front.get("infer/status")).json()
     assert status["engine"] == "openai" and status["model"] == "simulated"
     assert status["upstream"]["reachable"] is True

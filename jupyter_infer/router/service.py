@@ -224,7 +224,8 @@ class RouterService:
 
     def status(self) -> dict[str, Any]:
         routes = {name: b.status() for name, b in self.backends.items()}
-        default = routes[self.rule.default]
+        # The default backend's engine, model and device at the top, for views that show one.
+        default = {k: v for k, v in routes[self.rule.default].items() if k not in ("route", "upstream")}
         failed = [f"{n}: {s['load_error']}" for n, s in routes.items() if s["load_error"]]
         return {
             **default,
@@ -239,6 +240,8 @@ class RouterService:
             "routes": routes,
             "rule": self.rule.describe(),
             "fallbacks": dict(self.fallbacks),
+            "timeline": ("records carry their route; a record with source 'upstream' is a set of "
+                         "requests in flight upstream together, not an engine batch"),
         }
 
     def metrics(self) -> dict[str, Any]:
