@@ -51,6 +51,13 @@ class RequestFailed(InferError):
     code = "engine_error"
 
 
+class ServerTimeout(EngineUnavailable, TimeoutError):
+    """The client heard nothing from the server for too long (a frozen or unreachable
+    server); raised by ``jupyter_infer.Client`` instead of waiting forever."""
+
+    status = 504
+    code = "timeout"
+
 
 class UpstreamError(InferError):
     """The upstream server (``engine = "openai"``) answered with an error or broke its stream."""

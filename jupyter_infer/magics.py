@@ -85,7 +85,7 @@ def _stream_into_display(client: Client, prompt: str, params: dict[str, Any]) ->
         handle.update({"text/plain": stream.text}, raw=True)  # no placeholder or cursor left behind
         raise
     footer = (
-        f"[{stream.fragments} tokens · first token {stream.ttft_ms:.0f} ms · "
+        f"[{stream.tokens} tokens · first token {stream.ttft_ms:.0f} ms · "
         f"total {stream.total_ms / 1000:.2f} s · {stream.id}]"
         if stream.ttft_ms is not None and stream.total_ms is not None else f"[{stream.id}]"
     )
@@ -208,8 +208,8 @@ class InferMagics(Magics):
         for i, delay in enumerate(arrival_times(args.n, args.rate, args.seed)):
             view.record(f"#{i + 1}", queued_at=t0 + delay)
         finished: list[tuple[int, Completion]] = []  # appended on the client's I/O thread
-        future = client._io.submit(client._burst(
-            prompts, args.rate, args.seed, {"max_tokens": args.max_tokens},
+        future = client.submit(client.aburst(
+            prompts, args.rate, seed=args.seed, max_tokens=args.max_tokens,
             on_result=lambda i, result: finished.append((i, result)),
         ))
         try:
