@@ -184,3 +184,32 @@ def test_a_notebook_with_the_magics_works_through_the_front(transformers_server:
     status_text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in nb.cells[3].outputs)
     assert "openai" in status_text
     assert metrics["requests"]["ok"] == 6 and metrics["requests"]["failed"] == 0, metrics["requests"]
+
+
+def test_the_magics_work_against_the_plain_server_with_no_jupyter_server_between(
+    transformers_server: str, tmp_path: Path,
+) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%load_ext jupyter_infer",
+        "%%infer --max-tokens 5\nHello straight to the model server",
+        "%infer_burst 4 --max-tokens 6",
+        "%infer_status",
+        "from jupyter_infer.client import default_client\n"
+        "b = default_client().batches()\n"
+        "print(b['timings'], sorted({x['source'] for x in b['batches']}), max(x['size'] for x in b['batches']))",
+    )]
+    env = {**os.environ, "JUPYTER_INFER_URL": transformers_server}
+    env.pop("JUPYTER_INFER_TOKEN", None)
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
+    errors = [o for c in nb.cells for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+
+    def text(i: int) -> str:
+        return "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in nb.cells[i].outputs)
+
+    assert "5 tokens" in text(1)
+    assert "4 requests (4 ok" in text(2)
+    assert "OpenAI-compatible server" in text(3) and "client-side" in text(3)
+    assert text(4).split()[:2] == ["client-side", "['upstream']"]
