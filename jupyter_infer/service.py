@@ -108,8 +108,12 @@ class InferenceService:
 
     @property
     def state(self) -> str:
-        """``stopped`` | ``loading`` | ``ready`` | ``failed``."""
-        return self._loop.state
+        """``stopped`` | ``loading`` | ``ready`` | ``failed``, and ``unreachable`` for an
+        upstream that does not answer now (it may come back; requests get 503 meanwhile)."""
+        state = self._loop.state
+        if state == "ready" and self.reachable is False:
+            return "unreachable"
+        return state
 
     async def wait_ready(self, timeout: float | None = None) -> EngineInfo:
         return (await self._loop.wait_ready(timeout)).info

@@ -119,6 +119,7 @@ async def test_streams_say_their_route_and_fallback_moves_a_failing_upstreams_re
         status = (await client.get("infer/status")).json()
         assert status["engine"] == "router" and set(status["routes"]) == {"local", "cluster"}
         assert status["routes"]["cluster"]["upstream"]["reachable"] is False
+        assert status["routes"]["cluster"]["state"] == "unreachable" and status["state"] == "ready"
         assert status["rule"]["order"] == ["model", "sensitivity", "complexity", "default"]
 
         batches = (await client.get("infer/batches")).json()

@@ -87,7 +87,8 @@ async def test_an_upstream_killed_mid_stream_is_an_error_event_and_its_return_is
     refused = await front.post("infer/generate", json={"prompt": "hello", "max_tokens": 4})
     assert refused.status_code == 503 and refused.json()["code"] == "upstream_unavailable"
     assert "Check that it is running" in refused.json()["message"]
-    assert (await front.get("infer/status")).json()["upstream"]["reachable"] is False
+    down = (await front.get("infer/status")).json()
+    assert down["upstream"]["reachable"] is False and down["state"] == "unreachable"
 
     await asyncio.to_thread(upstream_server.start)  # back, on the same port
 

@@ -106,7 +106,7 @@ async def test_cancel_closes_the_upstream_stream_at_once() -> None:
 async def test_an_unreachable_upstream_is_503_after_retries_and_recovery_is_noticed() -> None:
     up = ScriptedUpstream()  # not started: nothing listens on its port
     s = await front(up, upstream_model=MODEL, upstream_retries=2)
-    assert s.status()["upstream"]["reachable"] is False and s.state == "ready"
+    assert s.status()["upstream"]["reachable"] is False and s.status()["state"] == "unreachable"
     stream = await s.submit(req())
     with pytest.raises(UpstreamUnavailable) as caught:
         await stream.result()
@@ -115,6 +115,7 @@ async def test_an_unreachable_upstream_is_503_after_retries_and_recovery_is_noti
     assert s.metrics()["requests"]["failed"] == 1
     up.start()  # it comes back: the watcher's probe sees it without any request
     await eventually(lambda: s.status()["upstream"]["reachable"] is True, timeout=10)
+    assert s.state == "ready"
     assert (await (await s.submit(req())).result()).text == "w0 w1 w2 w3 "
     await s.stop()
     await up.stop()

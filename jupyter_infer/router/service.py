@@ -85,9 +85,10 @@ class RouterService:
 
     @property
     def state(self) -> str:
-        """``ready`` while any backend is; else ``loading``, ``stopped`` or ``failed``."""
+        """``ready`` while any backend is; else ``loading``, ``unreachable``, ``stopped`` or
+        ``failed``."""
         states = {b.state for b in self.backends.values()}
-        for state in ("ready", "loading", "stopped"):
+        for state in ("ready", "loading", "unreachable", "stopped"):
             if state in states:
                 return state
         return "failed"
