@@ -21,7 +21,7 @@ import httpx
 from ..engine import EngineInfo
 from ..errors import InferError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from ..metrics import wall
-from .wire import Chunk, error_message, http_error, parse_chunk, request_body
+from .wire import Chunk, http_error, parse_chunk, request_body
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig
@@ -268,4 +268,4 @@ def _describe(err: BaseException, url: str) -> str:
     return f"The upstream server ({url}) {kind}: {detail}."
 
 
-__all__ = ["UpstreamConfigError", "UpstreamServer", "error_message"]
+__all__ = ["UpstreamConfigError", "UpstreamServer"]
