@@ -94,6 +94,7 @@ class Request:
     # the service then fills ``prompt`` with their text.
     prompt_ids: list[int] | None = None
     priority: int = 0
+    model: str | None = None  # the model (or router backend) the caller named; None: any
     id: str = field(default_factory=new_request_id)
     arrival: float = field(default_factory=time.monotonic)
     # FIFO tie-break within a priority, immune to equal timestamps.
@@ -131,9 +132,10 @@ class RequestResult:
     # prompt's first entry is None (nothing predicts the first token).
     logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = field(default=None, repr=False)
+    route: str | None = None  # the router's backend that served it (engine = "router")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "text": self.text,
             "finish_reason": self.finish_reason,
@@ -149,13 +151,16 @@ class RequestResult:
                 "total_ms": round(self.total_ms, 2),
             },
         }
+        if self.route is not None:
+            out["route"] = self.route
+        return out
 
 
 SAMPLING_FIELDS = {
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
     "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
 }
-GENERATE_FIELDS = SAMPLING_FIELDS | {"prompt", "priority"}
+GENERATE_FIELDS = SAMPLING_FIELDS | {"prompt", "priority", "model"}
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -291,4 +296,7 @@ def parse_generate_body(body: Any, *, max_new_tokens: int) -> Request:
     prompt = check_prompt(body.get("prompt"))
     params = parse_sampling(body, max_new_tokens=max_new_tokens)
     priority = _integer(body, "priority", 0, -1000, 1000) or 0
-    return Request(prompt=prompt, params=params, priority=priority)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string (see GET infer/v1/models).", param="model")
+    return Request(prompt=prompt, params=params, priority=priority, model=model)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..engine import Batch, Engine, StepPlan
+from ..engine import Batch, Engine, EngineInfo, StepPlan
 from ..errors import EngineUnavailable, RequestFailed
 from ..request import TokenEvent
 from .recorder import Recorder
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECENT_IDS = 1024  # finished request ids remembered (a reconnecting EventSource names one)
 
 
 class EngineLoop:
@@ -42,7 +40,6 @@ class EngineLoop:
         self.engine: Engine | None = None
         self.scheduler: Scheduler | None = None  # made once the engine is loaded
         self._streams: dict[str, RequestStream] = {}
-        self._recent: OrderedDict[str, None] = OrderedDict()  # ids of recently finished requests
         self._batch: Batch | None = None  # the running rows, as the engine holds them
         self._partial: Batch | None = None  # the row of a prompt being prefilled in chunks
         self._stop_reason: str | None = None
@@ -55,6 +52,10 @@ class EngineLoop:
     @property
     def started(self) -> bool:
         return self._task is not None
+
+    @property
+    def info(self) -> EngineInfo | None:
+        return self.engine.info if self.engine else None
 
     def start(self) -> None:
         """Start loading the engine (on the engine thread) and the loop; idempotent."""
@@ -107,8 +108,8 @@ class EngineLoop:
         return stream
 
     def knows(self, request_id: str) -> bool:
-        """Queued, running, or among the last ``RECENT_IDS`` finished."""
-        return request_id in self._streams or request_id in self._recent
+        """Queued, running, or recently finished (the recorder remembers those)."""
+        return request_id in self._streams or self.recorder.finished_recently(request_id)
 
     def cancel(self, request_id: str) -> bool:
         if self.scheduler is None or not self.scheduler.cancel(request_id, time.monotonic()):
@@ -187,9 +188,6 @@ class EngineLoop:
     def _end_finished(self) -> None:
         """End the streams of the sequences the core finished."""
         for seq in self.scheduler.pop_finished():
-            self._recent[seq.id] = None
-            if len(self._recent) > RECENT_IDS:
-                self._recent.popitem(last=False)
             stream = self._streams.pop(seq.id, None)
             if stream is None:
                 continue

@@ -36,11 +36,12 @@ DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefill
 
 
 class Scheduler:
-    def __init__(self, config: ServiceConfig, engine: Engine, recorder: Recorder) -> None:
+    def __init__(self, config: ServiceConfig, engine: Engine | None, recorder: Recorder) -> None:
         self.config = config
-        self.engine = engine  # read for detokenize and EOS only: steps run in the loop
+        self.engine = engine  # read for detokenize and EOS only (None upstream): steps run in the loop
         self.recorder = recorder
         self.max_batch_size = config.batch_size
+        self.prefill_budget: int | None = config.max_prefill_tokens  # None: no budget
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.prefilling: Sequence | None = None  # the long prompt being prefilled in chunks
@@ -128,7 +129,7 @@ class Scheduler:
     def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
         cfg = self.config
         if self.prefilling is not None:  # its next chunk, once the running rows had a step
-            if self.running and self._decodes_since_prefill < DECODES_PER_PREFILL:
+            if self.running and not self._may_join():
                 return [], None
             return [self.prefilling], None
         if not self.waiting:
@@ -136,8 +137,8 @@ class Scheduler:
         if cfg.mode == "window" and self.running:
             return [], None  # the classic batcher runs a batch to completion
         if self.running:
-            if self._decodes_since_prefill < DECODES_PER_PREFILL:
-                return [], None  # let the running streams make progress first
+            if not self._may_join():
+                return [], None
         else:
             # An idle engine waits for the window (window mode), or a few ms (continuous):
             # a burst landing over some ms then shares one prefill instead of two.
@@ -167,6 +168,11 @@ class Scheduler:
         self.recorder.admitted(newcomers, self.running, now)
         return newcomers, None
 
+    def _may_join(self) -> bool:
+        """Whether newcomers may join running rows now: after the running streams made
+        progress since the last prefill."""
+        return self._decodes_since_prefill >= DECODES_PER_PREFILL
+
     def _chunked(self, seq: Sequence) -> bool:
         # A request for its prompt's logprobs needs every prompt position's logits at once.
         return 0 < self.chunk_tokens < seq.num_prompt_tokens and seq.params.prompt_logprobs is None
@@ -174,9 +180,9 @@ class Scheduler:
     def _pick(self, room: int) -> list[Sequence]:
         """Highest priority first, FIFO within a priority, within the prefill budget; a
         prompt to chunk goes alone."""
-        budget = self.config.max_prefill_tokens
-        if self.running and self.chunk_tokens:
-            budget = min(budget, self.chunk_tokens)  # what the running rows wait for, at most
+        budget = self.prefill_budget
+        if self.running and self.chunk_tokens:  # what the running rows wait for, at most
+            budget = self.chunk_tokens if budget is None else min(budget, self.chunk_tokens)
         newcomers: list[Sequence] = []
         longest = 0
         for seq in sorted(self.waiting, key=lambda s: s.priority_key):
@@ -187,7 +193,7 @@ class Scheduler:
                     newcomers.append(seq)
                 break
             longest_if = max(longest, seq.num_prompt_tokens)
-            if newcomers and longest_if * (len(newcomers) + 1) > budget:
+            if newcomers and budget is not None and longest_if * (len(newcomers) + 1) > budget:
                 break  # padded prefill over budget; the rest waits for the next prefill
             newcomers.append(seq)
             longest = longest_if

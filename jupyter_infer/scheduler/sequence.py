@@ -23,7 +23,10 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, request: Request, prompt_ids: list[int]) -> None:
+    """``prompt_tokens`` counts a prompt that is not tokenized here (an upstream server's,
+    estimated until it reports usage); by default it is ``len(prompt_ids)``."""
+
+    def __init__(self, request: Request, prompt_ids: list[int], *, prompt_tokens: int | None = None) -> None:
         self.request = request
         self.id = request.id
         self.params: SamplingParams = request.params
@@ -32,7 +35,11 @@ class Sequence:
         self.status = Status.WAITING
         self.cancelled = False
         self.alone = False  # prefill it on its own: a group prefill it was in failed
-        self.record = RequestRecord(request.id, request.priority, len(prompt_ids), request.arrival)
+        self.record = RequestRecord(
+            request.id, request.priority, len(prompt_ids) if prompt_tokens is None else prompt_tokens,
+            request.arrival,
+        )
+        self.upstream_tokens: int | None = None  # tokens an upstream server generated for it
         self.text = ""  # text released to the caller so far
         self._decoded = ""  # text of all output tokens (may hold back a stop-string prefix)
         self._prefix_offset = 0
@@ -49,7 +56,12 @@ class Sequence:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
+        return self.record.prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far (by an upstream server: as it counts them)."""
+        return len(self.output_ids) if self.upstream_tokens is None else self.upstream_tokens
 
     @property
     def finish_reason(self) -> str | None:
@@ -72,7 +84,7 @@ class Sequence:
             text=self.text,
             finish_reason=rec.finish_reason or rec.outcome,
             prompt_tokens=self.num_prompt_tokens,
-            completion_tokens=len(self.output_ids),
+            completion_tokens=self.num_output_tokens,
             batch_id=rec.batch_id,
             batch_size=rec.batch_size,
             queued_ms=ms(rec.admitted_at if rec.admitted_at is not None else end),
@@ -83,6 +95,7 @@ class Sequence:
             prompt_text=self.request.prompt,
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
             prompt_logprobs=None if self.prompt_logprobs is None else tuple(self.prompt_logprobs),
+            route=rec.route,
         )
 
     def take_logprobs(self) -> tuple[tuple[TokenLogprob, ...], tuple[TokenLogprob | None, ...] | None]:
@@ -96,6 +109,22 @@ class Sequence:
         if self.prompt_logprobs is not None and not self._prompt_logprobs_sent:
             prompt, self._prompt_logprobs_sent = tuple(self.prompt_logprobs), True
         return out, prompt
+
+    def receive(self, text: str, now: float) -> str:
+        """Text an upstream server generated (one streamed chunk, usually one token); the
+        upstream applies stop sequences and ``max_tokens`` itself. Returns the text."""
+        if self.record.first_token_at is None:
+            self.record.first_token_at = now
+        self.upstream_tokens = (self.upstream_tokens or 0) + 1
+        self.text += text
+        return text
+
+    def report_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        """The upstream's own counts (its usage chunk) replace the estimates."""
+        if prompt_tokens is not None:
+            self.record.prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            self.upstream_tokens = completion_tokens
 
     def append(
         self, token_id: int, detokenize: Callable[[list[int]], str], eos_ids: frozenset[int], now: float,

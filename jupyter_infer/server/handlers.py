@@ -142,7 +142,10 @@ class InferHandler(EventStreamHandler):
         if self.gone.is_set():  # it left while we waited for the engine to load
             for stream in self.request_streams:
                 stream.cancel()
-        self.set_header("X-Request-Id", self.request_streams[0].id)
+        first = self.request_streams[0]
+        self.set_header("X-Request-Id", first.id)
+        if first.route is not None:  # engine = "router": the backend that serves it
+            self.set_header("X-Route", first.route)
         return list(self.request_streams)
 
     # -- output -----------------------------------------------------------------------------
@@ -187,6 +190,8 @@ class InferHandler(EventStreamHandler):
     async def whole_result(self, stream: RequestStream) -> RequestResult | None:
         """Wait for the whole result; ``None`` if the client left meanwhile."""
         result = await stream.result()
+        if result.route is not None:  # a fallback may have moved it since submit
+            self.set_header("X-Route", result.route)
         return None if self.gone.is_set() else result
 
 
@@ -357,6 +362,7 @@ class OpenAIHandler(InferHandler):
         if call.ignored:
             self.set_header("X-Ignored-Fields", ", ".join(call.ignored))
         streams = await self.submit_all(call.requests)
+        call.model = streams[0].model or call.model  # behind a router: the model that serves it
         shape = openai_api.Shaper(chat, streams[0].id, call, self.service.token_texts)
         if call.stream:
             await self._stream_choices(streams, call, shape)

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from ..engine import EngineInfo
@@ -70,9 +69,7 @@ def error_json(status: int, message: str, code: str | None = None, param: str | 
 # -- models --------------------------------------------------------------------------------------
 def model_names(info: EngineInfo) -> list[str]:
     """The served model's name first, then the aliases a client may use for it."""
-    served = info.model
-    names = [served, Path(served).name, "default"]
-    return list(dict.fromkeys(n for n in names if n))
+    return info.model_names()
 
 
 def model_card(info: EngineInfo, created: int) -> dict[str, Any]:
@@ -81,7 +78,14 @@ def model_card(info: EngineInfo, created: int) -> dict[str, Any]:
 
 
 def models_list(info: EngineInfo, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card(info, created)]}
+    """``v1/models``: the served model; behind a router, every backend's (with its route)."""
+    if not info.models:
+        return {"object": "list", "data": [model_card(info, created)]}
+    return {"object": "list", "data": [
+        {**model_card(info, created), "id": card["id"], "root": card["id"],
+         **({"route": card["route"]} if card.get("route") else {})}
+        for card in info.models
+    ]}
 
 
 # -- requests --------------------------------------------------------------------------------------
@@ -128,6 +132,12 @@ def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
             f"(see GET infer/v1/models).", param="model",
         )
     return names[0]
+
+
+def _requested(request: Request, body: Mapping[str, Any]) -> Request:
+    """Keep the model the client named (a router routes by it)."""
+    request.model = body.get("model")
+    return request
 
 
 def _check_stream(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
@@ -246,8 +256,8 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
 
     def make(prompt: str | list[int], p: SamplingParams) -> Request:
         if isinstance(prompt, str):
-            return Request(prompt=prompt, params=p)
-        return Request(prompt="", prompt_ids=prompt, params=p)
+            return _requested(Request(prompt=prompt, params=p), body)
+        return _requested(Request(prompt="", prompt_ids=prompt, params=p), body)
 
     return OpenAIRequest(_choices(prompts, n, params, make, max_choices), model, stream, include_usage,
                          continuous, n, echo, logprobs, ignored)
@@ -326,7 +336,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     params = replace(params, logprobs=top if logprobs else None)
 
     def make(messages: list[dict[str, str]], p: SamplingParams) -> Request:
-        return Request(prompt="", messages=[dict(m) for m in messages], params=p)
+        return _requested(Request(prompt="", messages=[dict(m) for m in messages], params=p), body)
 
     return OpenAIRequest(_choices([chat], n, params, make, max_choices), model, stream, include_usage,
                          continuous, n, False, top if logprobs else None, ignored)
@@ -389,7 +399,10 @@ class Shaper:
                 if self.call.logprobs is not None:
                     choice["logprobs"] = self.completion_logprobs(result)
             choices.append(choice)
-        return {**self._base(False), "choices": choices, "usage": self._usage_of(results)}
+        out = {**self._base(False), "choices": choices, "usage": self._usage_of(results)}
+        if results and results[0].route is not None:  # engine = "router": the backend that served
+            out["route"] = results[0].route
+        return out
 
     def completion_logprobs(self, result: RequestResult) -> dict[str, Any]:
         """Legacy completions' logprobs: with ``echo`` the prompt's tokens come first (the
