@@ -45,7 +45,6 @@ class Limits:
     max_new_tokens: int
     max_prompt_tokens: int
     max_prefill_tokens: int
-    prefill_chunk_tokens: int | None  # None: the engine's choice (status shows the one in use)
 
 
 def make_service(config: ServiceConfig) -> InferenceService | RouterService:
@@ -80,7 +79,6 @@ class InferenceService:
             mode=cfg.mode, batch_window_ms=cfg.batch_window_ms, max_batch_size=cfg.batch_size,
             max_queue_size=cfg.max_queue_size, max_new_tokens=cfg.max_new_tokens,
             max_prompt_tokens=cfg.max_prompt_tokens, max_prefill_tokens=cfg.max_prefill_tokens,
-            prefill_chunk_tokens=cfg.prefill_chunk_tokens,
         )
         self.collector = MetricsCollector(keep=cfg.keep_records, parent=parent)
         self.events = events or EventBus()
@@ -310,6 +308,7 @@ class InferenceService:
             "max_context": info.max_context if info else None,
             "fallback_reason": info.fallback_reason if info else None,
             "details": info.details if info else {},
+            # The chunk size in use is the engine's unless configured: known once it is loaded.
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"}
             | ({"prefill_chunk_tokens": core.chunk_tokens} if (core := self._loop.scheduler) else {}),
             "queue_depth": self.queue_depth,
