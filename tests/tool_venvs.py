@@ -39,9 +39,14 @@ def ensure(name: str) -> Path:
     print(f"tool_venvs: installing {name} into {env} (once)", file=sys.stderr, flush=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     python = env / "bin" / "python"
+    # Not our PYTHONPATH (a Jupyter server under test sets it to our environment): pip would
+    # take our packages as already installed and leave the tool's environment without them.
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     for step in TOOLS[name]:
         subprocess.run([str(python), "-m", "pip", "install", "-q", *step], check=True,
-                       env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+                       env={**clean, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    # The stamp says the tool runs, not only that pip returned.
+    subprocess.run([str(command), "--help"], check=True, env=clean, capture_output=True)
     _stamp(name).touch()
     return command
 
