@@ -43,8 +43,10 @@ class ServiceConfig:
     max_prompt_tokens: int = 2048
     max_prefill_tokens: int = 4096
     idle_admit_delay_ms: float = 5.0
-    # -- records ----------------------------------------------------------------------------------
+    # -- records and live events -----------------------------------------------------------------
     keep_records: int = 1000
+    max_event_subscribers: int = 64
+    event_buffer: int = 2048  # events a live subscriber may fall behind before it loses some
 
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
@@ -64,7 +66,7 @@ class ServiceConfig:
         if not self.model:
             raise ValueError("InferApp.model is empty: give a Hugging Face model id or a directory.")
         for name in ("max_queue_size", "max_new_tokens", "max_prompt_tokens", "max_prefill_tokens",
-                     "keep_records"):
+                     "keep_records", "max_event_subscribers", "event_buffer"):
             if getattr(self, name) < 1:
                 fail(name, "at least 1")
         if self.max_batch_size < 0:

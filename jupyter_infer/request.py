@@ -7,6 +7,8 @@ client) rejects the same bad input with the same message, before anything is enq
 from __future__ import annotations
 
 import itertools
+import re
+import reprlib
 import time
 import uuid
 from collections.abc import Mapping
@@ -16,7 +18,38 @@ from typing import Any
 from .errors import InvalidRequest
 
 MAX_STOP_SEQUENCES = 4
+# Each token checks every stop sequence against the text's tail, on the event loop: a long
+# one would make every step of the batch slow.
+MAX_STOP_CHARS = 256
 _counter = itertools.count()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxother = 60  # a value quoted back in an error message stays short
+_shown.maxlevel = 3
+
+
+def show(value: Any) -> str:
+    """``repr(value)``, cut short: error messages quote what was sent without echoing a
+    megabyte or recursing into a deeply nested value."""
+    return _shown.repr(value)
+
+
+def short(name: str) -> str:
+    """A name (a field, a parameter) as sent, cut short for an error message."""
+    return name if len(name) <= 60 else show(name)
+
+
+def check_text(text: str, name: str) -> str:
+    """Refuse text that is not valid Unicode: a lone surrogate (JSON's ``"\\ud800"``, or
+    the bytes ED A0 80) cannot be encoded, tokenized or streamed back."""
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise InvalidRequest(
+            f"'{name}' holds a lone surrogate (U+{ord(bad.group()):04X} at character {bad.start()}), "
+            "which is not valid Unicode text. Send UTF-8 text; in JSON, a character outside the "
+            "Basic Multilingual Plane is a surrogate pair such as \\ud83d\\ude00.", param=name,
+        )
+    return text
 
 
 def new_request_id() -> str:
@@ -108,7 +141,7 @@ def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: f
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidRequest(f"'{name}' must be a number between {lo} and {hi}.", param=name)
     if not lo <= value <= hi:
-        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {value}.", param=name)
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {show(value)}.", param=name)
     return float(value)
 
 
@@ -119,7 +152,7 @@ def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int, h
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"'{name}' must be an integer between {lo} and {hi}.", param=name)
     if not lo <= value <= hi:
-        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {value}.", param=name)
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {show(value)}.", param=name)
     return value
 
 
@@ -134,7 +167,9 @@ def parse_stop(value: Any) -> tuple[str, ...]:
         raise InvalidRequest(
             f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences; got {len(value)}.", param="stop"
         )
-    return tuple(value)
+    if max(map(len, value)) > MAX_STOP_CHARS:
+        raise InvalidRequest(f"A 'stop' sequence may hold at most {MAX_STOP_CHARS} characters.", param="stop")
+    return tuple(check_text(s, "stop") for s in value)
 
 
 def parse_sampling(
@@ -149,7 +184,7 @@ def parse_sampling(
         isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0
     ):
         raise InvalidRequest(
-            f"'max_tokens' must be a positive integer (at most {max_new_tokens}); got {max_tokens!r}.",
+            f"'max_tokens' must be a positive integer (at most {max_new_tokens}); got {show(max_tokens)}.",
             param="max_tokens",
         )
     return SamplingParams(
@@ -177,8 +212,8 @@ def parse_generate_body(body: Any, *, max_new_tokens: int) -> Request:
     unknown = sorted(set(body) - GENERATE_FIELDS)
     if unknown:
         raise InvalidRequest(
-            f"Unknown field(s): {', '.join(unknown)}. Allowed: {', '.join(sorted(GENERATE_FIELDS))}.",
-            param=unknown[0],
+            f"Unknown field(s): {', '.join(map(short, unknown))}. Allowed: {', '.join(sorted(GENERATE_FIELDS))}.",
+            param=short(unknown[0]),
         )
     prompt = check_prompt(body.get("prompt"))
     params = parse_sampling(body, max_new_tokens=max_new_tokens)

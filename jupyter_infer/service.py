@@ -8,6 +8,7 @@ the demo and loadgen talk to it and to nothing behind it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -15,16 +16,17 @@ from typing import Any, TypeVar
 
 from .config import ServiceConfig
 from .engine import Engine, EngineInfo, load_engine
-from .errors import InvalidRequest
+from .errors import InferError, InvalidRequest, refusal_reason
 from .events import EventBus, Subscription
 from .metrics import MetricsCollector, wall
-from .request import Request
+from .request import Request, check_text
 from .scheduler import EngineLoop, Recorder, RequestStream, Sequence
 
 # Prompts longer than this are tokenized on a worker thread: tokenizing a long text can take
 # long enough to stall every other handler of the Jupyter server.
 TOKENIZE_INLINE_CHARS = 4096
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class InferenceService:
             max_prompt_tokens=cfg.max_prompt_tokens, max_prefill_tokens=cfg.max_prefill_tokens,
         )
         self.collector = MetricsCollector(keep=cfg.keep_records)
-        self.events = EventBus()
+        self.events = EventBus(capacity=cfg.event_buffer, max_subscribers=cfg.max_event_subscribers)
         self._recorder = Recorder(cfg.mode, self.collector, self.events)
         self._loop = EngineLoop(engine_loader or (lambda: load_engine(cfg)), cfg, self._recorder)
 
@@ -81,15 +83,30 @@ class InferenceService:
     async def submit(self, request: Request) -> RequestStream:
         """Check ``request`` against the limits and queue it; raise ``InvalidRequest``,
         ``QueueFull`` or ``EngineUnavailable`` without queueing anything."""
-        engine = await self._loop.wait_ready()
         try:
-            if request.messages is not None:
-                request.prompt = await self._off_loop(engine.render_chat, request.messages, size=sum(
-                    len(m["content"]) for m in request.messages))
-            prompt_ids = await self._off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
+            engine = await self._loop.wait_ready()
+            self._screen(request, engine)
+            try:
+                if request.messages is not None:
+                    request.prompt = await self._off_loop(engine.render_chat, request.messages, size=sum(
+                        len(m["content"]) for m in request.messages))
+                prompt_ids = await self._off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
+            except (InferError, asyncio.CancelledError):
+                raise
+            except BaseException as err:  # a Rust tokenizer's panic is a BaseException
+                if isinstance(err, (KeyboardInterrupt, SystemExit)):
+                    raise
+                log.warning("jupyter_infer: the tokenizer failed on a prompt", exc_info=err)
+                raise InvalidRequest(
+                    f"The model's tokenizer could not read this prompt ({type(err).__name__}); "
+                    "check the text for unusual characters.", param="prompt",
+                ) from None
             self._check(request, prompt_ids, engine.info.max_context)
-        except InvalidRequest:
-            self._recorder.rejected("invalid")
+        except InferError as err:
+            self._recorder.rejected(refusal_reason(err.status))
+            raise
+        except Exception:  # a bug: the caller answers it; it still counts
+            self._recorder.rejected("error", "failed")
             raise
         return self._loop.submit(Sequence(request, prompt_ids))
 
@@ -102,6 +119,31 @@ class InferenceService:
         if size <= TOKENIZE_INLINE_CHARS:
             return fn(arg)
         return await asyncio.to_thread(fn, arg)
+
+    def _screen(self, request: Request, engine: Engine) -> None:
+        """The checks that cost no tokenizing, run before it: the text is valid Unicode, and
+        it is not longer than the longest prompt that could fit.
+
+        No token stands for more than ``engine.max_token_chars`` characters, so a text of
+        more than ``max_prompt_tokens * max_token_chars`` characters cannot tokenize into
+        ``max_prompt_tokens`` tokens; refusing it by its length refuses nothing that fits.
+        For a chat, the messages' text counts (the template only adds to it).
+        """
+        texts = [request.prompt] if request.messages is None else [m["content"] for m in request.messages]
+        for text in texts:
+            check_text(text, "prompt" if request.messages is None else "messages")
+        per_token = engine.max_token_chars
+        if per_token is None:
+            return
+        max_tokens = min(self.limits.max_prompt_tokens, engine.info.max_context)
+        chars = sum(map(len, texts))
+        if chars > max_tokens * per_token:
+            raise InvalidRequest(
+                f"The prompt has {chars:,} characters: more than can fit in this server's limit of "
+                f"{max_tokens:,} tokens (InferApp.max_prompt_tokens, and the model's context), as no "
+                f"token of this model stands for more than {per_token} characters. Shorten it.",
+                param="messages" if request.messages is not None else "prompt",
+            )
 
     def _check(self, request: Request, prompt_ids: list[int], max_context: int) -> None:
         """Every limit a request must meet, checked in this one place; resolves an open
@@ -132,9 +174,10 @@ class InferenceService:
                 "or shorten the prompt.", param="max_tokens",
             )
 
-    def reject(self, reason: str) -> None:
-        """Count a request refused before it reached the service (e.g. a bad body)."""
-        self._recorder.rejected(reason)
+    def reject(self, reason: str, *, outcome: str = "rejected") -> None:
+        """Count a request refused (or, ``outcome="failed"``, failed) before it reached the
+        service (e.g. a bad body)."""
+        self._recorder.rejected(reason, outcome)
 
     # -- views ------------------------------------------------------------------------------
     @property
@@ -147,9 +190,9 @@ class InferenceService:
         core = self._loop.scheduler
         return len(core.running) if core else 0
 
-    def subscribe(self, maxsize: int = 2000) -> Subscription:
-        """Live lifecycle events (``infer/events``)."""
-        return self.events.subscribe(maxsize)
+    def subscribe(self) -> Subscription:
+        """Live lifecycle events (``infer/events``); ``TooManySubscribers`` over the cap."""
+        return self.events.subscribe()
 
     def status(self) -> dict[str, Any]:
         engine = self._loop.engine
@@ -173,7 +216,9 @@ class InferenceService:
 
     def metrics(self) -> dict[str, Any]:
         """``GET infer/metrics``: aggregates since start."""
-        return self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running)
+        snapshot = self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running)
+        snapshot["events"] = self.events.stats()
+        return snapshot
 
     def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:
         """``GET infer/batches``: recent batch and request records, and who is running or

@@ -68,6 +68,11 @@ class Engine(abc.ABC):
 
     info: EngineInfo
     eos_token_ids: frozenset[int]
+    # The most characters of input text that one token can stand for (the longest token of
+    # the vocabulary), or None if no such bound is known. A text longer than
+    # ``max_prompt_tokens * max_token_chars`` cannot fit: the service refuses it before
+    # spending any time tokenizing it.
+    max_token_chars: int | None = None
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...

@@ -88,7 +88,19 @@ class InferApp(ExtensionApp):
         D("simulated_prefill_ms_per_token"), help="The simulated engine's prefill cost per prompt token (ms)."
     ).tag(config=True)
     max_body_bytes = Int(
-        1024 * 1024, help="Largest request body accepted; larger ones are refused with 413."
+        1024 * 1024, help="""Largest request body accepted; a larger one is refused with 413 as soon as its
+        Content-Length (or, chunked, its first bytes past the limit) arrives, before it is read."""
+    ).tag(config=True)
+    body_timeout_s = Float(
+        30.0, help="""Seconds a client may take to send a request body; a slower one (e.g. a byte a
+        second) is disconnected."""
+    ).tag(config=True)
+    max_event_subscribers = Int(
+        D("max_event_subscribers"), help="Most live infer/events subscribers at once; more are refused with 429."
+    ).tag(config=True)
+    event_buffer = Int(
+        D("event_buffer"), help="""Events an infer/events subscriber may fall behind (one log shared by all
+        subscribers); one further behind loses the oldest and is told how many (a 'dropped' event)."""
     ).tag(config=True)
     sse_keepalive_s = Float(
         15.0, help="Seconds between ': keepalive' comments on an event stream with nothing to say."
@@ -101,6 +113,8 @@ class InferApp(ExtensionApp):
         """The traits as a ``ServiceConfig``; raises ``ValueError`` saying what to fix."""
         if self.max_body_bytes < 1:
             raise ValueError(f"InferApp.max_body_bytes must be at least 1; got {self.max_body_bytes}.")
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"InferApp.body_timeout_s must be above 0; got {self.body_timeout_s}.")
         if not 0 < self.sse_keepalive_s <= 15:
             raise ValueError(
                 f"InferApp.sse_keepalive_s must be above 0 and at most 15; got {self.sse_keepalive_s}."
@@ -148,6 +162,7 @@ class InferApp(ExtensionApp):
             return
         try:
             service.events.publish({"type": "shutdown"})
+            service.events.flush()
             await asyncio.wait_for(service.stop(), timeout=10)
             # Let the open event streams write their error event before the loop stops.
             await asyncio.sleep(0.1)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..engine import EngineInfo
 from ..errors import InferError, InvalidRequest
-from ..request import Request, RequestResult, check_prompt, parse_sampling
+from ..request import Request, RequestResult, check_prompt, parse_sampling, short, show
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
@@ -54,7 +54,7 @@ class UnknownModel(InvalidRequest):
 def error_body(err: InferError) -> dict[str, Any]:
     """An error in OpenAI's shape."""
     kind = {400: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-            503: "service_unavailable_error"}.get(err.status, "server_error")
+            503: "service_unavailable_error"}.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
     return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
 
 
@@ -85,14 +85,14 @@ def _check_fields(body: Any, allowed: set[str], route: str) -> Mapping[str, Any]
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise InvalidRequest(
-            f"Unsupported parameter(s) for {route}: {', '.join(unknown)}. "
-            f"This server accepts: {', '.join(sorted(allowed))}.", param=unknown[0],
+            f"Unsupported parameter(s) for {route}: {', '.join(map(short, unknown))}. "
+            f"This server accepts: {', '.join(sorted(allowed))}.", param=short(unknown[0]),
         )
     for name, neutral in _NEUTRAL.items():
         value = body.get(name)
         if name in body and not any(_same(value, v) for v in neutral):
             why = _WHY.get(name, f"this server only supports the default for '{name}'")
-            raise InvalidRequest(f"Unsupported value for '{name}': {value!r} ({why}).", param=name)
+            raise InvalidRequest(f"Unsupported value for '{name}': {show(value)} ({why}).", param=name)
     return body
 
 
@@ -113,7 +113,7 @@ def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
         return names[0]
     if not isinstance(model, str) or model not in names:
         raise UnknownModel(
-            f"The model {model!r} is not served here; use {names[0]!r} "
+            f"The model {show(model)} is not served here; use {names[0]!r} "
             f"(see GET infer/v1/models).", param="model",
         )
     return names[0]
@@ -203,7 +203,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int) -> OpenAIReq
         role = message.get("role")
         if role not in ROLES:
             raise InvalidRequest(
-                f"messages[{i}].role is {role!r}; supported roles: {', '.join(ROLES)}.", param="messages"
+                f"messages[{i}].role is {show(role)}; supported roles: {', '.join(ROLES)}.", param="messages"
             )
         if message.get("tool_calls"):
             raise InvalidRequest("Tool calls are not supported by this server.", param="messages")
