@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Jupyter refuses to run as root unless told; sessions and CI run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab demo test bench lint clean
+.PHONY: setup lab demo test bench lint clean labextension
 
 setup: $(STAMP)
 
@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# Pinned here only: the CPU wheel on local disk. Unpinned torch resolves to a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
+	# Where node and npm are, this editable install also rebuilds the lab extension from
+	# labextension/ (hatch-jupyter-builder); elsewhere it uses the committed build.
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+labextension:  ## rebuild the committed lab extension and notebook timeline from labextension/
+	cd labextension && npm ci --no-audit --no-fund && npm run build && npm test
 
 lab: $(STAMP)  ## JupyterLab with the inference server on the default engine
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/01_quickstart.ipynb

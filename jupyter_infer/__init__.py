@@ -18,6 +18,11 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     return [{"module": "jupyter_infer.server.app", "app": InferApp}]
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The prebuilt JupyterLab extension (for ``jupyter labextension develop``)."""
+    return [{"src": "labextension", "dest": "jupyter-infer"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     from .magics import load_ipython_extension as load
 

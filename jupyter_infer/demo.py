@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .client import Client, Completion
-from .engine.simulated_answers import SAMPLE_PROMPTS
 from .errors import EngineUnavailable, InferError
+from .prompts import SAMPLE_PROMPTS
 
 BURST_TOKENS = (16, 24, 32, 40)  # varied lengths, so rows visibly leave a continuous batch
 
@@ -227,8 +227,8 @@ class Demo:
             show(fragment)
         print(flush=True)
         total_s = (stream.total_ms or 0.0) / 1000
-        self.term.say(f"  -> {stream.fragments} fragments in {total_s:.2f} s, first after "
-                      f"{stream.ttft_ms or 0:.0f} ms ({stream.fragments / max(total_s, 1e-9):.1f} tokens/s "
+        self.term.say(f"  -> {stream.tokens} tokens ({stream.fragments} fragments in {total_s:.2f} s), first after "
+                      f"{stream.ttft_ms or 0:.0f} ms ({stream.tokens / max(total_s, 1e-9):.1f} tokens/s "
                       "for a lone request)")
         return total_s
 

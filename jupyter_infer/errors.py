@@ -67,6 +67,13 @@ class RequestFailed(InferError):
     code = "engine_error"
 
 
+class ServerTimeout(EngineUnavailable, TimeoutError):
+    """The client heard nothing from the server for too long (a frozen or unreachable
+    server); raised by ``jupyter_infer.Client`` instead of waiting forever."""
+
+    status = 504
+    code = "timeout"
+
 
 _REASONS = {400: "invalid", 403: "forbidden", 404: "not_found", 405: "invalid", 408: "timeout",
             413: "too_large", 429: "queue_full", 503: "unavailable"}

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .client import AsyncTokenStream, Client, arrival_times
-from .engine.simulated_answers import SAMPLE_PROMPTS
 from .errors import InferError
 from .metrics import percentile
+from .prompts import SAMPLE_PROMPTS
 
 
 # -- workload --------------------------------------------------------------------------------
@@ -145,7 +145,8 @@ def drive_http(client: Client, workload: Sequence[Arrival], **params: Any) -> tu
 
     Each request is sent at its arrival time. TTFT is its first token fragment received
     minus the moment it was sent, latency its end minus that moment, both as the client saw
-    them; ``tokens`` counts its fragments. Returns the outcomes, in workload order, and the
+    them; ``tokens`` is the server's count from the stream's final result (its fragments
+    on an older server that sends none). Returns the outcomes, in workload order, and the
     wall time from the first send to the last answer.
     """
 
@@ -165,7 +166,11 @@ def drive_http(client: Client, workload: Sequence[Arrival], **params: Any) -> tu
                     pass
             except InferError as err:
                 return Outcome(False, error=type(err).__name__)
-            return Outcome(True, stream.ttft_ms, stream.total_ms, stream.fragments)
+            done = stream.completion
+            if done is None or done.counted_fragments:  # an older server: no final result
+                return Outcome(True, stream.ttft_ms, stream.total_ms, stream.fragments)
+            return Outcome(True, stream.ttft_ms, stream.total_ms, done.completion_tokens,
+                           batch_id=done.batch_id, batch_size=done.batch_size)
 
         outcomes = await asyncio.gather(*(one(item) for item in workload))
         sent = [s.sent_at for s in streams if s.sent_at is not None]

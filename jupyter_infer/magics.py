@@ -21,8 +21,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from .client import Client, Completion, arrival_times, default_client
-from .engine.simulated_answers import SAMPLE_PROMPTS
 from .errors import InferError
+from .prompts import SAMPLE_PROMPTS
 
 STREAM_REDRAW_S = 0.1  # the streamed output is redrawn at most 10 times a second
 BURST_POLL_S = 0.4
@@ -85,7 +85,7 @@ def _stream_into_display(client: Client, prompt: str, params: dict[str, Any]) ->
         handle.update({"text/plain": stream.text}, raw=True)  # no placeholder or cursor left behind
         raise
     footer = (
-        f"[{stream.fragments} tokens · first token {stream.ttft_ms:.0f} ms · "
+        f"[{stream.tokens} tokens · first token {stream.ttft_ms:.0f} ms · "
         f"total {stream.total_ms / 1000:.2f} s · {stream.id}]"
         if stream.ttft_ms is not None and stream.total_ms is not None else f"[{stream.id}]"
     )
@@ -208,8 +208,8 @@ class InferMagics(Magics):
         for i, delay in enumerate(arrival_times(args.n, args.rate, args.seed)):
             view.record(f"#{i + 1}", queued_at=t0 + delay)
         finished: list[tuple[int, Completion]] = []  # appended on the client's I/O thread
-        future = client._io.submit(client._burst(
-            prompts, args.rate, args.seed, {"max_tokens": args.max_tokens},
+        future = client.submit(client.aburst(
+            prompts, args.rate, seed=args.seed, max_tokens=args.max_tokens,
             on_result=lambda i, result: finished.append((i, result)),
         ))
         try:

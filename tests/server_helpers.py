@@ -27,8 +27,8 @@ def service_of(serverapp: Any) -> Any:
 # Prompts the scripted engine treats specially.
 POISON = "POISON"  # the prefill step of a request with this prompt fails
 SCRIPTS = {
-    "MULTILINE": "alpha beta\ngamma\n\ndelta \r\nend",
-    "SHORT": "alpha beta\ngamma",
+    "MULTILINE": "one two\nthree\n\nfour \r\nend",  # words the simulated vocabulary knows
+    "SHORT": "one two\nthree",
 }
 
 

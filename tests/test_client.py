@@ -7,30 +7,33 @@ driven over ZMQ), and the embedded fallback. The sync API outside and inside a r
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from client_helpers import fast_service
 from jupyter_client import BlockingKernelClient
 from jupyter_core.paths import jupyter_runtime_dir
 
-import jupyter_infer.client as client_module
 from jupyter_infer import Client
 from jupyter_infer.client import (
-    _SSE,
     AsyncTokenStream,
     Completion,
     arrival_times,
     discover,
+    embedded,
     find_kernel_server,
 )
-from jupyter_infer.config import ServiceConfig
-from jupyter_infer.errors import EngineUnavailable, InferError, InvalidRequest
+from jupyter_infer.client.discovery import clear_cache
+from jupyter_infer.errors import EngineUnavailable, InferError, InvalidRequest, ServerTimeout
 from jupyter_infer.server.launcher import LocalServer
-from jupyter_infer.service import InferenceService
 
 FAST = {"engine": "simulated", "simulated_token_delay_ms": [1.0, 3.0]}
 
@@ -45,6 +48,14 @@ def server() -> Iterator[LocalServer]:
             yield running
 
 
+@pytest.fixture(autouse=True)
+def fresh_discovery() -> Iterator[None]:
+    """Each test looks for its server anew (discovery is cached per process)."""
+    clear_cache()
+    yield
+    clear_cache()
+
+
 @pytest.fixture
 def no_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("JUPYTER_INFER_URL", "JUPYTER_INFER_TOKEN", "JPY_PARENT_PID"):
@@ -54,13 +65,12 @@ def no_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def fast_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The embedded fallback builds a fast simulated engine (not the default auto one)."""
-    monkeypatch.setattr(client_module, "_shared_service", None)
-    monkeypatch.setattr(client_module, "make_embedded_service", lambda: InferenceService(
-        ServiceConfig(engine="simulated", simulated_token_delay_ms=(1.0, 3.0))))
+    monkeypatch.setattr(embedded, "_shared_service", None)
+    monkeypatch.setattr(embedded, "make_embedded_service", fast_service)
 
 
 def embedded_client() -> Client:
-    return Client(embedded=InferenceService(ServiceConfig(engine="simulated", simulated_token_delay_ms=(1.0, 3.0))))
+    return Client(embedded=fast_service())
 
 
 # -- discovery ----------------------------------------------------------------------------------
@@ -140,6 +150,22 @@ def test_a_kernel_started_by_the_server_finds_it(server: LocalServer) -> None:
         _delete(server, f"api/kernels/{kernel['id']}")
 
 
+def test_discovery_is_cached_per_process(
+    server: LocalServer, no_discovery: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jupyter_infer.client import discovery
+
+    probed: list[str] = []
+    monkeypatch.setattr(discovery, "probe", lambda url, token: probed.append(url))  # answers: None = ok
+    monkeypatch.setenv("JUPYTER_INFER_URL", server.url)
+    first = discover()
+    assert first.source == "environment" and discover() is first and len(probed) == 1
+    assert Client().connection is first and len(probed) == 1  # a second client asks no one
+    assert discover(refresh=True) is not first and len(probed) == 2
+    monkeypatch.setenv("JUPYTER_INFER_URL", "127.0.0.1:9/")  # another environment: looked up anew
+    assert discover().url == "http://127.0.0.1:9/" and len(probed) == 3
+
+
 def test_discover_explicit_adds_scheme_and_slash() -> None:
     conn = discover("127.0.0.1:9/base", "t")
     assert (conn.url, conn.token, conn.source) == ("http://127.0.0.1:9/base/", "t", "explicit")
@@ -151,6 +177,9 @@ def test_sync_api_outside_a_loop(server: LocalServer) -> None:
     stream = client.stream("Explain the KV cache", max_tokens=12)
     pieces = list(stream)
     assert len(pieces) == 12 and stream.text == "".join(pieces)
+    done = stream.completion  # the server's final result: its count, batch and timings
+    assert (done.id, done.text, done.completion_tokens, done.counted_fragments) == (stream.id, stream.text, 12, False)
+    assert done.batch_id is not None and done.ttft_ms is not None and done.prompt == "Explain the KV cache"
     assert stream.id.startswith("req-") and stream.ttft_ms is not None and stream.total_ms >= stream.ttft_ms
     with pytest.raises(RuntimeError, match="read once"):
         list(stream)
@@ -212,11 +241,26 @@ def test_run_streams_concurrently_on_the_clients_own_loop(server: LocalServer) -
 
 def test_burst_with_poisson_arrivals(server: LocalServer) -> None:
     client = Client(server.url, server.token)
-    results = client.burst(["What is attention?"] * 5, rate=50, seed=3, max_tokens=4)
-    sent = [r.sent_at for r in results]
-    offsets = arrival_times(5, 50, seed=3)
-    assert sent == sorted(sent) and offsets[0] == 0 and offsets == sorted(offsets)
-    assert sent[-1] - sent[0] == pytest.approx(offsets[-1], abs=0.1)
+    results = client.burst(["What is attention?"] * 5, rate=20, seed=3, max_tokens=4)
+    sent = [r.sent_at - results[0].sent_at for r in results]
+    offsets = arrival_times(5, 20, seed=3)
+    assert sent == pytest.approx(offsets, abs=0.05)  # each request left at its arrival time
+
+
+def test_arrival_times_are_poisson() -> None:
+    assert arrival_times(4, None) == arrival_times(4, 0) == [0.0] * 4  # all at once
+    assert arrival_times(50, 10, seed=1) == arrival_times(50, 10, seed=1)  # seeded
+    assert arrival_times(50, 10, seed=1) != arrival_times(50, 10, seed=2)
+    n, rate = 20_000, 50.0
+    times = arrival_times(n, rate, seed=7)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert times[0] == 0 and min(gaps) >= 0
+    # Exponential gaps: mean 1/rate, standard deviation 1/rate; the mean of n-1 gaps lies
+    # within 5 standard errors of 1/rate (a false alarm about once in 3.5 million runs).
+    mean = sum(gaps) / len(gaps)
+    assert abs(mean - 1 / rate) < 5 * (1 / rate) / len(gaps) ** 0.5
+    share_below_mean = sum(g < 1 / rate for g in gaps) / len(gaps)
+    assert share_below_mean == pytest.approx(1 - 2.718281828 ** -1, abs=0.02)  # P(gap < mean) = 1 - 1/e
 
 
 def test_leaving_a_stream_early_cancels_the_request(server: LocalServer) -> None:
@@ -241,6 +285,84 @@ def test_errors_carry_the_servers_message(server: LocalServer) -> None:
         Client(server.url, "wrong").status()
     burst = client.burst(["ok", "hi"], max_tokens=2, stop=123)
     assert all(r.finish_reason == "error" and "stop" in r.error for r in burst)
+
+
+def test_cancel_one_request_from_another_client(server: LocalServer) -> None:
+    reader, other = Client(server.url, server.token), Client(server.url, server.token)
+    stream = reader.stream("Explain batching at length", max_tokens=400)
+    pieces = iter(stream)
+    next(pieces)
+    assert other.cancel(stream.id) is True
+    rest = list(pieces)  # the stream ends normally, early
+    done = stream.completion
+    assert done.finish_reason == "cancelled" and done.completion_tokens == 1 + len(rest) < 400
+    assert other.cancel(stream.id) is False  # over: nothing to cancel
+    assert other.cancel("req-never-was") is False
+
+
+def test_cancelled_readers_leave_no_stray_task_errors(server: LocalServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 11: after the panel's Cancel, the next cell showed "Task exception was never
+    retrieved ... aclose(): asynchronous generator is already running": readers on the
+    kernel's loop were cancelled while their stream's step ran on the client's loop."""
+    client = Client(server.url, server.token)
+    before = client.metrics()["requests"]
+
+    cut_short = 0  # readers cancelled while their stream still ran
+
+    async def cancel_mid_stream(rounds: int = 10, readers: int = 3) -> None:
+        nonlocal cut_short
+        for i in range(rounds):
+            streaming = [asyncio.Event() for _ in range(readers)]
+
+            async def read(started: asyncio.Event) -> None:
+                async for _ in client.astream("Explain batching at length", max_tokens=300):
+                    started.set()
+
+            tasks = [asyncio.ensure_future(read(started)) for started in streaming]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 30)
+            await asyncio.sleep(0.001 * i)  # land the cancel at varying points of a step
+            for task in tasks:
+                task.cancel()
+            ends = await asyncio.gather(*tasks, return_exceptions=True)
+            cut_short += sum(isinstance(end, asyncio.CancelledError) for end in ends)
+            del tasks
+            gc.collect()  # dropped streams are finalized now, as a notebook's would be later
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(cancel_mid_stream())
+        deadline = time.monotonic() + 30
+        while client.metrics()["requests"]["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gc.collect()
+    after = {k: v - before[k] for k, v in client.metrics()["requests"].items()}
+    # Every request reached the server and ended there: cancelled, or run to its end when its
+    # reader was slower than the stream (under load) or the server missed the closed
+    # connection (rare; main's client saw that too).
+    assert cut_short > 0 and after["cancelled"] > 0
+    assert after["running"] == 0 and after["cancelled"] + after["ok"] == 30
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_a_stopped_server_does_not_hang_the_client(server: LocalServer) -> None:
+    """Issue 9: with the server frozen (SIGSTOP), calls end with ServerTimeout in bounded time."""
+    client = Client(server.url, server.token, read_timeout=1.0)
+    stream = client.stream("Explain batching at length", max_tokens=400)
+    pieces = iter(stream)
+    next(pieces)
+    os.kill(server._proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ServerTimeout, match="may be frozen"):
+            for _ in pieces:
+                pass
+        with pytest.raises(ServerTimeout):
+            client.status()
+        with pytest.raises(ServerTimeout):
+            client.generate("What is a token?", max_tokens=4)
+        assert time.monotonic() - started < 8  # three calls, each about one read_timeout
+    finally:
+        os.kill(server._proc.pid, signal.SIGCONT)
+    assert client.status()["state"] == "ready"  # served again once resumed
 
 
 def test_unreachable_server() -> None:
@@ -277,8 +399,7 @@ def test_embedded_speaks_the_same_json_as_the_server(server: LocalServer) -> Non
 
 @pytest.mark.asyncio
 async def test_embedded_async_and_cancel() -> None:
-    slow = ServiceConfig(engine="simulated", simulated_token_delay_ms=(10.0, 20.0))  # answers outlast the test
-    client = Client(embedded=InferenceService(slow))
+    client = Client(embedded=fast_service((10.0, 20.0)))  # answers outlast the test
     stream = client.astream("Explain speculative decoding", max_tokens=300)
     async for _ in stream:
         break
@@ -292,16 +413,15 @@ async def test_embedded_async_and_cancel() -> None:
         await task
     await asyncio.sleep(0.05)
     assert client.metrics()["requests"]["cancelled"] == 2
+    stream = client.astream("Explain speculative decoding", max_tokens=300)
+    cancelled = False
+    async for _ in stream:
+        cancelled = cancelled or await client.acancel(stream.id)  # by id, as a panel's row does
+    assert cancelled
+    assert stream.completion.finish_reason == "cancelled" and stream.completion.completion_tokens < 300
+    assert client.metrics()["requests"]["cancelled"] == 3
+    assert await client.acancel(stream.id) is False
     await client.__aexit__()
-
-
-def test_sse_parser_follows_the_spec() -> None:
-    parser = _SSE()
-    lines = [": keepalive", "", "event: token", "id: req-1", "data: line one", "data:line two", "",
-             "event: token", "data:  three", "", "event: done", "data: [DONE]", ""]
-    events = [e for e in map(parser.feed, lines) if e]
-    assert events == [("token", "req-1", "line one\nline two"), ("token", "req-1", " three"),
-                      ("done", "req-1", "[DONE]")]
 
 
 # -- helpers ------------------------------------------------------------------------------------

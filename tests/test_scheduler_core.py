@@ -222,3 +222,20 @@ def test_idle_continuous_engine_waits_for_a_burst_to_pause() -> None:
     plan, wake_at = s.schedule(0.009)
     assert plan is None and wake_at == pytest.approx(0.018)
     assert len(s.schedule(0.0181)[0].seqs) == 2
+
+
+def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
+    class CRLF(FakeEngine):
+        @staticmethod
+        def detokenize(ids: Seq[int]) -> str:
+            return "".join({1: "a\r", 2: "\nb"}[i] for i in ids)
+
+    s = core()
+    s.engine = CRLF()
+    x = seq(max_tokens=5)
+    s.add(x, 0.0)
+    plan, _ = s.schedule(0.0)
+    first = s.postprocess(plan, [1], 0.0, 0.0)[0][2]
+    second = s.postprocess(s.schedule(0.0)[0], [2], 0.0, 0.0)[0][2]
+    # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
+    assert (first, second) == ("a", "\r\nb")

@@ -223,6 +223,7 @@ async def test_status_and_metrics(jp_fetch: Any) -> None:
     assert status["state"] == "ready" and status["engine"] == "simulated"
     assert status["configured"]["engine"] == "simulated"
     assert {"max_batch_size", "max_queue_size", "max_new_tokens", "max_prompt_tokens"} <= set(status["limits"])
+    assert status["limits"]["sse_keepalive_s"] == 15.0  # the client sizes its read timeout from it
     metrics = json.loads((await jp_fetch("infer", "metrics")).body)
     assert metrics["requests"]["ok"] == 1 and metrics["tokens"]["completion"] == 3
     assert {"ttft_ms", "latency_ms", "batch_size_histogram", "queue_depth"} <= set(metrics)

@@ -76,15 +76,16 @@ async def test_stream_wire_format_is_exact(client: httpx.AsyncClient) -> None:
     tokens, result, done = text.partition(f"event: result\nid: {rid}\ndata: ")
     assert tokens == (
         ": ok\n\n"
-        f"event: token\nid: {rid}\ndata: alpha\n\n"
-        f"event: token\nid: {rid}\ndata:  beta\n\n"
-        f"event: token\nid: {rid}\ndata: \ndata: gamma\n\n"
+        f"event: token\nid: {rid}\ndata: one\n\n"
+        f"event: token\nid: {rid}\ndata:  two\n\n"
+        f"event: token\nid: {rid}\ndata: \ndata: \n\n"
+        f"event: token\nid: {rid}\ndata: three\n\n"
     )
     # The final result (usage, timings, batch), then done; both carry the request id.
     data, _, done = done.partition("\n\n")
     final = json.loads(data)
-    assert final["id"] == rid and final["text"] == "alpha beta\ngamma"
-    assert final["usage"]["completion_tokens"] == 3 and final["finish_reason"] == "stop"
+    assert final["id"] == rid and final["text"] == "one two\nthree"
+    assert final["usage"]["completion_tokens"] == 4 and final["finish_reason"] == "stop"
     assert set(final["timings"]) == {"queued_ms", "ttft_ms", "total_ms"} and final["batch"]["size"] == 1
     assert done == f"event: done\nid: {rid}\ndata: [DONE]\n\n"
 

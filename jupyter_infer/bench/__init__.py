@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to write results.json and results.png (default bench-results/)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: pick for this machine)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="model dtype (default float32)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "mps"),
+                        help="where the models run (default cpu; the HTTP contender follows)")
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="batch capacity for every batching contender (default 32)")
     parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "http"),
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = BenchConfig(
         model=args.model, quick=args.quick, repeats=repeats, num_threads=args.threads, dtype=args.dtype,
-        max_batch_size=args.max_batch_size, seed=args.seed,
+        device=args.device, max_batch_size=args.max_batch_size, seed=args.seed,
         workloads=tuple(args.only) if args.only else BenchConfig.workloads, out=args.out,
     )
     results = Suite(config, log=lambda line: print(line, flush=True)).run()

@@ -234,11 +234,12 @@ class TransformersContinuous(Contender):
     name, label = "hf_cb", "transformers continuous batching"
 
     def __init__(self, model_dir: str, tokenize: Callable[[str], list[int]], dtype: torch.dtype,
-                 max_batch_size: int, max_tokens_per_request: int, page_size: int = 32) -> None:
+                 max_batch_size: int, max_tokens_per_request: int, page_size: int = 32,
+                 device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         pad = self.model.generation_config.pad_token_id
         blocks = max_batch_size * math.ceil(max_tokens_per_request / page_size) + 8
         self.cache_config = {"page_size": page_size, "num_blocks": blocks,

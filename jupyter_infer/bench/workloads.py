@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..client import arrival_times
-from ..engine.simulated_answers import SAMPLE_PROMPTS
 from ..loadgen import Arrival
+from ..prompts import SAMPLE_PROMPTS
 
 MIXED_CYCLE = (8, 16, 32, 64)
 

@@ -8,8 +8,6 @@ RNG) for the whole batch, so batching many requests is as much a win here as on 
 from __future__ import annotations
 
 import random
-import re
-import threading
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -17,13 +15,10 @@ from typing import TYPE_CHECKING
 
 from .base import Engine, EngineInfo
 from .simulated_answers import compose_answer
+from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
 
 if TYPE_CHECKING:
     from ..scheduler.sequence import Sequence
-
-# Word-ish pieces, each carrying its leading whitespace, like a byte-level BPE would.
-_PIECE = re.compile(r"\s*[\w']+|\s*[^\w\s]|\s+")
-EOS_ID = 0
 
 
 @dataclass
@@ -69,22 +64,14 @@ class SimulatedEngine(Engine):
         self.prefill_ms_per_token = prefill_ms_per_token
         self.prefill_base_ms = prefill_base_ms
         self._rng = random.Random(seed)
-        self._pieces: list[str] = ["<eos>"]
-        self._ids: dict[str, int] = {}
-        self._vocab_lock = threading.Lock()  # tokenize runs on the event loop too
+        self._tokenizer = knowledge_tokenizer()  # fixed and shared: prompts cannot grow it
+        self.max_token_chars = self._tokenizer.longest_piece
 
     def tokenize(self, text: str) -> list[int]:
-        with self._vocab_lock:
-            ids = []
-            for piece in _PIECE.findall(text):
-                if piece not in self._ids:
-                    self._ids[piece] = len(self._pieces)
-                    self._pieces.append(piece)
-                ids.append(self._ids[piece])
-            return ids
+        return self._tokenizer.tokenize(text)
 
     def detokenize(self, token_ids: Seq[int]) -> str:
-        return "".join(self._pieces[i] for i in token_ids if i != EOS_ID)
+        return self._tokenizer.detokenize(token_ids)
 
     def prefill(self, seqs: list[Sequence]) -> tuple[list[int], SimulatedBatch]:
         prompt_tokens = sum(s.num_prompt_tokens for s in seqs)

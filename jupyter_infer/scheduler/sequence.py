@@ -113,6 +113,10 @@ class Sequence:
         if not final:
             # Hold back a tail that could still grow into a stop sequence.
             end -= _longest_stop_prefix(self._decoded, self.params.stop)
+            # And a trailing CR: with an LF in the next fragment it is one line break, but as
+            # two SSE fragments a reader would see two.
+            if end > len(self.text) and self._decoded[end - 1] == "\r":
+                end -= 1
         fragment = self._decoded[len(self.text) : end]
         self.text += fragment
         return fragment

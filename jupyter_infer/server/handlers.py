@@ -311,7 +311,10 @@ class StatusHandler(InferHandler):
     @authorized
     @answers_errors
     async def get(self) -> None:
-        self.finish(self.service.status())
+        status = self.service.status()
+        # Clients time out a silent stream after a few keepalive intervals: tell them this one.
+        status["limits"]["sse_keepalive_s"] = self.keepalive_s
+        self.finish(status)
 
 
 class MetricsHandler(InferHandler):

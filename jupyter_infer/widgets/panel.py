@@ -15,8 +15,8 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..client import Client, arrival_times, default_client
-from ..engine.simulated_answers import SAMPLE_PROMPTS
 from ..errors import InferError
+from ..prompts import SAMPLE_PROMPTS
 from .run_view import RunView
 
 REDRAW_S = 0.2  # widget updates at most 5 times a second
@@ -196,7 +196,7 @@ class InferPanel(widgets.VBox):
                 outcome = "error"
             finally:
                 self._dirty.add(i)
-                self.run_view.record(key, finished_at=time.time(), tokens=stream.fragments, outcome=outcome)
+                self.run_view.record(key, finished_at=time.time(), tokens=stream.tokens, outcome=outcome)
 
     async def _redraw_loop(self) -> None:
         last_fetch = 0.0
@@ -205,7 +205,7 @@ class InferPanel(widgets.VBox):
             if time.monotonic() - last_fetch >= SERVER_REFRESH_S:
                 last_fetch = time.monotonic()
                 try:
-                    self.run_view.merge(await self.client.abatches(limit=self.run_view._limit()))
+                    await self.run_view.afetch(self.client)
                 except InferError:
                     pass  # the live rows go on from what the client sees
             self._redraw()

@@ -71,9 +71,13 @@ class RunView(widgets.VBox):
         self._payload = {"batches": list(payload.get("batches") or []),
                          "requests": list(payload.get("requests") or [])}
 
+    async def afetch(self, client: Any, limit: int | None = None) -> None:
+        """Fetch the server's records for this run (from an asyncio task); no redraw."""
+        self.merge(await client.abatches(limit=limit or self._limit()))
+
     async def arefresh(self, client: Any, limit: int | None = None) -> None:
         """Fetch the server's records and redraw (from an asyncio task)."""
-        self.merge(await client.abatches(limit=limit or self._limit()))
+        await self.afetch(client, limit)
         self.redraw()
 
     def refresh(self, client: Any, limit: int | None = None) -> None:

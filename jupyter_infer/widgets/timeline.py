@@ -2,8 +2,11 @@
 batch, so that one sees at a glance who ran with whom and how newcomers joined.
 
 ``timeline_data`` turns ``infer/batches`` records (plus what a client saw itself) into rows;
-``BatchTimeline`` is the anywidget that draws them (``static/timeline.js``, shipped in the
-package, no CDN). The widget only holds state; drawing is the view's job.
+``BatchTimeline`` is the anywidget that draws them. The widget only holds state; drawing is the
+view's job: ``static/timeline.js`` (shipped in the package, no CDN) is built from
+``labextension/src/timeline/``, the same renderer as the JupyterLab side panel's timeline
+(labextension/README.md). It extends running rows to ``now``, cuts idle gaps out of long
+histories and colours decoding by batch size.
 """
 
 from __future__ import annotations

@@ -1,183 +1,836 @@
-// The batch timeline view (anywidget ESM, shipped with the Python package; no CDN).
-// It only draws the model's state: `requests` (rows), `batches`, `now`, `title`.
-const NS = "http://www.w3.org/2000/svg";
-const PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2",
-                 "#eeca3b", "#9d755d", "#ff9da6", "#bab0ac"];
-const LABEL_W = 170, ROW_H = 16, ROW_GAP = 3, TRACK_H = 20, AXIS_H = 18, PAD_R = 12;
+// Built from labextension/src/timeline/ by `npm run build` (labextension/README.md); do not edit.
 
-const colour = (batchId) => PALETTE[(batchId - 1 + PALETTE.length * 1000) % PALETTE.length];
-
-function el(tag, attrs, parent) {
-  const node = document.createElementNS(NS, tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  if (parent) parent.appendChild(node);
-  return node;
+// src/format.ts
+function formatMs(ms) {
+  if (ms === null || ms === void 0 || !Number.isFinite(ms)) {
+    return "\u2013";
+  }
+  const abs = Math.abs(ms);
+  if (abs < 1e3) {
+    return `${Math.round(ms)} ms`;
+  }
+  if (abs < 1e4) {
+    return `${(ms / 1e3).toFixed(1)} s`;
+  }
+  if (abs < 12e4) {
+    return `${Math.round(ms / 1e3)} s`;
+  }
+  const minutes = Math.trunc(ms / 6e4);
+  const seconds = Math.round(abs % 6e4 / 1e3);
+  return seconds ? `${minutes} min ${seconds} s` : `${minutes} min`;
 }
 
-function tip(node, text) {
-  el("title", {}, node).textContent = text;
-  return node;
+// src/timeline/layout.ts
+var CUT_W = 14;
+var MIN_LIVE_S = 3;
+var MIN_TICK_PX = 72;
+var CHAR_W = 6.2;
+function sizeBins(maxSize) {
+  const max = Math.max(1, Math.round(maxSize));
+  const bin = (min, hi) => ({
+    min,
+    max: hi,
+    label: min === hi ? `${min}` : `${min}\u2013${hi}`
+  });
+  if (max <= 4) {
+    return Array.from({ length: max }, (_, i) => bin(i + 1, i + 1));
+  }
+  const a = Math.max(2, Math.round(Math.cbrt(max)));
+  const b = Math.max(a + 1, Math.min(max - 1, Math.round(Math.cbrt(max) ** 2)));
+  return [bin(1, 1), bin(2, a), bin(a + 1, b), bin(b + 1, max)];
 }
-
-function fmt(ms) {
-  return ms >= 1000 ? `${(ms / 1000).toFixed(ms >= 10000 ? 0 : 1)} s` : `${Math.round(ms)} ms`;
+function binOf(size, bins) {
+  for (let i = 0; i < bins.length; i++) {
+    if (size <= bins[i].max) {
+      return i;
+    }
+  }
+  return bins.length - 1;
 }
-
-function niceStep(span, target) {
-  const raw = span / Math.max(target, 1);
+function niceStep(raw) {
   const pow = Math.pow(10, Math.floor(Math.log10(raw)));
-  for (const m of [1, 2, 5, 10]) if (m * pow >= raw) return m * pow;
+  for (const m of [1, 2, 5, 10]) {
+    if (m * pow >= raw) {
+      return m * pow;
+    }
+  }
   return 10 * pow;
 }
-
-function draw(model, root) {
-  const rows = model.get("requests") || [];
-  const batches = model.get("batches") || [];
-  const now = model.get("now");
-  const title = model.get("title");
-  root.replaceChildren();
-  if (title) {
-    const t = document.createElement("div");
-    t.className = "ji-title";
-    t.textContent = title;
-    root.appendChild(t);
+function formatTick(v, step) {
+  if (Math.abs(v) < 1e-9) {
+    return "0 s";
   }
-  if (!rows.length) {
-    const empty = document.createElement("div");
-    empty.className = "ji-empty";
-    empty.textContent = "No requests yet.";
-    root.appendChild(empty);
-    return;
+  if (step < 1 && Math.abs(v) < 1) {
+    return `${Math.round(v * 1e3)} ms`;
   }
-  const byId = new Map(batches.map((b) => [b.id, b]));
-  const times = [];
-  for (const r of rows) for (const k of ["queued_at", "admitted_at", "first_token_at", "finished_at"]) if (r[k]) times.push(r[k]);
-  for (const b of batches) { if (b.started_at) times.push(b.started_at); if (b.ended_at) times.push(b.ended_at); }
-  if (now) times.push(now);
-  const t0 = Math.min(...times);
-  let t1 = Math.max(...times);
-  if (t1 - t0 < 0.05) t1 = t0 + 0.05;
-  const width = Math.max(420, root.clientWidth || 820);
-  root.dataset.drawnWidth = String(root.clientWidth || 820);
-  const plotW = width - LABEL_W - PAD_R;
-  const x = (t) => LABEL_W + ((t - t0) / (t1 - t0)) * plotW;
-  const ms = (t) => (t - t0) * 1000;
-  const top = AXIS_H + TRACK_H + 6;
-  const height = top + rows.length * (ROW_H + ROW_GAP) + 4;
-  const svg = el("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img" });
-  const defs = el("defs", {}, svg);
-  const hatch = el("pattern", { id: "ji-hatch", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" }, defs);
-  el("rect", { width: 6, height: 6, fill: "#eee" }, hatch);
-  el("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#bbb", "stroke-width": 2 }, hatch);
-
-  // Axis with ticks in ms or s.
-  const axis = el("g", { class: "ji-axis" }, svg);
-  const spanMs = (t1 - t0) * 1000;
-  const step = niceStep(spanMs, Math.max(2, Math.floor(plotW / 90)));
-  for (let v = 0; v <= spanMs + 1e-6; v += step) {
-    const px = LABEL_W + (v / spanMs) * plotW;
-    el("line", { x1: px, x2: px, y1: AXIS_H - 4, y2: height, stroke: "#e4e4e4" }, axis);
-    const label = el("text", { x: px, y: AXIS_H - 7, "text-anchor": "middle" }, axis);
-    label.textContent = fmt(v);
+  if (step >= 60 && Math.abs(v) >= 120) {
+    const minutes = v / 60;
+    return `${Number.isInteger(Math.round(minutes * 10) / 10) ? Math.round(minutes) : minutes.toFixed(1)} min`;
   }
-
-  // The batch track: one bar per batch, labelled with its id and size.
-  const track = el("g", { class: "ji-batches" }, svg);
-  const trackLabel = el("text", { x: 4, y: AXIS_H + 14 }, track);
-  trackLabel.textContent = "batches";
+  const digits = step >= 1 ? 0 : step >= 0.1 ? 1 : 2;
+  return `${v.toFixed(digits)} s`;
+}
+function truncate(text, maxChars) {
+  if (text.length <= maxChars) {
+    return text;
+  }
+  if (maxChars <= 1) {
+    return "\u2026";
+  }
+  const cut = text.slice(0, maxChars - 1);
+  const space = cut.lastIndexOf(" ");
+  const head = space >= maxChars * 0.6 ? cut.slice(0, space) : cut;
+  return head.replace(/[\s.,;:·-]+$/, "") + "\u2026";
+}
+var isNum = (v) => typeof v === "number" && Number.isFinite(v);
+var LIVE = /* @__PURE__ */ new Set(["queued", "running"]);
+function isLive(row) {
+  return !isNum(row.finished_at) && (row.outcome == null || LIVE.has(row.outcome));
+}
+function rowStart(row) {
+  for (const t of [row.queued_at, row.admitted_at, row.first_token_at, row.finished_at]) {
+    if (isNum(t)) {
+      return t;
+    }
+  }
+  return null;
+}
+function activity(rows, batches, endOf, tEnd) {
+  const spans = [];
+  for (const r of rows) {
+    const s = rowStart(r);
+    if (s !== null) {
+      spans.push([s, Math.max(s, endOf(r))]);
+    }
+  }
   for (const b of batches) {
-    const start = b.started_at, end = b.ended_at || now || t1;
-    if (!start) continue;
-    const bx = x(start), bw = Math.max(1.5, x(end) - bx);
-    tip(el("rect", { x: bx, y: AXIS_H + 2, width: bw, height: TRACK_H - 4, fill: colour(b.id), opacity: 0.85, stroke: "#fff", "stroke-width": 0.5 }, track),
-      `batch #${b.id} · size ${b.size} · ${b.steps || 0} steps · ${fmt(ms(start))}–${fmt(ms(end))}`);
-    if (bw > 34) {
-      const t = el("text", { x: bx + 3, y: AXIS_H + 13, fill: "#fff", style: "fill:#fff" }, track);
-      t.textContent = `#${b.id}×${b.size}`;
+    if (isNum(b.started_at)) {
+      spans.push([b.started_at, isNum(b.ended_at) ? b.ended_at : tEnd]);
     }
   }
-
-  // One row per request.
-  rows.forEach((r, i) => {
-    const y = top + i * (ROW_H + ROW_GAP);
-    const g = el("g", { class: "ji-row" }, svg);
-    const name = el("text", { x: 4, y: y + ROW_H - 4 }, g);
-    const label = r.label || r.id;
-    name.textContent = label.length > 26 ? label.slice(0, 25) + "…" : label;
-    tip(name, `${r.id} · ${r.outcome} · ${r.tokens || 0} tokens · batches ${(r.batch_ids || []).map((b) => "#" + b).join(" ") || "–"}`);
-    const end = r.finished_at || now || t1;
-    const admitted = r.admitted_at;
-    const first = r.first_token_at;
-    // queued: arrival → admission (or, unknown admission, → first token)
-    const queuedEnd = admitted || first || end;
-    if (r.queued_at && queuedEnd > r.queued_at) {
-      tip(el("rect", { x: x(r.queued_at), y, width: Math.max(1, x(queuedEnd) - x(r.queued_at)), height: ROW_H, fill: "url(#ji-hatch)", stroke: "#ccc", "stroke-width": 0.5 }, g),
-        `${label}: queued ${fmt((queuedEnd - r.queued_at) * 1000)}`);
+  spans.sort((p, q) => p[0] - q[0]);
+  const merged = [];
+  for (const [s, e] of spans) {
+    const last = merged[merged.length - 1];
+    if (last && s <= last[1]) {
+      last[1] = Math.max(last[1], e);
+    } else {
+      merged.push([s, e]);
     }
-    // prefill: admission → first token, in the colour of the batch it joined, lighter
-    const firstBatch = (r.batch_ids || []).length ? r.batch_ids[0] : null;
-    if (admitted && (first || end) > admitted) {
-      const pe = first || end;
-      tip(el("rect", { x: x(admitted), y, width: Math.max(1, x(pe) - x(admitted)), height: ROW_H, fill: firstBatch ? colour(firstBatch) : "#999", opacity: 0.45 }, g),
-        `${label}: prefill ${fmt((pe - admitted) * 1000)}${firstBatch ? ` in batch #${firstBatch}` : ""}`);
-    }
-    // decoding: one segment per batch span it was a member of
-    const decodeStart = first || admitted;
-    if (decodeStart) {
-      const spans = (r.batch_ids || []).map((id) => byId.get(id)).filter(Boolean);
-      if (!spans.length && end > decodeStart) {
-        tip(el("rect", { x: x(decodeStart), y, width: Math.max(1, x(end) - x(decodeStart)), height: ROW_H, fill: "#888" }, g),
-          `${label}: decoding ${fmt((end - decodeStart) * 1000)}`);
-      }
-      for (const b of spans) {
-        const s = Math.max(b.started_at || decodeStart, decodeStart);
-        const e = Math.min(b.ended_at || end, end);
-        if (e <= s) continue;
-        tip(el("rect", { x: x(s), y, width: Math.max(1, x(e) - x(s)), height: ROW_H, fill: colour(b.id) }, g),
-          `${label}: decoding in batch #${b.id} (size ${b.size}) ${fmt(ms(s))}–${fmt(ms(e))}`);
+  }
+  return merged;
+}
+function layoutTimeline(state, options) {
+  const width = Math.max(240, Math.round(options.width));
+  const rowHeight = options.rowHeight ?? 16;
+  const rowGap = options.rowGap ?? 3;
+  const charW = options.charWidth ?? CHAR_W;
+  const labelWidth = Math.round(Math.min(180, Math.max(72, width * 0.26)));
+  const plotLeft = labelWidth;
+  const plotRight = width - 10;
+  const live = isNum(options.windowS) && options.windowS > 0;
+  const batches = (state.batches || []).filter((b) => isNum(b.started_at));
+  const batchById = new Map(batches.map((b) => [b.id, b]));
+  const times = [];
+  for (const r of state.rows || []) {
+    for (const t of [r.queued_at, r.admitted_at, r.first_token_at, r.finished_at]) {
+      if (isNum(t)) {
+        times.push(t);
       }
     }
-    if (r.outcome === "cancelled" || r.outcome === "failed" || r.outcome === "error") {
-      const m = el("text", { x: x(end) + 2, y: y + ROW_H - 4, style: "fill:#d62728;font-weight:700" }, g);
-      m.textContent = r.outcome === "cancelled" ? "⊘" : "✕";
-      tip(m, `${label}: ${r.outcome}`);
+  }
+  for (const b of batches) {
+    times.push(b.started_at);
+    if (isNum(b.ended_at)) {
+      times.push(b.ended_at);
+    }
+  }
+  const now = isNum(state.now) ? state.now : null;
+  let t1 = now ?? (times.length ? Math.max(...times) : 0);
+  let t0;
+  if (live) {
+    const windowS = options.windowS;
+    const recent = times.filter((t) => t >= t1 - windowS);
+    const span = recent.length ? (t1 - Math.min(...recent)) * 1.08 : windowS;
+    t0 = t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S)));
+  } else {
+    t0 = times.length ? Math.min(...times) : t1 - 1;
+    if (now !== null && times.length) {
+      t1 = Math.max(t1, Math.max(...times));
+    }
+    if (t1 - t0 < 0.05) {
+      t1 = t0 + 0.05;
+    }
+  }
+  const endOf = (r) => {
+    if (isNum(r.finished_at)) {
+      return r.finished_at;
+    }
+    if (isLive(r)) {
+      return t1;
+    }
+    const ends = (r.batch_ids || []).map((id) => batchById.get(id)?.ended_at).filter(isNum);
+    const known = [r.queued_at, r.admitted_at, r.first_token_at].filter(isNum);
+    return Math.max(...ends, ...known, -Infinity);
+  };
+  const rows = (state.rows || []).filter((r) => rowStart(r) !== null).filter((r) => !live || endOf(r) >= t0 && rowStart(r) <= t1).sort((p, q) => rowStart(p) - rowStart(q) || (p.id < q.id ? -1 : 1));
+  let segmentsT = [[t0, t1]];
+  let cutS = 0;
+  if (!live && options.compress !== false) {
+    const merged = activity(rows, batches, endOf, t1);
+    const minGap = Math.max(1, 0.03 * (t1 - t0));
+    const gaps = [];
+    for (let i = 1; i < merged.length; i++) {
+      if (merged[i][0] - merged[i - 1][1] > minGap) {
+        gaps.push([merged[i - 1][1], merged[i][0]]);
+      }
+    }
+    const idle = gaps.reduce((sum, [a, b]) => sum + (b - a), 0);
+    if (gaps.length && idle > 0.15 * (t1 - t0)) {
+      segmentsT = [];
+      let start = t0;
+      for (const [a, b] of gaps) {
+        segmentsT.push([start, a]);
+        start = b;
+      }
+      segmentsT.push([start, t1]);
+      cutS = idle;
+    }
+  }
+  const nCuts = segmentsT.length - 1;
+  const shownS = segmentsT.reduce((sum, [a, b]) => sum + (b - a), 0) || 1e-3;
+  const pxPerS = (plotRight - plotLeft - nCuts * CUT_W) / shownS;
+  const segments = [];
+  const cuts = [];
+  let cursor = plotLeft;
+  segmentsT.forEach(([a, b], i) => {
+    segments.push({ a, b, x: cursor });
+    cursor += (b - a) * pxPerS;
+    if (i < nCuts) {
+      cuts.push({ x: cursor, w: CUT_W, idleS: segmentsT[i + 1][0] - b });
+      cursor += CUT_W;
     }
   });
-  root.appendChild(svg);
-
-  const legend = document.createElement("div");
-  legend.className = "ji-legend";
-  legend.innerHTML =
-    '<span><span class="ji-swatch" style="background:repeating-linear-gradient(45deg,#eee 0 3px,#bbb 3px 4px)"></span>queued</span>' +
-    '<span><span class="ji-swatch" style="background:#4c78a8;opacity:.45"></span>prefill</span>' +
-    '<span><span class="ji-swatch" style="background:#4c78a8"></span>decoding (colour = batch)</span>' +
-    `<span>${rows.length} requests · ${batches.length} batches · ${fmt((t1 - t0) * 1000)}</span>`;
-  root.appendChild(legend);
+  const x = (t) => {
+    if (t <= segments[0].a) {
+      return plotLeft;
+    }
+    for (const s of segments) {
+      if (t <= s.b) {
+        return s.x + Math.max(0, t - s.a) * pxPerS;
+      }
+    }
+    return plotRight;
+  };
+  const pieces = (start, end) => {
+    const out = [];
+    for (const s of segments) {
+      const a = Math.max(start, s.a);
+      const b = Math.min(end, s.b);
+      if (b > a || b === a && start === end && a >= s.a && a <= s.b) {
+        out.push({ x: x(a), w: Math.max(1, (b - a) * pxPerS), start: a, end: b });
+      }
+    }
+    return out;
+  };
+  const ticks = [];
+  const step = niceStep(MIN_TICK_PX / pxPerS);
+  const ref = live ? t1 : t0;
+  const tickLabel = (v) => {
+    if (live && Math.abs(v) < step / 2) {
+      return "now";
+    }
+    return formatTick(v, step);
+  };
+  let lastX = -Infinity;
+  segments.forEach((s, i) => {
+    if (i > 0) {
+      while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
+        ticks.pop();
+      }
+      ticks.push({ x: s.x, label: tickLabel(s.a - ref), resume: true });
+      lastX = s.x + MIN_TICK_PX * 0.3;
+    }
+    for (let k = Math.ceil((s.a - ref) / step - 1e-9); ; k++) {
+      const t = ref + k * step;
+      if (t > s.b + 1e-9) {
+        break;
+      }
+      const px = x(t);
+      if (px - lastX >= MIN_TICK_PX * 0.6 && px <= plotRight + 0.5) {
+        ticks.push({ x: px, label: tickLabel(t - ref) });
+        lastX = px;
+      }
+    }
+  });
+  const sizes = batches.map((b) => b.size ?? b.members?.length ?? 1);
+  const bins = sizeBins(options.maxBatchSize || Math.max(1, ...sizes));
+  const sizeOf = (b) => b.size ?? b.members?.length ?? 1;
+  const bands = [];
+  for (const b of [...batches].sort((p, q) => p.started_at - q.started_at)) {
+    const end = isNum(b.ended_at) ? b.ended_at : t1;
+    if (end < t0 || b.started_at > t1) {
+      continue;
+    }
+    const size = sizeOf(b);
+    for (const p of pieces(b.started_at, end)) {
+      const long = `#${b.id} \xD7${size}`;
+      const short = `\xD7${size}`;
+      const room = p.w - 6;
+      const label = long.length * charW <= room ? long : short.length * charW <= room ? short : null;
+      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, bins), label });
+    }
+  }
+  const kinds = /* @__PURE__ */ new Set();
+  const maxChars = Math.max(4, Math.floor((labelWidth - 10) / charW));
+  const rowLayouts = rows.map((row, index) => {
+    const end = Math.max(endOf(row), rowStart(row));
+    const parts = [];
+    const add = (kind, start, stop, extra = {}) => {
+      if (!isNum(start) || stop < start || stop === start && kind !== "decode") {
+        return;
+      }
+      const lo = Math.max(start, t0);
+      const hi = Math.min(stop, t1);
+      if (hi < lo) {
+        return;
+      }
+      for (const p of pieces(lo, hi)) {
+        parts.push({ kind, ...p, ...extra });
+        kinds.add(kind);
+      }
+    };
+    const { queued_at: q, admitted_at: a, first_token_at: f } = row;
+    if (!isNum(a) && row.outcome === "queued") {
+      add("queued", q, end);
+    } else if (isNum(a)) {
+      add("queued", q, a);
+      add("prefill", a, isNum(f) ? f : end);
+    } else {
+      add("waiting", q, isNum(f) ? f : end);
+    }
+    if (isNum(f)) {
+      const spans = (row.batch_ids || []).map((id) => batchById.get(id)).filter((b) => b !== void 0).sort((p, q2) => p.started_at - q2.started_at);
+      let at = f;
+      for (const b of spans) {
+        const s = Math.max(b.started_at, f);
+        const e = Math.min(isNum(b.ended_at) ? b.ended_at : end, end);
+        if (e <= s) {
+          continue;
+        }
+        if (s > at + 1e-6) {
+          add("decode-unknown", at, s);
+        }
+        add("decode", s, e, { bin: binOf(sizeOf(b), bins), batchId: b.id });
+        at = Math.max(at, e);
+      }
+      if (end > at + 1e-6) {
+        add("decode-unknown", at, end);
+      }
+    }
+    const full = row.label || row.id;
+    const outcome = row.outcome || "";
+    const failed = outcome === "failed" || outcome === "error";
+    const marker = outcome === "cancelled" || failed ? { x: Math.min(x(Math.min(end, t1)) + 2, plotRight - 8), kind: failed ? "failed" : "cancelled" } : null;
+    return {
+      row,
+      y: index * (rowHeight + rowGap),
+      label: truncate(full, maxChars),
+      fullLabel: full,
+      live: isLive(row),
+      end,
+      parts,
+      marker
+    };
+  });
+  return {
+    width,
+    labelWidth,
+    plotLeft,
+    plotRight,
+    t0,
+    t1,
+    live,
+    rowHeight,
+    rowGap,
+    rowsHeight: rowLayouts.length * (rowHeight + rowGap),
+    ticks,
+    cuts,
+    bands,
+    rows: rowLayouts,
+    bins,
+    kinds,
+    shownS,
+    cutS,
+    x
+  };
+}
+function describeRow(row, batches, now) {
+  const lines = [];
+  if (row.label && row.label !== row.id) {
+    lines.push(row.label);
+  }
+  const outcome = row.outcome || (isLive(row) ? "running" : "done");
+  lines.push(`${row.id} \xB7 ${outcome} \xB7 ${row.tokens ?? 0} tokens out${isNum(row.prompt_tokens) ? `, ${row.prompt_tokens} in` : ""}`);
+  const q = row.queued_at;
+  const end = isNum(row.finished_at) ? row.finished_at : now;
+  const timing = [];
+  if (isNum(q) && isNum(row.admitted_at)) {
+    timing.push(`queued ${formatMs((row.admitted_at - q) * 1e3)}`);
+  } else if (isNum(q) && row.outcome === "queued" && isNum(now)) {
+    timing.push(`queued ${formatMs((now - q) * 1e3)} so far`);
+  }
+  if (isNum(q) && isNum(row.first_token_at)) {
+    timing.push(`TTFT ${formatMs((row.first_token_at - q) * 1e3)}`);
+  }
+  if (isNum(q) && isNum(end)) {
+    timing.push(`${isNum(row.finished_at) ? "total" : "running for"} ${formatMs((end - q) * 1e3)}`);
+  }
+  if (timing.length) {
+    lines.push(timing.join(" \xB7 "));
+  }
+  const ids = row.batch_ids || [];
+  if (ids.length) {
+    const shown = ids.slice(0, 6).map((id) => {
+      const b = batches.get(id);
+      return b ? `#${id} \xD7${b.size ?? b.members?.length ?? "?"}` : `#${id}`;
+    });
+    lines.push(`batches ${shown.join(", ")}${ids.length > 6 ? ` +${ids.length - 6} more` : ""}`);
+  }
+  return lines;
+}
+function describeBatch(batch, now) {
+  const end = isNum(batch.ended_at) ? batch.ended_at : now;
+  const size = batch.size ?? batch.members?.length ?? 0;
+  const span = isNum(batch.started_at) && isNum(end) ? ` \xB7 ${formatMs((end - batch.started_at) * 1e3)}${isNum(batch.ended_at) ? "" : " so far"}` : "";
+  return `batch #${batch.id} \xB7 ${size} row${size === 1 ? "" : "s"} \xB7 ${batch.steps ?? 0} steps \xB7 ${batch.tokens ?? 0} tokens${span}`;
 }
 
-function render({ model, el: host }) {
-  const root = document.createElement("div");
-  root.className = "ji-timeline";
-  host.appendChild(root);
-  let pending = false;
-  const redraw = () => {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(() => { pending = false; draw(model, root); });
-  };
-  for (const name of ["requests", "batches", "now", "title"]) model.on(`change:${name}`, redraw);
-  draw(model, root);
-  // Redraw on real width changes only: a container that shrink-wraps its content must not
-  // start a resize → redraw → resize loop.
-  const onResize = () => {
-    if (Math.abs((root.clientWidth || 0) - Number(root.dataset.drawnWidth || 0)) > 8) redraw();
-  };
-  const observer = typeof ResizeObserver !== "undefined" ? new ResizeObserver(onResize) : null;
-  if (observer) observer.observe(root);
+// src/timeline/render.ts
+var NS = "http://www.w3.org/2000/svg";
+var AXIS_H = 18;
+var TRACK_H = 18;
+var HEAD_H = AXIS_H + TRACK_H + 4;
+var views = 0;
+function svgEl(tag, attrs, parent) {
+  const node = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    node.setAttribute(k, String(v));
+  }
+  if (parent) {
+    parent.appendChild(node);
+  }
+  return node;
+}
+function htmlEl(tag, className, parent) {
+  const node = document.createElement(tag);
+  node.className = className;
+  if (parent) {
+    parent.appendChild(node);
+  }
+  return node;
+}
+function luminance(colour) {
+  const c = colour.trim().toLowerCase();
+  let rgb = null;
+  const hex = /^#([0-9a-f]{3}|[0-9a-f]{6})$/.exec(c);
+  if (hex) {
+    const h = hex[1].length === 3 ? hex[1].replace(/./g, (d) => d + d) : hex[1];
+    rgb = [0, 2, 4].map((i) => parseInt(h.slice(i, i + 2), 16));
+  } else {
+    const m = /^rgba?\(\s*([\d.]+)[\s,]+([\d.]+)[\s,]+([\d.]+)/.exec(c);
+    if (m) {
+      rgb = [m[1], m[2], m[3]].map(Number);
+    }
+  }
+  if (!rgb) {
+    return null;
+  }
+  const [r, g, b] = rgb.map((v) => {
+    const s = v / 255;
+    return s <= 0.03928 ? s / 12.92 : Math.pow((s + 0.055) / 1.055, 2.4);
+  });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+function contrast(l1, l2) {
+  const [hi, lo] = l1 > l2 ? [l1, l2] : [l2, l1];
+  return (hi + 0.05) / (lo + 0.05);
+}
+var KIND_LABEL = {
+  queued: "queued",
+  waiting: "sent, awaiting first token",
+  prefill: "prefill",
+  decode: "decoding",
+  "decode-unknown": "decoding (batch not recorded yet)"
+};
+var TimelineView = class {
+  constructor(host, options = {}) {
+    this._state = { rows: [], batches: [], now: null, title: "" };
+    this._layout = null;
+    this._batches = /* @__PURE__ */ new Map();
+    this._inks = /* @__PURE__ */ new Map();
+    this._frame = 0;
+    this._drawnWidth = 0;
+    this._hover = null;
+    this._observer = null;
+    this._onMove = (event) => {
+      const target = this._target(event);
+      const layout = this._layout;
+      if (!target || !layout) {
+        this._onLeave();
+        return;
+      }
+      const box = this._box.getBoundingClientRect();
+      const key = target.kind === "row" ? layout.rows[target.index]?.row.id : String(layout.bands[target.index]?.batch.id);
+      if (key === void 0) {
+        this._onLeave();
+        return;
+      }
+      this._hover = { kind: target.kind, key, x: event.clientX - box.left, y: event.clientY - box.top };
+      this._refreshTip();
+    };
+    this._onLeave = () => {
+      this._hover = null;
+      this._tip.hidden = true;
+    };
+    this._onClick = (event) => {
+      const target = this._target(event);
+      const opts = this._options;
+      if (!target || target.kind !== "row" || !this._layout || !opts.onRowClick) {
+        return;
+      }
+      const row = this._layout.rows[target.index]?.row;
+      if (row && opts.clickable?.(row)) {
+        opts.onRowClick(row);
+      }
+    };
+    this._options = options;
+    this._uid = `ji-tl-${++views}-${Math.random().toString(36).slice(2, 8)}`;
+    this.node = htmlEl("div", "ji-timeline", host);
+    this._title = htmlEl("div", "ji-title", this.node);
+    this._box = htmlEl("div", "ji-tl-box", this.node);
+    this._head = svgEl("svg", { class: "ji-tl-head" }, this._box);
+    this._body = htmlEl("div", "ji-tl-body", this._box);
+    this._body.style.maxHeight = `${options.maxRowsHeight ?? 420}px`;
+    this._rows = svgEl("svg", { class: "ji-tl-rows" }, this._body);
+    this._tip = htmlEl("div", "ji-tl-tip", this._box);
+    this._tip.hidden = true;
+    this._legend = htmlEl("div", "ji-legend", this.node);
+    this._rows.addEventListener("mousemove", this._onMove);
+    this._head.addEventListener("mousemove", this._onMove);
+    this._rows.addEventListener("mouseleave", this._onLeave);
+    this._head.addEventListener("mouseleave", this._onLeave);
+    this._rows.addEventListener("click", this._onClick);
+    if (typeof ResizeObserver !== "undefined") {
+      this._observer = new ResizeObserver(() => {
+        if (Math.abs(this._width() - this._drawnWidth) > 4) {
+          this.schedule();
+        }
+      });
+      this._observer.observe(this.node);
+    }
+  }
+  get layout() {
+    return this._layout;
+  }
+  update(state) {
+    this._state = state;
+    this.schedule();
+  }
+  /** Redraw at the next animation frame (once, however many updates came). */
+  schedule() {
+    if (this._frame) {
+      return;
+    }
+    if (typeof requestAnimationFrame === "undefined") {
+      this.draw();
+      return;
+    }
+    this._frame = requestAnimationFrame(() => {
+      this._frame = 0;
+      this.draw();
+    });
+  }
+  dispose() {
+    if (this._frame && typeof cancelAnimationFrame !== "undefined") {
+      cancelAnimationFrame(this._frame);
+    }
+    this._frame = 0;
+    this._observer?.disconnect();
+    this.node.remove();
+  }
+  _width() {
+    return this.node.clientWidth || this.node.parentElement?.clientWidth || 640;
+  }
+  /** Draw now. */
+  draw() {
+    const state = this._state;
+    const opts = this._options;
+    const width = this._width();
+    this._drawnWidth = width;
+    this._title.textContent = state.title || "";
+    this._title.hidden = !state.title;
+    this._batches = new Map((state.batches || []).map((b) => [b.id, b]));
+    this._inks.clear();
+    const many = (state.rows || []).length > 30;
+    const layout = layoutTimeline(state, {
+      width,
+      windowS: opts.windowS?.() ?? null,
+      maxBatchSize: opts.maxBatchSize?.() ?? null,
+      rowHeight: many ? 13 : 16,
+      rowGap: many ? 2 : 3
+    });
+    this._layout = layout;
+    this._drawHead(layout);
+    this._drawRows(layout);
+    this._drawLegend(layout);
+    this._refreshTip();
+  }
+  _drawHead(layout) {
+    const svg = this._head;
+    svg.replaceChildren();
+    svg.setAttribute("width", String(layout.width));
+    svg.setAttribute("height", String(HEAD_H));
+    svg.setAttribute("viewBox", `0 0 ${layout.width} ${HEAD_H}`);
+    this._drawCuts(svg, layout, 0, HEAD_H, true);
+    const axis = svgEl("g", { class: "ji-axis" }, svg);
+    for (const t of layout.ticks) {
+      svgEl("line", { x1: t.x, x2: t.x, y1: AXIS_H - 4, y2: HEAD_H, class: "ji-grid" }, axis);
+      const anchor = t.x > layout.plotRight - 20 ? "end" : t.resume || t.x < layout.plotLeft + 14 ? "start" : "middle";
+      svgEl("text", { x: t.resume ? t.x + 2 : t.x, y: AXIS_H - 6, "text-anchor": anchor }, axis).textContent = t.label;
+    }
+    const track = svgEl("g", { class: "ji-batches" }, svg);
+    svgEl("text", { x: 4, y: AXIS_H + 13, class: "ji-track-label" }, track).textContent = "batches";
+    layout.bands.forEach((band, i) => {
+      const rect = svgEl(
+        "rect",
+        { x: band.x, y: AXIS_H + 1, width: band.w, height: TRACK_H - 2, class: `ji-band ji-size-${band.bin}`, "data-band": i },
+        track
+      );
+      rect.setAttribute("aria-label", describeBatch(band.batch, layout.live ? layout.t1 : null));
+      if (band.label) {
+        const text = svgEl("text", { x: band.x + 3, y: AXIS_H + 13, class: "ji-band-label", "data-band": i }, track);
+        text.textContent = band.label;
+        const ink = this._ink(band.bin);
+        if (ink) {
+          text.setAttribute("style", `fill: ${ink}`);
+        }
+      }
+    });
+  }
+  _drawCuts(svg, layout, y, h, labelled) {
+    for (const cut of layout.cuts) {
+      const g = svgEl("g", { class: "ji-cut" }, svg);
+      svgEl("rect", { x: cut.x + 2, y, width: cut.w - 4, height: h, class: "ji-cut-bg" }, g);
+      svgEl("line", { x1: cut.x + 4, x2: cut.x + 4, y1: y, y2: y + h, class: "ji-cut-edge" }, g);
+      svgEl("line", { x1: cut.x + cut.w - 4, x2: cut.x + cut.w - 4, y1: y, y2: y + h, class: "ji-cut-edge" }, g);
+      if (labelled) {
+        svgEl("title", {}, g).textContent = `${formatMs(cut.idleS * 1e3)} idle, cut from the axis`;
+      }
+    }
+  }
+  _drawRows(layout) {
+    const svg = this._rows;
+    svg.replaceChildren();
+    const opts = this._options;
+    if (!layout.rows.length) {
+      svg.setAttribute("width", "0");
+      svg.setAttribute("height", "0");
+      this._body.dataset.empty = opts.emptyText ?? "No requests yet.";
+      return;
+    }
+    delete this._body.dataset.empty;
+    const height = layout.rowsHeight + 2;
+    svg.setAttribute("width", String(layout.width));
+    svg.setAttribute("height", String(height));
+    svg.setAttribute("viewBox", `0 0 ${layout.width} ${height}`);
+    const defs = svgEl("defs", {}, svg);
+    const hatch = svgEl(
+      "pattern",
+      { id: `${this._uid}-queued`, width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" },
+      defs
+    );
+    svgEl("rect", { width: 6, height: 6, class: "ji-hatch-bg" }, hatch);
+    svgEl("line", { x1: 0, y1: 0, x2: 0, y2: 6, class: "ji-hatch-line" }, hatch);
+    const dots = svgEl("pattern", { id: `${this._uid}-unknown`, width: 4, height: 4, patternUnits: "userSpaceOnUse" }, defs);
+    svgEl("rect", { width: 4, height: 4, class: "ji-unknown-bg" }, dots);
+    svgEl("rect", { width: 2, height: 4, class: "ji-unknown-line" }, dots);
+    const grid = svgEl("g", { class: "ji-axis" }, svg);
+    for (const t of layout.ticks) {
+      svgEl("line", { x1: t.x, x2: t.x, y1: 0, y2: height, class: "ji-grid" }, grid);
+    }
+    this._drawCuts(svg, layout, 0, height, false);
+    const h = layout.rowHeight;
+    layout.rows.forEach((r, i) => {
+      const clickable = !!(opts.onRowClick && opts.clickable?.(r.row));
+      const ended = r.marker ? ` ji-ended-${r.marker.kind}` : "";
+      const g = svgEl("g", { class: `ji-row${clickable ? " ji-clickable" : ""}${r.live ? " ji-live" : ""}${ended}`, "data-row": i }, svg);
+      g.setAttribute("data-id", r.row.id);
+      g.setAttribute("aria-label", `${r.fullLabel}: ${r.row.outcome ?? "running"}`);
+      svgEl("rect", { x: 0, y: r.y - 1, width: layout.width, height: h + 2, class: "ji-row-bg" }, g);
+      svgEl("text", { x: 4, y: r.y + h - 4, class: "ji-row-label" }, g).textContent = r.label;
+      for (const p of r.parts) {
+        const attrs = { x: p.x, y: r.y, width: p.w, height: h, class: `ji-part ji-${p.kind}` };
+        if (p.kind === "queued") {
+          attrs.fill = `url(#${this._uid}-queued)`;
+        } else if (p.kind === "decode-unknown") {
+          attrs.fill = `url(#${this._uid}-unknown)`;
+        } else if (p.kind === "decode") {
+          attrs.class += ` ji-size-${p.bin}`;
+        }
+        svgEl("rect", attrs, g);
+      }
+      if (r.marker) {
+        const m = svgEl("text", { x: r.marker.x, y: r.y + h - 4, class: `ji-marker ji-${r.marker.kind}` }, g);
+        m.textContent = r.marker.kind === "cancelled" ? "\u2298" : "\u2715";
+      }
+    });
+  }
+  _drawLegend(layout) {
+    const legend = this._legend;
+    legend.replaceChildren();
+    const item = (swatchClass, text, title) => {
+      const span2 = htmlEl("span", "ji-legend-item", legend);
+      htmlEl("span", `ji-swatch ${swatchClass}`, span2);
+      span2.appendChild(document.createTextNode(text));
+      if (title) {
+        span2.title = title;
+      }
+    };
+    for (const kind of ["queued", "waiting", "prefill"]) {
+      if (layout.kinds.has(kind) || kind !== "waiting") {
+        item(`ji-swatch-${kind}`, KIND_LABEL[kind]);
+      }
+    }
+    const sizes = htmlEl("span", "ji-legend-item ji-legend-sizes", legend);
+    sizes.appendChild(document.createTextNode("decoding, colour = rows in the batch:"));
+    layout.bins.forEach((bin, i) => {
+      const s = htmlEl("span", `ji-size-chip ji-size-${i}`, sizes);
+      s.textContent = bin.label;
+      const ink = this._ink(i);
+      if (ink) {
+        s.style.color = ink;
+      }
+    });
+    if (layout.kinds.has("decode-unknown")) {
+      item("ji-swatch-decode-unknown", "batch not recorded yet");
+    }
+    const outcomes = new Set(layout.rows.map((r) => r.marker?.kind).filter(Boolean));
+    if (outcomes.has("cancelled")) {
+      htmlEl("span", "ji-legend-item ji-marker-key ji-cancelled", legend).textContent = "\u2298 cancelled";
+    }
+    if (outcomes.has("failed")) {
+      htmlEl("span", "ji-legend-item ji-marker-key ji-failed", legend).textContent = "\u2715 failed";
+    }
+    const batchIds = new Set(layout.bands.map((b) => b.batch.id));
+    const summary = htmlEl("span", "ji-legend-item ji-legend-summary", legend);
+    const span = layout.live ? `last ${formatMs((layout.t1 - layout.t0) * 1e3)}` : formatMs((layout.t1 - layout.t0) * 1e3) + (layout.cutS > 0 ? ` (${formatMs(layout.cutS * 1e3)} idle cut)` : "");
+    summary.textContent = `${layout.rows.length} requests \xB7 ${batchIds.size} batches \xB7 ${span}`;
+  }
+  /** The theme's text colour that reads best on bin `bin`'s fill (null when unknown). */
+  _ink(bin) {
+    if (!this._inks.has(bin)) {
+      this._inks.set(bin, this._resolveInk(bin));
+    }
+    return this._inks.get(bin) ?? null;
+  }
+  _resolveInk(bin) {
+    if (typeof getComputedStyle === "undefined") {
+      return null;
+    }
+    const style = getComputedStyle(this.node);
+    const fill = luminance(style.getPropertyValue(`--ji-size-${bin}`));
+    if (fill === null) {
+      return null;
+    }
+    let best = null;
+    let bestContrast = 0;
+    for (const name of ["--jp-ui-font-color0", "--jp-ui-inverse-font-color0"]) {
+      const l = luminance(style.getPropertyValue(name));
+      if (l !== null && contrast(fill, l) > bestContrast) {
+        bestContrast = contrast(fill, l);
+        best = `var(${name})`;
+      }
+    }
+    return best;
+  }
+  // -- hover and click -----------------------------------------------------------------------
+  _target(event) {
+    const el = event.target?.closest?.("[data-row],[data-band]");
+    if (!el) {
+      return null;
+    }
+    const row = el.getAttribute("data-row");
+    if (row !== null) {
+      return { kind: "row", index: Number(row) };
+    }
+    return { kind: "band", index: Number(el.getAttribute("data-band")) };
+  }
+  _refreshTip() {
+    const hover = this._hover;
+    const layout = this._layout;
+    if (!hover || !layout) {
+      this._tip.hidden = true;
+      return;
+    }
+    const now = layout.live || (this._state.now ?? null) !== null ? layout.t1 : null;
+    let lines = null;
+    if (hover.kind === "row") {
+      const r = layout.rows.find((x) => x.row.id === hover.key);
+      if (r) {
+        lines = describeRow(r.row, this._batches, now);
+        if (this._options.onRowClick && this._options.clickable?.(r.row) && this._options.clickHint) {
+          lines.push(this._options.clickHint);
+        }
+      }
+    } else {
+      const b = this._batches.get(Number(hover.key));
+      if (b) {
+        lines = [describeBatch(b, now)];
+      }
+    }
+    if (!lines) {
+      this._tip.hidden = true;
+      return;
+    }
+    this._tip.replaceChildren(
+      ...lines.map((line, i) => {
+        const div = htmlEl("div", i === 0 ? "ji-tip-head" : "");
+        div.textContent = line;
+        return div;
+      })
+    );
+    this._tip.hidden = false;
+    const boxW = this._box.clientWidth || layout.width;
+    const tipW = Math.min(320, this._tip.offsetWidth || 260);
+    const left = Math.max(0, Math.min(hover.x + 12, boxW - tipW - 4));
+    this._tip.style.left = `${left}px`;
+    this._tip.style.top = `${hover.y + 14}px`;
+  }
+};
+
+// src/timeline/widget.ts
+var TRAITS = ["requests", "batches", "now", "title"];
+function render({ model, el }) {
+  const view = new TimelineView(el, { maxRowsHeight: 600 });
+  const redraw = () => view.update({
+    rows: model.get("requests") || [],
+    batches: model.get("batches") || [],
+    now: model.get("now") ?? null,
+    title: model.get("title") || ""
+  });
+  for (const name of TRAITS) {
+    model.on(`change:${name}`, redraw);
+  }
+  redraw();
   return () => {
-    if (observer) observer.disconnect();
-    for (const name of ["requests", "batches", "now", "title"]) model.off(`change:${name}`, redraw);
+    for (const name of TRAITS) {
+      model.off(`change:${name}`, redraw);
+    }
+    view.dispose();
   };
 }
-
-export default { render };
+var widget_default = { render };
+export {
+  widget_default as default
+};

@@ -1,0 +1,189 @@
+// The server-wide live timeline: request rows and batch spans kept up to date from the
+// `infer/events` stream, seeded from `infer/batches`, on the server's clock.
+//
+// Event shapes (jupyter_infer/scheduler.py `_emit`): queued {id, priority, prompt_tokens, at},
+// admitted {id, batch_id, at}, token {id, index, text}, finished {id, outcome,
+// completion_tokens, at, error}, batch {state: open|closed, id, members, started_at, ended_at,
+// steps, tokens, size}, step {kind, members, tokens, batch_id, started_at, ended_at}, ready,
+// shutdown.
+
+import type { IBatchesAnswer } from './api';
+import { isLive } from './timeline/layout';
+import { ITimelineBatch, ITimelineRow, ITimelineState } from './timeline/types';
+
+/** One `infer/events` event: its `type` and the fields listed above. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type ServerEvent = { type: string } & Record<string, any>;
+
+const MAX_ROWS = 400;
+
+export class LiveTimeline {
+  readonly rows = new Map<string, ITimelineRow>();
+  readonly batches = new Map<number, ITimelineBatch>();
+  /** Labels for requests this page knows more about (its own prompts). */
+  readonly labels = new Map<string, string>();
+  /** Server clock minus this page's clock, in seconds. */
+  offset = 0;
+
+  constructor(private _clock: () => number = () => Date.now() / 1000) {}
+
+  /** Now, on the server's clock (epoch s). */
+  now(): number {
+    return this._clock() + this.offset;
+  }
+
+  clear(): void {
+    this.rows.clear();
+    this.batches.clear();
+  }
+
+  /** Start over from an `infer/batches` answer (at connect and after a reconnect). */
+  seed(answer: IBatchesAnswer): void {
+    this.clear();
+    if (typeof answer.now === 'number') {
+      this.offset = answer.now - this._clock();
+    }
+    for (const b of answer.batches || []) {
+      this.batches.set(b.id, { ...b });
+    }
+    for (const r of answer.requests || []) {
+      this.rows.set(r.id, {
+        id: r.id,
+        queued_at: r.queued_at ?? null,
+        admitted_at: r.admitted_at ?? null,
+        first_token_at: r.first_token_at ?? null,
+        finished_at: r.finished_at ?? null,
+        batch_ids: [...(r.batch_ids || [])],
+        outcome: r.outcome ?? null,
+        tokens: r.completion_tokens ?? r.tokens ?? 0,
+        prompt_tokens: r.prompt_tokens ?? null
+      });
+    }
+  }
+
+  /** Apply one live event; returns whether anything the timeline draws changed. */
+  apply(event: ServerEvent): boolean {
+    const row = typeof event.id === 'string' ? this.rows.get(event.id) : undefined;
+    switch (event.type) {
+      case 'queued':
+        if (typeof event.prompt === 'string' && !this.labels.has(event.id)) {
+          this.labels.set(event.id, event.prompt); // a server that shares the prompt's start
+        }
+        this.rows.set(event.id, {
+          id: event.id,
+          queued_at: event.at,
+          batch_ids: [],
+          outcome: 'queued',
+          tokens: 0,
+          prompt_tokens: event.prompt_tokens ?? null
+        });
+        this._cap();
+        return true;
+      case 'admitted':
+        if (!row) {
+          return false;
+        }
+        row.admitted_at = event.at;
+        row.outcome = 'running';
+        this._join(row, event.batch_id);
+        return true;
+      case 'batch': {
+        const { state: _state, type: _type, ...batch } = event;
+        this.batches.set(batch.id, { ...this.batches.get(batch.id), ...(batch as ITimelineBatch) });
+        for (const member of (batch.members as string[]) || []) {
+          const r = this.rows.get(member);
+          if (r) {
+            this._join(r, batch.id);
+          }
+        }
+        return true;
+      }
+      case 'step':
+        // A row's first token comes with the first step it takes part in (its prefill).
+        for (const member of (event.members as string[]) || []) {
+          const r = this.rows.get(member);
+          if (r && r.first_token_at == null && r.admitted_at != null && event.tokens > 0) {
+            r.first_token_at = event.ended_at;
+          }
+        }
+        return true;
+      case 'token':
+        if (row && typeof event.index === 'number') {
+          row.tokens = Math.max(row.tokens ?? 0, event.index);
+        }
+        return false;
+      case 'finished':
+        if (!row) {
+          return false;
+        }
+        row.finished_at = event.at;
+        row.outcome = event.outcome;
+        row.tokens = event.completion_tokens ?? row.tokens;
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  /** Forget what ended before the window (plus a margin); keep whatever still runs. */
+  prune(windowS: number): void {
+    const horizon = this.now() - windowS - 5;
+    for (const [id, r] of this.rows) {
+      if (!isLive(r) && (r.finished_at ?? r.queued_at ?? 0) < horizon) {
+        this.rows.delete(id);
+        this.labels.delete(id);
+      }
+    }
+    for (const [id, b] of this.batches) {
+      if (b.ended_at != null && b.ended_at < horizon) {
+        this.batches.delete(id);
+      }
+    }
+  }
+
+  get running(): number {
+    let n = 0;
+    for (const r of this.rows.values()) {
+      n += r.outcome === 'running' ? 1 : 0;
+    }
+    return n;
+  }
+
+  get queued(): number {
+    let n = 0;
+    for (const r of this.rows.values()) {
+      n += r.outcome === 'queued' ? 1 : 0;
+    }
+    return n;
+  }
+
+  state(): ITimelineState {
+    const rows = [...this.rows.values()].map(r => ({ ...r, label: this.labels.get(r.id) ?? r.id }));
+    return { rows, batches: [...this.batches.values()], now: this.now() };
+  }
+
+  private _join(row: ITimelineRow, batchId: number | null | undefined): void {
+    if (typeof batchId !== 'number') {
+      return;
+    }
+    const ids = row.batch_ids ?? (row.batch_ids = []);
+    if (!ids.includes(batchId)) {
+      ids.push(batchId);
+      ids.sort((a, b) => a - b);
+    }
+  }
+
+  private _cap(): void {
+    if (this.rows.size <= MAX_ROWS) {
+      return;
+    }
+    for (const [id, r] of this.rows) {
+      if (this.rows.size <= MAX_ROWS) {
+        break;
+      }
+      if (!isLive(r)) {
+        this.rows.delete(id);
+      }
+    }
+  }
+}

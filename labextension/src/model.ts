@@ -1,0 +1,183 @@
+// What the side panel and the status-bar item show, kept live: the server's status, its
+// metrics (polled) and the server-wide timeline (from `infer/events`), reconnecting when the
+// server goes away and comes back.
+
+import { IDisposable } from '@lumino/disposable';
+import { ISignal, Signal } from '@lumino/signaling';
+import { IMetrics, InferApi, IStatus } from './api';
+import { LiveTimeline, ServerEvent } from './live';
+
+export type Connection = 'connecting' | 'connected' | 'reconnecting';
+
+export interface IModelSettings {
+  /** How often metrics are fetched and the timeline redrawn (ms). */
+  refreshInterval: number;
+  /** Seconds of history the live timeline shows. */
+  timeWindow: number;
+}
+
+export const DEFAULT_SETTINGS: IModelSettings = { refreshInterval: 500, timeWindow: 60 };
+
+const sleep = (ms: number, signal: AbortSignal): Promise<void> =>
+  new Promise(resolve => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener('abort', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+
+export class InferenceModel implements IDisposable {
+  readonly api: InferApi;
+  readonly live = new LiveTimeline();
+  status: IStatus | null = null;
+  metrics: IMetrics | null = null;
+  error: string | null = null;
+  connection: Connection = 'connecting';
+  /** When this page first saw the engine loading (ms since epoch), for "loading for 12 s". */
+  loadingSince: number | null = null;
+  settings: IModelSettings = { ...DEFAULT_SETTINGS };
+  private _changed = new Signal<this, void>(this);
+  private _stop = new AbortController();
+  private _stream: AbortController | null = null;
+  private _started = false;
+
+  constructor(api?: InferApi) {
+    this.api = api ?? new InferApi();
+  }
+
+  /** Emitted when status, metrics or the connection changed (not on every event). */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get isDisposed(): boolean {
+    return this._stop.signal.aborted;
+  }
+
+  /** One line for the status bar: "infer: ready · 3 running · 41 tok/s". */
+  get summary(): string {
+    if (this.connection !== 'connected') {
+      return this.connection === 'connecting' ? 'infer: connecting…' : 'infer: offline';
+    }
+    const state = this.status?.state ?? '…';
+    const m = this.metrics;
+    if (!m || state !== 'ready') {
+      return `infer: ${state}`;
+    }
+    const rate = Math.round(m.recent_tokens_per_s ?? 0);
+    const queued = m.queue_depth ? ` · ${m.queue_depth} queued` : '';
+    return `infer: ready · ${m.requests.running} running${queued} · ${rate} tok/s`;
+  }
+
+  configure(settings: Partial<IModelSettings>): void {
+    this.settings = { ...this.settings, ...settings };
+    this._changed.emit();
+  }
+
+  start(): void {
+    if (this._started) {
+      return;
+    }
+    this._started = true;
+    void this._follow();
+    void this._poll();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._stop.abort();
+    this._stream?.abort();
+    Signal.clearData(this);
+  }
+
+  async refreshStatus(): Promise<void> {
+    try {
+      this.status = await this.api.status();
+      this.error = null;
+      if (this.status.state !== 'loading') {
+        this.loadingSince = null;
+      } else if (this.loadingSince === null) {
+        this.loadingSince = Date.now();
+      }
+    } catch (err) {
+      this.error = (err as Error).message;
+    }
+    this._changed.emit();
+  }
+
+  /** Follow `infer/events`; on a dropped stream, reconnect with backoff and reseed. */
+  private async _follow(): Promise<void> {
+    let delay = 500;
+    const stop = this._stop.signal;
+    while (!stop.aborted) {
+      const stream = new AbortController();
+      this._stream = stream;
+      try {
+        await this.refreshStatus();
+        if (this.error) {
+          throw new Error(this.error);
+        }
+        this.live.seed(await this.api.batches());
+        this.connection = 'connected';
+        this._changed.emit();
+        delay = 500;
+        await this.api.events(stream.signal, event => this._onEvent(event.event, event.data));
+      } catch (err) {
+        if (stop.aborted) {
+          break;
+        }
+        this.error = (err as Error).message;
+      }
+      if (stop.aborted) {
+        break;
+      }
+      this.connection = 'reconnecting';
+      this._changed.emit();
+      await sleep(delay, stop);
+      delay = Math.min(delay * 2, 5000);
+    }
+  }
+
+  private _onEvent(type: string, data: string): void {
+    let event: ServerEvent;
+    try {
+      event = JSON.parse(data);
+    } catch {
+      return;
+    }
+    event.type = event.type ?? type;
+    this.live.apply(event);
+    if (event.type === 'ready') {
+      void this.refreshStatus();
+    } else if (event.type === 'shutdown') {
+      this.connection = 'reconnecting';
+      this._changed.emit();
+    }
+  }
+
+  /** Metrics every refresh interval; status too while it may still change by itself. */
+  private async _poll(): Promise<void> {
+    const stop = this._stop.signal;
+    let tick = 0;
+    while (!stop.aborted) {
+      if (this.connection === 'connected') {
+        try {
+          this.metrics = await this.api.metrics();
+          this.live.prune(this.settings.timeWindow);
+        } catch (err) {
+          this.error = (err as Error).message;
+        }
+        const settling = this.status && this.status.state !== 'ready';
+        if (settling && tick % 4 === 0) {
+          await this.refreshStatus();
+        }
+        this._changed.emit();
+      }
+      tick++;
+      await sleep(Math.max(100, this.settings.refreshInterval), stop);
+    }
+  }
+}

@@ -1,0 +1,545 @@
+// The timeline's geometry as plain data: which parts of which rows go where, the time axis
+// (with idle gaps cut out of long histories), the batch bands and the colour bins.
+// No DOM here, so the layout is unit-tested directly; `render.ts` turns it into SVG.
+
+import { formatMs } from '../format';
+import { ITimelineBatch, ITimelineRow, ITimelineState } from './types';
+
+export interface ILayoutOptions {
+  /** Width of the whole drawing in px. */
+  width: number;
+  /** Live mode: show the last `windowS` seconds up to `now`, scrolling. */
+  windowS?: number | null;
+  /** Cut idle gaps out of the axis (default: on, except in live mode). */
+  compress?: boolean;
+  /** Largest batch size the colour bins must hold (default: the largest batch drawn). */
+  maxBatchSize?: number | null;
+  rowHeight?: number;
+  rowGap?: number;
+  /** Average width of one label character in px (11 px UI font). */
+  charWidth?: number;
+}
+
+/** queued: waiting for admission; waiting: sent, not yet answered, and the server's split
+ * into queue and prefill is not known yet; prefill; decode (in a recorded batch span);
+ * decode-unknown: generating, but the batch span is not recorded (yet). */
+export type PartKind = 'queued' | 'waiting' | 'prefill' | 'decode' | 'decode-unknown';
+
+export interface IPart {
+  kind: PartKind;
+  x: number;
+  w: number;
+  start: number;
+  end: number;
+  /** Colour bin of the batch size (decode parts). */
+  bin?: number;
+  batchId?: number;
+}
+
+export interface IRowLayout {
+  row: ITimelineRow;
+  y: number;
+  label: string;
+  fullLabel: string;
+  /** Still queued or running. */
+  live: boolean;
+  end: number;
+  parts: IPart[];
+  marker: { x: number; kind: 'cancelled' | 'failed' } | null;
+}
+
+export interface IBandLayout {
+  batch: ITimelineBatch;
+  x: number;
+  w: number;
+  bin: number;
+  label: string | null;
+}
+
+export interface ITick {
+  x: number;
+  label: string;
+  /** Where the axis resumes after a cut: the label starts at the tick, right of the cut. */
+  resume?: boolean;
+}
+
+/** An idle gap cut out of the axis, drawn as a narrow break of width `w`. */
+export interface ICut {
+  x: number;
+  w: number;
+  idleS: number;
+}
+
+export interface ISizeBin {
+  min: number;
+  max: number;
+  label: string;
+}
+
+export interface ITimelineLayout {
+  width: number;
+  labelWidth: number;
+  plotLeft: number;
+  plotRight: number;
+  t0: number;
+  t1: number;
+  live: boolean;
+  rowHeight: number;
+  rowGap: number;
+  rowsHeight: number;
+  ticks: ITick[];
+  cuts: ICut[];
+  bands: IBandLayout[];
+  rows: IRowLayout[];
+  bins: ISizeBin[];
+  kinds: Set<PartKind>;
+  /** Seconds the axis shows, and idle seconds cut out of it. */
+  shownS: number;
+  cutS: number;
+  /** x of a time (a time inside a cut maps to the cut's left edge). */
+  x: (t: number) => number;
+}
+
+export const CUT_W = 14;
+/** The shortest span the live timeline shows (s). */
+const MIN_LIVE_S = 3;
+const MIN_TICK_PX = 72;
+const CHAR_W = 6.2;
+
+interface ISegment {
+  a: number;
+  b: number;
+  x: number; // px where the segment starts
+}
+
+/** Colour bins for batch sizes 1..max: exact sizes up to 4, else 1 | 2–a | a+1–b | b+1–max
+ * with a, b log-spaced, so a burst of 16 and a lone request never share a colour. */
+export function sizeBins(maxSize: number): ISizeBin[] {
+  const max = Math.max(1, Math.round(maxSize));
+  const bin = (min: number, hi: number): ISizeBin => ({
+    min,
+    max: hi,
+    label: min === hi ? `${min}` : `${min}–${hi}`
+  });
+  if (max <= 4) {
+    return Array.from({ length: max }, (_, i) => bin(i + 1, i + 1));
+  }
+  const a = Math.max(2, Math.round(Math.cbrt(max)));
+  const b = Math.max(a + 1, Math.min(max - 1, Math.round(Math.cbrt(max) ** 2)));
+  return [bin(1, 1), bin(2, a), bin(a + 1, b), bin(b + 1, max)];
+}
+
+export function binOf(size: number, bins: ISizeBin[]): number {
+  for (let i = 0; i < bins.length; i++) {
+    if (size <= bins[i].max) {
+      return i;
+    }
+  }
+  return bins.length - 1;
+}
+
+function niceStep(raw: number): number {
+  const pow = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 5, 10]) {
+    if (m * pow >= raw) {
+      return m * pow;
+    }
+  }
+  return 10 * pow;
+}
+
+/** A tick's label, with as many digits as the tick step needs: "-10 s", "1.5 s", "250 ms". */
+export function formatTick(v: number, step: number): string {
+  if (Math.abs(v) < 1e-9) {
+    return '0 s';
+  }
+  if (step < 1 && Math.abs(v) < 1) {
+    return `${Math.round(v * 1000)} ms`;
+  }
+  if (step >= 60 && Math.abs(v) >= 120) {
+    const minutes = v / 60;
+    return `${Number.isInteger(Math.round(minutes * 10) / 10) ? Math.round(minutes) : minutes.toFixed(1)} min`;
+  }
+  const digits = step >= 1 ? 0 : step >= 0.1 ? 1 : 2;
+  return `${v.toFixed(digits)} s`;
+}
+
+/** Truncate to `maxChars` with an ellipsis, at a word boundary when one is near. */
+export function truncate(text: string, maxChars: number): string {
+  if (text.length <= maxChars) {
+    return text;
+  }
+  if (maxChars <= 1) {
+    return '…';
+  }
+  const cut = text.slice(0, maxChars - 1);
+  const space = cut.lastIndexOf(' ');
+  const head = space >= maxChars * 0.6 ? cut.slice(0, space) : cut;
+  return head.replace(/[\s.,;:·-]+$/, '') + '…';
+}
+
+const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v);
+const LIVE = new Set(['queued', 'running']);
+
+/** Is the row still queued or running (so it extends to "now")? */
+export function isLive(row: ITimelineRow): boolean {
+  return !isNum(row.finished_at) && (row.outcome == null || LIVE.has(row.outcome));
+}
+
+function rowStart(row: ITimelineRow): number | null {
+  for (const t of [row.queued_at, row.admitted_at, row.first_token_at, row.finished_at]) {
+    if (isNum(t)) {
+      return t;
+    }
+  }
+  return null;
+}
+
+/** Merged [start, end] intervals in which something happened. */
+function activity(rows: ITimelineRow[], batches: ITimelineBatch[], endOf: (r: ITimelineRow) => number, tEnd: number) {
+  const spans: [number, number][] = [];
+  for (const r of rows) {
+    const s = rowStart(r);
+    if (s !== null) {
+      spans.push([s, Math.max(s, endOf(r))]);
+    }
+  }
+  for (const b of batches) {
+    if (isNum(b.started_at)) {
+      spans.push([b.started_at, isNum(b.ended_at) ? b.ended_at : tEnd]);
+    }
+  }
+  spans.sort((p, q) => p[0] - q[0]);
+  const merged: [number, number][] = [];
+  for (const [s, e] of spans) {
+    const last = merged[merged.length - 1];
+    if (last && s <= last[1]) {
+      last[1] = Math.max(last[1], e);
+    } else {
+      merged.push([s, e]);
+    }
+  }
+  return merged;
+}
+
+export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): ITimelineLayout {
+  const width = Math.max(240, Math.round(options.width));
+  const rowHeight = options.rowHeight ?? 16;
+  const rowGap = options.rowGap ?? 3;
+  const charW = options.charWidth ?? CHAR_W;
+  const labelWidth = Math.round(Math.min(180, Math.max(72, width * 0.26)));
+  const plotLeft = labelWidth;
+  const plotRight = width - 10;
+  const live = isNum(options.windowS) && options.windowS > 0;
+  const batches = (state.batches || []).filter(b => isNum(b.started_at));
+  const batchById = new Map(batches.map(b => [b.id, b]));
+
+  // The time span.
+  const times: number[] = [];
+  for (const r of state.rows || []) {
+    for (const t of [r.queued_at, r.admitted_at, r.first_token_at, r.finished_at]) {
+      if (isNum(t)) {
+        times.push(t);
+      }
+    }
+  }
+  for (const b of batches) {
+    times.push(b.started_at as number);
+    if (isNum(b.ended_at)) {
+      times.push(b.ended_at);
+    }
+  }
+  const now = isNum(state.now) ? state.now : null;
+  let t1 = now ?? (times.length ? Math.max(...times) : 0);
+  let t0: number;
+  if (live) {
+    // The last `windowS` seconds at most; less while the history is shorter, so that a
+    // burst that just started is drawn wide rather than as a sliver at the right edge.
+    const windowS = options.windowS as number;
+    const recent = times.filter(t => t >= t1 - windowS);
+    const span = recent.length ? (t1 - Math.min(...recent)) * 1.08 : windowS;
+    t0 = t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S)));
+  } else {
+    t0 = times.length ? Math.min(...times) : t1 - 1;
+    if (now !== null && times.length) {
+      t1 = Math.max(t1, Math.max(...times));
+    }
+    if (t1 - t0 < 0.05) {
+      t1 = t0 + 0.05;
+    }
+  }
+  const endOf = (r: ITimelineRow): number => {
+    if (isNum(r.finished_at)) {
+      return r.finished_at;
+    }
+    if (isLive(r)) {
+      return t1; // still running: up to "now" (or the latest thing recorded)
+    }
+    // Finished, end not recorded: its last batch span's end, else its last known time.
+    const ends = (r.batch_ids || []).map(id => batchById.get(id)?.ended_at).filter(isNum);
+    const known = [r.queued_at, r.admitted_at, r.first_token_at].filter(isNum);
+    return Math.max(...ends, ...known, -Infinity);
+  };
+
+  // Rows in arrival order; in live mode only those that overlap the window.
+  const rows = (state.rows || [])
+    .filter(r => rowStart(r) !== null)
+    .filter(r => !live || (endOf(r) >= t0 && (rowStart(r) as number) <= t1))
+    .sort((p, q) => (rowStart(p) as number) - (rowStart(q) as number) || (p.id < q.id ? -1 : 1));
+
+  // The axis: segments of active time; idle gaps over the threshold are cut (not in live mode).
+  let segmentsT: [number, number][] = [[t0, t1]];
+  let cutS = 0;
+  if (!live && options.compress !== false) {
+    const merged = activity(rows, batches, endOf, t1);
+    const minGap = Math.max(1.0, 0.03 * (t1 - t0));
+    const gaps: [number, number][] = [];
+    for (let i = 1; i < merged.length; i++) {
+      if (merged[i][0] - merged[i - 1][1] > minGap) {
+        gaps.push([merged[i - 1][1], merged[i][0]]);
+      }
+    }
+    const idle = gaps.reduce((sum, [a, b]) => sum + (b - a), 0);
+    if (gaps.length && idle > 0.15 * (t1 - t0)) {
+      segmentsT = [];
+      let start = t0;
+      for (const [a, b] of gaps) {
+        segmentsT.push([start, a]);
+        start = b;
+      }
+      segmentsT.push([start, t1]);
+      cutS = idle;
+    }
+  }
+  const nCuts = segmentsT.length - 1;
+  const shownS = segmentsT.reduce((sum, [a, b]) => sum + (b - a), 0) || 1e-3;
+  const pxPerS = (plotRight - plotLeft - nCuts * CUT_W) / shownS;
+  const segments: ISegment[] = [];
+  const cuts: ICut[] = [];
+  let cursor = plotLeft;
+  segmentsT.forEach(([a, b], i) => {
+    segments.push({ a, b, x: cursor });
+    cursor += (b - a) * pxPerS;
+    if (i < nCuts) {
+      cuts.push({ x: cursor, w: CUT_W, idleS: segmentsT[i + 1][0] - b });
+      cursor += CUT_W;
+    }
+  });
+  const x = (t: number): number => {
+    if (t <= segments[0].a) {
+      return plotLeft;
+    }
+    for (const s of segments) {
+      if (t <= s.b) {
+        return s.x + Math.max(0, t - s.a) * pxPerS;
+      }
+    }
+    return plotRight;
+  };
+  /** A time span as drawn pieces: one per axis segment it overlaps. */
+  const pieces = (start: number, end: number): { x: number; w: number; start: number; end: number }[] => {
+    const out = [];
+    for (const s of segments) {
+      const a = Math.max(start, s.a);
+      const b = Math.min(end, s.b);
+      if (b > a || (b === a && start === end && a >= s.a && a <= s.b)) {
+        out.push({ x: x(a), w: Math.max(1, (b - a) * pxPerS), start: a, end: b });
+      }
+    }
+    return out;
+  };
+
+  // Ticks: one nice step for the whole axis (px per second is the same in every segment).
+  const ticks: ITick[] = [];
+  const step = niceStep(MIN_TICK_PX / pxPerS);
+  const ref = live ? t1 : t0;
+  const tickLabel = (v: number): string => {
+    if (live && Math.abs(v) < step / 2) {
+      return 'now';
+    }
+    return formatTick(v, step);
+  };
+  let lastX = -Infinity;
+  segments.forEach((s, i) => {
+    if (i > 0) {
+      // Where the axis resumes after a cut: always labelled, so every stretch has a time.
+      while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
+        ticks.pop();
+      }
+      ticks.push({ x: s.x, label: tickLabel(s.a - ref), resume: true });
+      lastX = s.x + MIN_TICK_PX * 0.3; // its label starts here and reads to the right
+    }
+    for (let k = Math.ceil((s.a - ref) / step - 1e-9); ; k++) {
+      const t = ref + k * step;
+      if (t > s.b + 1e-9) {
+        break;
+      }
+      const px = x(t);
+      if (px - lastX >= MIN_TICK_PX * 0.6 && px <= plotRight + 0.5) {
+        ticks.push({ x: px, label: tickLabel(t - ref) });
+        lastX = px;
+      }
+    }
+  });
+
+  // Colour bins by batch size.
+  const sizes = batches.map(b => b.size ?? b.members?.length ?? 1);
+  const bins = sizeBins(options.maxBatchSize || Math.max(1, ...sizes));
+  const sizeOf = (b: ITimelineBatch): number => b.size ?? b.members?.length ?? 1;
+
+  // The batch track.
+  const bands: IBandLayout[] = [];
+  for (const b of [...batches].sort((p, q) => (p.started_at as number) - (q.started_at as number))) {
+    const end = isNum(b.ended_at) ? b.ended_at : t1;
+    if (end < t0 || (b.started_at as number) > t1) {
+      continue;
+    }
+    const size = sizeOf(b);
+    for (const p of pieces(b.started_at as number, end)) {
+      const long = `#${b.id} ×${size}`;
+      const short = `×${size}`;
+      const room = p.w - 6;
+      const label = long.length * charW <= room ? long : short.length * charW <= room ? short : null;
+      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, bins), label });
+    }
+  }
+
+  // The rows.
+  const kinds = new Set<PartKind>();
+  const maxChars = Math.max(4, Math.floor((labelWidth - 10) / charW));
+  const rowLayouts: IRowLayout[] = rows.map((row, index) => {
+    const end = Math.max(endOf(row), rowStart(row) as number);
+    const parts: IPart[] = [];
+    const add = (kind: PartKind, start: number | null | undefined, stop: number, extra: Partial<IPart> = {}) => {
+      if (!isNum(start) || stop < start || (stop === start && kind !== 'decode')) {
+        return;
+      }
+      const lo = Math.max(start, t0);
+      const hi = Math.min(stop, t1);
+      if (hi < lo) {
+        return;
+      }
+      for (const p of pieces(lo, hi)) {
+        parts.push({ kind, ...p, ...extra });
+        kinds.add(kind);
+      }
+    };
+    const { queued_at: q, admitted_at: a, first_token_at: f } = row;
+    if (!isNum(a) && row.outcome === 'queued') {
+      add('queued', q, end);
+    } else if (isNum(a)) {
+      add('queued', q, a);
+      add('prefill', a, isNum(f) ? f : end);
+    } else {
+      add('waiting', q, isNum(f) ? f : end); // the server's records will split this
+    }
+    if (isNum(f)) {
+      const spans = (row.batch_ids || [])
+        .map(id => batchById.get(id))
+        .filter((b): b is ITimelineBatch => b !== undefined)
+        .sort((p, q2) => (p.started_at as number) - (q2.started_at as number));
+      let at = f;
+      for (const b of spans) {
+        const s = Math.max(b.started_at as number, f);
+        const e = Math.min(isNum(b.ended_at) ? b.ended_at : end, end);
+        if (e <= s) {
+          continue;
+        }
+        if (s > at + 1e-6) {
+          add('decode-unknown', at, s);
+        }
+        add('decode', s, e, { bin: binOf(sizeOf(b), bins), batchId: b.id });
+        at = Math.max(at, e);
+      }
+      if (end > at + 1e-6) {
+        add('decode-unknown', at, end);
+      }
+    }
+    const full = row.label || row.id;
+    const outcome = row.outcome || '';
+    const failed = outcome === 'failed' || outcome === 'error';
+    const marker =
+      outcome === 'cancelled' || failed
+        ? { x: Math.min(x(Math.min(end, t1)) + 2, plotRight - 8), kind: failed ? ('failed' as const) : ('cancelled' as const) }
+        : null;
+    return {
+      row,
+      y: index * (rowHeight + rowGap),
+      label: truncate(full, maxChars),
+      fullLabel: full,
+      live: isLive(row),
+      end,
+      parts,
+      marker
+    };
+  });
+
+  return {
+    width,
+    labelWidth,
+    plotLeft,
+    plotRight,
+    t0,
+    t1,
+    live,
+    rowHeight,
+    rowGap,
+    rowsHeight: rowLayouts.length * (rowHeight + rowGap),
+    ticks,
+    cuts,
+    bands,
+    rows: rowLayouts,
+    bins,
+    kinds,
+    shownS,
+    cutS,
+    x
+  };
+}
+
+/** What hovering a row shows: its id and label, timings, tokens and batches. */
+export function describeRow(row: ITimelineRow, batches: Map<number, ITimelineBatch>, now: number | null): string[] {
+  const lines: string[] = [];
+  if (row.label && row.label !== row.id) {
+    lines.push(row.label);
+  }
+  const outcome = row.outcome || (isLive(row) ? 'running' : 'done');
+  lines.push(`${row.id} · ${outcome} · ${row.tokens ?? 0} tokens out${isNum(row.prompt_tokens) ? `, ${row.prompt_tokens} in` : ''}`);
+  const q = row.queued_at;
+  const end = isNum(row.finished_at) ? row.finished_at : now;
+  const timing: string[] = [];
+  if (isNum(q) && isNum(row.admitted_at)) {
+    timing.push(`queued ${formatMs((row.admitted_at - q) * 1000)}`);
+  } else if (isNum(q) && row.outcome === 'queued' && isNum(now)) {
+    timing.push(`queued ${formatMs((now - q) * 1000)} so far`);
+  }
+  if (isNum(q) && isNum(row.first_token_at)) {
+    timing.push(`TTFT ${formatMs((row.first_token_at - q) * 1000)}`);
+  }
+  if (isNum(q) && isNum(end)) {
+    timing.push(`${isNum(row.finished_at) ? 'total' : 'running for'} ${formatMs((end - q) * 1000)}`);
+  }
+  if (timing.length) {
+    lines.push(timing.join(' · '));
+  }
+  const ids = row.batch_ids || [];
+  if (ids.length) {
+    const shown = ids.slice(0, 6).map(id => {
+      const b = batches.get(id);
+      return b ? `#${id} ×${b.size ?? b.members?.length ?? '?'}` : `#${id}`;
+    });
+    lines.push(`batches ${shown.join(', ')}${ids.length > 6 ? ` +${ids.length - 6} more` : ''}`);
+  }
+  return lines;
+}
+
+/** What hovering a batch band shows. */
+export function describeBatch(batch: ITimelineBatch, now: number | null): string {
+  const end = isNum(batch.ended_at) ? batch.ended_at : now;
+  const size = batch.size ?? batch.members?.length ?? 0;
+  const span =
+    isNum(batch.started_at) && isNum(end)
+      ? ` · ${formatMs((end - batch.started_at) * 1000)}${isNum(batch.ended_at) ? '' : ' so far'}`
+      : '';
+  return `batch #${batch.id} · ${size} row${size === 1 ? '' : 's'} · ${batch.steps ?? 0} steps · ${batch.tokens ?? 0} tokens${span}`;
+}

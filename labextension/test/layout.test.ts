@@ -1,0 +1,161 @@
+import { describe, expect, it } from 'vitest';
+import { formatTick, layoutTimeline, sizeBins, truncate } from '../src/timeline/layout';
+import { longHistory } from './fixtures';
+
+const W = 800;
+
+describe('layoutTimeline', () => {
+  it('extends running rows and open batches to now', () => {
+    const now = 110;
+    const layout = layoutTimeline(
+      {
+        rows: [
+          { id: 'a', queued_at: 100, admitted_at: 100.04, first_token_at: 100.3, batch_ids: [1], outcome: 'running' },
+          { id: 'b', queued_at: 100, admitted_at: 100.04, first_token_at: 100.3, finished_at: 102, batch_ids: [1], outcome: 'ok' }
+        ],
+        batches: [{ id: 1, size: 2, started_at: 100.04, ended_at: null }],
+        now
+      },
+      { width: W, compress: false }
+    );
+    const [a, b] = layout.rows;
+    const last = (r: typeof a) => r.parts[r.parts.length - 1];
+    expect(last(a).end).toBe(now);
+    expect(last(a).x + last(a).w).toBeCloseTo(layout.x(now), 5);
+    expect(last(b).end).toBe(102);
+    expect(layout.bands[0].x + layout.bands[0].w).toBeCloseTo(layout.x(now), 5);
+  });
+
+  it('shows the queue time the server recorded, not the time to the first token', () => {
+    const layout = layoutTimeline(
+      { rows: [{ id: 'a', queued_at: 100, admitted_at: 100.04, first_token_at: 100.84, finished_at: 101, outcome: 'ok' }], batches: [] },
+      { width: W }
+    );
+    const queued = layout.rows[0].parts.filter(p => p.kind === 'queued');
+    expect(queued).toHaveLength(1);
+    expect((queued[0].end - queued[0].start) * 1000).toBeCloseTo(40, 5);
+    expect(layout.rows[0].parts.find(p => p.kind === 'prefill')!.end).toBe(100.84);
+  });
+
+  it('does not call time queued when the server has not said (client-side facts only)', () => {
+    const layout = layoutTimeline(
+      { rows: [{ id: 'a', queued_at: 100, first_token_at: 100.8, outcome: 'running' }], batches: [], now: 101 },
+      { width: W }
+    );
+    const kinds = layout.rows[0].parts.map(p => p.kind);
+    expect(kinds).not.toContain('queued');
+    expect(kinds[0]).toBe('waiting');
+    expect(kinds[kinds.length - 1]).toBe('decode-unknown'); // up to now, batch not recorded yet
+  });
+
+  it('colours decoding by the size of each batch span the row was in', () => {
+    const layout = layoutTimeline(
+      {
+        rows: [{ id: 'a', queued_at: 0, admitted_at: 0, first_token_at: 0.1, finished_at: 3, batch_ids: [1, 2], outcome: 'ok' }],
+        batches: [
+          { id: 1, size: 1, started_at: 0, ended_at: 1 },
+          { id: 2, size: 16, started_at: 1, ended_at: 3 }
+        ]
+      },
+      { width: W, maxBatchSize: 16 }
+    );
+    const decode = layout.rows[0].parts.filter(p => p.kind === 'decode');
+    expect(decode.map(p => p.batchId)).toEqual([1, 2]);
+    expect(decode[0].bin).toBe(0);
+    expect(decode[1].bin).toBe(layout.bins.length - 1);
+  });
+
+  it('makes a long history readable: idle gaps cut, every burst wide, ticks apart', () => {
+    const history = longHistory(); // 63 rows over ~134 s, 7 bursts of ~2 s
+    const layout = layoutTimeline(history, { width: W });
+    expect(layout.rows).toHaveLength(63);
+    expect(layout.cuts).toHaveLength(6);
+    expect(layout.cutS).toBeGreaterThan(100);
+    // Without the cuts a 2 s burst would get ~2/134 of the plot (~11 px); with them, ~1/7.
+    for (const band of layout.bands) {
+      expect(band.w).toBeGreaterThan(60);
+      expect(band.label).toBe(`#${band.batch.id} ×9`);
+    }
+    const xs = layout.ticks.map(t => t.x);
+    for (let i = 1; i < xs.length; i++) {
+      expect(xs[i] - xs[i - 1]).toBeGreaterThanOrEqual(40);
+    }
+    // Times after a cut keep their real offsets.
+    const lastBurst = layout.rows[62];
+    expect(layout.x(lastBurst.row.queued_at as number)).toBeGreaterThan(layout.plotLeft + 0.8 * (layout.plotRight - layout.plotLeft));
+  });
+
+  it('truncates labels with an ellipsis and keeps the full text', () => {
+    const layout = layoutTimeline(longHistory(1, 1), { width: 400 });
+    const row = layout.rows[0];
+    expect(row.label.endsWith('…')).toBe(true);
+    expect(row.label.length).toBeLessThan(row.fullLabel.length);
+    expect(row.fullLabel).toBe('#1 Explain how a transformer attends to earlier tokens');
+    expect(truncate('short', 10)).toBe('short');
+    expect(truncate('What is dynamic batching in LLM serving', 16)).toBe('What is dynamic…');
+  });
+
+  it('in live mode shows the last N seconds, scrolling, and drops what ended before', () => {
+    const layout = layoutTimeline(
+      {
+        rows: [
+          { id: 'old', queued_at: 10, admitted_at: 10, first_token_at: 10.1, finished_at: 11, outcome: 'ok' },
+          { id: 'new', queued_at: 95, admitted_at: 95, first_token_at: 95.1, outcome: 'running' }
+        ],
+        batches: [],
+        now: 100
+      },
+      { width: W, windowS: 30 }
+    );
+    expect(layout.live).toBe(true);
+    expect(layout.t1).toBe(100);
+    expect(layout.t0).toBeCloseTo(100 - 5 * 1.08); // 5 s of history, drawn wide, not 30 s
+    expect(layout.rows.map(r => r.row.id)).toEqual(['new']);
+    expect(layout.ticks[layout.ticks.length - 1].label).toBe('now');
+    expect(layout.cuts).toHaveLength(0);
+    const later = layoutTimeline(
+      { rows: [{ id: 'r', queued_at: 40, admitted_at: 40, first_token_at: 41, outcome: 'running' }], batches: [], now: 100 },
+      { width: W, windowS: 30 }
+    );
+    expect(later.t0).toBe(70); // a long history: the last 30 s, scrolling
+  });
+
+  it('marks cancelled and failed rows', () => {
+    const layout = layoutTimeline(
+      {
+        rows: [
+          { id: 'c', queued_at: 0, admitted_at: 0, first_token_at: 0.1, finished_at: 0.5, outcome: 'cancelled' },
+          { id: 'f', queued_at: 0, admitted_at: 0, finished_at: 0.2, outcome: 'failed' }
+        ],
+        batches: []
+      },
+      { width: W }
+    );
+    expect(layout.rows.map(r => r.marker?.kind)).toEqual(['cancelled', 'failed']);
+  });
+});
+
+describe('sizeBins', () => {
+  it('covers 1..max without overlap, exact sizes when few', () => {
+    expect(sizeBins(3).map(b => b.label)).toEqual(['1', '2', '3']);
+    for (const max of [5, 8, 16, 32, 64]) {
+      const bins = sizeBins(max);
+      expect(bins[0].min).toBe(1);
+      expect(bins[bins.length - 1].max).toBe(max);
+      for (let i = 1; i < bins.length; i++) {
+        expect(bins[i].min).toBe(bins[i - 1].max + 1);
+      }
+    }
+    expect(sizeBins(16).map(b => b.label)).toEqual(['1', '2–3', '4–6', '7–16']);
+  });
+});
+
+describe('formatTick', () => {
+  it('uses the digits the step needs', () => {
+    expect(formatTick(-5, 5)).toBe('-5 s');
+    expect(formatTick(1.5, 0.5)).toBe('1.5 s');
+    expect(formatTick(0.25, 0.05)).toBe('250 ms');
+    expect(formatTick(0, 1)).toBe('0 s');
+    expect(formatTick(180, 60)).toBe('3 min');
+  });
+});

@@ -1,0 +1,48 @@
+import { describe, expect, it } from 'vitest';
+import { LiveTimeline } from '../src/live';
+import { layoutTimeline } from '../src/timeline/layout';
+
+describe('LiveTimeline', () => {
+  it('builds rows and batch spans from the server events, on the server clock', () => {
+    let clock = 1000; // this page's clock; the server's runs 5 s ahead
+    const live = new LiveTimeline(() => clock);
+    live.seed({ batches: [], requests: [], running: [], waiting: [], mode: 'continuous', now: 1005 });
+    const events = [
+      { type: 'queued', id: 'r1', prompt_tokens: 7, at: 1005.0 },
+      { type: 'queued', id: 'r2', prompt_tokens: 9, at: 1005.01 },
+      { type: 'admitted', id: 'r1', batch_id: 1, at: 1005.02 },
+      { type: 'admitted', id: 'r2', batch_id: 1, at: 1005.02 },
+      { type: 'batch', state: 'open', id: 1, members: ['r1', 'r2'], size: 2, started_at: 1005.02, ended_at: null },
+      { type: 'token', id: 'r1', index: 1, text: 'A' },
+      { type: 'step', kind: 'prefill', members: ['r1', 'r2'], tokens: 2, batch_id: 1, started_at: 1005.02, ended_at: 1005.1 },
+      { type: 'finished', id: 'r2', outcome: 'cancelled', completion_tokens: 3, at: 1005.3 },
+      { type: 'batch', state: 'closed', id: 1, members: ['r1', 'r2'], size: 2, started_at: 1005.02, ended_at: 1005.3 },
+      { type: 'batch', state: 'open', id: 2, members: ['r1'], size: 1, started_at: 1005.3, ended_at: null }
+    ];
+    for (const e of events) {
+      live.apply(e);
+    }
+    clock = 1001;
+    const state = live.state();
+    expect(state.now).toBeCloseTo(1006);
+    const [r1, r2] = state.rows;
+    expect(r1).toMatchObject({ outcome: 'running', admitted_at: 1005.02, first_token_at: 1005.1, batch_ids: [1, 2] });
+    expect(r2).toMatchObject({ outcome: 'cancelled', finished_at: 1005.3, tokens: 3 });
+    expect(live.running).toBe(1);
+    // Drawn: r1 runs to now in the open batch 2 (size 1).
+    const layout = layoutTimeline(state, { width: 600, windowS: 30 });
+    const last = layout.rows[0].parts[layout.rows[0].parts.length - 1];
+    expect(last).toMatchObject({ kind: 'decode', batchId: 2, end: 1006 });
+  });
+
+  it('forgets what ended before the window, keeps what still runs', () => {
+    let clock = 0;
+    const live = new LiveTimeline(() => clock);
+    live.apply({ type: 'queued', id: 'old', at: 0 });
+    live.apply({ type: 'finished', id: 'old', outcome: 'ok', at: 1 });
+    live.apply({ type: 'queued', id: 'slow', at: 0 });
+    clock = 100;
+    live.prune(30);
+    expect([...live.rows.keys()]).toEqual(['slow']);
+  });
+});

@@ -1,0 +1,47 @@
+"""Discovery without a real server: the runtime directory, and servers asked in parallel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from client_helpers import ScriptedServer, answer_json
+
+from jupyter_infer.client import find_kernel_server
+from jupyter_infer.client.discovery import running_servers
+
+
+def test_running_servers_are_read_from_the_runtime_dir(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    (tmp_path / "jpserver-1.json").write_text(json.dumps({"pid": os.getpid(), "url": "http://alive/"}))
+    (tmp_path / "jpserver-2.json").write_text(json.dumps({"pid": int(dead.stdout), "url": "http://dead/"}))
+    (tmp_path / "jpserver-3.json").write_text('{"pid": 1, "url": ')  # being written
+    (tmp_path / "kernel-abc.json").write_text(json.dumps({"pid": os.getpid()}))  # not a server
+    assert [s["url"] for s in running_servers(str(tmp_path))] == ["http://alive/"]
+    assert (tmp_path / "jpserver-2.json").exists()  # another server's file is not ours to delete
+    assert running_servers(str(tmp_path / "missing")) == []
+
+
+def test_servers_are_asked_for_this_kernel_at_once() -> None:
+    """A kernel behind a provisioner: each server's api/kernels is asked, all in parallel."""
+
+    def kernels(ids: list[str]):
+        async def script(method: str, path: str, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(1.0)  # a slow server
+            answer_json(writer, [{"id": i} for i in ids])
+        return script
+
+    with ScriptedServer(kernels(["k-other"])) as a, ScriptedServer(kernels(["k-mine"])) as b, \
+            ScriptedServer(kernels([])) as c:
+        servers = [{"url": s.url, "pid": 999_999_990 + i, "token": "t"} for i, s in enumerate((a, b, c))]
+        started = time.monotonic()
+        found = find_kernel_server(servers, parent_pid=999_999_999, kernel_id="k-mine")
+        assert found is servers[1]
+        assert time.monotonic() - started < 1.8  # one slow answer's time, not three
+        assert find_kernel_server(servers, parent_pid=999_999_999, kernel_id="k-none") is None
