@@ -366,17 +366,28 @@ class EventsHandler(InferHandler):
             self.start_event_stream()
             if not await self.send(""):
                 return
+            writing: Awaitable[None] | None = None  # the last write, still on its way to the client
             while not subscription.closed:
-                if not await subscription.wait(self.keepalive_s):
-                    if subscription.closed or not await self.send(KEEPALIVE):
-                        break
-                    continue
-                entries, lost = subscription.take()
-                text = "".join(bus.encoded(entry, event_frame) for entry in entries)
-                if lost:
-                    text = event_frame({"type": "dropped", "count": lost}) + text
-                if not await self.send(text) or any(e.event["type"] == "shutdown" for e in entries):
+                ready = await subscription.wait(self.keepalive_s)
+                if writing is not None:  # one write in flight at most: a client that does not
+                    await writing  # read holds only this one, and the log drops for it meanwhile
+                if subscription.closed:
                     break
+                if not ready:
+                    text, entries = KEEPALIVE, []
+                else:
+                    entries, lost = subscription.take()
+                    text = "".join(bus.encoded(entry, event_frame) for entry in entries)
+                    if lost:
+                        text = event_frame({"type": "dropped", "count": lost}) + text
+                self.write(text)
+                # Not awaited here: a wake-up per subscriber per write saved.
+                writing = self.flush()
+                if any(e.event["type"] == "shutdown" for e in entries):
+                    await writing
+                    break
+        except StreamClosedError:
+            pass  # the client left
         finally:
             subscription.close()
         self.finish_event_stream()
