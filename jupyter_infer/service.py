@@ -132,18 +132,24 @@ class InferenceService:
         texts = [request.prompt] if request.messages is None else [m["content"] for m in request.messages]
         for text in texts:
             check_text(text, "prompt" if request.messages is None else "messages")
-        per_token = engine.max_token_chars
-        if per_token is None:
-            return
-        max_tokens = min(self.limits.max_prompt_tokens, engine.info.max_context)
+        bound = self.max_prompt_chars(engine)
         chars = sum(map(len, texts))
-        if chars > max_tokens * per_token:
+        if bound is not None and chars > bound:
+            per_token = engine.max_token_chars
+            max_tokens = min(self.limits.max_prompt_tokens, engine.info.max_context)
+            what = "The prompt has" if request.messages is None else "The messages have"
             raise InvalidRequest(
-                f"The prompt has {chars:,} characters: more than can fit in this server's limit of "
+                f"{what} {chars:,} characters: more than can fit in this server's limit of "
                 f"{max_tokens:,} tokens (InferApp.max_prompt_tokens, and the model's context), as no "
                 f"token of this model stands for more than {per_token} characters. Shorten it.",
                 param="messages" if request.messages is not None else "prompt",
             )
+
+    def max_prompt_chars(self, engine: Engine | None) -> int | None:
+        """The longest text that could fit in ``max_prompt_tokens`` (None if unknown)."""
+        if engine is None or engine.max_token_chars is None:
+            return None
+        return min(self.limits.max_prompt_tokens, engine.info.max_context) * engine.max_token_chars
 
     def _check(self, request: Request, prompt_ids: list[int], max_context: int) -> None:
         """Every limit a request must meet, checked in this one place; resolves an open
@@ -208,7 +214,8 @@ class InferenceService:
             "max_context": info.max_context if info else None,
             "fallback_reason": info.fallback_reason if info else None,
             "details": info.details if info else {},
-            "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"},
+            "limits": {**{k: v for k, v in asdict(self.limits).items() if k != "mode"},
+                       "max_prompt_chars": self.max_prompt_chars(engine)},
             "queue_depth": self.queue_depth,
             "running": self.num_running,
             "configured": {"engine": self.config.engine, "model": self.config.model},
