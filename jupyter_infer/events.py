@@ -4,7 +4,7 @@ Publishing costs the same whatever the number of subscribers: an event is append
 one shared log of the last ``capacity`` events, and subscribers read it at their own pace
 through a cursor. Readers are woken at most once per flush interval (one timer for all),
 so a panel gets each step's events in one write instead of one per token; the interval grows
-with the number of readers (``flush_interval_s``, or 0.5 ms per reader if longer), so that
+with the number of readers (``flush_interval_s``, or 1 ms per reader if longer), so that
 waking them all takes a bounded share of the event loop however many there are, and they
 are woken a slice at a time, so that a step of the engine or Jupyter's own requests wait for
 one slice at most, never for all of them. A reader that
@@ -24,7 +24,7 @@ from typing import Any
 from .errors import TooManySubscribers
 
 Event = dict[str, Any]
-WAKE_PER_READER_S = 0.0005  # a reader's wake-up and write cost ~0.1 ms: at most ~20 % of the loop
+WAKE_PER_READER_S = 0.001  # a reader's wake-up and write cost ~0.1 ms: at most ~10 % of the loop
 WAKE_SLICE = 32  # readers woken per turn of the event loop
 
 

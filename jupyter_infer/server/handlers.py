@@ -73,6 +73,13 @@ def answers_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+_HTTP_MESSAGES = {
+    403: "Forbidden: this needs Jupyter's auth, the token (an 'Authorization: token <t>' header, or "
+         "?token=) or the browser's login cookie with its XSRF header.",
+    405: "This route does not answer this HTTP method (see docs/server.md for its verbs).",
+}
+
+
 class HTTPFailure(InferError):
     """A framework ``HTTPError`` (403 from auth, 405, a query that is not UTF-8, ...)."""
 
@@ -90,9 +97,9 @@ def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferE
     if isinstance(err, RecursionError):
         return InvalidRequest("The request is nested too deeply to read; send a flat JSON object.")
     if isinstance(err, web.HTTPError):
-        reason = err.reason or responses.get(err.status_code, "error")
-        return HTTPFailure(err.status_code, err.log_message % err.args if err.log_message and err.args
-                           else err.log_message or reason)
+        message = err.log_message % err.args if err.log_message and err.args else err.log_message
+        return HTTPFailure(err.status_code, message or _HTTP_MESSAGES.get(
+            err.status_code, err.reason or responses.get(err.status_code, "error")))
     if log_unexpected:
         log.error("jupyter_infer: unexpected error on a request", exc_info=err)
     return InternalError("The server failed on this request (an internal error, written to the server's "
