@@ -10,7 +10,9 @@ are woken a slice at a time, so that a step of the engine or Jupyter's own reque
 one slice at most, never for all of them. A reader that
 falls more than ``capacity`` events behind loses the oldest ones: it is told how many (a
 ``dropped`` event), the bus counts them, and nothing is kept for it meanwhile.
-``EventBus.encoded(entry, encode)`` turns an event into wire text once, for all subscribers.
+``EventBus.render(entries, render)`` turns what readers take into wire text once for all the
+readers that take the same span (those woken by the same tick), and ``coalesce_tokens``
+lets a writer send a request's tokens since its last write as one event.
 """
 
 from __future__ import annotations
@@ -29,13 +31,11 @@ WAKE_SLICE = 32  # readers woken per turn of the event loop
 
 
 class _Entry:
-    __slots__ = ("seq", "event", "encode", "text")
+    __slots__ = ("seq", "event")
 
     def __init__(self, seq: int, event: Event) -> None:
         self.seq = seq
         self.event = event
-        self.encode: Callable[[Event], str] | None = None
-        self.text = ""
 
 
 class Subscription:
@@ -124,6 +124,7 @@ class EventBus:
         self.dropped = 0  # events subscribers lost by falling behind
         self.refused = 0  # subscriptions refused over max_subscribers
         self.on_dropped: list[Callable[[int], None]] = []
+        self._rendered: dict[tuple[int, int, Callable], str] = {}  # the last few spans' text
 
     def __len__(self) -> int:
         return len(self._subscribers)
@@ -158,10 +159,18 @@ class EventBus:
         """Wake every waiting reader now (e.g. after the last event, at shutdown)."""
         self._wake_all()
 
-    def encoded(self, entry: _Entry, encode: Callable[[Event], str]) -> str:
-        if entry.encode is not encode:
-            entry.encode, entry.text = encode, encode(entry.event)
-        return entry.text
+    def render(self, entries: list[_Entry], render: Callable[[list[Event]], str]) -> str:
+        """``render`` of the events of ``entries``, computed once for every reader that takes
+        the same span of the log."""
+        if not entries:
+            return ""
+        key = (entries[0].seq, entries[-1].seq, render)
+        text = self._rendered.get(key)
+        if text is None:
+            text = self._rendered[key] = render([entry.event for entry in entries])
+            if len(self._rendered) > 8:  # readers far behind take spans of their own
+                del self._rendered[next(iter(self._rendered))]
+        return text
 
     def note_dropped(self, count: int) -> None:
         self.dropped += count
@@ -183,6 +192,27 @@ class EventBus:
                 _wake(sub._waiter)
         if len(readers) > WAKE_SLICE:  # the rest on a later turn, after whatever else is ready
             asyncio.get_running_loop().call_soon(self._wake_slices, readers[WAKE_SLICE:])
+
+
+def coalesce_tokens(events: list[Event]) -> list[Event]:
+    """``events`` with each request's ``token`` events merged into one, where its first was:
+    the texts joined, ``index`` the last. A panel counts tokens by index and needs no more;
+    500 panels watching a fast batch would otherwise be sent every token one by one."""
+    out: list[Event] = []
+    merged: dict[Any, tuple[Event, list[str]]] = {}
+    for event in events:
+        if event.get("type") != "token":
+            out.append(event)
+            continue
+        seen = merged.get(event.get("id"))
+        if seen is None:
+            seen = merged[event.get("id")] = (dict(event), [])
+            out.append(seen[0])
+        seen[1].append(event.get("text", ""))
+        seen[0]["index"] = event.get("index")
+    for token, texts in merged.values():
+        token["text"] = "".join(texts)
+    return out
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

@@ -309,9 +309,12 @@ def _hold_subscribers(host: str, port: int, path: str, token: str, n: int, ready
     asyncio.run(main())
 
 
-def probe_subscribers(url: str, token: str, subscribers: int = 500, burst: int = 32, max_tokens: int = 32) -> dict[str, Any]:
+def probe_subscribers(url: str, token: str, subscribers: int = 500, burst: int = 32, max_tokens: int = 32,
+                      cycles: int = 2) -> dict[str, Any]:
     """A burst of ``burst`` requests with no live subscriber, then with ``subscribers`` idle
-    ones (connected and reading, in another process): the slowdown, and ``api/status``."""
+    ones (connected and reading, in another process), ``cycles`` times over: the slowdown
+    (the quickest burst with them over the quickest without, so a busy machine's moments
+    of load count least), and ``api/status`` meanwhile."""
     import multiprocessing
 
     async def one_burst() -> float:
@@ -323,24 +326,30 @@ def probe_subscribers(url: str, token: str, subscribers: int = 500, burst: int =
             return time.perf_counter() - started
 
     asyncio.run(one_burst())  # warm up
-    alone = min(asyncio.run(one_burst()) for _ in range(2))
     parsed = httpx.URL(url)
     context = multiprocessing.get_context("spawn")
-    ready, stop = context.Event(), context.Event()
-    holder = context.Process(target=_hold_subscribers, daemon=True, args=(
-        parsed.host, parsed.port, parsed.path, token, subscribers, ready, stop))
-    holder.start()
-    try:
-        if not ready.wait(120):
-            return {"error": f"could not open {subscribers} subscribers (InferApp.max_event_subscribers?)"}
-        with StatusPoller(url, token) as poller:
-            watched = min(asyncio.run(one_burst()) for _ in range(2))
-    finally:
-        stop.set()
-        holder.join(10)
-    return {"subscribers": subscribers, "burst": burst, "alone_s": round(alone, 2), "watched_s": round(watched, 2),
-            "slowdown": round(watched / alone, 2), "status_max_ms": round(max(poller.ms), 1),
-            "status_p99_ms": round(percentile(poller.ms, 99) or 0, 1)}
+    alone: list[float] = []
+    watched: list[float] = []
+    status_ms: list[float] = []
+    for _ in range(cycles):
+        alone += [asyncio.run(one_burst()) for _ in range(2)]
+        ready, stop = context.Event(), context.Event()
+        holder = context.Process(target=_hold_subscribers, daemon=True, args=(
+            parsed.host, parsed.port, parsed.path, token, subscribers, ready, stop))
+        holder.start()
+        try:
+            if not ready.wait(120):
+                return {"error": f"could not open {subscribers} subscribers (InferApp.max_event_subscribers?)"}
+            with StatusPoller(url, token) as poller:
+                watched += [asyncio.run(one_burst()) for _ in range(2)]
+            status_ms += poller.ms
+        finally:
+            stop.set()
+            holder.join(10)
+    return {"subscribers": subscribers, "burst": burst, "alone_s": round(min(alone), 2),
+            "watched_s": round(min(watched), 2), "slowdown": round(min(watched) / min(alone), 2),
+            "runs_s": {"alone": [round(t, 2) for t in alone], "watched": [round(t, 2) for t in watched]},
+            "status_max_ms": round(max(status_ms), 1), "status_p99_ms": round(percentile(status_ms, 99) or 0, 1)}
 
 
 async def _drain(response: httpx.Response) -> None:

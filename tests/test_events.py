@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from jupyter_infer.errors import TooManySubscribers
-from jupyter_infer.events import EventBus
+from jupyter_infer.events import EventBus, coalesce_tokens
 
 pytestmark = pytest.mark.asyncio
 
@@ -63,19 +63,29 @@ async def test_a_reader_that_falls_behind_loses_the_oldest_and_is_told() -> None
     assert len(bus._log) <= 10  # memory is the shared log's, whatever the readers do
 
 
-async def test_each_event_is_encoded_once_for_all_readers() -> None:
+async def test_what_readers_take_is_rendered_once_for_all_of_them() -> None:
     bus = EventBus()
     readers = [bus.subscribe() for _ in range(50)]
-    calls: list[str] = []
+    calls: list[list[str]] = []
 
-    def encode(event: dict) -> str:
-        calls.append(event["type"])
-        return event["type"] + "\n"
+    def render(events: list[dict]) -> str:
+        calls.append([e["type"] for e in events])
+        return "".join(e["type"] + "\n" for e in events)
 
     bus.publish({"type": "queued"})
     bus.publish({"type": "finished"})
-    texts = {"".join(bus.encoded(entry, encode) for entry in reader.take()[0]) for reader in readers}
-    assert texts == {"queued\nfinished\n"} and calls == ["queued", "finished"]
+    texts = {bus.render(reader.take()[0], render) for reader in readers}
+    assert texts == {"queued\nfinished\n"} and calls == [["queued", "finished"]]
+
+
+async def test_a_requests_tokens_are_coalesced_where_its_first_was() -> None:
+    events = [{"type": "token", "id": "a", "index": 1, "text": "He"}, {"type": "token", "id": "b", "index": 1, "text": "x"},
+              {"type": "step", "tokens": 2}, {"type": "token", "id": "a", "index": 2, "text": "llo"},
+              {"type": "finished", "id": "a"}]
+    assert coalesce_tokens(events) == [
+        {"type": "token", "id": "a", "index": 2, "text": "Hello"}, {"type": "token", "id": "b", "index": 1, "text": "x"},
+        {"type": "step", "tokens": 2}, {"type": "finished", "id": "a"}]
+    assert events[0]["text"] == "He"  # the log's own events are left as they were
 
 
 async def test_wakeups_are_batched_and_spread_out() -> None:

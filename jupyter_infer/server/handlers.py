@@ -36,6 +36,7 @@ from ..errors import (
     QueueFull,
     refusal_reason,
 )
+from ..events import coalesce_tokens
 from ..metrics import wall
 from ..request import Request, RequestResult, parse_generate_body, show
 from ..scheduler import RequestStream
@@ -51,7 +52,6 @@ _QUERY_FLOATS = {"temperature", "top_p"}
 _QUERY_IGNORED = {"token", "_xsrf", "no_track_activity"}
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
@@ -349,15 +349,22 @@ class BatchesHandler(InferHandler):
 
 
 def event_frame(event: dict[str, Any]) -> str:
-    """One live event as SSE (the bus calls this once per event, for all subscribers)."""
+    """One live event as SSE."""
     return format_event(json.dumps(event), event["type"])
+
+
+def event_frames(events: list[dict[str, Any]]) -> str:
+    """What a subscriber is sent at a wake-up (the bus renders it once for all subscribers):
+    the new events, each request's tokens as one ``token`` event."""
+    return "".join(event_frame(event) for event in coalesce_tokens(events))
 
 
 class EventsHandler(InferHandler):
     """Live scheduler events (queued, admitted, token, finished, batch, step) as SSE.
 
-    Each wake-up writes everything new in one write; a subscriber that fell too far behind
-    first gets ``event: dropped`` with the count it lost.
+    Each wake-up writes everything new in one write, a request's tokens since the last write
+    as one ``token`` event (its text joined, ``index`` the last); a subscriber that fell too
+    far behind first gets ``event: dropped`` with the count it lost.
     """
 
     _track_activity = False  # a panel left open is not user activity
@@ -384,7 +391,7 @@ class EventsHandler(InferHandler):
                     text, entries = KEEPALIVE, []
                 else:
                     entries, lost = subscription.take()
-                    text = "".join(bus.encoded(entry, event_frame) for entry in entries)
+                    text = bus.render(entries, event_frames)
                     if lost:
                         text = event_frame({"type": "dropped", "count": lost}) + text
                 self.write(text)
