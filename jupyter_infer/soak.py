@@ -358,7 +358,8 @@ async def _drain(response: httpx.Response) -> None:
 
 
 def report(rounds: list[Round]) -> dict[str, Any]:
-    base = rounds[1] if len(rounds) > 1 else rounds[0]  # round 0 warms caches and allocator arenas
+    first = 1 if len(rounds) > 2 else 0  # round 0 warms caches and allocator arenas
+    base = rounds[first]
     rows = []
     for i, r in enumerate(rounds):
         rows.append({
@@ -371,6 +372,7 @@ def report(rounds: list[Round]) -> dict[str, Any]:
     all_status = [ms for r in rounds for ms in r.status_ms]
     return {
         "rounds": rows,
+        "growth_since_round": first,
         "sent": dict(sum((r.sent for r in rounds), Counter())),
         "lost": dict(sum((r.lost for r in rounds), Counter())),
         "rss_growth_mb": None if last.rss_mb is None or base.rss_mb is None else round(last.rss_mb - base.rss_mb, 1),
@@ -391,8 +393,9 @@ def format_report(summary: dict[str, Any]) -> str:
         "",
         f"sent:  {summary['sent']}",
         f"lost:  {summary['lost'] or 0}",
-        f"after round 1: RSS {summary['rss_growth_mb']:+} MB, fds {summary['fds_growth']:+}, "
-        f"threads {summary['threads_growth']:+}" if summary["rss_growth_mb"] is not None else "process figures: n/a",
+        f"last round against round {summary['growth_since_round']}: RSS {summary['rss_growth_mb']:+} MB, "
+        f"fds {summary['fds_growth']:+}, threads {summary['threads_growth']:+}"
+        if summary["rss_growth_mb"] is not None else "process figures: n/a",
         f"Jupyter api/status during the run: p99 {summary['status_p99_ms']} ms, max {summary['status_max_ms']} ms",
     ]
     return "\n".join(lines)
