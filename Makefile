@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Jupyter refuses to run as root unless told; sessions and CI run as root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab demo test bench lint clean labextension
+.PHONY: setup tools lab demo test bench lint clean labextension
 
 setup: $(STAMP)
 
@@ -30,7 +30,11 @@ lab: $(STAMP)  ## JupyterLab with the inference server on the default engine
 demo: $(STAMP)  ## the terminal demo: sequential requests, bursts, batches
 	$(BIN)/jupyter infer demo
 
-test: $(STAMP)
+# lm-eval and guidellm, each in .venv-tools/<name> (their pins conflict); once, then reused.
+tools: $(STAMP)
+	$(BIN)/python tests/tool_venvs.py
+
+test: $(STAMP) tools
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
@@ -40,4 +44,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check jupyter_infer tests
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-tools

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
-ENGINES = ("auto", "hf", "simulated")
+ENGINES = ("auto", "hf", "simulated", "openai", "router")
+LOCAL_ENGINES = ("auto", "hf", "simulated")  # engines that run the model in this process
+ROUTER_POLICIES = ("sensitivity", "complexity")  # built in; "module:function" names a callable
 MODES = ("continuous", "window")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEFAULT_MODEL = "sshleifer/tiny-gpt2"
@@ -21,6 +24,8 @@ DEFAULT_MODEL = "sshleifer/tiny-gpt2"
 # batching keeps gaining up to 32 rows.
 DEFAULT_BATCH_SIZE = {"window": 16, "continuous": 32}
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+_BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_CALLABLE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,24 @@ class ServiceConfig:
     keep_records: int = 1000
     max_event_subscribers: int = 64
     event_buffer: int = 2048  # events a live subscriber may fall behind before it loses some
+    # -- engine = "openai": an upstream OpenAI-compatible server ----------------------------------
+    upstream_url: str = ""  # base URL, e.g. http://vllm:8000/v1
+    upstream_model: str = ""  # "": the first id of the upstream's v1/models
+    upstream_api_key: str = field(default="", repr=False)  # never logged, never in status
+    upstream_api_key_env: str = ""  # or: the environment variable that holds the key
+    upstream_timeout_s: float = 60.0  # for the first token (retries included), then between chunks
+    upstream_retries: int = 2  # retries before the first token, with backoff
+    # -- engine = "router": named backends and the rule that picks one per request -------------
+    # repr=False: a backend's options may hold an upstream_api_key
+    router_backends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False, repr=False)
+    router_default: str = ""  # "": the first backend
+    router_policies: tuple[str, ...] = ("sensitivity", "complexity")
+    router_sensitive_patterns: tuple[str, ...] = ()
+    router_private_backend: str = ""  # "": the first backend that runs in this process
+    router_complex_backend: str = ""  # "": the first openai backend
+    router_complex_prompt_tokens: int = 1024
+    router_complex_max_tokens: int = 512
+    router_fallback: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
@@ -55,6 +78,12 @@ class ServiceConfig:
         _set(self, "device", self.device.strip().lower())
         _set(self, "model", self.model.strip())
         _set(self, "simulated_token_delay_ms", tuple(self.simulated_token_delay_ms))
+        _set(self, "upstream_url", self.upstream_url.strip().rstrip("/"))
+        _set(self, "router_policies", tuple(self.router_policies))
+        _set(self, "router_sensitive_patterns", tuple(self.router_sensitive_patterns))
+        _set(self, "router_backends", {str(k): dict(v) if isinstance(v, Mapping) else v
+                                       for k, v in dict(self.router_backends).items()})
+        _set(self, "router_fallback", dict(self.router_fallback))
         if self.engine not in ENGINES:
             fail("engine", f"one of {', '.join(ENGINES)}")
         if self.mode not in MODES:
@@ -79,6 +108,74 @@ class ServiceConfig:
         low_high = self.simulated_token_delay_ms
         if len(low_high) != 2 or not 0 <= low_high[0] <= low_high[1]:
             fail("simulated_token_delay_ms", "two numbers [low, high] with 0 <= low <= high")
+        if not self.upstream_timeout_s > 0 or math.isinf(self.upstream_timeout_s):
+            fail("upstream_timeout_s", "above 0")
+        if self.upstream_retries < 0:
+            fail("upstream_retries", "0 or more")
+        if self.engine == "openai" and not re.match(r"https?://[^/]", self.upstream_url):
+            raise ValueError(
+                "InferApp.upstream_url must be the http(s) base URL of an OpenAI-compatible server "
+                f"(e.g. http://vllm:8000/v1) when engine is 'openai'; got {self.upstream_url!r}."
+            )
+        if self.engine == "router":
+            self.backend_configs()  # every backend checks its own options
+
+    # -- the router's backends --------------------------------------------------------------
+    def backend_configs(self) -> dict[str, ServiceConfig]:
+        """Each router backend's configuration: this one, with the backend's options over it.
+        Raises ``ValueError`` naming what to fix."""
+        backends = self.router_backends
+        if not backends:
+            raise ValueError(
+                "InferApp.router_backends is empty: name at least one backend, e.g. "
+                "{'local': {'engine': 'simulated'}, 'cluster': {'engine': 'openai', "
+                "'upstream_url': 'http://vllm:8000/v1'}}."
+            )
+        own = {f.name for f in fields(ServiceConfig) if not f.name.startswith("router_")}
+        configs = {}
+        for name, options in backends.items():
+            where = f"InferApp.router_backends[{name!r}]"
+            if not _BACKEND_NAME.fullmatch(name):
+                raise ValueError(f"{where}: a backend name is letters, digits, '_', '.' or '-'.")
+            if not isinstance(options, Mapping) or options.get("engine") not in ENGINES[:-1]:
+                raise ValueError(
+                    f"{where} must be a dict of InferApp options with an 'engine' among "
+                    f"{', '.join(ENGINES[:-1])}; got {options!r}."
+                )
+            unknown = sorted(set(options) - own)
+            if unknown:
+                raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}.")
+            try:
+                configs[name] = replace(self, **options,
+                                        router_backends={}, router_fallback={})
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{where}: {err}") from None
+        names = list(configs)
+        for knob in ("router_default", "router_private_backend", "router_complex_backend"):
+            value = getattr(self, knob)
+            if value and value not in configs:
+                raise ValueError(f"InferApp.{knob} is {value!r}, not a backend; backends: {', '.join(names)}.")
+        for source, target in self.router_fallback.items():
+            if source not in configs or target not in configs or source == target:
+                raise ValueError(
+                    f"InferApp.router_fallback maps a backend to another backend; {source!r} -> "
+                    f"{target!r} is not that (backends: {', '.join(names)})."
+                )
+        for policy in self.router_policies:
+            if policy not in ROUTER_POLICIES and not _CALLABLE.fullmatch(policy):
+                raise ValueError(
+                    f"InferApp.router_policies: {policy!r} is none of {', '.join(ROUTER_POLICIES)} "
+                    "nor a callable named 'module:function'."
+                )
+        for pattern in self.router_sensitive_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"InferApp.router_sensitive_patterns: {pattern!r} is not a regular expression ({err}).") from None
+        for knob in ("router_complex_prompt_tokens", "router_complex_max_tokens"):
+            if getattr(self, knob) < 1:
+                raise ValueError(f"InferApp.{knob} must be at least 1; got {getattr(self, knob)!r}.")
+        return configs
 
     @property
     def batch_size(self) -> int:
@@ -88,7 +185,8 @@ class ServiceConfig:
     @classmethod
     def default(cls, name: str) -> Any:
         """The default of one knob (``InferApp``'s traits take theirs from here)."""
-        return next(f.default for f in fields(cls) if f.name == name)
+        f = next(f for f in fields(cls) if f.name == name)
+        return f.default_factory() if f.default is MISSING else f.default
 
 
 def _set(config: ServiceConfig, name: str, value: Any) -> None:

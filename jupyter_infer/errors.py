@@ -75,6 +75,27 @@ class ServerTimeout(EngineUnavailable, TimeoutError):
     code = "timeout"
 
 
+class UpstreamError(InferError):
+    """The upstream server (``engine = "openai"``) answered with an error or broke its stream."""
+
+    status = 502
+    code = "upstream_error"
+
+
+class UpstreamUnavailable(InferError):
+    """The upstream server cannot be reached (or says it is overloaded)."""
+
+    status = 503
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(InferError):
+    """The upstream server took longer than ``InferApp.upstream_timeout_s`` to answer."""
+
+    status = 504
+    code = "upstream_timeout"
+
+
 _REASONS = {400: "invalid", 403: "forbidden", 404: "not_found", 405: "invalid", 408: "timeout",
             413: "too_large", 429: "queue_full", 503: "unavailable"}
 

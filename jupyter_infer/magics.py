@@ -8,11 +8,15 @@ Errors a user can hit print as one short line, not a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
+import re
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import wait
+from queue import SimpleQueue
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -190,8 +194,9 @@ class InferMagics(Magics):
         ``%infer_burst 16`` sends 16 sample prompts together; ``%infer_burst 32 --rate 20
         --max-tokens 48`` spreads them as Poisson arrivals at 20 requests/s. The batch
         timeline draws one row per request (queued, prefill, decoding; colour = batch) and
-        updates while the burst runs; a summary (TTFT and latency p50/p95, tokens/s, mean batch
-        size, batch-size histogram) follows. Returns nothing; the timeline is in ``_infer_burst``.
+        updates while the burst runs, with a summary under it (TTFT and latency p50/p95,
+        tokens/s, mean batch size, batch-size histogram; where widgets do not render, the
+        output's text is that summary). Returns nothing; the view is in ``_infer_burst``.
         """
         from .widgets import RunView
 
@@ -202,36 +207,29 @@ class InferMagics(Magics):
         client = self.client
         view = RunView(title=f"burst of {args.n}" + (f" at {args.rate:g}/s" if args.rate else ", all at once"))
         for i, prompt in enumerate(prompts):
-            view.track(f"#{i + 1}", f"#{i + 1} {prompt[:22]}")
-        display(view)
-        t0 = time.time()
-        for i, delay in enumerate(arrival_times(args.n, args.rate, args.seed)):
-            view.record(f"#{i + 1}", queued_at=t0 + delay)
-        finished: list[tuple[int, Completion]] = []  # appended on the client's I/O thread
-        future = client.submit(client.aburst(
-            prompts, args.rate, seed=args.seed, max_tokens=args.max_tokens,
-            on_result=lambda i, result: finished.append((i, result)),
-        ))
+            view.track(f"#{i + 1}", f"#{i + 1} {prompt}")
+        handle = display(view, display_id=True)
+        facts: SimpleQueue[tuple[int, dict[str, Any]]] = SimpleQueue()  # filled on the client's I/O thread
+        future = client.submit(_burst(client, prompts, args.rate, args.seed, {"max_tokens": args.max_tokens}, facts))
         try:
             while not future.done():
                 # Widgets change only here, on the kernel's thread; the burst runs on the client's.
-                time.sleep(BURST_POLL_S)
-                _observe(view, finished)
+                wait([future], timeout=BURST_POLL_S)
+                _observe(view, facts)
                 try:
                     view.refresh(client)
                 except InferError:
                     view.redraw()
-            results = future.result()
+            errors = future.result()
         except BaseException:
             future.cancel()
             raise
-        _observe(view, finished)
+        _observe(view, facts)
         view.refresh(client)
         self.shell.user_ns["_infer_burst"] = view
-        errors = [r.error for r in results if r.error]
+        handle.update(view)  # the same widget; its text (nbconvert, terminals) now holds the summary
         if errors:
-            print(f"jupyter_infer: {len(errors)} of {len(results)} requests failed: {errors[0]}", file=sys.stderr)
-        print(view.summary)
+            print(f"jupyter_infer: {len(errors)} of {args.n} requests failed: {errors[0]}", file=sys.stderr)
 
     @line_magic
     @_short_errors
@@ -244,11 +242,40 @@ class InferMagics(Magics):
         display(_status_bundle(client, status, metrics), raw=True)
 
 
-def _observe(view: Any, finished: list[tuple[int, Completion]]) -> None:
-    """Record the results that came in since the last call (each one once)."""
-    while finished:
-        i, result = finished.pop(0)
-        view.record_completion(f"#{i + 1}", result)
+async def _burst(
+    client: Client, prompts: list[str], rate: float | None, seed: int, params: dict[str, Any],
+    facts: SimpleQueue[tuple[int, dict[str, Any]]],
+) -> list[str]:
+    """Stream every prompt (at once, or as Poisson arrivals), reporting to ``facts`` what each
+    request's row learns as it learns it: sent, its id and first token, its end. Streams, not
+    ``generate``: the rows of a live timeline then hold facts, not guesses. Returns the errors."""
+    delays = arrival_times(len(prompts), rate, seed)
+
+    async def one(i: int, prompt: str) -> str | None:
+        await asyncio.sleep(delays[i])
+        stream = client.astream(prompt, **params)
+        facts.put((i, {"queued_at": time.time()}))
+        try:
+            async for _ in stream:
+                if stream.fragments == 1:
+                    facts.put((i, {"id": stream.id, "first_token_at": stream.first_token_at, "outcome": "running"}))
+                facts.put((i, {"tokens": stream.tokens}))  # tokens/s so far
+        except InferError as err:
+            facts.put((i, {"id": stream.id, "finished_at": time.time(), "outcome": "error"}))
+            return err.message
+        result = stream.completion
+        facts.put((i, {"id": result.id, "finished_at": result.received_at, "tokens": result.completion_tokens,
+                       "outcome": "cancelled" if result.finish_reason == "cancelled" else "ok"}))
+        return None
+
+    return [e for e in await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))) if e]
+
+
+def _observe(view: Any, facts: SimpleQueue[tuple[int, dict[str, Any]]]) -> None:
+    """Record the facts that came in since the last call."""
+    while not facts.empty():
+        i, fields = facts.get()
+        view.record(f"#{i + 1}", **fields)
 
 
 def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, Any]) -> dict[str, str]:
@@ -279,6 +306,41 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
     return {"text/plain": text, "text/html": f"<table>{table}</table>"}
 
 
+MAGIC_NAMES = ("infer", "infer_burst", "infer_panel", "infer_status")
+# One of our line magics whose argument ends in "?": a question, not a help request.
+_ASKING = re.compile(r"(?P<indent>[ \t]*)%(?P<name>{})[ \t]+(?P<args>.*[^?\s].*\?)[ \t]*".format("|".join(MAGIC_NAMES)))
+_TRIPLE_QUOTE = re.compile("\"{3}|'{3}")
+
+
+def questions_are_prompts(lines: list[str]) -> list[str]:
+    """An input transformer: ``%infer What is dynamic batching?`` asks the question.
+
+    IPython reads any line that ends in ``?`` as a help request (``%infer What is X?`` would
+    look up ``X``); questions end in ``?``. This cleanup transform runs before IPython's own
+    and turns such a line of ours into the call IPython makes for ``%infer …``, so it is not
+    read as help; ``%infer?`` and ``%infer??`` (nothing between) still show the help. Lines
+    inside a triple-quoted string are left alone.
+    """
+    out = []
+    in_string = False
+    for line in lines:
+        match = None if in_string else _ASKING.fullmatch(line.rstrip("\r\n"))
+        if match:
+            line = f"{match['indent']}get_ipython().run_line_magic({match['name']!r}, {match['args'].strip()!r})\n"
+        elif len(_TRIPLE_QUOTE.findall(line)) % 2:
+            in_string = not in_string
+        out.append(line)
+    return out
+
+
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext jupyter_infer``."""
+    """``%load_ext jupyter_infer``: the magics, and questions that end in ``?``."""
     ipython.register_magics(InferMagics(ipython))
+    if questions_are_prompts not in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.append(questions_are_prompts)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext jupyter_infer``: questions ending in ``?`` are help requests again."""
+    if questions_are_prompts in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(questions_are_prompts)

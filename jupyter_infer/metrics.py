@@ -50,6 +50,7 @@ class RequestRecord:
     outcome: str = "queued"  # queued | running | ok | cancelled | failed
     finish_reason: str | None = None
     error: str | None = None
+    route: str | None = None  # the router's backend that ran it
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -69,6 +70,10 @@ class BatchRecord:
     prefill_steps: int = 0
     tokens: int = 0  # generated tokens
     prompt_tokens: int = 0  # tokens prefilled in this batch
+    # "engine": rows stepped together here; "upstream": requests in flight together on an
+    # upstream server (which batches them its own way)
+    source: str = "engine"
+    route: str | None = None  # the router's backend it ran on
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -118,7 +123,11 @@ class LogHistogram:
 
 
 class MetricsCollector:
-    def __init__(self, keep: int = 1000) -> None:
+    """Aggregates of one service. With a ``parent`` (the router's collector), every fact is
+    also passed up, so the parent holds the totals over all its backends."""
+
+    def __init__(self, keep: int = 1000, parent: MetricsCollector | None = None) -> None:
+        self.parent = parent
         self.requests: dict[str, RequestRecord] = {}  # live (queued or running)
         self.finished_records: deque[RequestRecord] = deque(maxlen=keep)
         self.batches: deque[BatchRecord] = deque(maxlen=keep)
@@ -142,19 +151,34 @@ class MetricsCollector:
     def queued(self, record: RequestRecord, depth: int) -> None:
         self.requests[record.id] = record
         self.max_queue_depth = max(self.max_queue_depth, depth)
+        if self.parent:
+            self.parent.queued(record, depth)
 
     def rejected(self, reason: str, outcome: str = "rejected") -> None:
         """A request that never reached the queue: refused (4xx), or ``failed`` (a 5xx)."""
         self.outcomes[outcome] += 1
         for listener in self.on_rejected:
             listener(reason, outcome)
+        if self.parent:
+            self.parent.rejected(reason, outcome)
 
     def admitted(self, record: RequestRecord) -> None:
         self.queue_ms.add((record.admitted_at - record.queued_at) * 1000)
+        if self.parent:
+            self.parent.admitted(record)
 
     def first_token(self, record: RequestRecord) -> None:
         self.ttft_ms.add((record.first_token_at - record.queued_at) * 1000)
         self.prompt_tokens += record.prompt_tokens  # prefilled: only now were they processed
+        if self.parent:
+            self.parent.first_token(record)
+
+    def prompt_counted(self, record: RequestRecord, was: int) -> None:
+        """An upstream reported the real prompt size of a request counted as ``was``."""
+        if record.first_token_at is not None:
+            self.prompt_tokens += record.prompt_tokens - was
+        if self.parent:
+            self.parent.prompt_counted(record, was)
 
     def finished(self, record: RequestRecord) -> None:
         if self.requests.pop(record.id, None) is None:
@@ -166,6 +190,8 @@ class MetricsCollector:
         self.finished_records.append(record)
         for listener in self.on_request_finished:
             listener(record)
+        if self.parent:
+            self.parent.finished(record)
 
     # -- steps and batches ------------------------------------------------------------------
     def step(self, kind: str, rows: int, tokens: int, seconds: float, at: float) -> None:
@@ -175,11 +201,21 @@ class MetricsCollector:
         self._recent.append((at, tokens))
         while self._recent and self._recent[0][0] < at - 10.0:
             self._recent.popleft()
+        if self.parent:
+            self.parent.step(kind, rows, tokens, seconds, at)
+
+    def busy(self, seconds: float) -> None:
+        """Time the engine worked outside steps (an upstream with requests in flight)."""
+        self.busy_s += seconds
+        if self.parent:
+            self.parent.busy(seconds)
 
     def batch_closed(self, batch: BatchRecord) -> None:
         self.batches.append(batch)
         for listener in self.on_batch_closed:
             listener(batch)
+        if self.parent:
+            self.parent.batch_closed(batch)
 
     # -- views ------------------------------------------------------------------------------
     def recent_batches(self, limit: int = 50) -> list[BatchRecord]:

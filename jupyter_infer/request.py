@@ -17,7 +17,10 @@ from typing import Any
 
 from .errors import InvalidRequest
 
-MAX_STOP_SEQUENCES = 4
+# vLLM has no cap; ours bounds the per-token stop check (lm-eval sends a task's `until`
+# strings plus EOS, often 5-10).
+MAX_STOP_SEQUENCES = 64
+MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (vLLM's default too)
 # Each token checks every stop sequence against the text's tail, on the event loop: a long
 # one would make every step of the batch slow.
 MAX_STOP_CHARS = 256
@@ -59,7 +62,16 @@ def new_request_id() -> str:
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy decoding; ``max_tokens=None``
-    means as many as fit (the service resolves it before queueing)."""
+    means as many as fit (the service resolves it before queueing); ``max_tokens=0`` runs
+    only the prompt (for its log probabilities).
+
+    The penalties and ``logit_bias`` follow vLLM: ``repetition_penalty`` divides positive
+    (multiplies negative) logits of tokens seen in the prompt or output; ``frequency_penalty``
+    subtracts per occurrence in the output, ``presence_penalty`` once. ``min_tokens`` masks
+    EOS (and defers stop strings) until that many tokens exist; ``ignore_eos`` keeps going
+    past EOS. ``logprobs``: ``None`` computes none, ``k`` the chosen token's and ``k``
+    alternatives; ``prompt_logprobs`` the same for every prompt token (``echo``).
+    """
 
     max_tokens: int | None = 64
     temperature: float = 0.0
@@ -67,10 +79,40 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Any penalty that needs the row's token history."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Anything that changes the logits before the choice (besides temperature/top-k/p)."""
+        return self.penalised or bool(self.logit_bias) or self.min_tokens > 0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One position's log probability: the token there, its logprob under the model's raw
+    distribution (before temperature, penalties or bias, as vLLM's default), and the top
+    alternatives ``(token_id, logprob)``, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -81,7 +123,11 @@ class Request:
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
     messages: list[dict[str, str]] | None = None
+    # Token ids to run instead of tokenizing ``prompt`` (OpenAI's token-array prompts);
+    # the service then fills ``prompt`` with their text.
+    prompt_ids: list[int] | None = None
     priority: int = 0
+    model: str | None = None  # the model (or router backend) the caller named; None: any
     id: str = field(default_factory=new_request_id)
     arrival: float = field(default_factory=time.monotonic)
     # FIFO tie-break within a priority, immune to equal timestamps.
@@ -94,6 +140,10 @@ class TokenEvent:
     index: int
     token_id: int
     text: str  # the new text fragment (may be "" while a multi-byte character is incomplete)
+    # Only for requests that ask: the log probabilities of the tokens since the previous
+    # event (usually one), and the prompt's on the request's first event.
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,9 +159,16 @@ class RequestResult:
     ttft_ms: float | None
     total_ms: float
     token_ids: tuple[int, ...] = field(default=(), repr=False)  # the generated tokens
+    prompt_ids: tuple[int, ...] = field(default=(), repr=False)
+    prompt_text: str = field(default="", repr=False)
+    # Only for requests that ask (``SamplingParams.logprobs`` / ``prompt_logprobs``); the
+    # prompt's first entry is None (nothing predicts the first token).
+    logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = field(default=None, repr=False)
+    route: str | None = None  # the router's backend that served it (engine = "router")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "text": self.text,
             "finish_reason": self.finish_reason,
@@ -127,11 +184,16 @@ class RequestResult:
                 "total_ms": round(self.total_ms, 2),
             },
         }
+        if self.route is not None:
+            out["route"] = self.route
+        return out
 
 
-GENERATE_FIELDS = {
-    "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "priority",
+SAMPLING_FIELDS = {
+    "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
+    "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
 }
+GENERATE_FIELDS = SAMPLING_FIELDS | {"prompt", "priority", "model"}
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -149,10 +211,21 @@ def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int, h
     value = body.get(name, default)
     if value is None:
         return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON from some clients writes 5 as 5.0
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"'{name}' must be an integer between {lo} and {hi}.", param=name)
     if not lo <= value <= hi:
         raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {show(value)}.", param=name)
+    return value
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{name}' must be true or false; got {show(value)}.", param=name)
     return value
 
 
@@ -161,39 +234,79 @@ def parse_stop(value: Any) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
-        raise InvalidRequest("'stop' must be a non-empty string or a list of them.", param="stop")
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise InvalidRequest("'stop' must be a string or a list of strings.", param="stop")
+    value = list(dict.fromkeys(s for s in value if s))  # "" can never match: drop it
     if len(value) > MAX_STOP_SEQUENCES:
         raise InvalidRequest(
             f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences; got {len(value)}.", param="stop"
         )
-    if max(map(len, value)) > MAX_STOP_CHARS:
+    if max(map(len, value), default=0) > MAX_STOP_CHARS:
         raise InvalidRequest(f"A 'stop' sequence may hold at most {MAX_STOP_CHARS} characters.", param="stop")
     return tuple(check_text(s, "stop") for s in value)
+
+
+def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` (bias from -100 to 100) as sorted pairs."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidRequest("'logit_bias' must be an object mapping token ids to biases.", param="logit_bias")
+    pairs = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"'logit_bias' keys must be token ids; got {show(key)}.", param="logit_bias") from None
+        if token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise InvalidRequest(
+                f"'logit_bias' maps token ids (0 or more) to numbers from -100 to 100; got {show(key)}: {show(bias)}.",
+                param="logit_bias",
+            )
+        if bias:
+            pairs.append((token, float(bias)))
+    return tuple(sorted(pairs))
 
 
 def parse_sampling(
     body: Mapping[str, Any], *, max_new_tokens: int, default_max_tokens: int | None = 64,
     default_temperature: float = 0.0,
 ) -> SamplingParams:
-    """Sampling parameters from a JSON body (the service checks them against its limits)."""
+    """Sampling parameters from a JSON body (the service checks them against its limits).
+    Every neutral value (``0``, ``0.0``, ``1.0`` for ``repetition_penalty``) is accepted."""
     max_tokens = body.get("max_tokens", default_max_tokens)
     if max_tokens is None:
         max_tokens = default_max_tokens
+    if isinstance(max_tokens, float) and max_tokens.is_integer():
+        max_tokens = int(max_tokens)
     if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
     ):
         raise InvalidRequest(
-            f"'max_tokens' must be a positive integer (at most {max_new_tokens}); got {show(max_tokens)}.",
+            f"'max_tokens' must be an integer from 0 to {max_new_tokens}; got {show(max_tokens)}.",
             param="max_tokens",
         )
+    top_k = _integer(body, "top_k", 0, -1, 100_000) or 0
+    min_tokens = _integer(body, "min_tokens", 0, 0, max_new_tokens) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequest(
+            f"'min_tokens' ({min_tokens}) is above 'max_tokens' ({max_tokens}).", param="min_tokens"
+        )
+    # 1.0 is no penalty; 0 (which clients send meaning "none") is taken as 1.0 too.
+    repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, 10.0) or 1.0
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", default_temperature, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-6, 1.0),
-        top_k=_integer(body, "top_k", 0, 0, 100_000) or 0,
-        seed=_integer(body, "seed", None, 0, 2**63 - 1),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        top_k=max(top_k, 0),  # vLLM's -1 and 0 both mean "no top-k"
+        seed=_integer(body, "seed", None, -(2**63), 2**64 - 1),
         stop=parse_stop(body.get("stop")),
+        min_tokens=min_tokens,
+        ignore_eos=_flag(body, "ignore_eos"),
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        logit_bias=parse_logit_bias(body.get("logit_bias")),
     )
 
 
@@ -218,4 +331,7 @@ def parse_generate_body(body: Any, *, max_new_tokens: int) -> Request:
     prompt = check_prompt(body.get("prompt"))
     params = parse_sampling(body, max_new_tokens=max_new_tokens)
     priority = _integer(body, "priority", 0, -1000, 1000) or 0
-    return Request(prompt=prompt, params=params, priority=priority)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string (see GET infer/v1/models).", param="model")
+    return Request(prompt=prompt, params=params, priority=priority, model=model)

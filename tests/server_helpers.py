@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from jupyter_infer.config import ServiceConfig
+from jupyter_infer.engine import Sampled
 from jupyter_infer.engine.simulated import SimulatedBatch, SimulatedEngine
 
 TOKEN = "test-token-0123456789"
@@ -53,16 +54,16 @@ def server_config(**infer: Any) -> dict[str, Any]:
 class ScriptedEngine(SimulatedEngine):
     """The simulated engine, plus fixed answers for ``SCRIPTS`` prompts and a poison pill."""
 
-    def prefill(self, seqs: list[Any]) -> tuple[list[int], SimulatedBatch]:
+    def prefill(self, seqs: list[Any]) -> tuple[Sampled, SimulatedBatch]:
         if any(POISON in s.request.prompt for s in seqs):
             raise RuntimeError("the scripted engine refuses poisoned prompts")
-        tokens, batch = super().prefill(seqs)
+        sampled, batch = super().prefill(seqs)
         for i, seq in enumerate(seqs):
             script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
             if script is not None:
                 batch.answers[i] = self.tokenize(script)
-                tokens[i] = batch.answers[i][0]
-        return tokens, batch
+                sampled.tokens[i] = batch.answers[i][0]
+        return sampled, batch
 
 
 @dataclass

@@ -112,6 +112,24 @@ def test_embedded_fallback_with_a_note(
         Client(embedded=False)
 
 
+def test_embedded_engines_log_their_fallback_once_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two embedded ``auto`` engines whose model cannot load (notebook 02 runs two): one INFO
+    record (a WARNING reaches a cell as red stderr), and each status says why."""
+    from jupyter_infer.config import ServiceConfig
+    from jupyter_infer.service import InferenceService
+
+    missing = str(tmp_path / "no-such-model")
+    caplog.set_level(logging.INFO, logger="jupyter_infer.engine")
+    for mode in ("window", "continuous"):
+        with Client(embedded=InferenceService(ServiceConfig(mode=mode, model=missing))) as client:
+            status = client.wait_ready()
+            assert status["engine"] == "simulated" and missing in status["fallback_reason"]
+    fallbacks = [r for r in caplog.records if "falling back to the simulated engine" in r.getMessage()]
+    assert [r.levelname for r in fallbacks] == ["INFO"]
+
+
 def test_find_kernel_server_matches_only_this_kernels_server(server: LocalServer) -> None:
     others = [{"url": "http://127.0.0.1:1/", "pid": 999_999_998, "token": "x"}]
     mine = {"url": server.url, "pid": 4242, "token": server.token}
@@ -235,7 +253,7 @@ def test_run_streams_concurrently_on_the_clients_own_loop(server: LocalServer) -
         assert s.sent_at <= s.first_token_at <= s.finished_at
         assert 0 < s.ttft_ms <= s.total_ms
     with pytest.raises(InvalidRequest, match="max_tokens"):
-        client.run(client.agenerate("hi", max_tokens=0))
+        client.run(client.agenerate("hi", max_tokens=-1))
     client.close()
 
 
@@ -278,9 +296,9 @@ def test_leaving_a_stream_early_cancels_the_request(server: LocalServer) -> None
 def test_errors_carry_the_servers_message(server: LocalServer) -> None:
     client = Client(server.url, server.token)
     with pytest.raises(InvalidRequest, match="max_tokens"):
-        client.generate("hi", max_tokens=0)
+        client.generate("hi", max_tokens=-1)
     with pytest.raises(InvalidRequest, match="max_tokens"):
-        list(client.stream("hi", max_tokens=0))
+        list(client.stream("hi", max_tokens=-1))
     with pytest.raises(InferError, match="refused.*JUPYTER_INFER_TOKEN"):
         Client(server.url, "wrong").status()
     burst = client.burst(["ok", "hi"], max_tokens=2, stop=123)

@@ -78,8 +78,8 @@ def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
 
 def step(engine: HFEngine, plan: StepPlan, batch):
     """Run ``plan``, append each row's token; the batch after the step."""
-    tokens, batch = engine.step(plan, batch)
-    for seq, tok in zip(plan.seqs, tokens, strict=True):
+    sampled, batch = engine.step(plan, batch)
+    for seq, tok in zip(plan.seqs, sampled.tokens, strict=True):
         seq.output_ids.append(tok)
     return batch
 
@@ -188,3 +188,50 @@ def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_di
     # Keys, values and the mask grow in place: a decode step copies neither.
     assert (layer._key_buf.data_ptr(), batch.mask.data_ptr()) == buffers
     assert layer.keys.shape[2] == batch.mask.shape[1]  # one column per token fed so far
+
+
+@pytest.mark.asyncio
+async def test_greedy_logprobs_are_the_models_log_softmax(tiny_model_dir: Path) -> None:
+    """Decode and echoed-prompt logprobs equal log_softmax of the model's own logits for the
+    same tokens, for rows of different lengths in one batch (left padding included)."""
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    s = await started(engine, mode="window", batch_window_ms=50)
+    params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=4, prompt_logprobs=4)
+    streams = [await s.submit(Request(p, params)) for p in PROMPTS[:3]]
+    plain = await s.submit(Request(PROMPTS[3], SamplingParams(max_tokens=6)))
+    results = await asyncio.gather(*(x.result() for x in streams))
+    assert (await plain.result()).logprobs is None  # rows that did not ask carry nothing
+    assert len({result.batch_id for result in results}) == 1  # one padded batch
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for result in results:
+        tokens = list(result.prompt_ids) + list(result.token_ids)
+        with torch.no_grad():
+            expected = torch.log_softmax(model(torch.tensor([tokens])).logits[0].float(), -1)
+        got = [None if r is None else r.logprob for r in result.prompt_logprobs] + [r.logprob for r in result.logprobs]
+        assert got[0] is None and len(got) == len(tokens)
+        want = [float(expected[i - 1, t]) for i, t in enumerate(tokens) if i > 0]
+        assert got[1:] == pytest.approx(want, abs=1e-4)
+        for i, record in enumerate(result.logprobs, start=len(result.prompt_ids)):
+            top = expected[i - 1].topk(4)
+            assert [t for t, _ in record.top] == top.indices.tolist()
+            assert record.token_id == top.indices[0]  # greedy: the chosen one is the most likely
+    await s.stop()
+
+
+@pytest.mark.asyncio
+async def test_logit_bias_min_tokens_and_ignore_eos_on_the_real_engine(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    eos = min(engine.eos_token_ids)
+    s = await started(engine)
+
+    async def run(**params) -> RequestResult:
+        return await (await s.submit(Request("hello there", SamplingParams(max_tokens=8, **params)))).result()
+
+    assert (await run(logit_bias=((eos, 100.0),))).completion_tokens == 0  # EOS at once
+    assert (await run(logit_bias=((eos, 100.0),), min_tokens=3)).completion_tokens == 3
+    forced = await run(logit_bias=((eos, 100.0),), ignore_eos=True)
+    assert forced.completion_tokens == 8 and set(forced.token_ids) == {eos}
+    free = await run(ignore_eos=True)
+    penalised = await run(ignore_eos=True, repetition_penalty=5.0, frequency_penalty=2.0)
+    assert len(set(penalised.token_ids)) >= len(set(free.token_ids))
+    await s.stop()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from jupyter_infer.magics import split_options
+from jupyter_infer.magics import questions_are_prompts, split_options
 from jupyter_infer.server.launcher import LocalServer
 
 
@@ -50,6 +50,28 @@ def test_split_options() -> None:
     assert split_options("--max-tokens 20 --no-stream  Explain  it") == ("--max-tokens 20 --no-stream", "Explain  it")
     assert split_options("--seed=3 -- --not an option") == ("--seed=3", "--not an option")
     assert split_options("-1 is a number") == ("", "-1 is a number")
+
+
+def test_questions_are_prompts() -> None:
+    """The input transformer: a line of ours that ends in "?" runs the magic; help stays."""
+    assert questions_are_prompts(["%infer What is dynamic batching?\n"]) == [
+        "get_ipython().run_line_magic('infer', 'What is dynamic batching?')\n"]
+    assert questions_are_prompts(["x = 1\n", "    %infer --max-tokens 8 What's RAG?\n"])[1] == (
+        "    get_ipython().run_line_magic('infer', \"--max-tokens 8 What's RAG?\")\n")
+    untouched = ["%infer?\n", "%infer??\n", "%infer_burst?\n", "%%infer\n", "What?\n", "%info what?\n",
+                 's = """\n', "%infer inside a string?\n", '"""\n']
+    assert questions_are_prompts(untouched) == untouched
+
+
+def test_a_question_streams_its_answer(kernel: Any) -> None:
+    """The example in ``%infer?``; IPython alone reads it as ``batching?`` (help)."""
+    status, messages, _ = run(kernel, "%infer What is dynamic batching?")
+    assert status == "ok"
+    assert not any("not found" in t for t in texts(messages, "stream")), texts(messages, "stream")
+    final = [m for m in messages if m["msg_type"] == "update_display_data"][-1]["content"]["data"]["text/plain"]
+    assert "batching" in final.lower() and "tokens · first token" in final
+    _, _, reply = run(kernel, "%infer?")
+    assert "Complete a prompt" in reply["payload"][0]["data"]["text/plain"]
 
 
 def test_cell_magic_streams_into_one_updating_display(kernel: Any) -> None:
@@ -101,22 +123,33 @@ def test_status(kernel: Any) -> None:
         assert word in shown
 
 
-def test_burst_shows_a_timeline_and_a_summary(kernel: Any) -> None:
+def test_burst_shows_a_timeline_and_its_summary_once(kernel: Any) -> None:
     status, messages, _ = run(kernel, "%infer_burst 8 --max-tokens 12")
     assert status == "ok"
-    assert any("RunView" in t for t in texts(messages, "display_data"))
-    (summary,) = [t for t in texts(messages, "stream") if "requests" in t]
-    assert summary.startswith("8 requests (8 ok") and "TTFT p50" in summary and "mean size" in summary
+    (shown,) = [m for m in messages if m["msg_type"] == "display_data"]
+    assert "application/vnd.jupyter.widget-view+json" in shown["content"]["data"]
+    # The summary is printed once: in the view (HTML, drawn by the widget), whose text for
+    # front ends without widgets becomes the summary at the end; nothing on stdout.
+    assert not [t for t in texts(messages, "stream") if t.strip()], texts(messages, "stream")
+    final = [m for m in messages if m["msg_type"] == "update_display_data"][-1]["content"]
+    assert final["transient"]["display_id"] == shown["content"]["transient"]["display_id"]
+    assert final["data"]["application/vnd.jupyter.widget-view+json"] == shown["content"]["data"][
+        "application/vnd.jupyter.widget-view+json"]  # the same widget
+    summary = final["data"]["text/plain"]
+    assert summary.startswith("burst of 8, all at once: 8 requests (8 ok"), summary
+    assert "TTFT p50" in summary and "mean size" in summary
     status, messages, _ = run(kernel, (
         "t = _infer_burst.timeline\n"
         "assert len(t.requests) == 8 and all(r['id'].startswith('req-') for r in t.requests)\n"
         "assert all(r['batch_ids'] and set(r['batch_ids']) <= set(t.batch_ids) for r in t.requests)\n"
         "assert max(b['size'] for b in t.batches) >= 4\n"
+        "assert 'mean batch size' in _infer_burst.summary_html.value\n"
         "print('ok', len(t.batches))"
     ))
     assert status == "ok", messages
     _, messages, _ = run(kernel, "%infer_burst 4 --rate 50 --max-tokens 4")
-    assert any(t.startswith("4 requests (4 ok") for t in texts(messages, "stream"))
+    final = [m for m in messages if m["msg_type"] == "update_display_data"][-1]["content"]["data"]["text/plain"]
+    assert final.startswith("burst of 4 at 50/s: 4 requests (4 ok"), final
 
 
 def test_panel_magic(kernel: Any) -> None:
@@ -175,3 +208,44 @@ def test_panel_send_button_in_a_real_kernel(kernel: Any) -> None:
         time.sleep(0.2)
     else:
         pytest.fail("the click did not run the prompts: " + "".join(texts(messages, "stream")))
+
+
+def test_send_and_cancel_twelve_times_leaves_no_stray_traceback(kernel: Any) -> None:
+    """The issue saw up to 5 "Task exception was never retrieved … aclose(): asynchronous
+    generator is already running" tracebacks in the cell after a Cancel, in 2 of 12 tries.
+    Twelve clicks on Send then Cancel (comm messages, as the browser sends them), each Cancel
+    once tokens stream; then a cell that collects garbage (where such logs appear): nothing
+    on stderr, and the server ended every request."""
+    _, messages, _ = run(kernel, (
+        "from jupyter_infer.widgets import InferPanel\n"
+        "panel = InferPanel(prompts=['Explain batching at length'] * 4)\n"
+        "panel.max_tokens.value = 400\n"
+        "print(panel.send_button.comm.comm_id, panel.cancel_button.comm.comm_id)"
+    ))
+    send, cancel = "".join(texts(messages, "stream")).split()
+    stderr: list[str] = []
+
+    def click(comm_id: str) -> None:
+        msg = kernel.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}})
+        kernel.shell_channel.send(msg)
+
+    def poll(code: str, expected: str) -> None:
+        for _ in range(100):
+            _, messages, _ = run(kernel, code)
+            stderr.extend(t for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"
+                          for t in [m["content"]["text"]])
+            if "".join(texts(messages, "stream")).strip() == expected:
+                return
+            time.sleep(0.05)
+        pytest.fail(f"{code!r} never printed {expected!r}")
+
+    for _ in range(12):
+        click(send)
+        poll("print('streaming' in panel._states)", "True")
+        click(cancel)
+        poll("print(panel.running)", "False")
+    _, messages, _ = run(kernel, "import gc; gc.collect(); print(panel.status.value)")
+    assert "cancelled" in "".join(texts(messages, "stream"))
+    stderr += [m["content"]["text"] for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
+    assert not stderr, stderr
+    poll("m = __import__('jupyter_infer').client.default_client().metrics()['requests']; print(m['queued'] + m['running'])", "0")

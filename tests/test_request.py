@@ -15,16 +15,21 @@ from jupyter_infer.request import parse_generate_body
         ({"prompt": "   "}, "empty"),
         ({"prompt": 3}, "must be a string"),
         ({}, "must be a string"),
-        ({"prompt": "hi", "max_tokens": -1}, "positive integer"),
-        ({"prompt": "hi", "max_tokens": 0}, "positive integer"),
-        ({"prompt": "hi", "max_tokens": "10"}, "positive integer"),
+        ({"prompt": "hi", "max_tokens": -1}, "integer from 0 to 256"),
+        ({"prompt": "hi", "max_tokens": "10"}, "integer from 0 to 256"),
         ({"prompt": "hi", "temperature": 3}, "'temperature' must be between 0.0 and 2.0"),
         ({"prompt": "hi", "temperature": -0.1}, "temperature"),
-        ({"prompt": "hi", "top_p": 0}, "top_p"),
+        ({"prompt": "hi", "top_p": 1.5}, "top_p"),
         ({"prompt": "hi", "top_k": -5}, "top_k"),
         ({"prompt": "hi", "seed": "x"}, "seed"),
-        ({"prompt": "hi", "stop": [""]}, "stop"),
-        ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
+        ({"prompt": "hi", "stop": [3]}, "stop"),
+        ({"prompt": "hi", "stop": [f"s{i}" for i in range(65)]}, "at most 64"),
+        ({"prompt": "hi", "min_tokens": 9, "max_tokens": 4}, "above 'max_tokens'"),
+        ({"prompt": "hi", "repetition_penalty": 11}, "repetition_penalty"),
+        ({"prompt": "hi", "frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"prompt": "hi", "ignore_eos": "yes"}, "true or false"),
+        ({"prompt": "hi", "logit_bias": {"x": 1}}, "token ids"),
+        ({"prompt": "hi", "logit_bias": {"5": 101}}, "-100 to 100"),
         ({"prompt": "hi", "priority": 1.5}, "priority"),
         ({"prompt": "hi", "frobnicate": True}, "Unknown field"),
         (["not", "an", "object"], "JSON object"),
@@ -45,3 +50,16 @@ def test_good_body_becomes_a_request() -> None:
     assert r.prompt == "hi" and r.priority == 2
     assert (r.params.max_tokens, r.params.temperature, r.params.top_k, r.params.seed) == (5, 0.5, 40, 7)
     assert r.params.stop == ("\n",) and not r.params.greedy
+
+
+def test_sampling_extras_and_neutral_values_are_accepted() -> None:
+    r = parse_generate_body(
+        {"prompt": "hi", "max_tokens": 0, "top_p": 0, "top_k": -1, "min_tokens": 0, "ignore_eos": True,
+         "repetition_penalty": 0, "frequency_penalty": 0.0, "presence_penalty": 0,
+         "logit_bias": {"7": 0, "9": -100}, "stop": [f"s{i}" for i in range(64)] + [""]},
+        max_new_tokens=256,
+    )
+    p = r.params
+    assert (p.max_tokens, p.top_p, p.top_k, p.ignore_eos) == (0, 0.0, 0, True)
+    assert p.logit_bias == ((9, -100.0),) and len(p.stop) == 64
+    assert p.shapes_logits and not p.penalised and p.repetition_penalty == 1.0

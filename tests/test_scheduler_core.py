@@ -8,7 +8,7 @@ from collections.abc import Sequence as Seq
 import pytest
 
 from jupyter_infer.config import ServiceConfig
-from jupyter_infer.engine import StepPlan
+from jupyter_infer.engine import Sampled, StepPlan
 from jupyter_infer.errors import QueueFull
 from jupyter_infer.events import EventBus
 from jupyter_infer.metrics import MetricsCollector
@@ -43,7 +43,7 @@ def run_step(s: Scheduler, now: float, token: int = 7) -> StepPlan | None:
     """Schedule at ``now`` and, if there is a plan, give every row ``token``."""
     plan, _ = s.schedule(now)
     if plan is not None:
-        s.postprocess(plan, [token] * len(plan.seqs), now, now)
+        s.postprocess(plan, Sampled([token] * len(plan.seqs)), now, now)
     return plan
 
 
@@ -59,7 +59,7 @@ def test_window_waits_for_its_window_then_groups_and_the_17th_waits() -> None:
     plan, _ = s.schedule(0.02)  # full batch: no need to wait for the window
     assert plan.kind == "prefill" and plan.seqs == seqs[:16]
     assert [x.status for x in seqs[:16]] == [Status.RUNNING] * 16 and seqs[16].status is Status.WAITING
-    s.postprocess(plan, [7] * 16, 0.02, 0.03)
+    s.postprocess(plan, Sampled([7] * 16), 0.02, 0.03)
     # Window mode runs the batch to completion: the 17th is not admitted meanwhile.
     assert s.schedule(0.2)[0].kind == "decode"
 
@@ -139,7 +139,7 @@ def test_eos_and_stop_strings_finish_rows() -> None:
     s.add(a, 0.0)
     s.add(b, 0.0)
     plan, _ = s.schedule(0.0)
-    released = s.postprocess(plan, [9, EOS], 0.0, 0.0)
+    released = s.postprocess(plan, Sampled([9, EOS]), 0.0, 0.0)
     assert [text for _, _, text in released] == ["", ""]
     assert a.record.finish_reason == "stop" and a.text == ""
     assert b.record.finish_reason == "stop" and b.output_ids == []
@@ -235,7 +235,7 @@ def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
     x = seq(max_tokens=5)
     s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    first = s.postprocess(plan, [1], 0.0, 0.0)[0][2]
-    second = s.postprocess(s.schedule(0.0)[0], [2], 0.0, 0.0)[0][2]
+    first = s.postprocess(plan, Sampled([1]), 0.0, 0.0)[0][2]
+    second = s.postprocess(s.schedule(0.0)[0], Sampled([2]), 0.0, 0.0)[0][2]
     # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
     assert (first, second) == ("a", "\r\nb")

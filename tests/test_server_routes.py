@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import AUTH, POISON, eventually, service_of
+from server_helpers import AUTH, POISON, eventually, parse_sse, service_of
 from tornado.httpclient import HTTPClientError
 
 from jupyter_infer.server.app import InferApp
@@ -25,6 +25,12 @@ ROUTES = [
     ("POST", "infer/v1/completions"),
     ("POST", "infer/v1/chat/completions"),
     ("GET", "infer/v1/models"),
+    ("GET", "infer/v1/models/simulated"),
+    ("GET", "infer/v1/embeddings"),
+    ("GET", "infer/health"),
+    ("POST", "infer/tokenize"),
+    ("POST", "infer/detokenize"),
+    ("GET", "infer/tokenizer_info"),
 ]
 
 
@@ -58,13 +64,20 @@ async def test_every_route_refuses_requests_without_credentials(
 ) -> None:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}") as client:
         for method, path in ROUTES:
+            # OpenAI's clients understand 401 (AuthenticationError); the rest is jupyter_server's 403.
+            refused = 401 if path.startswith("infer/v1/") or path in ("infer/tokenize", "infer/detokenize") else 403
             response = await client.request(method, path, json={"prompt": "hi"} if method == "POST" else None)
-            assert response.status_code == 403, (method, path)
+            assert response.status_code == refused, (method, path)
             wrong = await client.request(method, path, headers={"Authorization": "token nope"})
-            assert wrong.status_code == 403, (method, path)
+            assert wrong.status_code == refused, (method, path)
         # The same routes answer with the token (the streams are covered elsewhere).
         ok = await client.get("infer/status", headers=AUTH)
         assert ok.status_code == 200
+        # An unknown path is a JSON 404, not a redirect to the login page (on which lm-eval's
+        # probe for vLLM's infer/tokenizer_info choked) nor HTML.
+        for method in ("GET", "POST", "DELETE"):
+            missing = await client.request(method, "infer/tokenizer_info", headers=AUTH)
+            assert missing.status_code == 404 and "No route" in missing.json()["message"]
 
 
 # -- generate ---------------------------------------------------------------------------------
@@ -80,6 +93,22 @@ async def test_generate_answers_with_the_contract_shape(jp_fetch: Any) -> None:
     assert set(answer["timings"]) == {"queued_ms", "ttft_ms", "total_ms"}
     again = await post_json(jp_fetch, "infer/generate", {"prompt": "What is attention?", "max_tokens": 12})
     assert again["text"] == answer["text"]  # greedy by default: deterministic
+
+
+async def test_generate_takes_the_sampling_extras(jp_fetch: Any) -> None:
+    short = {"prompt": "SHORT answer", "max_tokens": 12}  # the scripted answer is shorter: EOS ends it
+    plain = await post_json(jp_fetch, "infer/generate", short)
+    assert plain["usage"]["completion_tokens"] < 12
+    for extra in ({"ignore_eos": True}, {"min_tokens": 12}):
+        answer = await post_json(jp_fetch, "infer/generate", {**short, **extra})
+        assert answer["usage"]["completion_tokens"] == 12 and answer["text"].startswith(plain["text"])
+    neutral = {"top_k": -1, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0,
+               "logit_bias": {"1": 0}, "stop": [f"never{i}" for i in range(20)]}
+    assert (await post_json(jp_fetch, "infer/generate", {**short, **neutral}))["text"] == plain["text"]
+    nothing = await post_json(jp_fetch, "infer/generate", {**short, "max_tokens": 0})
+    assert nothing["usage"]["completion_tokens"] == 0 and nothing["finish_reason"] == "length"
+    streamed = await jp_fetch("infer", "generate_stream", params={**short, "ignore_eos": "true"})
+    assert json.loads(parse_sse(streamed.body.decode())[0][-2].data)["usage"]["completion_tokens"] == 12
 
 
 @pytest.mark.parametrize("infer_options", [{"mode": "window", "batch_window_ms": 300.0}])
@@ -126,11 +155,12 @@ BAD_INPUT = [
     ([1, 2], 400, "must be a JSON object"),
     ({"prompt": 5}, 400, "'prompt' must be a string"),
     ({"prompt": "   "}, 400, "'prompt' is empty"),
-    ({"prompt": "hi", "max_tokens": 0}, 400, "'max_tokens' must be a positive integer"),
-    ({"prompt": "hi", "max_tokens": "ten"}, 400, "'max_tokens' must be a positive integer"),
+    ({"prompt": "hi", "max_tokens": -1}, 400, "'max_tokens' must be an integer from 0"),
+    ({"prompt": "hi", "max_tokens": "ten"}, 400, "'max_tokens' must be an integer from 0"),
     ({"prompt": "hi", "max_tokens": 10_000}, 400, "InferApp.max_new_tokens"),
     ({"prompt": "hi", "temperature": 7}, 400, "'temperature' must be between"),
-    ({"prompt": "hi", "top_p": 0}, 400, "'top_p' must be between"),
+    ({"prompt": "hi", "top_p": 1.5}, 400, "'top_p' must be between"),
+    ({"prompt": "hi", "repetition_penalty": -1}, 400, "'repetition_penalty' must be between"),
     ({"prompt": "hi", "stop": [1]}, 400, "'stop' must be"),
     ({"prompt": "hi", "colour": "red"}, 400, "Unknown field(s): colour"),
     ({"prompt": "word " * 40}, 400, "InferApp.max_prompt_tokens"),

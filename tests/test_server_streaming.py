@@ -198,6 +198,25 @@ async def test_requests_wait_while_the_engine_loads(client: httpx.AsyncClient, g
     assert (await client.get("infer/status")).json()["state"] == "ready"
 
 
+async def test_an_eventsource_reconnect_after_the_end_gets_204(client: httpx.AsyncClient) -> None:
+    """EventSource reconnects when a stream ends, sending the last event id: 204 stops it,
+    where a new generation would start otherwise."""
+    params = {"prompt": "SHORT answer", "max_tokens": 5}
+    async with client.stream("GET", "infer/generate_stream", params=params) as response:
+        text = "".join([chunk async for chunk in response.aiter_text()])
+    events, _ = parse_sse(text)
+    last_id = events[-1].id
+    assert events[-1].event == "done" and last_id == response.headers["x-request-id"]
+    served = (await client.get("infer/metrics")).json()["requests"]["ok"]
+    for _ in range(3):
+        again = await client.get("infer/generate_stream", params=params, headers={"Last-Event-ID": last_id})
+        assert again.status_code == 204 and again.text == ""
+    assert (await client.get("infer/metrics")).json()["requests"]["ok"] == served
+    # An id the server does not know (say, from before a restart) starts a generation.
+    fresh = await client.get("infer/generate_stream", params=params, headers={"Last-Event-ID": "req-unknown"})
+    assert fresh.status_code == 200 and parse_sse(fresh.text)[0][-1].event == "done"
+
+
 # -- live events ------------------------------------------------------------------------------
 async def test_live_events_stream(client: httpx.AsyncClient) -> None:
     kinds: list[str] = []

@@ -7,10 +7,14 @@ The timeline's drawing code (TypeScript, shared with the lab panel) is tested in
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import ipywidgets as widgets
 import pytest
 
 from jupyter_infer import Client
@@ -141,3 +145,140 @@ async def test_panel_cancel() -> None:
     assert {r["outcome"] for r in panel.timeline.requests} == {"cancelled"}
     assert all("cancelled" in out.value for out in panel.outputs.children)
     await client.__aexit__()
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Let the kernel's loop run until ``condition()`` holds (the panel's tasks run on it)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: still not true after {timeout:.0f} s"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_a_prompts_cross_cancels_its_request_and_the_run_goes_on() -> None:
+    client = Client(embedded=InferenceService(ServiceConfig(engine="simulated", simulated_token_delay_ms=(4.0, 8.0))))
+    panel = InferPanel(client, prompts=["What is RAG?", "Explain batching at length", "What is attention?"])
+    panel.max_tokens.value = 120
+    task = panel.send()
+    await _until(lambda: panel._states == ["streaming"] * 3, "every request streams")
+    rows = panel._prompt_rows.children
+    assert [row.children[0].value for row in rows] == ["#1", "#2", "#3"]  # numbered as the answers
+    cross = rows[1].children[2]
+    assert cross.tooltip == "cancel request #2"
+    cross.click()
+    await task
+    assert len(panel.prompts) == 3  # the prompt stays; its request stopped
+    assert panel._states == ["done", "cancelled", "done"]
+    assert 'data-state="cancelled"' in panel.outputs.children[1].value.replace("'", '"')
+    assert [r["outcome"] for r in panel.timeline.requests] == ["ok", "cancelled", "ok"]
+    summary = panel.run_view.summary
+    assert (summary.ok, summary.cancelled) == (2, 1)
+    await _until(lambda: client.metrics()["requests"]["cancelled"] == 1, "the server counts the cancel")
+    assert client.metrics()["requests"]["ok"] == 2
+    assert panel.timeline.requests[1]["tokens"] < 120
+    # Once the run is over, the ✕ removes the prompt again.
+    assert cross.tooltip == "remove this prompt"
+    cross.click()
+    assert panel.prompts == ["What is RAG?", "What is attention?"]
+    await client.aclose()
+
+
+class _Bug:
+    """A stream that fails with an exception that is not an ``InferError`` (a bug somewhere)."""
+
+    id = None
+    text = ""
+    tokens = 0
+
+    def __aiter__(self) -> _Bug:
+        return self
+
+    async def __anext__(self) -> str:
+        raise RuntimeError("a bug in a backend")
+
+
+class _OneBuggyStream:
+    """A client whose stream for prompts with "bug" in them fails."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def astream(self, prompt: str, **params: Any) -> Any:
+        return _Bug() if "bug" in prompt else self._client.astream(prompt, **params)
+
+    async def abatches(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return await self._client.abatches(*args, **kwargs)
+
+
+@pytest.mark.asyncio
+async def test_a_failing_request_ends_alone_and_no_task_exception_goes_unretrieved(client: Client) -> None:
+    """Runs started as a click starts them (nobody awaits the task): one request fails with
+    a bug; the others finish, the failure shows on its row, and nothing is left for asyncio to
+    log as "Task exception was never retrieved" in a later cell."""
+    unretrieved: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    panel = InferPanel(_OneBuggyStream(client), prompts=["What is RAG?", "a bug", "What is attention?"])
+    panel.max_tokens.value = 8
+    for _ in range(2):  # a second Send drops the first run's task
+        panel.send()
+        await _until(lambda: not panel.running, "the run ends")
+        assert panel._states[0] == panel._states[2] == "done"
+        assert panel._states[1] == "error: a bug in a backend"
+        assert "error: a bug in a backend" in panel.outputs.children[1].value
+        assert panel.status.value.startswith("finished: 2/3 done, 1 failed")
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not unretrieved, unretrieved
+
+
+@pytest.mark.asyncio
+async def test_answers_are_compact_and_open_to_their_whole_text(client: Client) -> None:
+    panel = InferPanel(client)
+    assert panel.answers.layout.display == "none"  # no answers yet
+    panel.fill(8)
+    panel.max_tokens.value = 40
+    await panel.send()
+    assert panel.answers.layout.display is None and panel.answers.selected_index == 0
+    assert panel.answers.get_title(0) == "Answers (8/8 done)"
+    for out in panel.outputs.children:
+        # Two clamped lines, and the whole answer in a <details> a click opens.
+        assert "<details>" in out.value and "ji-answer-preview" in out.value
+    # The controls wrap on narrow screens instead of being clipped.
+    assert all(row.layout.width == "100%" and "ji-wrap" in row._dom_classes
+               for row in panel.children if isinstance(row, widgets.HBox))
+
+
+def test_a_stale_live_record_does_not_undo_what_the_client_saw() -> None:
+    """The server's records are fetched once a second: one that still says "queued" must not
+    make a streaming row look queued (the timeline would draw it queued up to now)."""
+    stale = {"batches": [], "requests": [{"id": "a", "queued_at": 100.0, "admitted_at": None,
+                                          "first_token_at": None, "finished_at": None, "outcome": "queued"}]}
+    seen = {"a": {"queued_at": 100.001, "first_token_at": 100.04, "outcome": "running"}}
+    (row,), _ = timeline_data(stale, ["a"], observed=seen)
+    assert row["outcome"] == "running" and row["first_token_at"] == 100.04
+    seen["a"].update(finished_at=100.5, outcome="cancelled")
+    (row,), _ = timeline_data(stale, ["a"], observed=seen)
+    assert row["outcome"] == "cancelled"
+    ended = {"requests": [{**stale["requests"][0], "outcome": "ok", "finished_at": 100.6}]}
+    (row,), _ = timeline_data(ended, ["a"], observed=seen)
+    assert row["outcome"] == "ok"  # the server's word on a finished request
+
+
+def test_a_mid_run_summary_says_what_it_covers() -> None:
+    rows = [
+        {"id": "a", "queued_at": 100.0, "first_token_at": 100.04, "finished_at": 100.5, "outcome": "ok", "tokens": 8},
+        {"id": "b", "queued_at": 100.0, "first_token_at": 100.05, "finished_at": None, "outcome": "running", "tokens": 5},
+        {"id": "c", "queued_at": 100.0, "first_token_at": None, "finished_at": None, "outcome": "running"},
+        {"id": "d", "queued_at": None, "first_token_at": None, "finished_at": None, "outcome": None},
+    ]
+    summary = RunSummary.from_timeline(rows, [], now=101.0)
+    assert (summary.running, summary.ttft_known, summary.latency_known) == (3, 2, 1)
+    # Tokens so far (8 done, 5 streaming) over the time so far, not over the first finish.
+    assert (summary.tokens, summary.wall_s, summary.tokens_per_s) == (13, 1.0, 13.0)
+    assert summary.ttft_p95_ms == pytest.approx(50, abs=0.5)  # from the two first tokens known
+    text = str(summary)
+    assert "1 ok, 0 failed, 0 cancelled, 3 running" in text
+    assert "p95 50 ms (2 of 4)" in text and "p95 500 ms (1 of 4)" in text
+    assert "(2 of 4)" in summary.to_html() and "3 running" in summary.to_html()

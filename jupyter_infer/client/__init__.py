@@ -8,6 +8,7 @@ One concern per module:
 - ``backend``: the ``Backend`` protocol that both backends implement;
 - ``http``: the server backend (httpx, httpx-sse; timeouts so that nothing hangs);
 - ``embedded``: an ``InferenceService`` in this process;
+- ``openai_backend``: a plain OpenAI-compatible server (vLLM, TGI, ...), client-side timings;
 - ``streams``: ``TokenStream``/``AsyncTokenStream``;
 - ``loop``: the I/O thread whose event loop runs every request;
 - ``results``: ``Completion``; ``arrivals``: ``arrival_times`` (Poisson arrivals).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -12,9 +13,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..errors import EngineUnavailable, InferError
 from .arrivals import arrival_times
 from .backend import Backend
-from .discovery import Connection, discover
+from .discovery import ENV_TOKEN, ENV_URL, Connection, discover
 from .embedded import EmbeddedBackend
 from .loop import IOThread
+from .openai_backend import is_openai_url
 from .results import Completion
 from .streams import AsyncTokenStream, TokenStream
 
@@ -30,6 +32,11 @@ class Client:
     ``Client()`` finds the engine itself (see ``jupyter_infer.client.discovery``);
     ``Client(url, token)`` names a server; ``Client(embedded=True)`` (or an
     ``InferenceService``) runs the engine in this process; ``embedded=False`` never does.
+    ``Client(url="http://vllm:8000/v1", api_key=...)`` talks to a plain OpenAI-compatible
+    server directly (an ``api_key``, or a URL ending in ``/v1``, says so; ``model`` picks its
+    model): the same API, with client-side timings (``jupyter_infer.client.openai_backend``).
+    ``JUPYTER_INFER_URL`` may name such a URL too (``JUPYTER_INFER_TOKEN`` is then its key),
+    so the magics and the panel use it.
 
     ``timeout`` bounds a whole ``generate`` (seconds); ``read_timeout`` is the longest a
     stream may stay silent before the server counts as gone (default: three of the server's
@@ -50,9 +57,21 @@ class Client:
         timeout: float = 300.0,
         read_timeout: float | None = None,
         quiet: bool = False,
+        api_key: str | None = None,
+        model: str | None = None,
     ) -> None:
         self._io = IOThread.get()
         self._backend: Backend
+        env_url = os.environ.get(ENV_URL)
+        if url is None and embedded in (None, False) and is_openai_url(env_url):
+            url, token = env_url, token or os.environ.get(ENV_TOKEN)  # the magics' way to a plain server
+        if url and (api_key is not None or is_openai_url(url)):
+            from .openai_backend import OpenAIBackend
+
+            self._backend = OpenAIBackend(url, api_key if api_key is not None else token, model=model,
+                                          timeout=read_timeout or timeout)
+            self.connection = Connection("openai", "explicit", self._backend.url)
+            return
         if embedded is not None and embedded is not False:
             service = None if embedded is True else embedded
             self.connection = Connection("embedded", "embedded")
@@ -73,7 +92,7 @@ class Client:
     # -- where ---------------------------------------------------------------------------------
     @property
     def backend(self) -> str:
-        """``"server"`` or ``"embedded"``."""
+        """``"server"``, ``"embedded"`` or ``"openai"`` (a plain OpenAI-compatible server)."""
         return self.connection.backend
 
     @property

@@ -37,7 +37,7 @@ _SERVER_FILE = re.compile(r"jpserver-.+\.json")
 class Connection:
     """Where a client sends its requests, and how that was decided."""
 
-    backend: str  # "server" | "embedded"
+    backend: str  # "server" | "embedded" | "openai" (a plain OpenAI-compatible server)
     source: str  # "explicit" | "environment" | "kernel's server" | "embedded"
     url: str | None = None
     token: str | None = None
@@ -46,6 +46,8 @@ class Connection:
     def __str__(self) -> str:
         if self.backend == "server":
             return f"server {self.url} (found via {self.source})"
+        if self.backend == "openai":
+            return f"OpenAI-compatible server {self.url} (client-side timings)"
         return "embedded engine in this process"
 
 

@@ -8,6 +8,7 @@ server, so a ``Client`` behaves alike on both.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,32 @@ if TYPE_CHECKING:
 
 _shared_service: InferenceService | None = None
 _started: dict[int, InferenceService] = {}  # by id(): services compare by value
+
+
+class QuietFallback(logging.Filter):
+    """An embedded engine's fallback to the simulated engine is logged at INFO, once per
+    process and reason: in a kernel a WARNING lands in a cell's output as red stderr (Python's
+    last-resort handler), once per engine, though ``status()["fallback_reason"]`` says why.
+    A server's own engine still warns: this filter is installed only where engines are
+    embedded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from ..engine import FALLBACK_MESSAGE
+
+        if record.msg != FALLBACK_MESSAGE:
+            return True
+        if record.getMessage() in self.logged:
+            return False
+        self.logged.add(record.getMessage())
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+_quiet_fallback = QuietFallback()
 
 
 def make_embedded_service() -> InferenceService:
@@ -62,6 +89,9 @@ class EmbeddedBackend:
         """The service, started on this (the I/O) loop; stopped when the process exits."""
         service = self.service
         if id(service) not in _started:
+            engine_log = logging.getLogger("jupyter_infer.engine")
+            if _quiet_fallback not in engine_log.filters:
+                engine_log.addFilter(_quiet_fallback)
             service.start()  # idempotent
             _started[id(service)] = service
             IOThread.get().at_shutdown(_stop_started)

@@ -9,11 +9,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..config import ServiceConfig
-from .base import Batch, Engine, EngineInfo, StepPlan
+from .base import Batch, Engine, EngineInfo, Sampled, StepPlan
 
-__all__ = ["Batch", "Engine", "EngineInfo", "StepPlan", "load_engine"]
+__all__ = ["Batch", "Engine", "EngineInfo", "Sampled", "StepPlan", "load_engine"]
 
 log = logging.getLogger(__name__)
+# A server logs this as a warning; an engine embedded in a kernel says it once, quietly
+# (client/embedded.py), since its status carries the reason.
+FALLBACK_MESSAGE = "jupyter_infer: falling back to the simulated engine (%s)"
 
 
 def load_engine(config: ServiceConfig) -> Engine:
@@ -26,7 +29,7 @@ def load_engine(config: ServiceConfig) -> Engine:
         if config.engine == "hf":
             raise
         reason = f"could not load {config.model!r} with transformers: {_short(err)}"
-        log.warning("jupyter_infer: falling back to the simulated engine (%s)", reason)
+        log.warning(FALLBACK_MESSAGE, reason)
         return _simulated(config, fallback_reason=reason)
 
 

@@ -5,21 +5,34 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
+    from ..request import TokenLogprob
     from ..scheduler.sequence import Sequence
 
 
 @dataclass
 class EngineInfo:
-    engine: str  # "hf" | "simulated"
+    engine: str  # "hf" | "simulated" | "openai" | "router"
     model: str
     device: str
     dtype: str
     max_context: int  # prompt + generated tokens one row can hold
     fallback_reason: str | None = None
     details: dict = field(default_factory=dict)
+    # Every model served, as v1/models cards ({"id", "route"}): a router's, one per backend.
+    # Empty: just ``model``.
+    models: list[dict[str, Any]] = field(default_factory=list)
+
+    def model_names(self) -> list[str]:
+        """The served model's name first, then the names a request may use for it (or, for
+        a router, for any of its backends: their models and the backends' own names)."""
+        names = [self.model, Path(self.model).name, "default"]
+        for card in self.models:
+            names += [card["id"], Path(card["id"]).name, card.get("route")]
+        return list(dict.fromkeys(n for n in names if n))
 
 
 @dataclass
@@ -42,6 +55,17 @@ class StepPlan:
         if self.kind == "prefill":
             return sum(s.num_prompt_tokens for s in self.seqs)
         return len(self.seqs)
+
+
+@dataclass
+class Sampled:
+    """One step's output: a token per row and, only for the rows whose request asks,
+    log probabilities (``None`` when no row asked, so the common step carries nothing)."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None] | None = None  # per row: the chosen token's
+    # per row of a prefill: every prompt position's (the first is None); None if not asked
+    prompt_logprobs: list[list[TokenLogprob | None] | None] | None = None
 
 
 class Batch(Protocol):
@@ -80,22 +104,27 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def detokenize(self, token_ids: Seq[int]) -> str: ...
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids from 0 to ``vocab_size - 1`` are valid in a prompt or ``logit_bias``."""
+        raise NotImplementedError
+
     @abc.abstractmethod
-    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], Batch]:
+    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, Batch]:
         """Run the prompts of ``seqs``; their first tokens and the batch of their rows."""
 
     @abc.abstractmethod
-    def decode(self, batch: Batch, seqs: list[Sequence]) -> list[int]:
+    def decode(self, batch: Batch, seqs: list[Sequence]) -> Sampled:
         """One token for every row of ``batch`` (``seqs`` are its rows, in order)."""
 
-    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[list[int], Batch | None]:
+    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[Sampled, Batch | None]:
         """Run ``plan`` on the running ``batch``: one token per ``plan.seqs``, and the batch
         after the step. Rows that left are filtered out first."""
         if batch is not None and batch.ids != plan.keep:
             batch = batch.filter(plan.keep)
         if plan.kind == "prefill":
-            tokens, newcomers = self.prefill(plan.seqs)
-            return tokens, newcomers if batch is None else batch.concatenate(newcomers)
+            sampled, newcomers = self.prefill(plan.seqs)
+            return sampled, newcomers if batch is None else batch.concatenate(newcomers)
         if batch is None:
             raise RuntimeError("a decode step needs a running batch")
         return self.decode(batch, plan.seqs), batch

@@ -24,8 +24,8 @@ from transformers.utils import logging as hf_logging
 
 from ..errors import InvalidRequest
 from . import kv_cache
-from .base import Engine, EngineInfo
-from .sampling import sample
+from .base import Engine, EngineInfo, Sampled
+from .sampling import prompt_logprobs, sample
 
 if TYPE_CHECKING:
     from ..request import SamplingParams
@@ -198,6 +198,10 @@ class HFEngine(Engine):
     def detokenize(self, token_ids: Seq[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().num_embeddings)
+
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         if getattr(self.tokenizer, "chat_template", None):
             from jinja2 import TemplateError
@@ -211,32 +215,41 @@ class HFEngine(Engine):
 
     # -- steps ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], HFBatch]:
+    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, HFBatch]:
         input_ids, mask = left_pad_rows([s.prompt_ids for s in seqs], self.pad_token_id)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
         cache = kv_cache.new_cache(self.model.config)
+        echo = [i for i, s in enumerate(seqs) if s.params.prompt_logprobs is not None]
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
             cache=cache,
             use_cache=True,
-            logits_to_keep=1,
+            # Logits of every position only when a row asks for its prompt's logprobs.
+            logits_to_keep=0 if echo else 1,
         )
         generators = [self._generator(s.params) for s in seqs]
-        tokens = sample(out.logits[:, -1, :], [s.params for s in seqs], generators)
-        return tokens, HFBatch(
+        sampled = sample(out.logits[:, -1, :], seqs, generators, self.eos_token_ids)
+        if echo:
+            sampled.prompt_logprobs = [None] * len(seqs)
+            for i in echo:
+                prompt = seqs[i].prompt_ids
+                sampled.prompt_logprobs[i] = prompt_logprobs(
+                    out.logits[i, -len(prompt):], prompt, seqs[i].params.prompt_logprobs
+                )
+        return sampled, HFBatch(
             ids=[s.id for s in seqs],
             cache=out.cache,
             mask=mask,
             positions=mask.sum(-1),
-            last=torch.tensor(tokens, dtype=torch.long, device=self.device),
+            last=torch.tensor(sampled.tokens, dtype=torch.long, device=self.device),
             generators=generators,
         )
 
     @torch.inference_mode()
-    def decode(self, batch: HFBatch, seqs: list[Sequence]) -> list[int]:
+    def decode(self, batch: HFBatch, seqs: list[Sequence]) -> Sampled:
         out = self.model(
             input_ids=batch.last[:, None],
             attention_mask=batch.extend_mask(),
@@ -244,11 +257,11 @@ class HFEngine(Engine):
             cache=batch.cache,
             use_cache=True,
         )
-        tokens = sample(out.logits[:, -1, :], [s.params for s in seqs], batch.generators)
+        sampled = sample(out.logits[:, -1, :], seqs, batch.generators, self.eos_token_ids)
         batch.cache = out.cache
         batch.positions = batch.positions + 1
-        batch.last = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        return tokens
+        batch.last = torch.tensor(sampled.tokens, dtype=torch.long, device=self.device)
+        return sampled
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.greedy:

@@ -3,6 +3,14 @@
 It batches like the real engine: a prefill step costs time that grows with the prompt
 tokens of the newcomers, and a decode step costs one per-token delay (10–40 ms, from a seeded
 RNG) for the whole batch, so batching many requests is as much a win here as on a GPU.
+
+Of the sampling parameters it honours what a scripted answer can: ``max_tokens``, ``stop``,
+``seed`` (which answer), ``min_tokens`` and ``ignore_eos`` (the answer starts over instead
+of ending). Temperature, top-k/p, penalties and ``logit_bias`` do not change a scripted
+answer. Log probabilities are deterministic stand-ins with the right shapes: the chosen
+token is always the most likely, with logprob ``-0.1 * (1 + id % 10)``; the ``k - 1``
+alternatives after it are the next token ids, each 1.0 less likely; a prompt's first token
+has none.
 """
 
 from __future__ import annotations
@@ -13,7 +21,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .base import Engine, EngineInfo
+from ..request import TokenLogprob
+from .base import Engine, EngineInfo, Sampled
 from .simulated_answers import compose_answer
 from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
 
@@ -73,18 +82,46 @@ class SimulatedEngine(Engine):
     def detokenize(self, token_ids: Seq[int]) -> str:
         return self._tokenizer.detokenize(token_ids)
 
-    def prefill(self, seqs: list[Sequence]) -> tuple[list[int], SimulatedBatch]:
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.vocab_size
+
+    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, SimulatedBatch]:
         prompt_tokens = sum(s.num_prompt_tokens for s in seqs)
         self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens)
         batch = SimulatedBatch(
             [s.id for s in seqs],
             [self.tokenize(compose_answer(s.request.prompt, self._seed_for(s))) for s in seqs],
         )
-        return [answer[0] if answer else EOS_ID for answer in batch.answers], batch
+        sampled = self._sampled([_next(a, 0, s) for a, s in zip(batch.answers, seqs, strict=True)], seqs)
+        if any(s.params.prompt_logprobs is not None for s in seqs):
+            sampled.prompt_logprobs = [
+                None if s.params.prompt_logprobs is None else
+                [None] + [self._stand_in(t, s.params.prompt_logprobs) for t in s.prompt_ids[1:]]
+                for s in seqs
+            ]
+        return sampled, batch
 
-    def decode(self, batch: SimulatedBatch, seqs: list[Sequence]) -> list[int]:
+    def decode(self, batch: SimulatedBatch, seqs: list[Sequence]) -> Sampled:
         self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
-        return [_next(answer, len(seq.output_ids)) for answer, seq in zip(batch.answers, seqs, strict=True)]
+        return self._sampled(
+            [_next(answer, len(seq.output_ids), seq) for answer, seq in zip(batch.answers, seqs, strict=True)], seqs
+        )
+
+    def _sampled(self, tokens: list[int], seqs: list[Sequence]) -> Sampled:
+        if all(s.params.logprobs is None for s in seqs):
+            return Sampled(tokens)
+        return Sampled(tokens, [
+            None if s.params.logprobs is None else self._stand_in(t, s.params.logprobs)
+            for t, s in zip(tokens, seqs, strict=True)
+        ])
+
+    def _stand_in(self, token: int, k: int) -> TokenLogprob:
+        """The documented deterministic logprob of ``token`` and ``k`` alternatives."""
+        logprob = -0.1 * (1 + token % 10)
+        vocab = max(self.vocab_size, 1)
+        top = tuple(((token + j) % vocab, logprob - j) for j in range(min(k, vocab)))
+        return TokenLogprob(token, logprob, top)
 
     def _seed_for(self, seq: Sequence) -> int:
         if seq.params.seed is not None:
@@ -99,5 +136,11 @@ class SimulatedEngine(Engine):
             time.sleep(ms / 1000.0)
 
 
-def _next(answer: list[int], position: int) -> int:
-    return answer[position] if position < len(answer) else EOS_ID
+def _next(answer: list[int], position: int, seq: Sequence) -> int:
+    """The answer's token at ``position``; past its end EOS, or the answer again from its
+    start while the request must go on (``ignore_eos``, ``min_tokens``)."""
+    if position < len(answer):
+        return answer[position]
+    if answer and (seq.params.ignore_eos or position < seq.params.min_tokens):
+        return answer[position % len(answer)]
+    return EOS_ID

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..engine import Batch, Engine, StepPlan
+from ..engine import Batch, Engine, EngineInfo, StepPlan
 from ..errors import EngineUnavailable, RequestFailed
 from ..request import TokenEvent
 from .recorder import Recorder
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..config import ServiceConfig
 
 log = logging.getLogger(__name__)
+
 
 
 class EngineLoop:
@@ -50,6 +51,10 @@ class EngineLoop:
     @property
     def started(self) -> bool:
         return self._task is not None
+
+    @property
+    def info(self) -> EngineInfo | None:
+        return self.engine.info if self.engine else None
 
     def start(self) -> None:
         """Start loading the engine (on the engine thread) and the loop; idempotent."""
@@ -95,11 +100,15 @@ class EngineLoop:
     # -- requests ---------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> RequestStream:
         """Queue a checked sequence (the loop must be ready); raises ``QueueFull``."""
-        stream = RequestStream(seq.id, self.cancel)
+        stream = RequestStream(seq.id, self.cancel, seq.prompt_ids)
         self.scheduler.add(seq, time.monotonic())
         self._streams[seq.id] = stream
         self._wakeup.set()
         return stream
+
+    def knows(self, request_id: str) -> bool:
+        """Queued, running, or recently finished (the recorder remembers those)."""
+        return request_id in self._streams or self.recorder.finished_recently(request_id)
 
     def cancel(self, request_id: str) -> bool:
         if self.scheduler is None or not self.scheduler.cancel(request_id, time.monotonic()):
@@ -132,20 +141,22 @@ class EngineLoop:
                 continue
             started = time.monotonic()
             try:
-                tokens, self._batch = await loop.run_in_executor(
+                sampled, self._batch = await loop.run_in_executor(
                     self._executor, self.engine.step, plan, self._batch
                 )
             except Exception as err:
                 self._fail(plan, err, in_engine=True)
                 continue
             try:
-                released = core.postprocess(plan, tokens, started, time.monotonic())
+                released = core.postprocess(plan, sampled, started, time.monotonic())
             except Exception as err:  # a bug here must not stop the loop for everyone
                 self._fail(plan, err, in_engine=False)
                 continue
             for seq, token, fragment in released:
-                if fragment:
-                    self._streams[seq.id].push(TokenEvent(seq.id, len(seq.output_ids), token, fragment))
+                logprobs, prompt_logprobs = seq.take_logprobs()
+                if fragment or logprobs or prompt_logprobs is not None:
+                    self._streams[seq.id].push(TokenEvent(
+                        seq.id, len(seq.output_ids), token, fragment, logprobs, prompt_logprobs))
             self._end_finished()
 
     async def _wait(self, wake_at: float | None) -> None:

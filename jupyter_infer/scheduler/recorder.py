@@ -7,12 +7,18 @@ aggregates, the ``infer/events`` stream and the batch records a timeline is draw
 Batch records: in ``window`` mode a batch is the group admitted together, and it lasts until
 its last member leaves. In ``continuous`` mode a batch is a span of constant membership: a
 new record opens whenever a request joins or leaves, so a timeline shows exactly who ran
-with whom, and when.
+with whom, and when. For an upstream server (``source="upstream"``) a span is the set of
+requests in flight upstream together; the upstream batches them its own way.
+
+Behind a router, each backend's recorder names its ``route`` on every record and event, and
+the backends draw batch ids from one counter, so their records can be merged.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +30,22 @@ if TYPE_CHECKING:
     from .sequence import Sequence
 
 
+RECENT_IDS = 1024  # finished request ids remembered (a reconnecting EventSource names one)
+
+
 class Recorder:
-    def __init__(self, mode: str, metrics: MetricsCollector, events: EventBus) -> None:
+    def __init__(
+        self, mode: str, metrics: MetricsCollector, events: EventBus, *, source: str = "engine",
+        route: str | None = None, batch_ids: Iterator[int] | None = None,
+    ) -> None:
         self.mode = mode
         self.metrics = metrics
         self.events = events
+        self.source = source
+        self.route = route
         self.batch: BatchRecord | None = None  # the open batch record
-        self._batch_ids = itertools.count(1)
+        self._batch_ids = batch_ids or itertools.count(1)
+        self._recent: OrderedDict[str, None] = OrderedDict()  # ids of recently finished requests
 
     def ready(self, info: EngineInfo) -> None:
         self._emit("ready", engine=info.engine, model=info.model, mode=self.mode)
@@ -38,6 +53,7 @@ class Recorder:
     # -- requests ---------------------------------------------------------------------------
     def queued(self, seq: Sequence, depth: int) -> None:
         rec = seq.record
+        rec.route = self.route
         self.metrics.queued(rec, depth)
         self._emit("queued", id=rec.id, priority=rec.priority, prompt_tokens=rec.prompt_tokens,
                    at=wall(rec.queued_at))
@@ -60,7 +76,22 @@ class Recorder:
         if first:
             self.metrics.first_token(seq.record)
         if fragment and self.events.has_subscribers:
-            self._emit("token", id=seq.id, index=len(seq.output_ids), text=fragment)
+            self._emit("token", id=seq.id, index=seq.num_output_tokens, text=fragment)
+
+    def streamed(self, seq: Sequence, fragment: str, first: bool, in_flight: int, now: float) -> None:
+        """A chunk of an upstream request arrived (no steps upstream: each chunk counts as a
+        token of the span, with ``in_flight`` requests running)."""
+        self.token(seq, fragment, first)
+        if self.batch is not None:
+            self.batch.tokens += 1
+        self.metrics.step("decode", in_flight, 1, 0.0, now)
+
+    def usage(self, seq: Sequence, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        """An upstream's own token counts for ``seq`` replace the estimates."""
+        was = seq.record.prompt_tokens
+        seq.report_usage(prompt_tokens, completion_tokens)
+        if seq.record.prompt_tokens != was:
+            self.metrics.prompt_counted(seq.record, was)
 
     def left(self, running: Seq[Sequence], now: float) -> None:
         """Rows left (``running`` is who stays): close the batch when it is empty; in
@@ -71,11 +102,17 @@ class Recorder:
             self._open_batch(running, now)
 
     def finished(self, seq: Sequence) -> None:
+        self._recent[seq.id] = None
+        if len(self._recent) > RECENT_IDS:
+            self._recent.popitem(last=False)
         rec = seq.record
-        rec.completion_tokens = len(seq.output_ids)
+        rec.completion_tokens = seq.num_output_tokens
         self.metrics.finished(rec)
         self._emit("finished", id=rec.id, outcome=rec.outcome, finish_reason=rec.finish_reason,
                    completion_tokens=rec.completion_tokens, at=wall(rec.finished_at), error=rec.error)
+
+    def finished_recently(self, request_id: str) -> bool:
+        return request_id in self._recent
 
     # -- steps ------------------------------------------------------------------------------
     def step(self, plan: StepPlan, produced: int, started: float, now: float) -> None:
@@ -96,7 +133,8 @@ class Recorder:
 
     def _open_batch(self, members: Seq[Sequence], now: float) -> None:
         self._close_batch(now)
-        self.batch = BatchRecord(next(self._batch_ids), self.mode, [s.id for s in members], now)
+        self.batch = BatchRecord(next(self._batch_ids), self.mode, [s.id for s in members], now,
+                                 source=self.source, route=self.route)
         for seq in members:
             ids = seq.record.batch_ids
             if not ids or ids[-1] != self.batch.id:
@@ -106,10 +144,14 @@ class Recorder:
     def _close_batch(self, now: float) -> None:
         if self.batch is not None:
             self.batch.ended_at = now
+            if self.source == "upstream":  # busy while anything is in flight
+                self.metrics.busy(now - self.batch.started_at)
             self.metrics.batch_closed(self.batch)
             self._emit("batch", state="closed", **self.batch.to_json())
             self.batch = None
 
     def _emit(self, kind: str, /, **data: Any) -> None:
         if self.events.has_subscribers:
+            if self.route is not None:
+                data["route"] = self.route
             self.events.publish({"type": kind, **data})

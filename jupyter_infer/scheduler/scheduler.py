@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from ..engine import StepPlan
+from ..engine import Sampled, StepPlan
 from ..errors import QueueFull
 from .recorder import Recorder
 from .sequence import Sequence, Status
@@ -28,11 +28,12 @@ DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefill
 
 
 class Scheduler:
-    def __init__(self, config: ServiceConfig, engine: Engine, recorder: Recorder) -> None:
+    def __init__(self, config: ServiceConfig, engine: Engine | None, recorder: Recorder) -> None:
         self.config = config
-        self.engine = engine  # read for detokenize and EOS only: steps run in the loop
+        self.engine = engine  # read for detokenize and EOS only (None upstream): steps run in the loop
         self.recorder = recorder
         self.max_batch_size = config.batch_size
+        self.prefill_budget: int | None = config.max_prefill_tokens  # None: no budget
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._live: dict[str, Sequence] = {}
@@ -112,8 +113,8 @@ class Scheduler:
         if cfg.mode == "window" and self.running:
             return [], None  # the classic batcher runs a batch to completion
         if self.running:
-            if self._decodes_since_prefill < DECODES_PER_PREFILL:
-                return [], None  # let the running streams make progress first
+            if not self._may_join():
+                return [], None
         else:
             # An idle engine waits for the window (window mode), or a few ms (continuous):
             # a burst landing over some ms then shares one prefill instead of two.
@@ -139,6 +140,11 @@ class Scheduler:
         self.recorder.admitted(newcomers, self.running, now)
         return newcomers, None
 
+    def _may_join(self) -> bool:
+        """Whether newcomers may join running rows now: after the running streams made
+        progress since the last prefill."""
+        return self._decodes_since_prefill >= DECODES_PER_PREFILL
+
     def _pick(self, room: int) -> list[Sequence]:
         """Highest priority first, FIFO within a priority, within the prefill budget."""
         newcomers: list[Sequence] = []
@@ -147,7 +153,8 @@ class Scheduler:
             if len(newcomers) >= room or (newcomers and (seq.alone or newcomers[0].alone)):
                 break
             longest_if = max(longest, seq.num_prompt_tokens)
-            if newcomers and longest_if * (len(newcomers) + 1) > self.config.max_prefill_tokens:
+            budget = self.prefill_budget
+            if newcomers and budget is not None and longest_if * (len(newcomers) + 1) > budget:
                 break  # padded prefill over budget; the rest waits for the next prefill
             newcomers.append(seq)
             longest = longest_if
@@ -155,16 +162,23 @@ class Scheduler:
 
     # -- results ----------------------------------------------------------------------------
     def postprocess(
-        self, plan: StepPlan, tokens: list[int], started: float, now: float,
+        self, plan: StepPlan, sampled: Sampled, started: float, now: float,
     ) -> list[tuple[Sequence, int, str]]:
-        """Apply a step's tokens; return ``(sequence, token, text it releases)`` per live row."""
+        """Apply a step's tokens (and the log probabilities of the rows that asked); return
+        ``(sequence, token, text it releases)`` per live row."""
         engine = self.engine
         out: list[tuple[Sequence, int, str]] = []
-        for seq, token in zip(plan.seqs, tokens, strict=True):
+        logprobs = sampled.logprobs
+        prompt_logprobs = sampled.prompt_logprobs if plan.kind == "prefill" else None
+        for row, (seq, token) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
+            if prompt_logprobs is not None and prompt_logprobs[row] is not None:
+                seq.prompt_logprobs = prompt_logprobs[row]
             first = seq.record.first_token_at is None
-            fragment = seq.append(token, engine.detokenize, engine.eos_token_ids, now)
+            fragment = seq.append(
+                token, engine.detokenize, engine.eos_token_ids, now, logprobs[row] if logprobs else None
+            )
             self.recorder.token(seq, fragment, first)
             out.append((seq, token, fragment))
         self.recorder.step(plan, len(out), started, now)

@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable
 
 from ..metrics import RequestRecord
-from ..request import Request, RequestResult, SamplingParams
+from ..request import Request, RequestResult, SamplingParams, TokenLogprob
 
 
 class Status(enum.Enum):
@@ -22,7 +22,10 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    def __init__(self, request: Request, prompt_ids: list[int]) -> None:
+    """``prompt_tokens`` counts a prompt that is not tokenized here (an upstream server's,
+    estimated until it reports usage); by default it is ``len(prompt_ids)``."""
+
+    def __init__(self, request: Request, prompt_ids: list[int], *, prompt_tokens: int | None = None) -> None:
         self.request = request
         self.id = request.id
         self.params: SamplingParams = request.params
@@ -31,11 +34,20 @@ class Sequence:
         self.status = Status.WAITING
         self.cancelled = False
         self.alone = False  # prefill it on its own: a group prefill it was in failed
-        self.record = RequestRecord(request.id, request.priority, len(prompt_ids), request.arrival)
+        self.record = RequestRecord(
+            request.id, request.priority, len(prompt_ids) if prompt_tokens is None else prompt_tokens,
+            request.arrival,
+        )
+        self.upstream_tokens: int | None = None  # tokens an upstream server generated for it
         self.text = ""  # text released to the caller so far
         self._decoded = ""  # text of all output tokens (may hold back a stop-string prefix)
         self._prefix_offset = 0
         self._read_offset = 0
+        # Only for requests that ask: one record per output token, and the prompt's.
+        self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
+        self._logprobs_sent = 0
+        self._prompt_logprobs_sent = False
 
     @property
     def priority_key(self) -> tuple[int, int]:
@@ -43,7 +55,12 @@ class Sequence:
 
     @property
     def num_prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
+        return self.record.prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far (by an upstream server: as it counts them)."""
+        return len(self.output_ids) if self.upstream_tokens is None else self.upstream_tokens
 
     @property
     def finish_reason(self) -> str | None:
@@ -66,38 +83,79 @@ class Sequence:
             text=self.text,
             finish_reason=rec.finish_reason or rec.outcome,
             prompt_tokens=self.num_prompt_tokens,
-            completion_tokens=len(self.output_ids),
+            completion_tokens=self.num_output_tokens,
             batch_id=rec.batch_id,
             batch_size=rec.batch_size,
             queued_ms=ms(rec.admitted_at if rec.admitted_at is not None else end),
             ttft_ms=ms(rec.first_token_at),
             total_ms=ms(end),
             token_ids=tuple(self.output_ids),
+            prompt_ids=tuple(self.prompt_ids),
+            prompt_text=self.request.prompt,
+            logprobs=None if self.logprobs is None else tuple(self.logprobs),
+            prompt_logprobs=None if self.prompt_logprobs is None else tuple(self.prompt_logprobs),
+            route=rec.route,
         )
+
+    def take_logprobs(self) -> tuple[tuple[TokenLogprob, ...], tuple[TokenLogprob | None, ...] | None]:
+        """The records not handed out yet: the output tokens' since the last call, and the
+        prompt's (once)."""
+        out: tuple[TokenLogprob, ...] = ()
+        if self.logprobs is not None and self._logprobs_sent < len(self.logprobs):
+            out = tuple(self.logprobs[self._logprobs_sent :])
+            self._logprobs_sent = len(self.logprobs)
+        prompt = None
+        if self.prompt_logprobs is not None and not self._prompt_logprobs_sent:
+            prompt, self._prompt_logprobs_sent = tuple(self.prompt_logprobs), True
+        return out, prompt
+
+    def receive(self, text: str, now: float) -> str:
+        """Text an upstream server generated (one streamed chunk, usually one token); the
+        upstream applies stop sequences and ``max_tokens`` itself. Returns the text."""
+        if self.record.first_token_at is None:
+            self.record.first_token_at = now
+        self.upstream_tokens = (self.upstream_tokens or 0) + 1
+        self.text += text
+        return text
+
+    def report_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        """The upstream's own counts (its usage chunk) replace the estimates."""
+        if prompt_tokens is not None:
+            self.record.prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            self.upstream_tokens = completion_tokens
 
     def append(
         self, token_id: int, detokenize: Callable[[list[int]], str], eos_ids: frozenset[int], now: float,
+        logprob: TokenLogprob | None = None,
     ) -> str:
         """Add one generated token; return the text fragment it releases to the caller.
 
-        Sets ``finish_reason`` when this token ends the sequence (EOS, a stop sequence, or
-        ``max_tokens``). Detokenization is incremental (TGI's prefix/read offsets) so that a
-        token costs O(1) however long the output is, and a multi-byte character split over
-        tokens is released only once complete.
+        Sets ``finish_reason`` when this token ends the sequence (EOS unless ``ignore_eos``
+        or fewer than ``min_tokens`` yet, a stop sequence once ``min_tokens`` exist, or
+        ``max_tokens``; ``max_tokens=0`` ends at once, without the token). Detokenization is
+        incremental (TGI's prefix/read offsets) so that a token costs O(1) however long the
+        output is, and a multi-byte character split over tokens is released only once complete.
         """
         if self.record.first_token_at is None:
             self.record.first_token_at = now
-        if token_id in eos_ids:
+        params = self.params
+        if params.max_tokens == 0:  # only the prompt was wanted (echo with logprobs)
+            self.finish_reason = "length"
+            return ""
+        if token_id in eos_ids and not params.ignore_eos and len(self.output_ids) >= params.min_tokens:
             self.finish_reason = "stop"
             return self._release(final=True)
         self.output_ids.append(token_id)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
         prefix = detokenize(self.output_ids[self._prefix_offset : self._read_offset])
         full = detokenize(self.output_ids[self._prefix_offset :])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self._decoded += full[len(prefix) :]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self.output_ids)
-        for stop in self.params.stop:
+        for stop in self.params.stop if len(self.output_ids) >= params.min_tokens else ():
             at = self._decoded.find(stop, max(0, len(self.text) - len(stop)))
             if at != -1:
                 self._decoded = self._decoded[:at]
@@ -123,10 +181,15 @@ class Sequence:
 
 
 def _longest_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
+    """The longest tail of ``text`` that is a proper prefix of a stop sequence. It runs for
+    every token on the event loop: only the places where a stop's first character occurs
+    are tried (up to 64 stops of 256 characters each would otherwise cost milliseconds)."""
     longest = 0
     for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
+        at = text.find(stop[0], max(0, len(text) - len(stop) + 1))
+        while at != -1 and len(text) - at > longest:
+            if stop.startswith(text[at:]):
+                longest = len(text) - at
                 break
+            at = text.find(stop[0], at + 1)
     return longest

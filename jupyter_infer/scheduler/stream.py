@@ -15,8 +15,11 @@ class _End:
 class RequestStream:
     """Iterate for ``TokenEvent``s, await ``result()``; leaving early cancels the request."""
 
-    def __init__(self, request_id: str, cancel: Callable[[str], object]) -> None:
+    def __init__(self, request_id: str, cancel: Callable[[str], object], prompt_ids: list[int] | None = None) -> None:
         self.id = request_id
+        self.prompt_ids: list[int] = prompt_ids or []  # the tokens the request runs on
+        self.model: str | None = None  # the model that serves it (the service fills it in)
+        self.route: str | None = None  # the router's backend that serves it
         self._cancel = cancel
         self._events: asyncio.Queue[TokenEvent | _End] = asyncio.Queue()
         self._result: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()

@@ -9,12 +9,12 @@ from dataclasses import fields
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Int, List, Unicode
+from traitlets import Bool, Dict, Float, Int, List, Unicode
 
 from .. import __version__
 from ..config import DTYPES, ENGINES, MODES, ServiceConfig
 from ..engine import Engine
-from ..service import InferenceService
+from ..service import InferenceService, make_service
 from . import prometheus
 from .handlers import SERVICE_KEY, routes
 
@@ -32,8 +32,11 @@ class InferApp(ExtensionApp):
     engine = Unicode(
         D("engine"),
         help=f"""One of {', '.join(ENGINES)}. Which engine generates tokens: 'hf' (a Hugging Face causal LM through
-        transformers), 'simulated' (offline, deterministic, realistic timing) or 'auto'
-        ('hf' with the configured model; 'simulated' if it cannot load, and status says why).""",
+        transformers), 'simulated' (offline, deterministic, realistic timing), 'auto'
+        ('hf' with the configured model; 'simulated' if it cannot load, and status says why),
+        'openai' (an upstream OpenAI-compatible server at upstream_url: vLLM, TGI, SGLang,
+        llama.cpp, another jupyter_infer) or 'router' (the backends of router_backends and a
+        rule per request; docs/scale-out.md).""",
     ).tag(config=True)
     model = Unicode(
         D("model"),
@@ -87,6 +90,69 @@ class InferApp(ExtensionApp):
     simulated_prefill_ms_per_token = Float(
         D("simulated_prefill_ms_per_token"), help="The simulated engine's prefill cost per prompt token (ms)."
     ).tag(config=True)
+    # -- engine = "openai" ------------------------------------------------------------------
+    upstream_url = Unicode(
+        D("upstream_url"), help="""engine='openai': the upstream server's OpenAI-compatible base URL, ending in
+        /v1 (e.g. http://vllm:8000/v1, or http://host:8888/infer/v1 for another jupyter_infer).""",
+    ).tag(config=True)
+    upstream_model = Unicode(
+        D("upstream_model"), help="engine='openai': the upstream model to use; empty: the first id of its v1/models.",
+    ).tag(config=True)
+    upstream_api_key = Unicode(
+        D("upstream_api_key"), help="""engine='openai': the upstream's API key, sent as a Bearer token; never logged
+        nor shown in status. Prefer upstream_api_key_env, which keeps it out of config files.""",
+    ).tag(config=True)
+    upstream_api_key_env = Unicode(
+        D("upstream_api_key_env"), help="engine='openai': the environment variable that holds the upstream's API key.",
+    ).tag(config=True)
+    upstream_timeout_s = Float(
+        D("upstream_timeout_s"), help="""engine='openai': seconds to wait for the upstream's first token (retries
+        included) and then between two chunks; past it the request fails with 504.""",
+    ).tag(config=True)
+    upstream_retries = Int(
+        D("upstream_retries"), help="""engine='openai': how often a request is retried (with backoff) while the
+        upstream is unreachable or overloaded, before its first token only.""",
+    ).tag(config=True)
+    # -- engine = "router" ------------------------------------------------------------------
+    router_backends = Dict(
+        D("router_backends"), help="""engine='router': the backends by name, each a dict of InferApp options with
+        an 'engine', e.g. {'local': {'engine': 'hf', 'model': 'Qwen/Qwen2.5-0.5B-Instruct'},
+        'cluster': {'engine': 'openai', 'upstream_url': 'http://vllm:8000/v1',
+        'upstream_api_key_env': 'VLLM_KEY'}}. Options not given are the router's own.""",
+    ).tag(config=True)
+    router_default = Unicode(
+        D("router_default"), help="engine='router': the backend for requests no policy decides; empty: the first.",
+    ).tag(config=True)
+    router_policies = List(
+        Unicode(), default_value=list(D("router_policies")),
+        help="""engine='router': the policies asked in order, after the model a request names; the
+        first that picks a backend wins: 'sensitivity', 'complexity', or 'module:function' (a
+        callable f(request, prompt_tokens) returning a backend name or None).""",
+    ).tag(config=True)
+    router_sensitive_patterns = List(
+        Unicode(), default_value=list(D("router_sensitive_patterns")),
+        help="""engine='router', policy 'sensitivity': regular expressions (case-insensitive); a
+        request whose text matches one stays on router_private_backend.""",
+    ).tag(config=True)
+    router_private_backend = Unicode(
+        D("router_private_backend"), help="""engine='router': where sensitive requests go; empty: the first backend that
+        runs in this process.""",
+    ).tag(config=True)
+    router_complex_backend = Unicode(
+        D("router_complex_backend"), help="engine='router': where complex requests go; empty: the first 'openai' backend.",
+    ).tag(config=True)
+    router_complex_prompt_tokens = Int(
+        D("router_complex_prompt_tokens"), help="""engine='router', policy 'complexity': prompts of at least this many tokens
+        (estimated, 4 characters a token) are complex.""",
+    ).tag(config=True)
+    router_complex_max_tokens = Int(
+        D("router_complex_max_tokens"), help="engine='router', policy 'complexity': requests for at least this many tokens are complex.",
+    ).tag(config=True)
+    router_fallback = Dict(
+        D("router_fallback"), help="""engine='router': where a request goes when its backend fails before the first
+        token (unreachable, overloaded, queue full), e.g. {'cluster': 'local'}.""",
+    ).tag(config=True)
+
     max_body_bytes = Int(
         1024 * 1024, help="""Largest request body accepted; a larger one is refused with 413 as soon as its
         Content-Length (or, chunked, its first bytes past the limit) arrives, before it is read."""
@@ -102,6 +168,14 @@ class InferApp(ExtensionApp):
         D("event_buffer"), help="""Events an infer/events subscriber may fall behind (one log shared by all
         subscribers); one further behind loses the oldest and is told how many (a 'dropped' event)."""
     ).tag(config=True)
+    max_choices = Int(
+        128, help="""Most choices one OpenAI call may ask for (prompts x n); each is its own request
+        in the queue, so they batch together.""",
+    ).tag(config=True)
+    health_without_auth = Bool(
+        False, help="""Answer GET infer/health without authentication (for load balancers and
+        probes that cannot send the token). It tells only whether the engine is ready.""",
+    ).tag(config=True)
     sse_keepalive_s = Float(
         15.0, help="Seconds between ': keepalive' comments on an event stream with nothing to say."
     ).tag(config=True)
@@ -115,6 +189,8 @@ class InferApp(ExtensionApp):
             raise ValueError(f"InferApp.max_body_bytes must be at least 1; got {self.max_body_bytes}.")
         if not self.body_timeout_s > 0:
             raise ValueError(f"InferApp.body_timeout_s must be above 0; got {self.body_timeout_s}.")
+        if self.max_choices < 1:
+            raise ValueError(f"InferApp.max_choices must be at least 1; got {self.max_choices}.")
         if not 0 < self.sse_keepalive_s <= 15:
             raise ValueError(
                 f"InferApp.sse_keepalive_s must be above 0 and at most 15; got {self.sse_keepalive_s}."
@@ -126,7 +202,7 @@ class InferApp(ExtensionApp):
         # A bad value does not run on silent defaults: the service reports the error
         # (status "failed", 503 on requests) until the configuration is fixed.
         try:
-            self.service = InferenceService(self.service_config())
+            self.service = make_service(self.service_config())
         except ValueError as err:
             self.config_error = str(err)
             self.log.error(
@@ -136,9 +212,11 @@ class InferApp(ExtensionApp):
             self.service = InferenceService(engine_loader=_refuse(self.config_error))
         else:
             config = self.service.config
+            what = {"openai": config.upstream_url,  # never the key
+                    "router": ", ".join(config.router_backends)}.get(config.engine, config.model)
             self.log.info(
-                "jupyter_infer | engine=%s model=%s mode=%s max_batch_size=%d: loading in the background",
-                config.engine, config.model, config.mode, config.batch_size,
+                "jupyter_infer | engine=%s (%s) mode=%s max_batch_size=%d: loading in the background",
+                config.engine, what, config.mode, config.batch_size,
             )
         prometheus.attach(self.service)
         self.settings[SERVICE_KEY] = self.service

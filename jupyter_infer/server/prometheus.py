@@ -33,6 +33,11 @@ def requests_total() -> Counter:
                 labelnames=["outcome"])
 
 
+def routed_total() -> Counter:
+    return _get(Counter, "routed_requests", "Requests a router sent to each backend, by outcome.",
+                labelnames=["route", "outcome"])
+
+
 def rejected_total() -> Counter:
     return _get(Counter, "rejected", "Requests refused before queueing, by reason.",
                 labelnames=["reason"])
@@ -72,6 +77,8 @@ def running() -> Gauge:
 
 def _on_request_finished(record: RequestRecord) -> None:
     requests_total().labels(outcome=record.outcome).inc()
+    if record.route is not None:
+        routed_total().labels(route=record.route, outcome=record.outcome).inc()
     if record.first_token_at is not None:  # prefilled: only then were its prompt tokens processed
         tokens_total().labels(kind="prompt").inc(record.prompt_tokens)
     tokens_total().labels(kind="completion").inc(record.completion_tokens)

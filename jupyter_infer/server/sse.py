@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from jupyter_server.base.handlers import APIHandler
@@ -46,22 +46,24 @@ class EventStreamHandler(APIHandler):
     """An ``APIHandler`` whose answers may be ``text/event-stream``.
 
     ``start_event_stream`` sends the headers at once; ``send`` writes and flushes, and
-    returns False when the client has gone. ``relay`` writes a request's tokens as they come,
-    with keepalive comments in the gaps, and cancels the request if the client leaves.
+    returns False when the client has gone. ``relay`` writes the tokens of one or several
+    requests as they come, with keepalive comments in the gaps, and cancels the requests if
+    the client leaves.
     """
 
     keepalive_s: float = 15.0
-    _stream: RequestStream | None = None
 
     def initialize(self, **kwargs: Any) -> None:
         super().initialize(**kwargs)
         self.gone = asyncio.Event()
         self.streaming = False
+        self.request_streams: list[RequestStream] = []  # cancelled if the client leaves
 
     def on_connection_close(self) -> None:
         self.gone.set()
-        if self._stream is not None and not self._stream.done:
-            self._stream.cancel()  # the slot frees at the next step
+        for stream in self.request_streams:
+            if not stream.done:
+                stream.cancel()  # the slot frees at the next step
         super().on_connection_close()
 
     def start_event_stream(self, comment: str = "ok") -> None:
@@ -103,34 +105,48 @@ class EventStreamHandler(APIHandler):
             gone.cancel()
 
     async def relay(
-        self, stream: RequestStream, render: Callable[[TokenEvent], str]
-    ) -> RequestResult | InferError | None:
-        """Write ``render(event)`` for each token of ``stream``.
+        self, streams: list[RequestStream], render: Callable[[int, TokenEvent | RequestResult], str]
+    ) -> list[RequestResult] | InferError | None:
+        """Write ``render(i, event)`` for each token event of ``streams[i]`` as it comes
+        (the streams interleave), and ``render(i, result)`` as each one ends.
 
-        Returns the result, the error the request ended with, or ``None`` if the client left
-        (the request is then cancelled).
+        Returns the results in order, the first error a request ended with (the others are
+        then cancelled), or ``None`` if the client left (every request is then cancelled).
         """
-        self._stream = stream
-        tokens: AsyncIterator[TokenEvent] = aiter(stream)
-        try:
-            while True:
-                try:
-                    event = await self.next_or_keepalive(anext(tokens, None))
-                except InferError as err:
-                    return err
-                if event is None:
-                    break
-                if not await self.send(render(event)):
-                    return None
-            if self.gone.is_set():
-                return None
+        queue: asyncio.Queue[tuple[int, TokenEvent | RequestResult | InferError]] = asyncio.Queue()
+
+        async def pump(i: int, stream: RequestStream) -> None:
             try:
-                return await stream.result()
+                async for event in stream:
+                    queue.put_nowait((i, event))
+                queue.put_nowait((i, await stream.result()))
             except InferError as err:
-                return err
+                queue.put_nowait((i, err))
+
+        pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        results: list[RequestResult | None] = [None] * len(streams)
+        try:
+            remaining = len(streams)
+            while remaining:
+                item = await self.next_or_keepalive(queue.get())
+                if item is None:
+                    return None
+                i, event = item
+                if isinstance(event, InferError):
+                    return event
+                if isinstance(event, RequestResult):
+                    results[i] = event
+                    remaining -= 1
+                text = render(i, event)
+                if text and not await self.send(text):
+                    return None
+            return results  # type: ignore[return-value]
         finally:
-            if not stream.done:
-                stream.cancel()
+            for task in pumps:
+                task.cancel()
+            for stream in streams:
+                if not stream.done:
+                    stream.cancel()
 
     def finish_event_stream(self) -> None:
         if not self._finished:

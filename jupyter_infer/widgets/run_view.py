@@ -34,6 +34,19 @@ class RunView(widgets.VBox):
         self.summary = RunSummary()
         self.reset()
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        """A widget front end draws the view; elsewhere (nbconvert, a terminal, a notebook
+        viewer) its text is the title and the summary."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            bundle["text/plain"] = self.text
+        return bundle
+
+    @property
+    def text(self) -> str:
+        body = str(self.summary) if self.summary.requests else "no requests yet"
+        return f"{self.timeline.title}: {body}" if self.timeline.title else body
+
     def reset(self) -> None:
         self._server_id: dict[str, str] = {}
         self._labels: dict[str, str] = {}
@@ -97,10 +110,11 @@ class RunView(widgets.VBox):
 
     def redraw(self, now: float | None = None) -> None:
         rows, batches = self.rows()
-        self.summary = RunSummary.from_timeline(rows, batches)
         running = any(r["finished_at"] is None for r in rows)
+        now = (now or time.time()) if running else None
+        self.summary = RunSummary.from_timeline(rows, batches, now)
         with self.timeline.hold_sync():
             self.timeline.requests = rows
             self.timeline.batches = batches
-            self.timeline.now = (now or time.time()) if running else None
+            self.timeline.now = now
         self.summary_html.value = self.summary.to_html() if rows else ""

@@ -1,4 +1,9 @@
-"""The numbers under a timeline: TTFT and latency p50/p95, tokens/s, batch sizes."""
+"""The numbers under a timeline: TTFT and latency p50/p95, tokens/s, batch sizes.
+
+Mid-run, each figure is computed from what is known so far and says how many requests it
+covers: a row still waiting for its first token has no TTFT yet (how long it has waited is
+not one), a row still running has no latency.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ class RunSummary:
     ok: int = 0
     failed: int = 0
     cancelled: int = 0
+    running: int = 0  # not ended yet (queued or generating)
+    ttft_known: int = 0  # requests whose first token is known: what the TTFT figures cover
+    latency_known: int = 0  # requests that finished ok: what the latency figures cover
     ttft_p50_ms: float | None = None
     ttft_p95_ms: float | None = None
     latency_p50_ms: float | None = None
@@ -31,9 +39,13 @@ class RunSummary:
     batch_size_histogram: dict[int, int] = field(default_factory=dict)  # size -> steps
 
     @classmethod
-    def from_timeline(cls, rows: Sequence[Mapping[str, Any]], batches: Sequence[Mapping[str, Any]]) -> RunSummary:
-        """From ``timeline_data`` rows and batches (or a ``BatchTimeline``'s traits)."""
+    def from_timeline(
+        cls, rows: Sequence[Mapping[str, Any]], batches: Sequence[Mapping[str, Any]], now: float | None = None,
+    ) -> RunSummary:
+        """From ``timeline_data`` rows and batches (or a ``BatchTimeline``'s traits). Mid-run,
+        ``now`` (epoch s) ends the wall time: the tokens counted so far over the time so far."""
         outcomes = Counter(r.get("outcome") for r in rows)
+        running = sum(1 for r in rows if not r.get("finished_at") and r.get("outcome") in (None, "queued", "running"))
         ttft = [(r["first_token_at"] - r["queued_at"]) * 1000 for r in rows
                 if r.get("first_token_at") and r.get("queued_at")]
         latency = [(r["finished_at"] - r["queued_at"]) * 1000 for r in rows
@@ -41,6 +53,8 @@ class RunSummary:
         tokens = sum(int(r.get("tokens") or 0) for r in rows)
         starts = [r["queued_at"] for r in rows if r.get("queued_at")]
         ends = [r["finished_at"] for r in rows if r.get("finished_at")]
+        if running and now is not None:
+            ends.append(now)
         wall = (max(ends) - min(starts)) if starts and ends else None
         histogram: Counter[int] = Counter()
         for b in batches:
@@ -51,6 +65,9 @@ class RunSummary:
             ok=outcomes["ok"],
             failed=outcomes["failed"] + outcomes["error"],
             cancelled=outcomes["cancelled"],
+            running=running,
+            ttft_known=len(ttft),
+            latency_known=len(latency),
             ttft_p50_ms=_round(percentile(ttft, 50)),
             ttft_p95_ms=_round(percentile(ttft, 95)),
             latency_p50_ms=_round(percentile(latency, 50)),
@@ -70,27 +87,35 @@ class RunSummary:
 
     def __str__(self) -> str:
         hist = ", ".join(f"{k}: {v}" for k, v in self.batch_size_histogram.items()) or "-"
+        running = f", {self.running} running" if self.running else ""
         return (
-            f"{self.requests} requests ({self.ok} ok, {self.failed} failed, {self.cancelled} cancelled) · "
-            f"TTFT p50 {_ms(self.ttft_p50_ms)} p95 {_ms(self.ttft_p95_ms)} · "
-            f"latency p50 {_ms(self.latency_p50_ms)} p95 {_ms(self.latency_p95_ms)} · "
+            f"{self.requests} requests ({self.ok} ok, {self.failed} failed, {self.cancelled} cancelled{running}) · "
+            f"TTFT p50 {_ms(self.ttft_p50_ms)} p95 {_ms(self.ttft_p95_ms)}{self._covers(self.ttft_known)} · "
+            f"latency p50 {_ms(self.latency_p50_ms)} p95 {_ms(self.latency_p95_ms)}{self._covers(self.latency_known)} · "
             f"{self.tokens} tokens, {_num(self.tokens_per_s)} tokens/s · "
             f"{self.batches} batches, mean size {_num(self.mean_batch_size)} · "
             f"steps by batch size {{{hist}}}"
         )
 
+    def _covers(self, known: int) -> str:
+        """Say how many requests a figure covers ("5 of 8") when that is not all of them."""
+        return f" ({known} of {self.requests})" if known < self.requests else ""
+
     def to_html(self) -> str:
         cells = [
             ("requests", f"{self.requests} <small>({self.ok} ok"
              + (f", {self.failed} failed" if self.failed else "")
-             + (f", {self.cancelled} cancelled" if self.cancelled else "") + ")</small>"),
-            ("TTFT p50 / p95", f"{_ms(self.ttft_p50_ms)} / {_ms(self.ttft_p95_ms)}"),
-            ("latency p50 / p95", f"{_ms(self.latency_p50_ms)} / {_ms(self.latency_p95_ms)}"),
+             + (f", {self.cancelled} cancelled" if self.cancelled else "")
+             + (f", {self.running} running" if self.running else "") + ")</small>"),
+            ("TTFT p50 / p95", f"{_ms(self.ttft_p50_ms)} / {_ms(self.ttft_p95_ms)}"
+             f"<small>{self._covers(self.ttft_known)}</small>"),
+            ("latency p50 / p95", f"{_ms(self.latency_p50_ms)} / {_ms(self.latency_p95_ms)}"
+             f"<small>{self._covers(self.latency_known)}</small>"),
             ("tokens/s", f"{_num(self.tokens_per_s)} <small>({self.tokens} tokens in {_num(self.wall_s)} s)</small>"),
             ("mean batch size", f"{_num(self.mean_batch_size)} <small>({self.batches} batches)</small>"),
         ]
         stats = "".join(
-            f'<div style="min-width:110px"><div style="color:#777">{html.escape(name)}</div>'
+            f'<div style="min-width:110px"><div style="color:var(--jp-ui-font-color2,#777)">{html.escape(name)}</div>'
             f'<div style="font-size:15px;font-weight:600">{value}</div></div>'
             for name, value in cells
         )
@@ -108,11 +133,11 @@ class RunSummary:
             f'<div title="batch size {size}: {count} steps" style="display:flex;flex-direction:column;'
             f'align-items:center;justify-content:flex-end;height:56px">'
             f'<div style="width:14px;height:{max(2, round(40 * count / top))}px;background:#4c78a8"></div>'
-            f'<div style="font-size:10px;color:#777">{size}</div></div>'
+            f'<div style="font-size:10px;color:var(--jp-ui-font-color2,#777)">{size}</div></div>'
             for size, count in self.batch_size_histogram.items()
         )
         return (
-            '<div><div style="color:#777">steps by batch size</div>'
+            '<div><div style="color:var(--jp-ui-font-color2,#777)">steps by batch size</div>'
             f'<div style="display:flex;gap:3px;align-items:flex-end">{bars}</div></div>'
         )
 

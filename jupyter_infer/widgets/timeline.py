@@ -103,13 +103,18 @@ def timeline_data(
     return rows, out_batches
 
 
+_PROGRESS = {None: 0, "queued": 1, "running": 2}  # any other outcome: the request ended
+
+
 def _outcome(recorded: str | None, seen: str | None) -> str:
-    """The server's outcome, unless it is still live and the client already saw the end
-    (a cancelled request is retired at the server's next step)."""
-    live = (None, "queued", "running")
-    if recorded not in live or seen in live:
-        return recorded or seen or "running"
-    return seen
+    """The server's outcome, unless it is still live and the client has seen the request get
+    further since that record was fetched: its first token, or its end (a cancelled request
+    is retired at the server's next step)."""
+    if recorded not in _PROGRESS:
+        return recorded
+    if seen not in _PROGRESS:
+        return seen
+    return max(recorded, seen, key=_PROGRESS.__getitem__) or "running"
 
 
 class BatchTimeline(anywidget.AnyWidget):

@@ -1,0 +1,92 @@
+"""Per-row sampling: penalties, bias, min_tokens and log probabilities, on plain tensors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from jupyter_infer.engine.sampling import filter_logits, prompt_logprobs, sample, shape_logits
+from jupyter_infer.request import Request, SamplingParams
+from jupyter_infer.scheduler import Sequence
+
+EOS = 0
+
+
+def row(prompt: list[int], output: list[int] = (), **params) -> Sequence:
+    seq = Sequence(Request("p", SamplingParams(max_tokens=16, **params)), list(prompt))
+    seq.output_ids = list(output)
+    return seq
+
+
+def test_plain_rows_are_argmax_and_carry_no_logprobs() -> None:
+    logits = torch.tensor([[0.0, 1.0, 3.0, 2.0], [5.0, 1.0, 0.0, 0.0]])
+    out = sample(logits, [row([1]), row([2])], [None, None], frozenset({EOS}))
+    assert out.tokens == [2, 0] and out.logprobs is None and out.prompt_logprobs is None
+
+
+def test_logit_bias_and_min_tokens_steer_the_choice() -> None:
+    logits = torch.tensor([[5.0, 1.0, 0.0, 0.0]] * 3)
+    seqs = [row([1]), row([1], logit_bias=((3, 100.0),)), row([1], min_tokens=2)]
+    out = sample(logits, seqs, [None] * 3, frozenset({EOS}))
+    assert out.tokens == [EOS, 3, 1]  # EOS is masked until min_tokens exist
+    seqs[2].output_ids = [1, 1]
+    assert sample(logits[2:], seqs[2:], [None], frozenset({EOS})).tokens == [EOS]
+
+
+def test_penalties_follow_vllm() -> None:
+    logits = torch.tensor([2.0, -2.0, 1.0, 0.5])
+    rep = shape_logits(logits, row([0], [1], repetition_penalty=2.0), frozenset())
+    assert rep.tolist() == [1.0, -4.0, 1.0, 0.5]  # seen tokens: positive / p, negative * p
+    freq = shape_logits(logits, row([0], [2, 2, 3], frequency_penalty=0.5, presence_penalty=0.25), frozenset())
+    # The prompt does not count for frequency/presence; output token 2 twice, 3 once.
+    assert freq.tolist() == [2.0, -2.0, 1.0 - 1.0 - 0.25, 0.5 - 0.5 - 0.25]
+    assert logits.tolist() == [2.0, -2.0, 1.0, 0.5]  # the batch's logits are untouched
+
+
+def test_top_p_zero_keeps_the_best_token() -> None:
+    logits = torch.tensor([1.0, 3.0, 2.0])
+    kept = filter_logits(logits, SamplingParams(temperature=1.0, top_p=0.0))
+    assert torch.isfinite(kept).tolist() == [False, True, False]
+
+
+def test_logprobs_are_the_raw_log_softmax_and_only_for_rows_that_ask() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    seqs = [row([1], logprobs=3), row([1]), row([1], logprobs=0, logit_bias=((7, 100.0),))]
+    out = sample(logits, seqs, [None] * 3, frozenset())
+    expected = torch.log_softmax(logits, -1)
+    assert out.logprobs[1] is None
+    first = out.logprobs[0]
+    assert first.token_id == out.tokens[0] == int(logits[0].argmax())
+    assert first.logprob == pytest.approx(float(expected[0].max()))
+    assert [t for t, _ in first.top] == expected[0].topk(3).indices.tolist()
+    # The bias chose token 7, but its logprob is the model's own (vLLM's raw logprobs).
+    third = out.logprobs[2]
+    assert third.token_id == 7 and third.top == ()
+    assert third.logprob == pytest.approx(float(expected[2, 7]))
+
+
+def test_prompt_logprobs_score_each_next_token() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(4, 10)  # one row per prompt position
+    prompt = [3, 1, 4, 1]
+    records = prompt_logprobs(logits, prompt, 2)
+    assert records[0] is None and len(records) == 4
+    lp = torch.log_softmax(logits, -1)
+    for j in range(1, 4):
+        assert records[j].token_id == prompt[j]
+        assert records[j].logprob == pytest.approx(float(lp[j - 1, prompt[j]]))
+        assert len(records[j].top) == 2 and math.isclose(records[j].top[0][1], float(lp[j - 1].max()), rel_tol=1e-6)
+
+
+def test_ignored_openai_fields_are_logged_once_per_name(caplog: pytest.LogCaptureFixture) -> None:
+    from jupyter_infer.server import openai_api
+
+    caplog.set_level("INFO", logger=openai_api.__name__)
+    allowed = openai_api.COMPLETION_FIELDS
+    assert openai_api.ignored_fields({"prompt": "x", "zz_vendor": 1, "zz_other": 2}, allowed) == ["zz_other", "zz_vendor"]
+    assert openai_api.ignored_fields({"zz_vendor": 3}, allowed) == ["zz_vendor"]
+    logged = [r.getMessage() for r in caplog.records if "zz_" in r.getMessage()]
+    assert len(logged) == 2  # one line per name, however often it comes
