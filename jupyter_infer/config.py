@@ -54,8 +54,10 @@ class ServiceConfig:
     prefill_chunk_tokens: int | None = None
     # -- the engine's prefix cache --------------------------------------------------------------
     prefix_cache_mb: float = 512.0  # KV of recent prompt prefixes, reused by later prompts; 0: off
-    # -- records ----------------------------------------------------------------------------------
+    # -- records and live events -----------------------------------------------------------------
     keep_records: int = 1000
+    max_event_subscribers: int = 64
+    event_buffer: int = 2048  # events a live subscriber may fall behind before it loses some
     # -- engine = "openai": an upstream OpenAI-compatible server ----------------------------------
     upstream_url: str = ""  # base URL, e.g. http://vllm:8000/v1
     upstream_model: str = ""  # "": the first id of the upstream's v1/models
@@ -99,7 +101,7 @@ class ServiceConfig:
         if not self.model:
             raise ValueError("InferApp.model is empty: give a Hugging Face model id or a directory.")
         for name in ("max_queue_size", "max_new_tokens", "max_prompt_tokens", "max_prefill_tokens",
-                     "keep_records"):
+                     "keep_records", "max_event_subscribers", "event_buffer"):
             if getattr(self, name) < 1:
                 fail(name, "at least 1")
         if self.max_batch_size < 0:

@@ -20,6 +20,11 @@ class InvalidRequest(InferError):
     code = "invalid_request"
 
 
+class Forbidden(InferError):
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(InferError):
     status = 404
     code = "not_found"
@@ -39,9 +44,20 @@ class QueueFull(InferError):
         self.retry_after = retry_after
 
 
+class TooManySubscribers(QueueFull):
+    code = "too_many_subscribers"
+
+
 class EngineUnavailable(InferError):
     status = 503
     code = "engine_unavailable"
+
+
+class InternalError(InferError):
+    """A bug on the server's side: the body says so, the details go to the server's log only."""
+
+    status = 500
+    code = "internal_error"
 
 
 class RequestFailed(InferError):
@@ -78,3 +94,12 @@ class UpstreamTimeout(InferError):
 
     status = 504
     code = "upstream_timeout"
+
+
+_REASONS = {400: "invalid", 403: "forbidden", 404: "not_found", 405: "invalid", 408: "timeout",
+            413: "too_large", 429: "queue_full", 503: "unavailable"}
+
+
+def refusal_reason(status: int) -> str:
+    """The ``reason`` label a refused request is counted under (``rejected_total{reason}``)."""
+    return _REASONS.get(status, "invalid" if 400 <= status < 500 else "error")

@@ -224,9 +224,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     local.add_argument("--token-delay-ms", type=float, nargs=2, metavar=("LO", "HI"), default=(10.0, 40.0),
                        help="simulated engine: per-step delay range (0 0 for a pure scheduler load test)")
     local.add_argument("--prefill-ms-per-token", type=float, default=0.2, help="simulated engine: prefill cost")
+    from . import soak
+
+    soak.add_arguments(parser.add_argument_group("soak (a real server, ordinary and hostile traffic)"))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.soak:
+        from . import soak
+
+        return soak.run(args)
     workload = make_workload(args.requests, args.rate, min_tokens=args.min_tokens, max_tokens=args.max_tokens,
                              seed=args.seed)
     offered = args.rate if args.rate > 0 else None

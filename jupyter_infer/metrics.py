@@ -145,7 +145,7 @@ class MetricsCollector:
         # Called with each finished RequestRecord / closed BatchRecord (e.g. Prometheus).
         self.on_request_finished: list[Callable[[RequestRecord], None]] = []
         self.on_batch_closed: list[Callable[[BatchRecord], None]] = []
-        self.on_rejected: list[Callable[[str], None]] = []
+        self.on_rejected: list[Callable[[str, str], None]] = []
 
     # -- request lifecycle (the records are the sequences' own: written once) ----------------
     def queued(self, record: RequestRecord, depth: int) -> None:
@@ -154,12 +154,13 @@ class MetricsCollector:
         if self.parent:
             self.parent.queued(record, depth)
 
-    def rejected(self, reason: str) -> None:
-        self.outcomes["rejected"] += 1
+    def rejected(self, reason: str, outcome: str = "rejected") -> None:
+        """A request that never reached the queue: refused (4xx), or ``failed`` (a 5xx)."""
+        self.outcomes[outcome] += 1
         for listener in self.on_rejected:
-            listener(reason)
+            listener(reason, outcome)
         if self.parent:
-            self.parent.rejected(reason)
+            self.parent.rejected(reason, outcome)
 
     def admitted(self, record: RequestRecord) -> None:
         self.queue_ms.add((record.admitted_at - record.queued_at) * 1000)

@@ -7,6 +7,8 @@ client) rejects the same bad input with the same message, before anything is enq
 from __future__ import annotations
 
 import itertools
+import re
+import reprlib
 import time
 import uuid
 from collections.abc import Mapping
@@ -19,7 +21,38 @@ from .errors import InvalidRequest
 # strings plus EOS, often 5-10).
 MAX_STOP_SEQUENCES = 64
 MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (vLLM's default too)
+# Each token checks every stop sequence against the text's tail, on the event loop: a long
+# one would make every step of the batch slow.
+MAX_STOP_CHARS = 256
 _counter = itertools.count()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxother = 60  # a value quoted back in an error message stays short
+_shown.maxlevel = 3
+
+
+def show(value: Any) -> str:
+    """``repr(value)``, cut short: error messages quote what was sent without echoing a
+    megabyte or recursing into a deeply nested value."""
+    return _shown.repr(value)
+
+
+def short(name: str) -> str:
+    """A name (a field, a parameter) as sent, cut short for an error message."""
+    return name if len(name) <= 60 else show(name)
+
+
+def check_text(text: str, name: str) -> str:
+    """Refuse text that is not valid Unicode: a lone surrogate (JSON's ``"\\ud800"``, or
+    the bytes ED A0 80) cannot be encoded, tokenized or streamed back."""
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise InvalidRequest(
+            f"'{name}' holds a lone surrogate (U+{ord(bad.group()):04X} at character {bad.start()}), "
+            "which is not valid Unicode text. Send UTF-8 text; in JSON, a character outside the "
+            "Basic Multilingual Plane is a surrogate pair such as \\ud83d\\ude00.", param=name,
+        )
+    return text
 
 
 def new_request_id() -> str:
@@ -170,7 +203,7 @@ def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: f
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidRequest(f"'{name}' must be a number between {lo} and {hi}.", param=name)
     if not lo <= value <= hi:
-        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {value}.", param=name)
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {show(value)}.", param=name)
     return float(value)
 
 
@@ -183,7 +216,7 @@ def _integer(body: Mapping[str, Any], name: str, default: int | None, lo: int, h
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"'{name}' must be an integer between {lo} and {hi}.", param=name)
     if not lo <= value <= hi:
-        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {value}.", param=name)
+        raise InvalidRequest(f"'{name}' must be between {lo} and {hi}; got {show(value)}.", param=name)
     return value
 
 
@@ -192,7 +225,7 @@ def _flag(body: Mapping[str, Any], name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise InvalidRequest(f"'{name}' must be true or false; got {value!r}.", param=name)
+        raise InvalidRequest(f"'{name}' must be true or false; got {show(value)}.", param=name)
     return value
 
 
@@ -208,7 +241,9 @@ def parse_stop(value: Any) -> tuple[str, ...]:
         raise InvalidRequest(
             f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences; got {len(value)}.", param="stop"
         )
-    return tuple(value)
+    if max(map(len, value), default=0) > MAX_STOP_CHARS:
+        raise InvalidRequest(f"A 'stop' sequence may hold at most {MAX_STOP_CHARS} characters.", param="stop")
+    return tuple(check_text(s, "stop") for s in value)
 
 
 def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
@@ -222,10 +257,10 @@ def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
         try:
             token = int(key)
         except (TypeError, ValueError):
-            raise InvalidRequest(f"'logit_bias' keys must be token ids; got {key!r}.", param="logit_bias") from None
+            raise InvalidRequest(f"'logit_bias' keys must be token ids; got {show(key)}.", param="logit_bias") from None
         if token < 0 or isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
             raise InvalidRequest(
-                f"'logit_bias' maps token ids (0 or more) to numbers from -100 to 100; got {key!r}: {bias!r}.",
+                f"'logit_bias' maps token ids (0 or more) to numbers from -100 to 100; got {show(key)}: {show(bias)}.",
                 param="logit_bias",
             )
         if bias:
@@ -248,7 +283,7 @@ def parse_sampling(
         isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0
     ):
         raise InvalidRequest(
-            f"'max_tokens' must be an integer from 0 to {max_new_tokens}; got {max_tokens!r}.",
+            f"'max_tokens' must be an integer from 0 to {max_new_tokens}; got {show(max_tokens)}.",
             param="max_tokens",
         )
     top_k = _integer(body, "top_k", 0, -1, 100_000) or 0
@@ -290,8 +325,8 @@ def parse_generate_body(body: Any, *, max_new_tokens: int) -> Request:
     unknown = sorted(set(body) - GENERATE_FIELDS)
     if unknown:
         raise InvalidRequest(
-            f"Unknown field(s): {', '.join(unknown)}. Allowed: {', '.join(sorted(GENERATE_FIELDS))}.",
-            param=unknown[0],
+            f"Unknown field(s): {', '.join(map(short, unknown))}. Allowed: {', '.join(sorted(GENERATE_FIELDS))}.",
+            param=short(unknown[0]),
         )
     prompt = check_prompt(body.get("prompt"))
     params = parse_sampling(body, max_new_tokens=max_new_tokens)

@@ -11,6 +11,7 @@ core in front of an upstream server under an ``UpstreamLoop``; ``engine = "route
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -18,10 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .config import ServiceConfig
 from .engine import Engine, EngineInfo, load_engine
-from .errors import InvalidRequest
+from .errors import InferError, InvalidRequest, refusal_reason
 from .events import EventBus, Subscription
 from .metrics import MetricsCollector, wall
-from .request import Request
+from .request import Request, check_text
 from .scheduler import EngineLoop, Recorder, RequestStream, Sequence
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 # long enough to stall every other handler of the Jupyter server.
 TOKENIZE_INLINE_CHARS = 4096
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class InferenceService:
             max_prompt_tokens=cfg.max_prompt_tokens, max_prefill_tokens=cfg.max_prefill_tokens,
         )
         self.collector = MetricsCollector(keep=cfg.keep_records, parent=parent)
-        self.events = events or EventBus()
+        self.events = events or EventBus(capacity=cfg.event_buffer, max_subscribers=cfg.max_event_subscribers)
         self.upstream = cfg.engine == "openai"
         self._recorder = Recorder(cfg.mode, self.collector, self.events, route=route, batch_ids=batch_ids,
                                   source="upstream" if self.upstream else "engine")
@@ -132,8 +134,9 @@ class InferenceService:
         and gets their text as its ``prompt``; otherwise ``prompt`` (or the rendered
         ``messages``) is tokenized. An upstream gets the chat as a chat, and the prompt's size
         is estimated here."""
-        backend = await self._loop.wait_ready()
         try:
+            backend = await self._loop.wait_ready()
+            self._screen(request, backend)
             if self.upstream:
                 self._check_upstream(request)
                 from .upstream import estimate_tokens
@@ -153,8 +156,11 @@ class InferenceService:
                 seq = Sequence(request, prompt_ids)
             info = backend.info
             self._check(request, seq.num_prompt_tokens, info)
-        except InvalidRequest:
-            self._recorder.rejected("invalid")
+        except InferError as err:
+            self._recorder.rejected(refusal_reason(err.status))
+            raise
+        except Exception:  # a bug: the caller answers it; it still counts
+            self._recorder.rejected("error", "failed")
             raise
         stream = self._loop.submit(seq)
         stream.model, stream.route = info.model, self.route
@@ -178,11 +184,13 @@ class InferenceService:
     async def tokenize(self, text: str) -> list[int]:
         """``text`` as the generate routes tokenize a prompt."""
         engine = await self._tokenizer()
-        return await self._off_loop(engine.tokenize, text, size=len(text))
+        return await self._off_loop(engine.tokenize, check_text(text, "prompt"), size=len(text))
 
     async def render_chat(self, messages: list[dict[str, str]]) -> str:
         """A chat as the prompt the chat route would run."""
         engine = await self._tokenizer()
+        for message in messages:
+            check_text(message["content"], "messages")
         return await self._off_loop(engine.render_chat, messages, size=sum(len(m["content"]) for m in messages))
 
     async def detokenize(self, token_ids: list[int]) -> str:
@@ -210,9 +218,54 @@ class InferenceService:
 
     @staticmethod
     async def _off_loop(fn: Callable[[Any], T], arg: Any, *, size: int) -> T:
-        if size <= TOKENIZE_INLINE_CHARS:
-            return fn(arg)
-        return await asyncio.to_thread(fn, arg)
+        """``fn(arg)`` (the tokenizer, the chat template), on a worker thread when ``arg`` is
+        large. Whatever it raises on the text becomes a 400: it is the text that it cannot
+        take (a Rust tokenizer's panic is even a ``BaseException``)."""
+        try:
+            if size <= TOKENIZE_INLINE_CHARS:
+                return fn(arg)
+            return await asyncio.to_thread(fn, arg)
+        except (InferError, asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:
+            log.warning("jupyter_infer: the tokenizer failed on a text", exc_info=err)
+            raise InvalidRequest(
+                f"The model's tokenizer could not read this text ({type(err).__name__}); "
+                "check it for unusual characters.", param="prompt",
+            ) from None
+
+    def _screen(self, request: Request, backend: Any) -> None:
+        """The checks that cost no tokenizing, run before it: the text is valid Unicode, and
+        it is not longer than the longest prompt that could fit.
+
+        No token stands for more than ``backend.max_token_chars`` characters, so a text of
+        more than ``max_prompt_tokens * max_token_chars`` characters cannot tokenize into
+        ``max_prompt_tokens`` tokens; refusing it by its length refuses nothing that fits.
+        For a chat, the messages' text counts (the template only adds to it).
+        """
+        if request.prompt_ids is not None:
+            return
+        chat = request.messages is not None
+        texts = [m["content"] for m in request.messages] if chat else [request.prompt]
+        for text in texts:
+            check_text(text, "messages" if chat else "prompt")
+        bound = self.max_prompt_chars(backend)
+        chars = sum(map(len, texts))
+        if bound is not None and chars > bound:
+            max_tokens = min(self.limits.max_prompt_tokens, backend.info.max_context)
+            raise InvalidRequest(
+                f"{'The messages have' if chat else 'The prompt has'} {chars:,} characters: more than "
+                f"can fit in this server's limit of {max_tokens:,} tokens (InferApp.max_prompt_tokens, "
+                f"and the model's context), as no token of this model stands for more than "
+                f"{backend.max_token_chars} characters. Shorten it.", param="messages" if chat else "prompt",
+            )
+
+    def max_prompt_chars(self, backend: Any) -> int | None:
+        """The longest text that could fit in ``max_prompt_tokens`` (None if unknown)."""
+        per_token = getattr(backend, "max_token_chars", None)
+        if per_token is None:
+            return None
+        return min(self.limits.max_prompt_tokens, backend.info.max_context) * per_token
 
     @staticmethod
     def _check_upstream(request: Request) -> None:
@@ -269,9 +322,10 @@ class InferenceService:
                 "or shorten the prompt.", param="max_tokens",
             )
 
-    def reject(self, reason: str) -> None:
-        """Count a request refused before it reached the service (e.g. a bad body)."""
-        self._recorder.rejected(reason)
+    def reject(self, reason: str, *, outcome: str = "rejected") -> None:
+        """Count a request refused (or, ``outcome="failed"``, failed) before it reached the
+        service (e.g. a bad body)."""
+        self._recorder.rejected(reason, outcome)
 
     # -- views ------------------------------------------------------------------------------
     @property
@@ -291,9 +345,9 @@ class InferenceService:
         engine = getattr(self._loop, "engine", None)  # an upstream has no engine of its own
         return engine.prefix_cache_stats() if engine else None
 
-    def subscribe(self, maxsize: int = 2000) -> Subscription:
-        """Live lifecycle events (``infer/events``)."""
-        return self.events.subscribe(maxsize)
+    def subscribe(self) -> Subscription:
+        """Live lifecycle events (``infer/events``); ``TooManySubscribers`` over the cap."""
+        return self.events.subscribe()
 
     def status(self) -> dict[str, Any]:
         info = self._loop.info
@@ -310,6 +364,7 @@ class InferenceService:
             "details": info.details if info else {},
             # The chunk size in use is the engine's unless configured: known once it is loaded.
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"}
+            | {"max_prompt_chars": self.max_prompt_chars(getattr(self._loop, "engine", None))}
             | ({"prefill_chunk_tokens": core.chunk_tokens} if (core := self._loop.scheduler) else {}),
             "queue_depth": self.queue_depth,
             "running": self.num_running,
@@ -331,8 +386,10 @@ class InferenceService:
 
     def metrics(self) -> dict[str, Any]:
         """``GET infer/metrics``: aggregates since start."""
-        return {**self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running),
-                "prefix_cache": self.prefix_cache()}
+        snapshot = self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running)
+        snapshot["events"] = self.events.stats()
+        snapshot["prefix_cache"] = self.prefix_cache()
+        return snapshot
 
     def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:
         """``GET infer/batches``: recent batch and request records, and who is running or

@@ -98,6 +98,11 @@ class Engine(abc.ABC):
     # The chunk size this engine prefers for long prompts; 0: it cannot prefill in chunks
     # (prefill_chunk is not implemented), and the scheduler never asks it to.
     prefill_chunk_tokens = 0
+    # The most characters of input text that one token can stand for (the longest token of
+    # the vocabulary), or None if no such bound is known. A text longer than
+    # ``max_prompt_tokens * max_token_chars`` cannot fit: the service refuses it before
+    # spending any time tokenizing it.
+    max_token_chars: int | None = None
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...

@@ -11,6 +11,7 @@ GPT-2's learned positions and Llama's RoPE exact.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence as Seq
@@ -21,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
+from ..errors import InvalidRequest
 from . import kv_cache
 from .base import Engine, EngineInfo, Sampled
 from .prefix_cache import PrefixCache
@@ -175,6 +177,7 @@ class HFEngine(Engine):
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
+        self.max_token_chars = longest_token_chars(self.tokenizer)
         # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
         # attends to the whole past; sliding-window layers would need their window kept.
         self._reusable = kv_cache.reusable(config)
@@ -211,7 +214,13 @@ class HFEngine(Engine):
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            from jinja2 import TemplateError
+
+            try:
+                return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            except TemplateError as err:  # e.g. "Conversation roles must alternate user/assistant"
+                raise InvalidRequest(f"The model's chat template refused these messages: {err}",
+                                     param="messages") from None
         return super().render_chat(messages)
 
     # -- steps ------------------------------------------------------------------------------
@@ -348,3 +357,47 @@ class HFEngine(Engine):
         else:
             gen.seed()
         return gen
+
+
+# Normalizers that never make a text shorter; any other one might (NFC composes "e" and a
+# combining accent into "é"), so the bound below leaves it a margin.
+_KEEPS_LENGTH = {"Prepend", "NFD", "NFKD", "Lowercase", "Sequence"}
+NORMALIZER_MARGIN = 4
+
+
+def longest_token_chars(tokenizer: object) -> int:
+    """The most characters of text one token of ``tokenizer`` can stand for.
+
+    A vocabulary entry is spelled in the tokenizer's own alphabet: a byte-level BPE token of
+    n bytes is n characters long and covers at most n characters of text (each is at least
+    one byte); a SentencePiece piece covers its own length (``▁`` is one space); a byte
+    fallback ``<0x41>`` covers one. So the longest entry bounds every token, and a text of
+    more than ``max_prompt_tokens`` times it cannot tokenize into ``max_prompt_tokens`` tokens.
+    A normalizer that can shorten text first gets a ×4 margin (``NORMALIZER_MARGIN``).
+    """
+    vocab = tokenizer.get_vocab()  # added and special tokens included
+    longest = max(map(len, vocab), default=1)
+    return max(1, longest) * (1 if _normalizer_keeps_length(tokenizer) else NORMALIZER_MARGIN)
+
+
+def _normalizer_keeps_length(tokenizer: object) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False  # a slow tokenizer: its normalisation is Python code we cannot read
+    spec = json.loads(backend.to_str()).get("normalizer")
+    parts, pending = [], [spec]
+    while pending:
+        part = pending.pop()
+        if part is None:
+            continue
+        parts.append(part)
+        pending.extend(part.get("normalizers") or [])
+    for part in parts:
+        kind = part.get("type")
+        if kind == "Replace":
+            pattern = part.get("pattern", {})
+            if "String" not in pattern or len(part.get("content", "")) < len(pattern["String"]):
+                return False
+        elif kind not in _KEEPS_LENGTH:
+            return False
+    return True

@@ -83,6 +83,7 @@ class SimulatedEngine(Engine):
         self.prefill_base_ms = prefill_base_ms
         self._rng = random.Random(seed)
         self._tokenizer = knowledge_tokenizer()  # fixed and shared: prompts cannot grow it
+        self.max_token_chars = self._tokenizer.longest_piece
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer.tokenize(text)

@@ -52,6 +52,11 @@ class ByteFallbackTokenizer:
     def vocab_size(self) -> int:
         return _FIRST_PIECE_ID + len(self._pieces)
 
+    @property
+    def longest_piece(self) -> int:
+        """The most characters one id stands for (a spelled letter pair or byte is shorter)."""
+        return max(map(len, self._pieces))
+
     def tokenize(self, text: str) -> list[int]:
         ids: list[int] = []
         known = self._ids.get

@@ -47,7 +47,7 @@ class RouterService:
         configs = config.backend_configs()
         self.config = config
         self.collector = MetricsCollector(keep=config.keep_records)  # the totals over all backends
-        self.events = EventBus()
+        self.events = EventBus(capacity=config.event_buffer, max_subscribers=config.max_event_subscribers)
         batch_ids = itertools.count(1)  # one id space, so the backends' batch records merge
         self.backends = {
             name: InferenceService(
@@ -199,8 +199,8 @@ class RouterService:
         route = self._live.get(request_id)
         return route is not None and self.backends[route].cancel(request_id)
 
-    def reject(self, reason: str) -> None:
-        self.collector.rejected(reason)
+    def reject(self, reason: str, *, outcome: str = "rejected") -> None:
+        self.collector.rejected(reason, outcome)
 
     def knows(self, request_id: str) -> bool:
         return request_id in self._live or any(b.knows(request_id) for b in self.backends.values())
@@ -239,8 +239,8 @@ class RouterService:
     def num_running(self) -> int:
         return sum(b.num_running for b in self.backends.values())
 
-    def subscribe(self, maxsize: int = 2000) -> Subscription:
-        return self.events.subscribe(maxsize)
+    def subscribe(self) -> Subscription:
+        return self.events.subscribe()
 
     def status(self) -> dict[str, Any]:
         routes = {name: b.status() for name, b in self.backends.items()}
@@ -269,6 +269,7 @@ class RouterService:
         out = self.collector.snapshot(queue_depth=self.queue_depth, running=self.num_running)
         out["routes"] = {name: b.metrics() for name, b in self.backends.items()}
         out["fallbacks"] = dict(self.fallbacks)
+        out["events"] = self.events.stats()
         return out
 
     def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:

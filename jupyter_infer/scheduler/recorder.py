@@ -58,8 +58,8 @@ class Recorder:
         self._emit("queued", id=rec.id, priority=rec.priority, prompt_tokens=rec.prompt_tokens,
                    at=wall(rec.queued_at))
 
-    def rejected(self, reason: str) -> None:
-        self.metrics.rejected(reason)
+    def rejected(self, reason: str, outcome: str = "rejected") -> None:
+        self.metrics.rejected(reason, outcome)
 
     def admitted(self, newcomers: Seq[Sequence], running: Seq[Sequence], now: float) -> None:
         """``newcomers`` joined; ``running`` is every running row now, newcomers included."""

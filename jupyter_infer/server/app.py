@@ -168,7 +168,19 @@ class InferApp(ExtensionApp):
     ).tag(config=True)
 
     max_body_bytes = Int(
-        1024 * 1024, help="Largest request body accepted; larger ones are refused with 413."
+        1024 * 1024, help="""Largest request body accepted; a larger one is refused with 413 as soon as its
+        Content-Length (or, chunked, its first bytes past the limit) arrives, before it is read."""
+    ).tag(config=True)
+    body_timeout_s = Float(
+        30.0, help="""Seconds a client may take to send a request body; a slower one (e.g. a byte a
+        second) is disconnected."""
+    ).tag(config=True)
+    max_event_subscribers = Int(
+        D("max_event_subscribers"), help="Most live infer/events subscribers at once; more are refused with 429."
+    ).tag(config=True)
+    event_buffer = Int(
+        D("event_buffer"), help="""Events an infer/events subscriber may fall behind (one log shared by all
+        subscribers); one further behind loses the oldest and is told how many (a 'dropped' event)."""
     ).tag(config=True)
     max_choices = Int(
         128, help="""Most choices one OpenAI call may ask for (prompts x n); each is its own request
@@ -189,6 +201,8 @@ class InferApp(ExtensionApp):
         """The traits as a ``ServiceConfig``; raises ``ValueError`` saying what to fix."""
         if self.max_body_bytes < 1:
             raise ValueError(f"InferApp.max_body_bytes must be at least 1; got {self.max_body_bytes}.")
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"InferApp.body_timeout_s must be above 0; got {self.body_timeout_s}.")
         if self.max_choices < 1:
             raise ValueError(f"InferApp.max_choices must be at least 1; got {self.max_choices}.")
         if not 0 < self.sse_keepalive_s <= 15:
@@ -240,6 +254,7 @@ class InferApp(ExtensionApp):
             return
         try:
             service.events.publish({"type": "shutdown"})
+            service.events.flush()
             await asyncio.wait_for(service.stop(), timeout=10)
             # Let the open event streams write their error event before the loop stops.
             await asyncio.sleep(0.1)

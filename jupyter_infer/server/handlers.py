@@ -6,7 +6,13 @@ needs ``execute``. ``infer/health`` may be opened to probes without auth
 (``InferApp.health_without_auth``). Errors a user can hit are ``InferError``s, answered as
 JSON ``{"message": ...}`` (OpenAI's ``{"error": {...}}`` under ``infer/v1/`` and on the vLLM
 tokenizer routes, including the 401/404/405 that tornado and jupyter_server raise
-themselves) with their status; nothing is queued on bad input.
+themselves) with their status; nothing is queued on bad input. Every other exception on a
+request path (a bug included) is answered in the same shape, without internals, and a
+refused generation is counted in the metrics.
+
+Bodies are streamed (``@stream_request_body``): the auth checks run before a byte of the
+body is read, a body over ``max_body_bytes`` is refused with 413 as soon as that is known,
+and a body that takes longer than ``body_timeout_s`` to arrive is cut off.
 """
 
 from __future__ import annotations
@@ -14,20 +20,33 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable
+from http.client import responses
 from typing import Any, TypeVar
 
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from tornado import web
+from tornado.iostream import StreamClosedError
 
-from ..errors import InferError, InvalidRequest, NotFound, PayloadTooLarge, QueueFull
+from ..errors import (
+    Forbidden,
+    InferError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    QueueFull,
+    refusal_reason,
+)
+from ..events import coalesce_tokens
 from ..metrics import wall
-from ..request import Request, RequestResult, TokenEvent, parse_generate_body
+from ..request import Request, RequestResult, TokenEvent, parse_generate_body, show
 from ..scheduler import RequestStream
 from ..service import InferenceService
 from . import openai_api
-from .sse import EventStreamHandler, format_event
+from .sse import KEEPALIVE, EventStreamHandler, format_event
 
 AUTH_RESOURCE = "jupyter_infer"
 SERVICE_KEY = "jupyter_infer.service"  # settings key of the one InferenceService
@@ -38,29 +57,104 @@ _QUERY_FLAGS = {"ignore_eos"}
 _QUERY_IGNORED = {"token", "_xsrf", "no_track_activity"}
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
-T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def answers_errors(method: F) -> F:
-    """Turn an ``InferError`` into its status and JSON body (or an SSE error event, once
-    the event stream has started)."""
+    """Answer any exception of ``method`` as a JSON error in the route's shape (or an SSE
+    error event, once the event stream has started)."""
 
     @functools.wraps(method)
     async def wrapper(self: InferHandler, *args: Any, **kwargs: Any) -> None:
+        if self._finished:
+            return  # refused while its body was arriving
         try:
             await method(self, *args, **kwargs)
-        except InferError as err:
-            self.write_infer_error(err)
+        except StreamClosedError:
+            pass  # the client left: nobody to answer
+        except Exception as err:
+            self.answer_error(as_infer_error(err))
 
     return wrapper  # type: ignore[return-value]
 
 
+_HTTP_MESSAGES = {
+    403: "Forbidden: this needs Jupyter's auth, the token (an 'Authorization: token <t>' header, or "
+         "?token=) or the browser's login cookie with its XSRF header.",
+    405: "This route does not answer this HTTP method (see docs/server.md for its verbs).",
+}
+
+
+class HTTPFailure(InferError):
+    """A framework ``HTTPError`` (403 from auth, 405, a query that is not UTF-8, ...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = {403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
+            status, "invalid_request" if status < 500 else "internal_error")
+
+
+def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferError:
+    """What to answer for ``err``: an ``InferError`` as it is, anything else without internals."""
+    if isinstance(err, InferError):
+        return err
+    if isinstance(err, RecursionError):
+        return InvalidRequest("The request is nested too deeply to read; send a flat JSON object.")
+    if isinstance(err, web.HTTPError):
+        message = err.log_message % err.args if err.log_message and err.args else err.log_message
+        return HTTPFailure(err.status_code, message or _HTTP_MESSAGES.get(
+            err.status_code, err.reason or responses.get(err.status_code, "error")))
+    if log_unexpected:
+        log.error("jupyter_infer: unexpected error on a request", exc_info=err)
+    return InternalError("The server failed on this request (an internal error, written to the server's "
+                         "log). Try again, and report it if it persists.")
+
+
+@web.stream_request_body
 class InferHandler(EventStreamHandler):
     auth_resource = AUTH_RESOURCE
+    # Routes that run the model: their refusals and failures are counted in infer/metrics.
+    generates = False
 
     def initialize(self, **kwargs: Any) -> None:
         super().initialize(**kwargs)
         self.keepalive_s = self.infer_config.sse_keepalive_s
+        self._body = bytearray()
+        self._handed_over = False  # the service has the request: it counts what happens now
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        """Auth first (jupyter_server's checks raise 403/404 here, before any body is read),
+        then the body's bounds: its declared size, and how long it may take to arrive."""
+        await super().prepare()
+        if self._finished:
+            return
+        limit = self.infer_config.max_body_bytes
+        declared = self.request.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            self.answer_error(self.too_large(int(declared), limit))
+            return
+        set_body_timeout = getattr(self.request.connection, "set_body_timeout", None)
+        if set_body_timeout is not None:
+            set_body_timeout(self.infer_config.body_timeout_s)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished:
+            return
+        self._body += chunk
+        limit = self.infer_config.max_body_bytes
+        if len(self._body) > limit:  # a chunked body, with no Content-Length to check first
+            self._body = bytearray()
+            self.answer_error(self.too_large(None, limit))
+
+    @staticmethod
+    def too_large(size: int | None, limit: int) -> PayloadTooLarge:
+        what = f"is {size} bytes" if size is not None else "is larger than that"
+        return PayloadTooLarge(
+            f"The request body {what}, above this server's limit of {limit} bytes "
+            "(InferApp.max_body_bytes). Send a shorter prompt."
+        )
+
 
     @property
     def service(self) -> InferenceService:
@@ -77,19 +171,15 @@ class InferHandler(EventStreamHandler):
 
     # -- input ------------------------------------------------------------------------------
     def read_json(self) -> Any:
-        body = self.request.body or b""
-        limit = self.infer_config.max_body_bytes
-        if len(body) > limit:
-            raise PayloadTooLarge(
-                f"The request body is {len(body)} bytes, above this server's limit of {limit} "
-                "(InferApp.max_body_bytes). Send a shorter prompt."
-            )
+        body, self._body = bytes(self._body), bytearray()
         if not body.strip():
             raise InvalidRequest("The request body is empty: send a JSON object such as {\"prompt\": \"...\"}.")
         try:
             return json.loads(body)
+        except RecursionError:
+            raise InvalidRequest("The request body is nested too deeply to read; send a flat JSON object.") from None
         except (ValueError, UnicodeDecodeError) as err:
-            raise InvalidRequest(f"The request body is not valid JSON ({err}).") from None
+            raise InvalidRequest(f"The request body is not valid JSON ({show(str(err))}).") from None
 
     def query_body(self) -> dict[str, Any]:
         """``GET`` query parameters as a generate body (for ``EventSource``, which cannot POST)."""
@@ -114,16 +204,8 @@ class InferHandler(EventStreamHandler):
                 else:
                     body[name] = value
             except ValueError:
-                raise InvalidRequest(f"'{name}' must be a number (or true/false); got {value!r}.", param=name) from None
+                raise InvalidRequest(f"'{name}' must be a number (or true/false); got {show(value)}.", param=name) from None
         return body
-
-    def parse(self, build: Callable[[], T]) -> T:
-        """Run ``build`` (reading and checking the input); count a refusal in the metrics."""
-        try:
-            return build()
-        except InferError as err:
-            self.service.reject("too_large" if isinstance(err, PayloadTooLarge) else "invalid")
-            raise
 
     async def submit(self, request: Request) -> RequestStream:
         return (await self.submit_all([request]))[0]
@@ -131,6 +213,7 @@ class InferHandler(EventStreamHandler):
     async def submit_all(self, requests: list[Request]) -> list[RequestStream]:
         """Queue every request, or none: if one is refused, those already queued are
         cancelled and the refusal is raised."""
+        self._handed_over = True  # from here on the service counts a refusal
         try:
             for request in requests:
                 stream = await self.service.submit(request)
@@ -151,6 +234,27 @@ class InferHandler(EventStreamHandler):
     # -- output -----------------------------------------------------------------------------
     def error_body(self, err: InferError) -> dict[str, Any]:
         return {"message": err.message, "code": err.code, "param": err.param}
+
+    def count_refusal(self, status: int) -> None:
+        """On a generating route, count a request refused or failed before the service had
+        it (the service counts its own), once."""
+        if self.generates and not self._handed_over:
+            self._handed_over = True
+            self.service.reject(refusal_reason(status), outcome="failed" if status >= 500 else "rejected")
+
+    def answer_error(self, err: InferError) -> None:
+        self.count_refusal(err.status)
+        if not self._finished:
+            self.write_infer_error(err)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Errors raised outside our methods (auth in ``prepare``, 405, ...) in our shape."""
+        exc_info = kwargs.get("exc_info")
+        if exc_info and exc_info[1] is not None:
+            err = as_infer_error(exc_info[1], log_unexpected=False)  # tornado logged it already
+        else:
+            err = HTTPFailure(status_code, responses.get(status_code, "error"))
+        self.answer_error(err)
 
     def write_infer_error(self, err: InferError) -> None:
         if self.streaming:
@@ -196,17 +300,21 @@ class InferHandler(EventStreamHandler):
 
 
 class GenerateHandler(InferHandler):
+    generates = True
+
     @web.authenticated
     @authorized(GENERATE)
     @answers_errors
     async def post(self) -> None:
-        request = self.parse(lambda: parse_generate_body(self.read_json(), max_new_tokens=self.max_new_tokens))
+        request = parse_generate_body(self.read_json(), max_new_tokens=self.max_new_tokens)
         result = await self.whole_result(await self.submit(request))
         if result is not None:
             self.finish(result.to_json())
 
 
 class GenerateStreamHandler(InferHandler):
+    generates = True
+
     @web.authenticated
     @authorized(GENERATE)
     @answers_errors
@@ -217,6 +325,7 @@ class GenerateStreamHandler(InferHandler):
     @authorized(GENERATE)
     @answers_errors
     async def get(self) -> None:
+        self.check_xsrf_for_get()
         # An EventSource reconnects after the stream ends, naming the last event's id (the
         # request's). 204 is what the WHATWG spec says stops it; without it every
         # reconnect would start a new generation.
@@ -227,8 +336,24 @@ class GenerateStreamHandler(InferHandler):
             return
         await self._generate(self.query_body)
 
+    def check_xsrf_for_get(self) -> None:
+        """A GET that runs the model needs the token or an XSRF proof, as POSTs do: the login
+        cookie alone is what a link, an ``<img>`` or an ``EventSource`` on another site sends.
+        (jupyter_server's own GET fallback, a same-host ``Referer``, is not enough here.)"""
+        if self.token_authenticated or self.settings.get("disable_check_xsrf", False):
+            return
+        try:
+            web.RequestHandler.check_xsrf_cookie(self)  # the _xsrf argument (or header) = the _xsrf cookie
+        except web.HTTPError:
+            raise Forbidden(
+                "Starting a generation with GET needs the Jupyter token (an Authorization header or "
+                "?token=) or the _xsrf cookie's value as the _xsrf query argument; the login cookie "
+                "alone is refused, since a link from another site would send it too. Scripts: send "
+                "the token, or POST."
+            ) from None
+
     async def _generate(self, read: Callable[[], Any]) -> None:
-        request = self.parse(lambda: parse_generate_body(read(), max_new_tokens=self.max_new_tokens))
+        request = parse_generate_body(read(), max_new_tokens=self.max_new_tokens)
         await self.stream_tokens(await self.submit(request))
 
 
@@ -260,6 +385,7 @@ class HealthHandler(InferHandler):
 class StatusHandler(InferHandler):
     @web.authenticated
     @authorized
+    @answers_errors
     async def get(self) -> None:
         status = self.service.status()
         # Clients time out a silent stream after a few keepalive intervals: tell them this one.
@@ -270,6 +396,7 @@ class StatusHandler(InferHandler):
 class MetricsHandler(InferHandler):
     @web.authenticated
     @authorized
+    @answers_errors
     async def get(self) -> None:
         self.finish(self.service.metrics())
 
@@ -285,33 +412,73 @@ class BatchesHandler(InferHandler):
         value = self.get_query_argument(name, None)
         if value is None:
             return default
-        if not value.isdigit() or not 1 <= int(value) <= 10_000:
-            raise InvalidRequest(f"'{name}' must be an integer from 1 to 10000; got {value!r}.", param=name)
+        if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 10_000:
+            raise InvalidRequest(f"'{name}' must be an integer from 1 to 10000; got {show(value)}.", param=name)
         return int(value)
 
 
+def event_frame(event: dict[str, Any]) -> str:
+    """One live event as SSE."""
+    return format_event(json.dumps(event), event["type"])
+
+
+def event_frames(events: list[dict[str, Any]]) -> str:
+    """What a subscriber is sent at a wake-up (the bus renders it once for all subscribers):
+    the new events, each request's tokens as one ``token`` event."""
+    return "".join(event_frame(event) for event in coalesce_tokens(events))
+
+
 class EventsHandler(InferHandler):
-    """Live scheduler events (queued, admitted, token, finished, batch, step) as SSE."""
+    """Live scheduler events (queued, admitted, token, finished, batch, step) as SSE.
+
+    Each wake-up writes everything new in one write, a request's tokens since the last write
+    as one ``token`` event (its text joined, ``index`` the last); a subscriber that fell too
+    far behind first gets ``event: dropped`` with the count it lost.
+    """
 
     _track_activity = False  # a panel left open is not user activity
+    _subscription: Any = None
 
     @web.authenticated
     @authorized
+    @answers_errors
     async def get(self) -> None:
-        subscription = self.service.subscribe()
+        bus = self.service.events
+        self._subscription = subscription = self.service.subscribe()
         try:
             self.start_event_stream()
             if not await self.send(""):
                 return
-            while True:
-                event = await self.next_or_keepalive(subscription.get())
-                if event is None or not await self.send(format_event(json.dumps(event), event["type"])):
+            writing: Awaitable[None] | None = None  # the last write, still on its way to the client
+            while not subscription.closed:
+                ready = await subscription.wait(self.keepalive_s)
+                if writing is not None:  # one write in flight at most: a client that does not
+                    await writing  # read holds only this one, and the log drops for it meanwhile
+                if subscription.closed:
                     break
-                if event["type"] == "shutdown":
+                if not ready:
+                    text, entries = KEEPALIVE, []
+                else:
+                    entries, lost = subscription.take()
+                    text = bus.render(entries, event_frames)
+                    if lost:
+                        text = event_frame({"type": "dropped", "count": lost}) + text
+                self.write(text)
+                # Not awaited here: a wake-up per subscriber per write saved.
+                writing = self.flush()
+                if any(e.event["type"] == "shutdown" for e in entries):
+                    await writing
                     break
+        except StreamClosedError:
+            pass  # the client left
         finally:
             subscription.close()
         self.finish_event_stream()
+
+    def on_connection_close(self) -> None:
+        if self._subscription is not None:
+            self._subscription.close()  # wakes the writer, which ends
+        super().on_connection_close()
 
 
 # -- OpenAI-compatible ------------------------------------------------------------------------
@@ -338,6 +505,7 @@ class OpenAIHandler(InferHandler):
         raise web.HTTPError(401, INVALID_KEY)  # what @web.authenticated asks for without a user
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.count_refusal(status_code)
         err = kwargs.get("exc_info", (None, None))[1]
         message = getattr(err, "log_message", None) or self._reason
         code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(status_code)
@@ -357,10 +525,11 @@ class OpenAIHandler(InferHandler):
 
     async def complete(self, parse: Callable[..., openai_api.OpenAIRequest], chat: bool) -> None:
         info = await self.service.wait_ready()
-        call = self.parse(lambda: parse(self.read_json(), info, max_new_tokens=self.max_new_tokens,
-                                        max_choices=self.infer_config.max_choices))
-        if call.ignored:
-            self.set_header("X-Ignored-Fields", ", ".join(call.ignored))
+        call = parse(self.read_json(), info, max_new_tokens=self.max_new_tokens,
+                     max_choices=self.infer_config.max_choices)
+        if call.ignored:  # names as sent: escaped and cut short, so that any name makes a valid header
+            names = [json.dumps(show(name) if len(name) > 60 else name)[1:-1] for name in call.ignored[:20]]
+            self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
         streams = await self.submit_all(call.requests)
         call.model = streams[0].model or call.model  # behind a router: the model that serves it
         shape = openai_api.Shaper(chat, streams[0].id, call, self.service.token_texts)
@@ -436,6 +605,8 @@ class OpenAIHandler(InferHandler):
 
 
 class CompletionsHandler(OpenAIHandler):
+    generates = True
+
     @web.authenticated
     @authorized(GENERATE)
     @answers_errors
@@ -444,6 +615,8 @@ class CompletionsHandler(OpenAIHandler):
 
 
 class ChatCompletionsHandler(OpenAIHandler):
+    generates = True
+
     @web.authenticated
     @authorized(GENERATE)
     @answers_errors
@@ -472,7 +645,7 @@ class ModelHandler(ModelsHandler):
     async def get(self, model: str) -> None:
         info = await self.service.wait_ready()
         if model not in openai_api.model_names(info):
-            raise NotFound(f"The model {model!r} is not served here; GET infer/v1/models lists the one that is.")
+            raise NotFound(f"The model {show(model)} is not served here; GET infer/v1/models lists the one that is.")
         self.finish(openai_api.model_card(info, self._created()))
 
 
@@ -485,7 +658,7 @@ class TokenizeHandler(OpenAIHandler):
     @answers_errors
     async def post(self) -> None:
         info = await self.service.wait_ready()
-        body = self.parse(self.read_json)
+        body = self.read_json()
         if not isinstance(body, dict):
             raise InvalidRequest("The request body must be a JSON object with 'prompt' or 'messages'.")
         if "messages" in body:
@@ -506,7 +679,7 @@ class DetokenizeHandler(OpenAIHandler):
     @authorized("read")
     @answers_errors
     async def post(self) -> None:
-        body = self.parse(self.read_json)
+        body = self.read_json()
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise InvalidRequest("'tokens' must be a list of token ids.", param="tokens")
@@ -557,7 +730,7 @@ class RequestHandler(InferHandler):
     @answers_errors
     async def delete(self, request_id: str) -> None:
         if not self.service.cancel(request_id):
-            raise NotFound(f"No queued or running request has the id {request_id!r}; it may have finished.")
+            raise NotFound(f"No queued or running request has the id {show(request_id)}; it may have finished.")
         self.finish({"id": request_id, "cancelled": True})
 
 

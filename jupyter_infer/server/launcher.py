@@ -84,6 +84,11 @@ class LocalServer:
             self._log.close()
 
     @property
+    def pid(self) -> int | None:
+        """The server process's id (None when it is not running)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"}
 

@@ -27,6 +27,7 @@ from ..request import (
     TokenLogprob,
     check_prompt,
     parse_sampling,
+    show,
 )
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                          "response_format", "tools", "tool_choice", "parallel_tool_calls",
                          "functions", "function_call"}
-_logged_ignored: set[str] = set()
+_logged_ignored: set[str] = set()  # at most _LOG_IGNORED_MAX names: a client may send any
+_LOG_IGNORED_MAX = 100
 
 
 class UnknownModel(InvalidRequest):
@@ -109,9 +111,9 @@ def ignored_fields(body: Mapping[str, Any], allowed: set[str]) -> list[str]:
     """The fields of ``body`` this route does not act on (each logged once per process)."""
     ignored = sorted(set(body) - allowed)
     for name in ignored:
-        if name not in _logged_ignored:
+        if name not in _logged_ignored and len(_logged_ignored) < _LOG_IGNORED_MAX:
             _logged_ignored.add(name)
-            log.info("jupyter_infer: ignoring the OpenAI request field %r (not acted on here)", name)
+            log.info("jupyter_infer: ignoring the OpenAI request field %s (not acted on here)", show(name))
     return ignored
 
 
@@ -128,7 +130,7 @@ def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
         return names[0]
     if not isinstance(model, str) or model not in names:
         raise UnknownModel(
-            f"The model {model!r} is not served here; use {names[0]!r} "
+            f"The model {show(model)} is not served here; use {names[0]!r} "
             f"(see GET infer/v1/models).", param="model",
         )
     return names[0]
@@ -166,13 +168,13 @@ def _check_n(body: Mapping[str, Any], max_choices: int) -> int:
     if n is None:
         return 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= max_choices:
-        raise InvalidRequest(f"'n' must be an integer from 1 to {max_choices}; got {n!r}.", param="n")
+        raise InvalidRequest(f"'n' must be an integer from 1 to {max_choices}; got {show(n)}.", param="n")
     return n
 
 
 def _refuse_unless(body: Mapping[str, Any], name: str, neutral: tuple[Any, ...], why: str) -> None:
     if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
-        raise InvalidRequest(f"Unsupported value for '{name}': {body[name]!r} ({why}).", param=name)
+        raise InvalidRequest(f"Unsupported value for '{name}': {show(body[name])} ({why}).", param=name)
 
 
 def parse_prompts(value: Any) -> list[str | list[int]]:
@@ -205,7 +207,7 @@ def _logprobs(body: Mapping[str, Any], name: str) -> int | None:
     if value is True:
         return 1  # as pydantic reads true for an int field (vLLM)
     if not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
-        raise InvalidRequest(f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}; got {value!r}.", param=name)
+        raise InvalidRequest(f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}; got {show(value)}.", param=name)
     return value
 
 
@@ -236,7 +238,7 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
     best_of = body.get("best_of")
     if best_of is not None and (isinstance(best_of, bool) or not isinstance(best_of, int) or best_of > n):
         raise InvalidRequest(
-            f"'best_of' ({best_of!r}) above n is not supported: ask for that many choices (n) and "
+            f"'best_of' ({show(best_of)}) above n is not supported: ask for that many choices (n) and "
             "pick with logprobs.", param="best_of",
         )
     _refuse_unless(body, "suffix", (None, ""), "insertion with a suffix is not supported")
@@ -294,7 +296,7 @@ def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
         role = message.get("role")
         if role not in ROLES:
             raise InvalidRequest(
-                f"messages[{i}].role is {role!r}; supported roles: {', '.join(ROLES)}.", param="messages"
+                f"messages[{i}].role is {show(role)}; supported roles: {', '.join(ROLES)}.", param="messages"
             )
         if message.get("tool_calls"):
             raise InvalidRequest("Tool calls are not supported by this server.", param="messages")

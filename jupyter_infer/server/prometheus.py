@@ -120,9 +120,22 @@ def _on_batch_closed(batch: BatchRecord) -> None:
     batch_size().observe(len(batch.members))
 
 
-def _on_rejected(reason: str) -> None:
-    requests_total().labels(outcome="rejected").inc()
-    rejected_total().labels(reason=reason).inc()
+def events_dropped_total() -> Counter:
+    return _get(Counter, "events_dropped", "Live events that infer/events subscribers lost by falling behind.")
+
+
+def event_subscribers() -> Gauge:
+    return _get(Gauge, "event_subscribers", "Live infer/events subscribers.")
+
+
+def _on_rejected(reason: str, outcome: str = "rejected") -> None:
+    requests_total().labels(outcome=outcome).inc()
+    if outcome == "rejected":
+        rejected_total().labels(reason=reason).inc()
+
+
+def _on_events_dropped(count: int) -> None:
+    events_dropped_total().inc(count)
 
 
 def attach(service: InferenceService) -> None:
@@ -132,12 +145,14 @@ def attach(service: InferenceService) -> None:
     metrics.on_request_finished.append(_on_request_finished)
     metrics.on_batch_closed.append(_on_batch_closed)
     metrics.on_rejected.append(_on_rejected)
+    service.events.on_dropped.append(_on_events_dropped)
     _service = service
     if "prefix_cache" not in _metrics:  # a collector, like every metric, registers once per process
         _metrics["prefix_cache"] = PrefixCacheCollector()
         REGISTRY.register(_metrics["prefix_cache"])
     queue_depth().set_function(lambda: _service.queue_depth if _service else 0)
     running().set_function(lambda: _service.num_running if _service else 0)
+    event_subscribers().set_function(lambda: len(_service.events) if _service else 0)
 
 
 def detach(service: InferenceService) -> None:
@@ -150,5 +165,7 @@ def detach(service: InferenceService) -> None:
     ):
         if fn in listeners:
             listeners.remove(fn)
+    if _on_events_dropped in service.events.on_dropped:
+        service.events.on_dropped.remove(_on_events_dropped)
     if _service is service:
         _service = None
