@@ -307,8 +307,8 @@ async def test_a_long_prompt_is_chunked_while_a_stream_keeps_its_tokens_coming()
     long_ = await s.submit(req(long_prompt, max_tokens=4))
     result = await long_.result()
     kinds = []
-    while not steps.queue.empty():
-        event = steps.queue.get_nowait()
+    for entry in steps.take()[0]:  # everything published since it subscribed
+        event = entry.event
         if event["type"] == "step":
             kinds.append("chunk" if event["chunk"] else event["kind"])
     # ceil(n / 8) chunks, each after a decode step of the running stream.
