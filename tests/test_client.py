@@ -262,7 +262,10 @@ def test_burst_with_poisson_arrivals(server: LocalServer) -> None:
     results = client.burst(["What is attention?"] * 5, rate=20, seed=3, max_tokens=4)
     sent = [r.sent_at - results[0].sent_at for r in results]
     offsets = arrival_times(5, 20, seed=3)
-    assert sent == pytest.approx(offsets, abs=0.05)  # each request left at its arrival time
+    # Each request left at its arrival time: never before it, and (on a loaded machine, a
+    # timer can fire late) not long after.
+    assert all(s >= o - 0.005 for s, o in zip(sent, offsets, strict=True)), (sent, offsets)
+    assert all(s - o < 0.5 for s, o in zip(sent, offsets, strict=True)), (sent, offsets)
 
 
 def test_arrival_times_are_poisson() -> None:
