@@ -114,9 +114,13 @@ class EngineLoop:
     def cancel(self, request_id: str) -> bool:
         if self.scheduler is None or not self.scheduler.cancel(request_id, time.monotonic()):
             return False
+        self._cancelled(request_id)
         self._end_finished()
         self._wakeup.set()
         return True
+
+    def _cancelled(self, request_id: str) -> None:
+        """What a loop does at once for a cancelled request (the core retires it anyway)."""
 
     # -- the loop ---------------------------------------------------------------------------
     async def _run(self) -> None:

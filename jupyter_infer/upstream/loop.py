@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..engine import EngineInfo
 from ..errors import EngineUnavailable, InferError, RequestFailed, UpstreamError
 from ..request import TokenEvent
-from ..scheduler import RequestStream, Sequence
+from ..scheduler import EngineLoop, RequestStream, Sequence
 from ..scheduler.upstream import UpstreamScheduler
 from .server import UpstreamConfigError, UpstreamServer
 from .wire import finish_reason
@@ -34,7 +34,7 @@ UPSTREAM_TOKEN_ID = -1  # a TokenEvent's token id when the upstream sent text, n
 PROBE_EVERY_S = (1.0, 30.0)  # while the upstream is down: first and longest wait between probes
 
 
-class UpstreamLoop:
+class UpstreamLoop(EngineLoop):
     def __init__(self, config: ServiceConfig, recorder: Recorder, server: UpstreamServer | None = None) -> None:
         self.config = config
         self.recorder = recorder
@@ -95,28 +95,11 @@ class UpstreamLoop:
             raise EngineUnavailable(f"The upstream engine is not available: {self.load_error or self.state}.")
         return self.server
 
-    # -- requests ---------------------------------------------------------------------------
-    def submit(self, seq: Sequence) -> RequestStream:
-        """Queue a checked sequence (the loop must be ready); raises ``QueueFull``."""
-        stream = RequestStream(seq.id, self.cancel)
-        self.scheduler.add(seq, time.monotonic())
-        self._streams[seq.id] = stream
-        self._wakeup.set()
-        return stream
-
-    def knows(self, request_id: str) -> bool:
-        """Queued, running, or recently finished (the recorder remembers those)."""
-        return request_id in self._streams or self.recorder.finished_recently(request_id)
-
-    def cancel(self, request_id: str) -> bool:
-        if self.scheduler is None or not self.scheduler.cancel(request_id, time.monotonic()):
-            return False
+    # -- requests: submit, knows and cancel are EngineLoop's ---------------------------------
+    def _cancelled(self, request_id: str) -> None:
         task = self._tasks.pop(request_id, None)
         if task is not None:
             task.cancel()  # closes the upstream stream: the upstream stops generating
-        self._end_finished()
-        self._wakeup.set()
-        return True
 
     # -- the loop ---------------------------------------------------------------------------
     async def _run(self) -> None:
