@@ -7,7 +7,9 @@ and the ceiling (bare decode steps, no scheduling). Workloads: (a) burst, (b) mi
 lengths, (c) open-loop Poisson arrivals at ~70 % of capacity, (d) the burst over HTTP
 (our server, ``transformers serve``, llama.cpp's ``llama-server`` when there is one),
 (e) agents sharing a system prompt (with and without our prefix cache), (f) a long prompt
-arriving while streams run (with and without chunked prefill). Each is warmed up, then
+arriving while streams run (with and without chunked prefill), (g) the CPU forward pass:
+our servers by linear kernels and precision against ``llama-server`` by GGUF type, a burst
+and one request at a time, with each variant's greedy agreement and perplexity. Each is warmed up, then
 repeated (median of ``--repeats``); the tables, ratios and the issues' targets are printed,
 and written as JSON and a PNG chart.
 
@@ -36,10 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the models run (default cpu; the HTTP contender follows)")
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="batch capacity for every batching contender (default 32)")
-    parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "agents", "interference", "http"),
+    parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "agents", "interference", "http", "cpu"),
                         help="run only these workloads (the burst always runs when open or http do)")
     parser.add_argument("--gguf", help="llama-server's GGUF of the model (default: MODEL/model.gguf); the "
                         "llama-server contender runs when this file exists and llama-server is on PATH")
+    parser.add_argument("--llama-server", metavar="PATH",
+                        help="llama.cpp's llama-server binary for [g] (default: llama-server on PATH, if any)")
+    parser.add_argument("--gguf-converter", metavar="PATH",
+                        help="llama.cpp's convert_hf_to_gguf.py: [g] converts the model to the f32, f16 and q8_0 "
+                        "GGUFs it lacks (MODEL/model-<type>.gguf)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the open-loop arrivals")
 
 
@@ -58,10 +65,15 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(
         model=args.model, quick=args.quick, repeats=repeats, num_threads=args.threads, dtype=args.dtype,
         device=args.device, max_batch_size=args.max_batch_size, seed=args.seed, gguf=args.gguf,
+        llama_server=args.llama_server, gguf_converter=args.gguf_converter,
         workloads=tuple(args.only) if args.only else BenchConfig.workloads, out=args.out,
     )
     results = Suite(config, log=lambda line: print(line, flush=True)).run()
     print(format_tables(results))
+    if "cpu_quality" in results:
+        from .cpu import format_quality
+
+        print(format_quality(results["cpu_quality"]))
     print(format_targets(results))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(results, args.out / "results.json")

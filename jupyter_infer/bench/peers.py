@@ -34,15 +34,17 @@ from .workloads import Workload
 
 
 async def stream_completions(base_url: str, model: str, arrivals: list[Arrival], *,
+                             chains: list[list[Arrival]] | None = None,
                              headers: dict[str, str] | None = None,
                              extra: dict[str, Any] | None = None) -> tuple[list[Trace], float]:
-    """Stream every arrival as an OpenAI completion; the traces and the wall time from the
-    first send to the last answer."""
+    """Stream every arrival as an OpenAI completion, and each chain's requests one after the
+    other; the traces and the wall time from the first send to the last answer."""
     import httpx
 
     loop = asyncio.get_running_loop()
     start = loop.time()
-    limits = httpx.Limits(max_connections=len(arrivals) + 4, max_keepalive_connections=0)
+    chains = chains or []
+    limits = httpx.Limits(max_connections=len(arrivals) + len(chains) + 4, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, headers=headers or {}, timeout=600, limits=limits) as client:
 
         async def one(item: Arrival) -> Trace:
@@ -78,7 +80,11 @@ async def stream_completions(base_url: str, model: str, arrivals: list[Arrival],
                 trace.ttft_ms = (trace.token_times[0] - trace.sent) * 1000
             return trace
 
-        traces = await asyncio.gather(*(one(a) for a in arrivals))
+        async def chain(items: list[Arrival]) -> list[Trace]:
+            return [await one(item) for item in items]
+
+        done = await asyncio.gather(*(one(a) for a in arrivals), *(chain(c) for c in chains))
+        traces = [t for item in done for t in (item if isinstance(item, list) else [item])]
     end = max((t.done for t in traces if t.done is not None), default=time.monotonic())
     return list(traces), end - min(t.sent for t in traces)
 
@@ -93,10 +99,11 @@ class CompletionsPeer(Contender):
         self.process = process
 
     def supports(self, workload: Workload) -> bool:
-        return not workload.chains and workload.late is None
+        return workload.late is None
 
     def run(self, workload: Workload) -> Run:
         traces, wall = asyncio.run(stream_completions(self.base_url, self.model, workload.arrivals,
+                                                      chains=workload.chains,
                                                       headers=self.headers, extra=self.extra))
         failed = [t.error for t in traces if t.error]
         if failed:
@@ -173,18 +180,22 @@ def transformers_serve(model_dir: str, device: str, dtype: str, threads: int, ma
                            f"http://127.0.0.1:{port}/v1/", model_dir, process=process)
 
 
-def llama_server(gguf: str, threads: int, parallel: int, context_per_slot: int, log_path: Path) -> CompletionsPeer:
-    """llama.cpp's ``llama-server -np N -cb`` on a GGUF of the same model."""
+def llama_server(gguf: str, threads: int, parallel: int, context_per_slot: int, log_path: Path, *,
+                 exe: str | None = None, name: str = "llama_server",
+                 label: str = "llama.cpp llama-server -cb", extra: dict[str, Any] | None = None) -> CompletionsPeer:
+    """llama.cpp's ``llama-server -np N -cb`` on a GGUF of the same model (``exe``: its path;
+    default: ``llama-server`` on PATH)."""
     from ..server.launcher import free_port
 
-    exe = shutil.which("llama-server")
-    if exe is None:
-        raise RuntimeError("no llama-server on PATH (docs/benchmark.md: how to build one and convert the model)")
+    exe = exe or shutil.which("llama-server")
+    if exe is None or not Path(exe).is_file():
+        raise RuntimeError(f"no llama-server {'at ' + exe if exe else 'on PATH'} "
+                           "(docs/benchmark.md: how to build one and convert the model)")
     if not Path(gguf).is_file():
         raise RuntimeError(f"no GGUF at {gguf} (docs/benchmark.md: convert the model with convert_hf_to_gguf.py)")
     port = free_port()
     cmd = [exe, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel), "-cb",
            "-t", str(threads), "-c", str(parallel * context_per_slot)]
     process = ServerProcess(cmd, f"http://127.0.0.1:{port}/health", log_path)
-    return CompletionsPeer("llama_server", "llama.cpp llama-server -cb", f"http://127.0.0.1:{port}/v1/", gguf,
-                           extra={"stream_options": {"include_usage": True}}, process=process)
+    return CompletionsPeer(name, label, f"http://127.0.0.1:{port}/v1/", gguf,
+                           extra={"stream_options": {"include_usage": True}, **(extra or {})}, process=process)

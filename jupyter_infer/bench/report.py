@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "hf_cb", "ceiling",
-         "http", "http_openai", "hf_serve", "llama_server")
+         "http", "http_openai", "hf_serve", "llama_server",
+         "f32_eager", "f32", "bf16", "int8", "llama_f32", "llama_f16", "llama_q8_0")
 TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
-          "agents": "[e] agents", "interference": "[f] interference"}
+          "agents": "[e] agents", "interference": "[f] interference", "cpu_burst": "[g] CPU, burst",
+          "cpu_alone": "[g] CPU, one at a time"}
 # Columns of a second table, for the workloads that measure more than throughput and TTFT.
 EXTRA_COLUMNS = {
     "agents": (("wall s", "wall_s", ".2f"), ("reused tok", "prefix_reused_tokens", ".0f"), ("hits", "prefix_hits", ".0f")),
@@ -53,6 +55,17 @@ TARGETS = (
     Target("http", "ours >= 1.3 x transformers serve (tok/s, OpenAI completions)", "http_openai", "hf_serve",
            "tokens_per_s", ">=", 1.3),
     Target("http", "TTFT p50: ours <= 0.6 x transformers serve", "http_openai", "hf_serve", "ttft_p50_ms", "<=", 0.6),
+    # issue 14: each precision class against llama.cpp's counterpart, and int8 against our f32
+    *(Target(w, f"{what}: ours {a} >= 0.9 x llama-server {b.removeprefix('llama_')} (tok/s)", a, b,
+             "tokens_per_s", ">=", 0.9)
+      for w, what in (("cpu_burst", "burst"), ("cpu_alone", "alone")) for a, b in (("f32", "llama_f32"),
+                                                                                   ("bf16", "llama_f16"))),
+    *(Target(w, f"{what}: TTFT p50 ours {a} <= 1.2 x llama-server {b.removeprefix('llama_')}", a, b,
+             "ttft_p50_ms", "<=", 1.2)
+      for w, what in (("cpu_burst", "burst"), ("cpu_alone", "alone")) for a, b in (("f32", "llama_f32"),
+                                                                                   ("bf16", "llama_f16"))),
+    Target("cpu_burst", "burst: int8 >= 1.3 x our f32 (tok/s)", "int8", "f32", "tokens_per_s", ">=", 1.3),
+    Target("cpu_alone", "alone: int8 >= 1.3 x our f32 (tok/s)", "int8", "f32", "tokens_per_s", ">=", 1.3),
 )
 
 
@@ -131,7 +144,7 @@ def format_tables(results: dict[str, Any]) -> str:
         if ceiling.get("bare_loop_tokens_per_s"):
             lines.append(f"  (ceiling = bare decode steps only, {ceiling['decode_step_ms']:.1f} ms/step; the same "
                          f"bare loop with its prefill: {ceiling['bare_loop_tokens_per_s']:.1f} tok/s)")
-        ours = "http" if name == "http" else "continuous"
+        ours = {"http": "http", "cpu_burst": "f32", "cpu_alone": "f32"}.get(name, "continuous")
         others = [k for k in contenders if k != ours]
         metric, what = {"open": ("ttft_p50_ms", "TTFT p50"), "agents": ("ttft_p50_ms", "TTFT p50"),
                         "interference": ("worst_gap_ms", "worst gap")}.get(name, ("tokens_per_s", "throughput"))
@@ -142,7 +155,7 @@ def format_tables(results: dict[str, Any]) -> str:
 
 
 def format_targets(results: dict[str, Any]) -> str:
-    lines = ["", "Targets (issues 4 and 12; ratios within this run):"]
+    lines = ["", "Targets (issues 4, 12 and 14; ratios within this run):"]
     for t in evaluate_targets(results):
         if t["ratio"] is None:
             lines.append(f"  [ n/a ] {t['target']}: not measured")
@@ -178,7 +191,9 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
              "agents": ("TTFT p50 / p99", "ms", "ttft_p50_ms", "ttft_p99_ms", ("p50", "p99")),
              "interference": ("streams' worst gap / long prompt's TTFT", "ms", "worst_gap_ms", "long_ttft_ms",
                               ("worst gap", "long TTFT")),
-             "http": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None)}
+             "http": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
+             "cpu_burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
+             "cpu_alone": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None)}
     panels = [(name, *kinds[name]) for name in kinds if "contenders" in workloads.get(name, {})]
     cols = min(3, max(len(panels), 1))
     rows_n = max(1, -(-len(panels) // cols))

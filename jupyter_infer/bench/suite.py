@@ -41,8 +41,10 @@ class BenchConfig:
     device: str = "cpu"  # the CPU by default: the figures in docs/benchmark.md are CPU figures
     max_batch_size: int = 32
     seed: int = 0
-    workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "http")
+    workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "http", "cpu")
     gguf: str | None = None  # llama-server's model; None: <model>/model.gguf if there
+    llama_server: str | None = None  # the llama-server binary; None: the one on PATH, if any
+    gguf_converter: str | None = None  # llama.cpp's convert_hf_to_gguf.py, to make missing GGUFs
     out: Path = field(default_factory=lambda: Path("bench-results"))
 
     @property
@@ -173,6 +175,32 @@ class Suite:
                  f"{meta['dtype']} on {meta['device']}, {meta['torch_threads']} torch threads; "
                  f"{cfg.repeats} repeat(s), median reported")
 
+        if {"burst", "mixed", "open", "http"} & set(cfg.workloads):
+            self._measure_batching(engine, model_dir, cfg, burst, mixed, longest, count, meta)
+        if "agents" in cfg.workloads:
+            self._measure_agents(engine, model_dir, count)
+        if "interference" in cfg.workloads:
+            interference = wl.interference(count, *sizes["interference"])
+            self.log(f"\n[f] interference: {interference.description}")
+            self._measure(interference, [
+                OurScheduler(engine, "continuous", cfg.max_batch_size,
+                             label=f"ours: chunked prefill ({engine.prefill_chunk_tokens})"),
+                OurScheduler(engine, "continuous", cfg.max_batch_size, name="no_chunk",
+                             label="ours: whole prefill", prefill_chunk_tokens=0),
+                StandalonePrefill(engine, cfg.max_batch_size),
+            ])
+        if "http" in cfg.workloads:
+            self._measure_http(burst, model_dir, threads, count, engine.device)
+        if "cpu" in cfg.workloads:
+            from . import cpu
+
+            cpu.measure(self, model_dir, threads, count)
+        meta["duration_s"] = time.perf_counter() - started
+        return self.results
+
+    def _measure_batching(self, engine: Any, model_dir: str, cfg: BenchConfig, burst: wl.Workload,
+                          mixed: wl.Workload, longest: int, count: Callable[[str], int], meta: dict[str, Any]) -> None:
+        sizes = cfg.sizes
         ours = {m: OurScheduler(engine, m, cfg.max_batch_size) for m in ("window", "continuous")}
         hf_cb = in_fresh_thread(lambda: TransformersContinuous(
             model_dir, engine.tokenize, engine.model.dtype, cfg.max_batch_size, longest, device=engine.device))
@@ -196,22 +224,6 @@ class Suite:
                 self._measure(open_, [ours["window"], ours["continuous"], hf_cb], warmup=False)
         finally:
             hf_cb.close()
-        if "agents" in cfg.workloads:
-            self._measure_agents(engine, model_dir, count)
-        if "interference" in cfg.workloads:
-            interference = wl.interference(count, *sizes["interference"])
-            self.log(f"\n[f] interference: {interference.description}")
-            self._measure(interference, [
-                OurScheduler(engine, "continuous", cfg.max_batch_size,
-                             label=f"ours: chunked prefill ({engine.prefill_chunk_tokens})"),
-                OurScheduler(engine, "continuous", cfg.max_batch_size, name="no_chunk",
-                             label="ours: whole prefill", prefill_chunk_tokens=0),
-                StandalonePrefill(engine, cfg.max_batch_size),
-            ])
-        if "http" in cfg.workloads:
-            self._measure_http(burst, model_dir, threads, count, engine.device)
-        meta["duration_s"] = time.perf_counter() - started
-        return self.results
 
     def _measure_agents(self, engine: Any, model_dir: str, count: Callable[[str], int]) -> None:
         cfg = self.config

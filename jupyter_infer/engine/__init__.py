@@ -60,6 +60,8 @@ def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
         num_threads=config.num_threads,
         local_files_only=local_only,
         prefix_cache_mb=config.prefix_cache_mb,
+        prepack_weights=config.prepack_weights,
+        quantize=config.quantize,
     )
 
 

@@ -25,6 +25,7 @@ from transformers.utils import logging as hf_logging
 from ..errors import InvalidRequest
 from . import kv_cache
 from .base import Engine, EngineInfo, Sampled
+from .cpu_linear import QUANTIZE, LinearReport, swap_linears
 from .prefix_cache import PrefixCache
 from .sampling import prompt_logprobs, sample
 
@@ -75,6 +76,19 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         pass
     return False
+
+
+def check_quantize(quantize: str, device: str) -> None:
+    """Refuse a weight format this machine has no fast kernel for, saying why."""
+    if quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}; got {quantize!r}")
+    if device != "cpu":
+        raise ValueError(f"quantize={quantize!r} is a CPU weight format; on {device} load the model in "
+                         "bfloat16/float16 (dtype) instead.")
+    if not cpu_has_native_bf16():
+        raise ValueError(f"quantize={quantize!r} needs a CPU with bf16 instructions (AVX512-BF16 or AMX): "
+                         "its int8 kernel computes in bf16 and without them is several times slower "
+                         "than float32.")
 
 
 def default_num_threads() -> int:
@@ -159,10 +173,16 @@ class HFEngine(Engine):
         num_threads: int = 0,
         local_files_only: bool = False,
         prefix_cache_mb: float = 0,
+        prepack_weights: bool = True,
+        quantize: str = "none",
     ) -> None:
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
         self.device = pick_device(device)
         torch_dtype = pick_dtype(dtype, self.device)
+        if quantize != "none":
+            check_quantize(quantize, self.device)
+            if dtype == "auto":
+                torch_dtype = torch.bfloat16  # what the int8 kernel computes in
         if self.device == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=local_files_only)
@@ -170,6 +190,10 @@ class HFEngine(Engine):
             model, dtype=torch_dtype, local_files_only=local_files_only
         ).to(self.device)
         self.model.eval()
+        parameters = sum(p.numel() for p in self.model.parameters())
+        linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
+        if self.device == "cpu":
+            linears = swap_linears(self.model, prepack=prepack_weights, quantize=quantize)
         config = self.model.config
         eos = self.model.generation_config.eos_token_id
         if eos is None:
@@ -195,8 +219,11 @@ class HFEngine(Engine):
             max_context=int(max_context),
             details={
                 "architecture": (config.architectures or [type(self.model).__name__])[0],
-                "parameters": sum(p.numel() for p in self.model.parameters()),
+                "parameters": parameters,
                 "num_threads": torch.get_num_threads(),
+                "linear_kernels": linears.kernels,
+                "quantize": quantize,
+                "prepack_s": round(linears.seconds, 3),
                 "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
             },
         )

@@ -1,0 +1,234 @@
+"""[g] The CPU forward pass against llama.cpp (issue 14).
+
+Every contender is a server on the same model, driven by the same client (streamed OpenAI
+completions, greedy, EOS ignored): ours with eager linears, with prepacked oneDNN linears
+(float32, and bfloat16 where the CPU has bf16 instructions) and with weight-only int8; and
+llama.cpp's ``llama-server -np N -cb`` on GGUFs of the model in f32, f16 and q8_0. Two
+workloads: a burst (all at once) and one request at a time. Ratios compare a precision class
+with its counterpart: f32 with f32, bf16 with f16, int8 with q8_0.
+
+Quality is measured in-process on a fixed text: each variant's next-token choice at every
+position against float32 eager (teacher-forced greedy agreement) and its perplexity.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..loadgen import Arrival
+from . import workloads as wl
+from .contenders import Contender
+from .peers import CompletionsPeer, llama_server
+
+if TYPE_CHECKING:
+    from .suite import Suite
+
+# What every request asks: no early stop, so that all contenders decode the same tokens.
+REQUEST_EXTRA = {"ignore_eos": True, "stream_options": {"include_usage": True}}
+GGUF_TYPES = ("f32", "f16", "q8_0")
+INT8_AGREEMENT = 0.95  # issue 14's bound on int8's greedy agreement with float32
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One of our servers: a name, a label and the InferApp options that make it."""
+
+    name: str
+    label: str
+    options: dict[str, Any]
+    needs_bf16: bool = False
+
+
+VARIANTS = (
+    Variant("f32_eager", "ours f32, eager linears", {"dtype": "float32", "prepack_weights": False}),
+    Variant("f32", "ours f32, prepacked", {"dtype": "float32"}),
+    Variant("bf16", "ours bf16, prepacked", {"dtype": "bfloat16"}, needs_bf16=True),
+    Variant("int8", "ours int8 weight-only", {"dtype": "bfloat16", "quantize": "int8"}, needs_bf16=True),
+)
+# (ours, llama.cpp's counterpart): the same precision class.
+PAIRS = (("f32", "llama_f32"), ("bf16", "llama_f16"), ("int8", "llama_q8_0"))
+
+
+def workloads(count: Callable[[str], int], burst: tuple[int, int], alone: tuple[int, int]) -> list[wl.Workload]:
+    """A burst of ``burst[0]`` requests at once, and ``alone[0]`` sent one at a time."""
+    b = wl.burst(count, *burst)
+    prompts = wl.bench_prompts(count, alone[0])
+    arrivals = [Arrival(at=0.0, prompt=p, max_tokens=alone[1]) for p in prompts]
+    return [
+        wl.Workload("cpu_burst", b.description + ", over HTTP (OpenAI completions)", b.arrivals),
+        wl.Workload("cpu_alone", f"{alone[0]} requests one at a time, ~20-token prompts, {alone[1]} new tokens each, "
+                    "over HTTP (OpenAI completions)", [], chains=[arrivals]),
+    ]
+
+
+def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[str], None]) -> Path | None:
+    """``<model>/model-<kind>.gguf``; made with llama.cpp's converter when one is given."""
+    target = Path(model_dir) / f"model-{kind}.gguf"
+    if target.is_file() or not converter:
+        return target if target.is_file() else None
+    log(f"  converting the model to {target.name} with {converter}")
+    done = subprocess.run([sys.executable, "-c", _CONVERT, converter, model_dir, "--outfile", str(target),
+                           "--outtype", kind], capture_output=True, text=True)
+    if done.returncode != 0 or not target.is_file():
+        raise RuntimeError(f"convert_hf_to_gguf.py failed: {(done.stderr or done.stdout)[-600:]}")
+    return target
+
+
+# llama.cpp's converter, with two gaps of a locally built model filled in: a tokenizer it has no
+# hash for (ours is trained here: a byte-level BPE, whose pre-tokenizer is GPT-2's) and
+# transformers 5's GPT-2 config, which has n_positions but no n_ctx.
+_CONVERT = """
+import sys
+from pathlib import Path
+converter = Path(sys.argv[1]).resolve()
+sys.argv = [str(converter)] + sys.argv[2:]
+sys.path[:0] = [str(converter.parent), str(converter.parent / "gguf-py")]
+import convert_hf_to_gguf as cli
+from conversion import base
+load_hparams = base.ModelBase.load_hparams
+def with_n_ctx(*args, **kwargs):
+    hparams = load_hparams(*args, **kwargs)
+    if "n_positions" in hparams:
+        hparams.setdefault("n_ctx", hparams["n_positions"])
+    return hparams
+base.ModelBase.load_hparams = staticmethod(with_n_ctx)
+pre = base.TextModel.get_vocab_base_pre
+def gpt2_if_unknown(self, tokenizer):
+    try:
+        return pre(self, tokenizer)
+    except NotImplementedError:
+        return "gpt-2"
+base.TextModel.get_vocab_base_pre = gpt2_if_unknown
+cli.main()
+"""
+
+
+def contenders(suite: Suite, model_dir: str, threads: int, parallel: int, context: int,
+               notes: list[str]) -> list[Contender]:
+    """Our variants this CPU can run, then llama-server per GGUF type it can find or make."""
+    from ..client import Client
+    from ..engine.hf import cpu_has_native_bf16
+    from ..server.launcher import LocalServer
+
+    cfg, log = suite.config, suite.log
+    out: list[Contender] = []
+    bf16 = cpu_has_native_bf16()
+    for v in VARIANTS:
+        if v.needs_bf16 and not bf16:
+            notes.append(f"{v.label}: not measured, this CPU has no bf16 instructions")
+            continue
+        server = LocalServer(engine="hf", model=model_dir, num_threads=threads, mode="continuous",
+                             max_batch_size=parallel, prefix_cache_mb=0, log_path=str(cfg.out / f"server-{v.name}.log"),
+                             **v.options)
+        try:
+            server.start()
+            with Client(server.url, server.token, embedded=False) as client:
+                status = client.wait_ready(timeout=600)
+        except Exception as err:
+            server.stop()
+            notes.append(f"{v.label}: not measured: {type(err).__name__}: {err}")
+            continue
+        peer = CompletionsPeer(v.name, v.label, server.url + "infer/v1/", model_dir, headers=server.headers,
+                               extra=REQUEST_EXTRA, process=server)  # type: ignore[arg-type]  # it has stop()
+        details = status.get("details", {})
+        log(f"  {v.label}: {details.get('linear_kernels')}, packed in {details.get('prepack_s', 0):.2f} s")
+        out.append(peer)
+    for kind in GGUF_TYPES:
+        try:
+            gguf = gguf_path(model_dir, kind, cfg.gguf_converter, log)
+            if gguf is None:
+                raise RuntimeError(f"no {Path(model_dir) / f'model-{kind}.gguf'} (give --gguf-converter to make it)")
+            peer = llama_server(str(gguf), threads, parallel, context, cfg.out / f"llama-server-{kind}.log",
+                                exe=cfg.llama_server, name=f"llama_{kind}", label=f"llama-server {kind}",
+                                extra={"ignore_eos": True})
+        except Exception as err:
+            notes.append(f"llama-server {kind}: not measured: {err}")
+            continue
+        log(f"  llama-server {kind}: ready in {peer.process.startup_s:.1f} s")
+        out.append(peer)
+    return out
+
+
+def quality(model_dir: str, text: str, threads: int) -> dict[str, Any]:
+    """Teacher-forced greedy agreement with float32 eager, and perplexity, on ``text``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..engine.cpu_linear import swap_linears
+    from ..engine.hf import cpu_has_native_bf16
+
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+
+    def load(dtype: torch.dtype) -> Any:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+
+    def scores(model: Any) -> torch.Tensor:
+        limit = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
+        with torch.inference_mode():
+            return model(input_ids=ids[:, :limit]).logits[0, :-1].float()
+
+    def perplexity(logits: torch.Tensor) -> float:
+        targets = ids[0, 1 : logits.shape[0] + 1]
+        return math.exp(torch.nn.functional.cross_entropy(logits, targets).item())
+
+    reference = scores(load(torch.float32))
+    out: dict[str, Any] = {"tokens": int(reference.shape[0]) + 1,
+                           "f32_eager": {"agreement": 1.0, "perplexity": perplexity(reference)}}
+    for v in VARIANTS:
+        if v.name == "f32_eager" or (v.needs_bf16 and not cpu_has_native_bf16()):
+            continue
+        model = load(torch.bfloat16 if v.options.get("dtype") == "bfloat16" else torch.float32)
+        swap_linears(model, prepack=v.options.get("prepack_weights", True), quantize=v.options.get("quantize", "none"))
+        logits = scores(model)
+        agree = (logits.argmax(-1) == reference.argmax(-1)).float().mean().item()
+        out[v.name] = {"agreement": agree, "perplexity": perplexity(logits)}
+    return out
+
+
+def format_quality(entry: dict[str, Any]) -> str:
+    lines = [f"  quality on a fixed text ({entry['tokens']} tokens), against f32 eager:",
+             f"  {'variant':<14}{'greedy agreement':>18}{'perplexity':>12}"]
+    for name, q in entry.items():
+        if isinstance(q, dict):
+            lines.append(f"  {name:<14}{q['agreement']:>17.1%} {q['perplexity']:>12.2f}")
+    if "int8" in entry:
+        met = entry["int8"]["agreement"] >= INT8_AGREEMENT
+        lines.append(f"  [{'met' if met else 'MISSED':^6}] int8 greedy agreement >= {INT8_AGREEMENT:.0%} (issue 14): "
+                     f"{entry['int8']['agreement']:.1%}")
+    return "\n".join(lines)
+
+
+def measure(suite: Suite, model_dir: str, threads: int, count: Callable[[str], int]) -> None:
+    """Run [g]: both workloads over every contender, round-robin; then the quality table."""
+    from ..engine.model_builder import CORPUS
+
+    cfg = suite.config
+    burst, alone = ((8, 8), (3, 8)) if cfg.quick else ((16, 32), (8, 32))
+    loads = workloads(count, burst, alone)
+    suite.log(f"\n[g] the CPU forward pass against llama.cpp ({threads} threads): ours by linear kernels and "
+              "precision, llama-server by GGUF type")
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    longest = max(count(a.prompt) + a.max_tokens for w in loads for a in w.requests)
+    active = contenders(suite, model_dir, threads, burst[0], longest * 2, notes)
+    try:
+        for load in loads:
+            suite.log(f"  {load.name}: {load.description}")
+            suite._measure(load, active)
+    finally:
+        for c in active:
+            c.close()
+    for note in notes:
+        suite.log(f"  note: {note}")
+    for load in loads:
+        suite.results["workloads"].setdefault(load.name, {"contenders": {}})["notes"] = notes
+    suite.results["cpu_quality"] = quality(model_dir, CORPUS, threads)
+    suite.log(format_quality(suite.results["cpu_quality"]))
