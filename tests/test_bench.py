@@ -112,5 +112,18 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
             assert median["tokens_per_s"] > 0, (name, key)
             if key != "ceiling":  # every contender generated exactly the tokens asked for
                 assert median["tokens"] == workloads[name]["total_new_tokens"], (name, key)
-    assert len(results["targets"]) == 12 and all(t["ratio"] is not None for t in results["targets"])
+    # [g]: our servers by linear kernels and precision, each answering every token asked for
+    # (EOS ignored) one request at a time and in a burst; llama-server only where there is one.
+    for name in ("cpu_burst", "cpu_alone"):
+        cpu = workloads[name]["contenders"]
+        assert {"f32_eager", "f32"} <= set(cpu), cpu
+        for key, entry in cpu.items():
+            assert entry["median"]["tokens"] == workloads[name]["total_new_tokens"], (name, key)
+    alone = workloads["cpu_alone"]["contenders"]["f32"]["median"]
+    assert alone["wall_s"] * 1000 >= 0.95 * 3 * alone["latency_p50_ms"]  # one after the other, not together
+    quality = results["cpu_quality"]
+    assert quality["f32"]["agreement"] >= 0.99 and quality["int8" if "int8" in quality else "f32"]["agreement"] >= 0.9
+    assert "greedy agreement" in out
+    earlier = [t for t in results["targets"] if not t["workload"].startswith("cpu_")]
+    assert len(earlier) == 12 and all(t["ratio"] is not None for t in earlier)
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,97 @@
+"""CPU linears swapped into the model at load: oneDNN-prepacked weights (the default) and
+weight-only int8. Same answers as the eager model (within float tolerance), and the engine
+says which kernels it runs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from jupyter_infer.config import ServiceConfig
+from jupyter_infer.engine import cpu_linear, hf
+from jupyter_infer.engine.cpu_linear import Int8Linear, PackedLinear, swap_linears
+from jupyter_infer.engine.hf import HFEngine, cpu_has_native_bf16
+from jupyter_infer.engine.model_builder import CORPUS
+
+needs_bf16 = pytest.mark.skipif(not cpu_has_native_bf16(), reason="int8 runs only on a CPU with bf16 instructions")
+
+
+@pytest.fixture(params=["tiny_model_dir", "llama_model_dir"])
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(request.param)
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=ids).logits[0].float()
+
+
+def _text_ids(model_dir: Path, tokens: int = 256) -> torch.Tensor:
+    return AutoTokenizer.from_pretrained(model_dir)(CORPUS, return_tensors="pt").input_ids[:, :tokens]
+
+
+def test_prepacked_linears_compute_what_the_eager_ones_do(model_dir: Path) -> None:
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    packed = copy.deepcopy(eager)
+    report = swap_linears(packed, prepack=True)
+    linears = [m for m in packed.modules() if isinstance(m, PackedLinear)]
+    assert report.layers == len(linears) > 0 and report.kernels == "onednn prepacked float32"
+    assert not any(type(m) is torch.nn.Linear for m in packed.modules())
+    ids = _text_ids(model_dir)
+    want, got = _logits(eager, ids), _logits(packed, ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # sums in another order, nothing more
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@needs_bf16
+def test_int8_keeps_the_greedy_choices_of_float32(model_dir: Path) -> None:
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    quantized = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    report = swap_linears(quantized, prepack=True, quantize="int8")
+    assert report.layers == sum(isinstance(m, Int8Linear) for m in quantized.modules()) > 0
+    ids = _text_ids(model_dir)
+    want, got = _logits(eager, ids), _logits(quantized, ids)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.95
+    # Few rows take the int8 kernel, many a dequantized GEMM: both give the same numbers.
+    layer = next(m for m in quantized.modules() if isinstance(m, Int8Linear))
+    x = torch.randn(cpu_linear.INT8_GEMM_ROWS, layer.in_features, dtype=torch.bfloat16)
+    torch.testing.assert_close(layer(x[:4]), layer(x)[:4], rtol=2e-2, atol=2e-2)
+
+
+def test_the_engine_says_which_kernels_it_runs(tiny_model_dir: Path) -> None:
+    assert HFEngine(str(tiny_model_dir), dtype="float32").info.details["linear_kernels"] == "onednn prepacked float32"
+    eager = HFEngine(str(tiny_model_dir), dtype="float32", prepack_weights=False)
+    assert eager.info.details["linear_kernels"] == "eager (aten addmm)"
+
+
+def test_int8_is_refused_where_it_would_be_slow(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hf, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(ValueError, match="bf16 instructions"):
+        HFEngine(str(tiny_model_dir), quantize="int8")
+    with pytest.raises(ValueError, match="CPU weight format"):
+        hf.check_quantize("int8", "cuda")
+    with pytest.raises(ValueError, match="InferApp.quantize"):
+        ServiceConfig(quantize="int4")
+
+
+@needs_bf16
+@pytest.mark.asyncio
+async def test_int8_serves_through_the_service(tiny_model_dir: Path) -> None:
+    from jupyter_infer.request import Request, SamplingParams
+    from jupyter_infer.service import InferenceService
+
+    service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), quantize="int8"))
+    service.start()
+    try:
+        await service.wait_ready(60)
+        details = service.status()["details"]
+        assert details["linear_kernels"].startswith("int8") and details["quantize"] == "int8"
+        stream = await service.submit(Request("KV cache", SamplingParams(max_tokens=6, ignore_eos=True)))
+        result = await stream.result()
+        assert result.completion_tokens == len(result.token_ids) == 6 and result.finish_reason == "length"
+    finally:
+        await service.stop()
