@@ -2,7 +2,7 @@
 
 Every contender is a server on the same model, driven by the same client (streamed OpenAI
 completions, greedy, EOS ignored): ours with eager linears, with prepacked oneDNN linears
-(float32, and bfloat16 where the CPU has bf16 instructions) and with weight-only int8; and
+(float32, and bfloat16 where the CPU has bf16 instructions) and with int8 (fbgemm); and
 llama.cpp's ``llama-server -np N -cb`` on GGUFs of the model in f32, f16 and q8_0. Two
 workloads: a burst (all at once) and one request at a time. Ratios compare a precision class
 with its counterpart: f32 with f32, bf16 with f16, int8 with q8_0.
@@ -49,7 +49,7 @@ VARIANTS = (
     Variant("f32_eager", "ours f32, eager linears", {"dtype": "float32", "prepack_weights": False}),
     Variant("f32", "ours f32, prepacked", {"dtype": "float32"}),
     Variant("bf16", "ours bf16, prepacked", {"dtype": "bfloat16"}, needs_bf16=True),
-    Variant("int8", "ours int8 weight-only", {"dtype": "bfloat16", "quantize": "int8"}, needs_bf16=True),
+    Variant("int8", "ours int8 (dynamic)", {"dtype": "float32", "quantize": "int8"}),
 )
 # (ours, llama.cpp's counterpart): the same precision class.
 PAIRS = (("f32", "llama_f32"), ("bf16", "llama_f16"), ("int8", "llama_q8_0"))

@@ -197,5 +197,8 @@ def llama_server(gguf: str, threads: int, parallel: int, context_per_slot: int, 
     cmd = [exe, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel), "-cb",
            "-t", str(threads), "-c", str(parallel * context_per_slot)]
     process = ServerProcess(cmd, f"http://127.0.0.1:{port}/health", log_path)
+    # cache_prompt off: the rounds repeat the same prompts, and llama-server would otherwise
+    # reuse each slot's KV from the previous round (ours runs with its prefix cache off too).
     return CompletionsPeer(name, label, f"http://127.0.0.1:{port}/v1/", gguf,
-                           extra={"stream_options": {"include_usage": True}, **(extra or {})}, process=process)
+                           extra={"stream_options": {"include_usage": True}, "cache_prompt": False, **(extra or {})},
+                           process=process)

@@ -25,7 +25,7 @@ from transformers.utils import logging as hf_logging
 from ..errors import InvalidRequest
 from . import kv_cache
 from .base import Engine, EngineInfo, Sampled
-from .cpu_linear import QUANTIZE, LinearReport, swap_linears
+from .cpu_linear import QUANTIZE, LinearReport, cpu_flags, int8_available, swap_linears
 from .prefix_cache import PrefixCache
 from .sampling import prompt_logprobs, sample
 
@@ -67,15 +67,7 @@ def pick_dtype(dtype: str, device: str) -> torch.dtype:
 
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX (Linux's /proc/cpuinfo flags)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def check_quantize(quantize: str, device: str) -> None:
@@ -85,10 +77,9 @@ def check_quantize(quantize: str, device: str) -> None:
     if device != "cpu":
         raise ValueError(f"quantize={quantize!r} is a CPU weight format; on {device} load the model in "
                          "bfloat16/float16 (dtype) instead.")
-    if not cpu_has_native_bf16():
-        raise ValueError(f"quantize={quantize!r} needs a CPU with bf16 instructions (AVX512-BF16 or AMX): "
-                         "its int8 kernel computes in bf16 and without them is several times slower "
-                         "than float32.")
+    if not int8_available():
+        raise ValueError(f"quantize={quantize!r} needs PyTorch's x86 quantized kernels (fbgemm), which this "
+                         "build or CPU lacks.")
 
 
 def default_num_threads() -> int:
@@ -182,7 +173,7 @@ class HFEngine(Engine):
         if quantize != "none":
             check_quantize(quantize, self.device)
             if dtype == "auto":
-                torch_dtype = torch.bfloat16  # what the int8 kernel computes in
+                torch_dtype = torch.float32  # what the int8 kernel takes and gives
         if self.device == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=local_files_only)
