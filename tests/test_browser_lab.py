@@ -170,15 +170,16 @@ def page(lab: Lab) -> Iterator[Any]:
 class Burst:
     """``n`` streaming requests sent from outside the browser, each on its own thread."""
 
-    def __init__(self, lab: Lab, prompts: list[str], max_tokens: int | list[int]) -> None:
+    def __init__(self, lab: Lab, prompts: list[str], max_tokens: int | list[int], *, ignore_eos: bool = False) -> None:
         self.ids: queue.Queue[str] = queue.Queue()
         self.results: dict[str, dict[str, Any]] = {}
         self._pool = ThreadPoolExecutor(len(prompts))
         lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
-        self._futures = [self._pool.submit(self._one, lab, p, n) for p, n in zip(prompts, lengths, strict=True)]
+        self._futures = [self._pool.submit(self._one, lab, p, n, ignore_eos)
+                         for p, n in zip(prompts, lengths, strict=True)]
 
-    def _one(self, lab: Lab, prompt: str, max_tokens: int) -> None:
-        body = {"prompt": prompt, "max_tokens": max_tokens}
+    def _one(self, lab: Lab, prompt: str, max_tokens: int, ignore_eos: bool) -> None:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": ignore_eos}
         with httpx.stream("POST", f"{lab.url}/infer/generate_stream", json=body,
                           headers=lab.headers, timeout=60) as response:
             response.raise_for_status()
@@ -337,9 +338,11 @@ def test_dark_theme_and_long_history(lab: Lab, page: Any) -> None:
     _run_command(page, "Open the Inference Timeline")
     wide = page.locator(".ji-timeline-widget")
     expect(wide).to_be_visible()
-    # Answers of different lengths, so that rows leave the batch one by one.
+    # Answers of different lengths, so that rows leave the batch one by one: EOS ignored, or the
+    # simulated answers (100-130 tokens here) would end most rows at once, and the mid-burst
+    # moment below would last well under a second.
     burst = Burst(lab, [f"Tell me about topic {i} and batching" for i in range(12)],
-                  max_tokens=[40 + 25 * i for i in range(12)])
+                  max_tokens=[40 + 25 * i for i in range(12)], ignore_eos=True)
     for rid in burst.take(12):
         expect(panel.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
         expect(wide.locator(f'g.ji-row[data-id="{rid}"]')).to_have_count(1)
