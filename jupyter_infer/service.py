@@ -141,7 +141,7 @@ class InferenceService:
                 self._check_upstream(request)
                 from .upstream import estimate_tokens
 
-                seq = Sequence(request, [], prompt_tokens=estimate_tokens(request))
+                prompt_ids, prompt_tokens = [], estimate_tokens(request)
             else:
                 if request.prompt_ids is not None:
                     prompt_ids = list(request.prompt_ids)
@@ -153,9 +153,11 @@ class InferenceService:
                             len(m["content"]) for m in request.messages))
                     prompt_ids = await self._off_loop(backend.tokenize, request.prompt, size=len(request.prompt))
                 self._check_token_ids([t for t, _ in request.params.logit_bias], backend.vocab_size, "logit_bias")
-                seq = Sequence(request, prompt_ids)
+                prompt_tokens = len(prompt_ids)
             info = backend.info
-            self._check(request, seq.num_prompt_tokens, info)
+            # Before the Sequence copies request.params: this resolves an open max_tokens there.
+            self._check(request, prompt_tokens, info)
+            seq = Sequence(request, prompt_ids, prompt_tokens=prompt_tokens)
         except InferError as err:
             self._recorder.rejected(refusal_reason(err.status))
             raise

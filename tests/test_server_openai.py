@@ -90,6 +90,21 @@ async def test_completion_defaults_follow_openai(client: openai.AsyncOpenAI) -> 
 
 
 @pytest.mark.parametrize("stream", [False, True])
+async def test_chat_without_max_tokens_runs_until_it_stops(client: openai.AsyncOpenAI, stream: bool) -> None:
+    """The most common chat call leaves max_tokens out: as many as fit (it once failed with a
+    500: the open max_tokens was resolved after the sequence had copied the parameters)."""
+    kw = {"model": "default", "messages": [{"role": "user", "content": "0"}]}
+    if stream:
+        chunks = [c async for c in await client.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kw)]
+        finish, usage = [c.choices[0].finish_reason for c in chunks if c.choices][-1], chunks[-1].usage
+    else:
+        chat = await client.chat.completions.create(**kw)
+        finish, usage = chat.choices[0].finish_reason, chat.usage
+    assert finish in ("stop", "length") and usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
 async def test_several_prompts_and_n_choices(client: openai.AsyncOpenAI, stream: bool) -> None:
     prompts = ["What is attention?", "KV cache", "Why batch requests?"]
     kw = {"model": "default", "max_tokens": 6, "temperature": 0, "n": 2, "extra_body": {"ignore_eos": True}}
