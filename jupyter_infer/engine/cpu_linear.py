@@ -1,9 +1,8 @@
 """Faster linear layers on the CPU, swapped into an unchanged transformers model at load.
 
-A decode step on the CPU is ~80 % ``aten::addmm`` (docs/engine.md), and eager PyTorch hands
-every call MKL's row-major weight: a few rows per step barely use the cores, and the whole
-weight is re-read in a layout the kernel must re-block. Two swaps, both measured on the
-"small" GPT-2-shaped model (docs/benchmark.md, "CPU kernels"):
+A decode step on the CPU is ~80 % linear layers (torch.profiler), and at a few rows a step is
+bound by reading their weights. Two swaps, measured on the "small" GPT-2-shaped model
+(docs/engine.md, "CPU linears"):
 
 * **prepacked** (the default on a CPU): each weight is reordered once into oneDNN's blocked
   layout, the same ``mkldnn._linear_pointwise`` that inductor's ``freezing`` emits. Same dtype,
@@ -11,13 +10,14 @@ weight is re-read in a layout the kernel must re-block. Two swaps, both measured
 * **int8** (the counterpart of llama.cpp's q8_0, which quantizes both operands too): int8
   weights with one scale per output channel, activations quantized per call, multiplied in
   int8 by fbgemm (VNNI where the CPU has it). A quarter of float32's weight bytes, which is
-  what a decode step is bound by: 2.4x float32's tokens/s alone and 4x at 16 rows. The
+  what a decode step is bound by: 2.4x prepacked float32's tokens/s alone, 2.2x at 16 rows. The
   activations' scale is shared by the rows of one step, so a row's numbers depend slightly on
   its batch-mates (float32 and bf16 rows do not).
 
 Only the linears change: attention, norms, embeddings and the cache classes stay the
 model's own, so every architecture transformers loads keeps working; a linear of another kind
-(a LoRA wrapper, a quantized module) is left as it is.
+(a LoRA wrapper, a quantized module) is left as it is. A tied output head (GPT-2's) gets its
+own packed copy of the embedding matrix: that much more memory, for the step's largest GEMV.
 """
 
 from __future__ import annotations
