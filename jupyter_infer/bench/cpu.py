@@ -44,6 +44,17 @@ class Variant:
     options: dict[str, Any]
     needs_bf16: bool = False
 
+    def missing(self) -> str | None:
+        """Why this CPU cannot run it, or None."""
+        from ..engine.cpu_linear import int8_available
+        from ..engine.hf import cpu_has_native_bf16
+
+        if self.needs_bf16 and not cpu_has_native_bf16():
+            return "this CPU has no bf16 instructions"
+        if self.options.get("quantize") == "int8" and not int8_available():
+            return "no x86 quantized kernels (fbgemm) here"
+        return None
+
 
 VARIANTS = (
     Variant("f32_eager", "ours f32, eager linears", {"dtype": "float32", "prepack_weights": False}),
@@ -113,15 +124,13 @@ def contenders(suite: Suite, model_dir: str, threads: int, parallel: int, contex
                notes: list[str]) -> list[Contender]:
     """Our variants this CPU can run, then llama-server per GGUF type it can find or make."""
     from ..client import Client
-    from ..engine.hf import cpu_has_native_bf16
     from ..server.launcher import LocalServer
 
     cfg, log = suite.config, suite.log
     out: list[Contender] = []
-    bf16 = cpu_has_native_bf16()
     for v in VARIANTS:
-        if v.needs_bf16 and not bf16:
-            notes.append(f"{v.label}: not measured, this CPU has no bf16 instructions")
+        if v.missing():
+            notes.append(f"{v.label}: not measured, {v.missing()}")
             continue
         server = LocalServer(engine="hf", model=model_dir, num_threads=threads, mode="continuous",
                              max_batch_size=parallel, prefix_cache_mb=0, log_path=str(cfg.out / f"server-{v.name}.log"),
@@ -161,7 +170,6 @@ def quality(model_dir: str, text: str, threads: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..engine.cpu_linear import swap_linears
-    from ..engine.hf import cpu_has_native_bf16
 
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -183,7 +191,7 @@ def quality(model_dir: str, text: str, threads: int) -> dict[str, Any]:
     out: dict[str, Any] = {"tokens": int(reference.shape[0]) + 1,
                            "f32_eager": {"agreement": 1.0, "perplexity": perplexity(reference)}}
     for v in VARIANTS:
-        if v.name == "f32_eager" or (v.needs_bf16 and not cpu_has_native_bf16()):
+        if v.name == "f32_eager" or v.missing():
             continue
         model = load(torch.bfloat16 if v.options.get("dtype") == "bfloat16" else torch.float32)
         swap_linears(model, prepack=v.options.get("prepack_weights", True), quantize=v.options.get("quantize", "none"))
