@@ -120,7 +120,9 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
         for key, entry in cpu.items():
             assert entry["median"]["tokens"] == workloads[name]["total_new_tokens"], (name, key)
     alone = workloads["cpu_alone"]["contenders"]["f32"]["median"]
-    assert alone["wall_s"] * 1000 >= 0.95 * 3 * alone["latency_p50_ms"]  # one after the other, not together
+    # One after the other, not together: the wall time holds at least the longest and the median
+    # request back to back (all at once, it would be about the longest alone).
+    assert alone["wall_s"] * 1000 >= 0.95 * (alone["latency_p99_ms"] + alone["latency_p50_ms"])
     quality = results["cpu_quality"]
     assert quality["f32"]["agreement"] >= 0.99 and quality["int8" if "int8" in quality else "f32"]["agreement"] >= 0.9
     assert "greedy agreement" in out
