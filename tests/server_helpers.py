@@ -20,7 +20,7 @@ AUTH = {"Authorization": f"token {TOKEN}"}
 
 def service_of(serverapp: Any) -> Any:
     """The ``InferenceService`` of a running server (what the handlers talk to)."""
-    from jupyter_infer.server.handlers import SERVICE_KEY
+    from jupyter_infer.server.handler_base import SERVICE_KEY
 
     return serverapp.web_app.settings[SERVICE_KEY]
 

@@ -16,7 +16,8 @@ from ..config import DTYPES, ENGINES, MODES, ServiceConfig
 from ..engine import Engine
 from ..service import InferenceService, make_service
 from . import prometheus
-from .handlers import SERVICE_KEY, routes
+from .handler_base import SERVICE_KEY
+from .handlers import routes
 
 D = ServiceConfig.default  # every default comes from ServiceConfig
 

@@ -1,0 +1,323 @@
+"""What every route under ``<base_url>infer/`` shares: validate → service → shape the answer.
+
+The routes themselves are in ``handlers`` (native, and the route table) and
+``openai_handlers`` (OpenAI-compatible).
+
+Every verb is ``@web.authenticated`` + ``@authorized`` on the ``jupyter_infer`` resource:
+reads (status, metrics, batches, events, models, health, tokenize) need ``read``; generating
+needs ``execute``. ``infer/health`` may be opened to probes without auth
+(``InferApp.health_without_auth``). Errors a user can hit are ``InferError``s, answered as
+JSON ``{"message": ...}`` (OpenAI's ``{"error": {...}}`` under ``infer/v1/`` and on the vLLM
+tokenizer routes, including the 401/404/405 that tornado and jupyter_server raise
+themselves) with their status; nothing is queued on bad input. Every other exception on a
+request path (a bug included) is answered in the same shape, without internals, and a
+refused generation is counted in the metrics.
+
+Bodies are streamed (``@stream_request_body``): the auth checks run before a byte of the
+body is read, a body over ``max_body_bytes`` is refused with 413 as soon as that is known,
+and a body that takes longer than ``body_timeout_s`` to arrive is cut off.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from http.client import responses
+from typing import Any, TypeVar
+
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from ..errors import (
+    InferError,
+    InternalError,
+    InvalidRequest,
+    PayloadTooLarge,
+    QueueFull,
+    refusal_reason,
+)
+from ..request import Request, RequestResult, TokenEvent, show
+from ..scheduler import RequestStream
+from ..service import InferenceService
+from .sse import EventStreamHandler, format_event
+
+AUTH_RESOURCE = "jupyter_infer"
+SERVICE_KEY = "jupyter_infer.service"  # settings key of the one InferenceService
+GENERATE = "execute"  # the auth action that running the model needs
+_QUERY_INTS = {"max_tokens", "top_k", "seed", "priority", "min_tokens"}
+_QUERY_FLOATS = {"temperature", "top_p", "repetition_penalty", "frequency_penalty", "presence_penalty"}
+_QUERY_FLAGS = {"ignore_eos"}
+_QUERY_IGNORED = {"token", "_xsrf", "no_track_activity"}
+
+F = TypeVar("F", bound=Callable[..., Awaitable[None]])
+log = logging.getLogger(__name__)
+
+
+def answers_errors(method: F) -> F:
+    """Answer any exception of ``method`` as a JSON error in the route's shape (or an SSE
+    error event, once the event stream has started)."""
+
+    @functools.wraps(method)
+    async def wrapper(self: InferHandler, *args: Any, **kwargs: Any) -> None:
+        if self._finished:
+            return  # refused while its body was arriving
+        try:
+            await method(self, *args, **kwargs)
+        except StreamClosedError:
+            pass  # the client left: nobody to answer
+        except Exception as err:
+            self.answer_error(as_infer_error(err))
+
+    return wrapper  # type: ignore[return-value]
+
+
+_HTTP_MESSAGES = {
+    403: "Forbidden: this needs Jupyter's auth, the token (an 'Authorization: token <t>' header, or "
+         "?token=) or the browser's login cookie with its XSRF header.",
+    405: "This route does not answer this HTTP method (see docs/server.md for its verbs).",
+}
+
+
+class HTTPFailure(InferError):
+    """A framework ``HTTPError`` (403 from auth, 405, a query that is not UTF-8, ...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = {403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
+            status, "invalid_request" if status < 500 else "internal_error")
+
+
+def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferError:
+    """What to answer for ``err``: an ``InferError`` as it is, anything else without internals."""
+    if isinstance(err, InferError):
+        return err
+    if isinstance(err, RecursionError):
+        return InvalidRequest("The request is nested too deeply to read; send a flat JSON object.")
+    if isinstance(err, web.HTTPError):
+        message = err.log_message % err.args if err.log_message and err.args else err.log_message
+        return HTTPFailure(err.status_code, message or _HTTP_MESSAGES.get(
+            err.status_code, err.reason or responses.get(err.status_code, "error")))
+    if log_unexpected:
+        log.error("jupyter_infer: unexpected error on a request", exc_info=err)
+    return InternalError("The server failed on this request (an internal error, written to the server's "
+                         "log). Try again, and report it if it persists.")
+
+
+@web.stream_request_body
+class InferHandler(EventStreamHandler):
+    auth_resource = AUTH_RESOURCE
+    # Routes that run the model: their refusals and failures are counted in infer/metrics.
+    generates = False
+
+    def initialize(self, **kwargs: Any) -> None:
+        super().initialize(**kwargs)
+        self.keepalive_s = self.infer_config.sse_keepalive_s
+        self._body = bytearray()
+        self._handed_over = False  # the service has the request: it counts what happens now
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        """Auth first (jupyter_server's checks raise 403/404 here, before any body is read),
+        then the body's bounds: its declared size, and how long it may take to arrive."""
+        await super().prepare()
+        if self._finished:
+            return
+        limit = self.infer_config.max_body_bytes
+        declared = self.request.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            self.answer_error(self.too_large(int(declared), limit))
+            return
+        set_body_timeout = getattr(self.request.connection, "set_body_timeout", None)
+        if set_body_timeout is not None:
+            set_body_timeout(self.infer_config.body_timeout_s)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished:
+            return
+        self._body += chunk
+        limit = self.infer_config.max_body_bytes
+        if len(self._body) > limit:  # a chunked body, with no Content-Length to check first
+            self._body = bytearray()
+            self.answer_error(self.too_large(None, limit))
+
+    @staticmethod
+    def too_large(size: int | None, limit: int) -> PayloadTooLarge:
+        what = f"is {size} bytes" if size is not None else "is larger than that"
+        return PayloadTooLarge(
+            f"The request body {what}, above this server's limit of {limit} bytes "
+            "(InferApp.max_body_bytes). Send a shorter prompt."
+        )
+
+
+    @property
+    def service(self) -> InferenceService:
+        return self.settings[SERVICE_KEY]
+
+    @property
+    def infer_config(self) -> Any:
+        """The ``InferApp`` trait values (jupyter_server puts them in ``<name>_config``)."""
+        return self.settings[f"{AUTH_RESOURCE}_config"]
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.service.limits.max_new_tokens
+
+    # -- input ------------------------------------------------------------------------------
+    def read_json(self) -> Any:
+        body, self._body = bytes(self._body), bytearray()
+        if not body.strip():
+            raise InvalidRequest("The request body is empty: send a JSON object such as {\"prompt\": \"...\"}.")
+        try:
+            return json.loads(body)
+        except RecursionError:
+            raise InvalidRequest("The request body is nested too deeply to read; send a flat JSON object.") from None
+        except (ValueError, UnicodeDecodeError) as err:
+            raise InvalidRequest(f"The request body is not valid JSON ({show(str(err))}).") from None
+
+    def query_body(self) -> dict[str, Any]:
+        """``GET`` query parameters as a generate body (for ``EventSource``, which cannot POST)."""
+        body: dict[str, Any] = {}
+        for name in self.request.query_arguments:
+            if name in _QUERY_IGNORED:
+                continue
+            values = self.get_query_arguments(name, strip=False)
+            if name == "stop":
+                body[name] = values
+                continue
+            value = values[-1]
+            try:
+                if name in _QUERY_FLAGS:
+                    if value.lower() not in {"true", "false", "1", "0"}:
+                        raise ValueError(value)
+                    body[name] = value.lower() in {"true", "1"}
+                elif name in _QUERY_INTS:
+                    body[name] = int(value)
+                elif name in _QUERY_FLOATS:
+                    body[name] = float(value)
+                else:
+                    body[name] = value
+            except ValueError:
+                raise InvalidRequest(f"'{name}' must be a number (or true/false); got {show(value)}.", param=name) from None
+        return body
+
+    async def submit(self, request: Request) -> RequestStream:
+        return (await self.submit_all([request]))[0]
+
+    async def submit_all(self, requests: list[Request]) -> list[RequestStream]:
+        """Queue every request, or none: if one is refused, those already queued are
+        cancelled and the refusal is raised."""
+        self._handed_over = True  # from here on the service counts a refusal
+        try:
+            for request in requests:
+                stream = await self.service.submit(request)
+                self.request_streams.append(stream)  # cancelled if the client leaves
+        except InferError:
+            for stream in self.request_streams:
+                stream.cancel()
+            raise
+        if self.gone.is_set():  # it left while we waited for the engine to load
+            for stream in self.request_streams:
+                stream.cancel()
+        first = self.request_streams[0]
+        self.set_header("X-Request-Id", first.id)
+        if first.route is not None:  # engine = "router": the backend that serves it
+            self.set_header("X-Route", first.route)
+        return list(self.request_streams)
+
+    # -- output -----------------------------------------------------------------------------
+    def error_body(self, err: InferError) -> dict[str, Any]:
+        return {"message": err.message, "code": err.code, "param": err.param}
+
+    def count_refusal(self, status: int) -> None:
+        """On a generating route, count a request refused or failed before the service had
+        it (the service counts its own), once."""
+        if self.generates and not self._handed_over:
+            self._handed_over = True
+            self.service.reject(refusal_reason(status), outcome="failed" if status >= 500 else "rejected")
+
+    def answer_error(self, err: InferError) -> None:
+        self.count_refusal(err.status)
+        if not self._finished:
+            self.write_infer_error(err)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Errors raised outside our methods (auth in ``prepare``, 405, ...) in our shape."""
+        exc_info = kwargs.get("exc_info")
+        if exc_info and exc_info[1] is not None:
+            err = as_infer_error(exc_info[1], log_unexpected=False)  # tornado logged it already
+        else:
+            err = HTTPFailure(status_code, responses.get(status_code, "error"))
+        self.answer_error(err)
+
+    def write_infer_error(self, err: InferError) -> None:
+        if self.streaming:
+            body = self.error_body(err)
+            if self.request_streams:
+                body["id"] = self.request_streams[0].id
+            self.write(format_event(json.dumps(body), "error"))
+            self.finish_event_stream()
+            return
+        self.set_status(err.status)
+        if isinstance(err, QueueFull):
+            self.set_header("Retry-After", str(max(1, math.ceil(err.retry_after))))
+        self.finish(json.dumps(self.error_body(err)))
+
+    async def stream_tokens(self, stream: RequestStream) -> None:
+        """The contract's SSE: ``token`` events, then ``result`` (usage, timings, batch) and
+        ``done``, or ``error``."""
+        self.start_event_stream()
+        if not await self.send(""):
+            return
+
+        def render(_: int, event: TokenEvent | RequestResult) -> str:
+            if isinstance(event, TokenEvent) and event.text:
+                return format_event(event.text, "token", event.request_id)
+            return ""
+
+        outcome = await self.relay([stream], render)
+        if outcome is None:
+            return  # the client left; the request is cancelled
+        if isinstance(outcome, InferError):
+            self.write_infer_error(outcome)
+            return
+        await self.send(format_event(json.dumps(outcome[0].to_json()), "result", stream.id)
+                        + format_event("[DONE]", "done", stream.id))
+        self.finish_event_stream()
+
+    async def whole_result(self, stream: RequestStream) -> RequestResult | None:
+        """Wait for the whole result; ``None`` if the client left meanwhile."""
+        result = await stream.result()
+        if result.route is not None:  # a fallback may have moved it since submit
+            self.set_header("X-Route", result.route)
+        return None if self.gone.is_set() else result
+
+
+class NotFoundHandler(InferHandler):
+    """Any other path under ``infer/``: a JSON 404 (jupyter_server would answer a redirect to
+    its login page, or HTML), whatever the method."""
+
+    def _not_found(self) -> None:
+        raise web.HTTPError(404, f"No route {self.request.path}: docs/server.md lists this server's routes.")
+
+    @web.authenticated
+    def get(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def post(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def put(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def patch(self, *args: Any) -> None:
+        self._not_found()
+
+    @web.authenticated
+    def delete(self, *args: Any) -> None:
+        self._not_found()

@@ -1,0 +1,231 @@
+"""The OpenAI-compatible routes under ``<base_url>infer/v1/`` (and the vLLM-style tokenizer
+routes): the same service, answers and errors in OpenAI's shapes (``openai_api``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from tornado import web
+
+from ..errors import InferError, InvalidRequest, NotFound
+from ..metrics import wall
+from ..request import RequestResult, TokenEvent, show
+from ..scheduler import RequestStream
+from . import openai_api
+from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
+from .sse import format_event
+
+INVALID_KEY = ("Invalid or missing API key: use this Jupyter server's token as the API key "
+               "(Authorization: Bearer <token>).")
+
+
+class OpenAIHandler(InferHandler):
+    """Errors in the client's language: OpenAI's ``{"error": {...}}`` for what we raise and
+    for what tornado and jupyter_server raise (401 for a bad key, where jupyter_server would
+    say 403 or complain about a missing ``_xsrf``; 404; 405)."""
+
+    def error_body(self, err: InferError) -> dict[str, Any]:
+        return openai_api.error_body(err)
+
+    def check_xsrf_cookie(self) -> None:
+        # jupyter_server checks XSRF on a POST whose token did not authenticate it; for an
+        # API client that sent a wrong key the truth is 401, not "'_xsrf' argument missing".
+        if hasattr(self, "_jupyter_current_user") and self.current_user is None:
+            raise web.HTTPError(401, INVALID_KEY)
+        super().check_xsrf_cookie()
+
+    def get_login_url(self) -> str:
+        raise web.HTTPError(401, INVALID_KEY)  # what @web.authenticated asks for without a user
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        self.count_refusal(status_code)
+        err = kwargs.get("exc_info", (None, None))[1]
+        message = getattr(err, "log_message", None) or self._reason
+        code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(status_code)
+        if status_code == 405:
+            message = f"{self.request.method} is not allowed on {self.request.path}."
+        if status_code >= 500 and not isinstance(err, web.HTTPError):
+            message = "The server failed on this request; see its log."
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(openai_api.error_json(status_code, message, code)))
+
+    def write_infer_error(self, err: InferError) -> None:
+        if self.streaming:  # OpenAI streams report a late error as a data chunk, then end
+            self.write(format_event(json.dumps(self.error_body(err))) + format_event("[DONE]"))
+            self.finish_event_stream()
+            return
+        super().write_infer_error(err)
+
+    async def complete(self, parse: Callable[..., openai_api.OpenAIRequest], chat: bool) -> None:
+        info = await self.service.wait_ready()
+        call = parse(self.read_json(), info, max_new_tokens=self.max_new_tokens,
+                     max_choices=self.infer_config.max_choices)
+        if call.ignored:  # names as sent: escaped and cut short, so that any name makes a valid header
+            names = [json.dumps(show(name) if len(name) > 60 else name)[1:-1] for name in call.ignored[:20]]
+            self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
+        streams = await self.submit_all(call.requests)
+        call.model = streams[0].model or call.model  # behind a router: the model that serves it
+        shape = openai_api.Shaper(chat, streams[0].id, call, self.service.token_texts)
+        if call.stream:
+            await self._stream_choices(streams, call, shape)
+            return
+        try:
+            results = await asyncio.gather(*(s.result() for s in streams))
+        finally:
+            for stream in streams:
+                if not stream.done:
+                    stream.cancel()  # another choice failed, or the client left
+        if not self.gone.is_set():
+            self.finish(shape.whole(results))
+
+    async def _stream_choices(
+        self, streams: list[RequestStream], call: openai_api.OpenAIRequest, shape: openai_api.Shaper,
+    ) -> None:
+        """Chunks of every choice, interleaved as they come, each with its ``index``."""
+        chat = shape.chat
+        tokens = [0] * len(streams)  # completion tokens so far, per choice
+        chars = [0] * len(streams)  # text sent so far, per choice (logprobs' text_offset)
+        records = [0] * len(streams)  # logprob records sent so far, per choice
+        opened = [chat] * len(streams)  # completions: the echo chunk is sent (chat: role chunk)
+
+        def data(obj: Any) -> str:
+            return format_event(json.dumps(obj))
+
+        def usage(i: int) -> dict[str, int] | None:
+            if not call.continuous_usage:
+                return None
+            return shape.usage([len(streams[i].prompt_ids)], [tokens[i]])
+
+        def echo(i: int, prompt_logprobs: Any) -> str:
+            opened[i] = True
+            if not call.echo:
+                return ""
+            text = call.requests[i].prompt
+            chars[i] = len(text)
+            return data(shape.chunk(i, text, logprobs=shape.echo_logprobs(streams[i].prompt_ids, prompt_logprobs),
+                                    usage=usage(i)))
+
+        def render(i: int, event: TokenEvent | RequestResult) -> str:
+            if isinstance(event, TokenEvent):
+                text = "" if opened[i] else echo(i, event.prompt_logprobs)
+                tokens[i] = event.index
+                records[i] += len(event.logprobs)
+                lp = shape.event_logprobs(event.logprobs, chars[i])
+                chars[i] += len(event.text)
+                if event.text or lp is not None:
+                    text += data(shape.chunk(i, event.text, logprobs=lp, usage=usage(i)))
+                return text
+            text = "" if opened[i] else echo(i, event.prompt_logprobs)
+            tokens[i] = event.completion_tokens
+            rest = (event.logprobs or ())[records[i]:]
+            lp = shape.event_logprobs(rest, chars[i]) if rest else None
+            return text + data(shape.chunk(i, None if chat else "", finish_reason=openai_api.finish_reason(event),
+                                           logprobs=lp, usage=usage(i)))
+
+        self.start_event_stream()
+        if chat and not await self.send("".join(
+                data(shape.chunk(i, "", first=True, usage=usage(i))) for i in range(len(streams)))):
+            return
+        outcome = await self.relay(streams, render)
+        if outcome is None:
+            return
+        if isinstance(outcome, InferError):
+            self.write_infer_error(outcome)
+            return
+        text = data(shape.usage_chunk(outcome)) if call.include_usage else ""
+        await self.send(text + format_event("[DONE]"))
+        self.finish_event_stream()
+
+
+class CompletionsHandler(OpenAIHandler):
+    generates = True
+
+    @web.authenticated
+    @authorized(GENERATE)
+    @answers_errors
+    async def post(self) -> None:
+        await self.complete(openai_api.parse_completion, chat=False)
+
+
+class ChatCompletionsHandler(OpenAIHandler):
+    generates = True
+
+    @web.authenticated
+    @authorized(GENERATE)
+    @answers_errors
+    async def post(self) -> None:
+        await self.complete(openai_api.parse_chat, chat=True)
+
+
+class ModelsHandler(OpenAIHandler):
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def get(self) -> None:
+        info = await self.service.wait_ready()
+        self.finish(openai_api.models_list(info, self._created()))
+
+    def _created(self) -> int:
+        return int(wall(self.service.collector.started_at))
+
+
+class ModelHandler(ModelsHandler):
+    """``GET infer/v1/models/{id}``: the card of the served model (ids may hold ``/``)."""
+
+    @web.authenticated
+    @authorized
+    @answers_errors
+    async def get(self, model: str) -> None:
+        info = await self.service.wait_ready()
+        if model not in openai_api.model_names(info):
+            raise NotFound(f"The model {show(model)} is not served here; GET infer/v1/models lists the one that is.")
+        self.finish(openai_api.model_card(info, self._created()))
+
+
+class TokenizeHandler(OpenAIHandler):
+    """``POST infer/tokenize`` (vLLM's shape): ``{prompt}`` or ``{messages}`` →
+    ``{count, max_model_len, tokens, token_strs}``, as the generate routes tokenize."""
+
+    @web.authenticated
+    @authorized("read")  # tokenizing runs no model: reading, though it is a POST
+    @answers_errors
+    async def post(self) -> None:
+        info = await self.service.wait_ready()
+        body = self.read_json()
+        if not isinstance(body, dict):
+            raise InvalidRequest("The request body must be a JSON object with 'prompt' or 'messages'.")
+        if "messages" in body:
+            prompt = await self.service.render_chat(openai_api.parse_messages(body))
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise InvalidRequest("'prompt' must be a string (or send 'messages').", param="prompt")
+        tokens = await self.service.tokenize(prompt)
+        strs = self.service.token_texts(tokens) if body.get("return_token_strs") else None
+        self.finish({"count": len(tokens), "max_model_len": info.max_context, "tokens": tokens, "token_strs": strs})
+
+
+class DetokenizeHandler(OpenAIHandler):
+    """``POST infer/detokenize`` (vLLM's shape): ``{tokens}`` → ``{prompt}``."""
+
+    @web.authenticated
+    @authorized("read")
+    @answers_errors
+    async def post(self) -> None:
+        body = self.read_json()
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidRequest("'tokens' must be a list of token ids.", param="tokens")
+        self.finish({"prompt": await self.service.detokenize(tokens)})
+
+
+class OpenAINotFoundHandler(OpenAIHandler, NotFoundHandler):
+    """Any other path under ``infer/v1/``: the same 404, in OpenAI's shape."""
+
+    def _not_found(self) -> None:
+        raise web.HTTPError(404, f"No route {self.request.path}: this server offers v1/completions, "
+                                 "v1/chat/completions and v1/models.")
