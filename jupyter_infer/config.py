@@ -39,7 +39,7 @@ class ServiceConfig:
     num_threads: int = 0  # 0: pick for this machine
     # CPU linears: reorder weights once for oneDNN (1.4-2x decode tokens/s, docs/engine.md)
     prepack_weights: bool = True
-    quantize: str = "none"  # "int8": weight-only int8 linears (CPU with bf16 instructions)
+    quantize: str = "none"  # "int8": fbgemm's dynamic int8 linears (x86 CPU; docs/engine.md)
     seed: int = 0
     simulated_token_delay_ms: tuple[float, float] = (10.0, 40.0)
     simulated_prefill_ms_per_token: float = 0.2

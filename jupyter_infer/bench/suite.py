@@ -176,7 +176,7 @@ class Suite:
                  f"{cfg.repeats} repeat(s), median reported")
 
         if {"burst", "mixed", "open", "http"} & set(cfg.workloads):
-            self._measure_batching(engine, model_dir, cfg, burst, mixed, longest, count, meta)
+            self._measure_batching(engine, model_dir, burst, mixed, longest, count, meta)
         if "agents" in cfg.workloads:
             self._measure_agents(engine, model_dir, count)
         if "interference" in cfg.workloads:
@@ -198,9 +198,10 @@ class Suite:
         meta["duration_s"] = time.perf_counter() - started
         return self.results
 
-    def _measure_batching(self, engine: Any, model_dir: str, cfg: BenchConfig, burst: wl.Workload,
-                          mixed: wl.Workload, longest: int, count: Callable[[str], int], meta: dict[str, Any]) -> None:
-        sizes = cfg.sizes
+    def _measure_batching(self, engine: Any, model_dir: str, burst: wl.Workload, mixed: wl.Workload,
+                          longest: int, count: Callable[[str], int], meta: dict[str, Any]) -> None:
+        """[a] burst, [b] mixed and [c] open loop: in-process batching against the alternatives."""
+        cfg, sizes = self.config, self.config.sizes
         ours = {m: OurScheduler(engine, m, cfg.max_batch_size) for m in ("window", "continuous")}
         hf_cb = in_fresh_thread(lambda: TransformersContinuous(
             model_dir, engine.tokenize, engine.model.dtype, cfg.max_batch_size, longest, device=engine.device))

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-QUANTIZE = ("none", "int8")
+from ..config import QUANTIZE
 
 
 @dataclass(frozen=True)
