@@ -144,7 +144,7 @@ def contenders(suite: Suite, model_dir: str, threads: int, parallel: int, contex
             notes.append(f"{v.label}: not measured: {type(err).__name__}: {err}")
             continue
         peer = CompletionsPeer(v.name, v.label, server.url + "infer/v1/", model_dir, headers=server.headers,
-                               extra=REQUEST_EXTRA, process=server)  # type: ignore[arg-type]  # it has stop()
+                               extra=REQUEST_EXTRA, process=server)
         details = status.get("details", {})
         log(f"  {v.label}: {details.get('linear_kernels')}, packed in {details.get('prepack_s', 0):.2f} s")
         out.append(peer)

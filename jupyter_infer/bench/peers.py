@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..loadgen import Arrival
 from .contenders import Contender, Run
@@ -83,17 +83,24 @@ async def stream_completions(base_url: str, model: str, arrivals: list[Arrival],
         async def chain(items: list[Arrival]) -> list[Trace]:
             return [await one(item) for item in items]
 
-        done = await asyncio.gather(*(one(a) for a in arrivals), *(chain(c) for c in chains))
-        traces = [t for item in done for t in (item if isinstance(item, list) else [item])]
+        singles, chained = await asyncio.gather(asyncio.gather(*(one(a) for a in arrivals)),
+                                                asyncio.gather(*(chain(c) for c in chains)))
+        traces = [*singles, *(t for c in chained for t in c)]
     end = max((t.done for t in traces if t.done is not None), default=time.monotonic())
     return list(traces), end - min(t.sent for t in traces)
+
+
+class Stoppable(Protocol):
+    """A server a peer owns: ``ServerProcess`` or our ``LocalServer``."""
+
+    def stop(self) -> None: ...
 
 
 class CompletionsPeer(Contender):
     """An OpenAI-compatible server driven by ``stream_completions``; owns its process, if any."""
 
     def __init__(self, name: str, label: str, base_url: str, model: str, *, headers: dict[str, str] | None = None,
-                 extra: dict[str, Any] | None = None, process: ServerProcess | None = None) -> None:
+                 extra: dict[str, Any] | None = None, process: Stoppable | None = None) -> None:
         self.name, self.label = name, label
         self.base_url, self.model, self.headers, self.extra = base_url, model, headers, extra
         self.process = process

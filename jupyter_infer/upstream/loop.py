@@ -126,14 +126,6 @@ class UpstreamLoop(EngineLoop):
             if not newcomers:
                 await self._wait(wake_at)
 
-    async def _wait(self, wake_at: float | None) -> None:
-        self._wakeup.clear()
-        timeout = None if wake_at is None else max(0.0, wake_at - time.monotonic())
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
     async def _serve(self, seq: Sequence) -> None:
         """Stream one request from the upstream into its ``RequestStream``."""
         core, stream = self.scheduler, self._streams[seq.id]
