@@ -128,10 +128,12 @@ async def status_latencies(base_url: str, until: asyncio.Future, out: list[float
         # Not timed: a fresh server's first api/status (connection, lazy setup) once took 0.74 s
         # on an idle CI machine, and that says nothing about a freeze.
         assert (await http.get("api/status")).status_code == 200
-        while not until.done():
+        while True:  # at least one timed sample, even if ``until`` ended during the warm-up
             sent = time.perf_counter()
             assert (await http.get("api/status")).status_code == 200
             out.append(time.perf_counter() - sent)
+            if until.done():
+                break
             await asyncio.sleep(0.01)
 
 
