@@ -23,7 +23,9 @@ from .errors import InferError, InvalidRequest, refusal_reason
 from .events import EventBus, Subscription
 from .metrics import MetricsCollector, wall
 from .request import Request, check_text
-from .scheduler import EngineLoop, Recorder, RequestStream, Sequence
+from .scheduler import EngineLoop, Recorder
+from .sequence import Sequence
+from .stream import RequestStream
 
 if TYPE_CHECKING:
     from .router import RouterService

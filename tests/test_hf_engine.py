@@ -16,7 +16,7 @@ from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine import StepPlan, load_engine
 from jupyter_infer.engine.hf import HFEngine, cpu_has_native_bf16, pick_device
 from jupyter_infer.request import Request, RequestResult, SamplingParams
-from jupyter_infer.scheduler import Sequence
+from jupyter_infer.sequence import Sequence
 from jupyter_infer.service import InferenceService
 
 PROMPTS = [

@@ -9,7 +9,7 @@ import torch
 
 from jupyter_infer.engine.sampling import filter_logits, prompt_logprobs, sample, shape_logits
 from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.scheduler import Sequence
+from jupyter_infer.sequence import Sequence
 
 EOS = 0
 

@@ -13,7 +13,8 @@ from jupyter_infer.errors import QueueFull
 from jupyter_infer.events import EventBus
 from jupyter_infer.metrics import MetricsCollector
 from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.scheduler import Recorder, Scheduler, Sequence, Status
+from jupyter_infer.scheduler import Recorder, Scheduler
+from jupyter_infer.sequence import Sequence, Status
 
 EOS = 0
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from ..request import TokenLogprob
-    from ..scheduler.sequence import Sequence
+    from ..sequence import Sequence
 
 
 @dataclass

@@ -31,7 +31,7 @@ from .sampling import prompt_logprobs, sample
 
 if TYPE_CHECKING:
     from ..request import SamplingParams
-    from ..scheduler.sequence import Sequence
+    from ..sequence import Sequence
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from .base import Sampled
 
 if TYPE_CHECKING:
     from ..request import SamplingParams
-    from ..scheduler.sequence import Sequence
+    from ..sequence import Sequence
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -27,7 +27,7 @@ from .simulated_answers import compose_answer
 from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
 
 if TYPE_CHECKING:
-    from ..scheduler.sequence import Sequence
+    from ..sequence import Sequence
 
 
 @dataclass

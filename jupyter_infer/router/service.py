@@ -23,8 +23,8 @@ from ..engine import EngineInfo
 from ..errors import EngineUnavailable, InferError, InvalidRequest, QueueFull
 from ..events import EventBus, Subscription
 from ..metrics import MetricsCollector, wall
-from ..scheduler import RequestStream
 from ..service import InferenceService, Limits
+from ..stream import RequestStream
 from .rule import Decision, Rule
 
 if TYPE_CHECKING:

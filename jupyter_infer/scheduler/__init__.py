@@ -1,11 +1,8 @@
 """Scheduling: the sync core that decides (``Scheduler``), the async loop that runs its plans
-on the engine thread (``EngineLoop``), the recorder of what happened, and the per-request
-``Sequence`` and ``RequestStream``."""
+on the engine thread (``EngineLoop``), and the recorder of what happened."""
 
 from .loop import EngineLoop
 from .recorder import Recorder
 from .scheduler import Scheduler
-from .sequence import Sequence, Status
-from .stream import RequestStream
 
-__all__ = ["EngineLoop", "Recorder", "RequestStream", "Scheduler", "Sequence", "Status"]
+__all__ = ["EngineLoop", "Recorder", "Scheduler"]

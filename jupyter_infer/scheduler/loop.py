@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 from ..engine import Batch, Engine, EngineInfo, StepPlan
 from ..errors import EngineUnavailable, RequestFailed
 from ..request import TokenEvent
+from ..sequence import Sequence
+from ..stream import RequestStream
 from .recorder import Recorder
 from .scheduler import Scheduler
-from .sequence import Sequence
-from .stream import RequestStream
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig

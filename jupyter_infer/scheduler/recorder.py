@@ -27,7 +27,7 @@ from ..metrics import BatchRecord, MetricsCollector, wall
 
 if TYPE_CHECKING:
     from ..engine import EngineInfo, StepPlan
-    from .sequence import Sequence
+    from ..sequence import Sequence
 
 
 RECENT_IDS = 1024  # finished request ids remembered (a reconnecting EventSource names one)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from ..engine import Sampled, StepPlan
 from ..errors import QueueFull
+from ..sequence import Sequence, Status
 from .recorder import Recorder
-from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..sequence import Sequence, Status
 from .scheduler import Scheduler
-from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig

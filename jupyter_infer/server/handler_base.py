@@ -40,8 +40,8 @@ from ..errors import (
     refusal_reason,
 )
 from ..request import Request, RequestResult, TokenEvent, show
-from ..scheduler import RequestStream
 from ..service import InferenceService
+from ..stream import RequestStream
 from .sse import EventStreamHandler, format_event
 
 AUTH_RESOURCE = "jupyter_infer"

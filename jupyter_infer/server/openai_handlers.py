@@ -14,7 +14,7 @@ from tornado import web
 from ..errors import InferError, InvalidRequest, NotFound
 from ..metrics import wall
 from ..request import RequestResult, TokenEvent, show
-from ..scheduler import RequestStream
+from ..stream import RequestStream
 from . import openai_api
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .sse import format_event

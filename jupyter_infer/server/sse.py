@@ -17,7 +17,7 @@ from tornado.iostream import StreamClosedError
 
 from ..errors import InferError
 from ..request import RequestResult, TokenEvent
-from ..scheduler import RequestStream
+from ..stream import RequestStream
 
 T = TypeVar("T")
 

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 from ..engine import EngineInfo
 from ..errors import EngineUnavailable, InferError, RequestFailed, UpstreamError
 from ..request import TokenEvent
-from ..scheduler import EngineLoop, RequestStream, Sequence
+from ..scheduler import EngineLoop
 from ..scheduler.upstream import UpstreamScheduler
+from ..sequence import Sequence
+from ..stream import RequestStream
 from .server import UpstreamConfigError, UpstreamServer
 from .wire import finish_reason
 

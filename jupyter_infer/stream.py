@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from ..request import RequestResult, TokenEvent
+from .request import RequestResult, TokenEvent
 
 
 class _End:

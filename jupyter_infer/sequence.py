@@ -11,8 +11,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from ..metrics import RequestRecord
-from ..request import Request, RequestResult, SamplingParams, TokenLogprob
+from .metrics import RequestRecord
+from .request import Request, RequestResult, SamplingParams, TokenLogprob
 
 
 class Status(enum.Enum):
