@@ -115,10 +115,11 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Request:
     """What to generate from: a ``prompt``, or chat ``messages`` that the service renders
-    with the model's chat template (then ``prompt`` is filled in)."""
+    with the model's chat template. A value: the service never changes it (``prepare``
+    makes the resolved copy it runs), so a router can hand the same request to a fallback."""
 
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -128,6 +129,9 @@ class Request:
     prompt_ids: list[int] | None = None
     priority: int = 0
     model: str | None = None  # the model (or router backend) the caller named; None: any
+    # Who sent it: the Jupyter (or JupyterHub) user the handler authenticated; "local" in a
+    # kernel. What fair sharing and per-user views go by.
+    owner: str = "local"
     id: str = field(default_factory=new_request_id)
     arrival: float = field(default_factory=time.monotonic)
     # FIFO tie-break within a priority, immune to equal timestamps.

@@ -148,17 +148,17 @@ class InferenceService:
                 if request.prompt_ids is not None:
                     prompt_ids = list(request.prompt_ids)
                     self._check_token_ids(prompt_ids, backend.vocab_size, "prompt")
-                    request.prompt = await self._off_loop(backend.detokenize, prompt_ids, size=len(prompt_ids))
+                    request = replace(request, prompt=await self._off_loop(backend.detokenize, prompt_ids, size=len(prompt_ids)))
                 else:
                     if request.messages is not None:
-                        request.prompt = await self._off_loop(backend.render_chat, request.messages, size=sum(
-                            len(m["content"]) for m in request.messages))
+                        request = replace(request, prompt=await self._off_loop(
+                            backend.render_chat, request.messages, size=sum(len(m["content"]) for m in request.messages)))
                     prompt_ids = await self._off_loop(backend.tokenize, request.prompt, size=len(request.prompt))
                 self._check_token_ids([t for t, _ in request.params.logit_bias], backend.vocab_size, "logit_bias")
                 prompt_tokens = len(prompt_ids)
             info = backend.info
             # Before the Sequence copies request.params: this resolves an open max_tokens there.
-            self._check(request, prompt_tokens, info)
+            request = self._check(request, prompt_tokens, info)
             seq = Sequence(request, prompt_ids, prompt_tokens=prompt_tokens)
         except InferError as err:
             self._recorder.rejected(refusal_reason(err.status))
@@ -286,7 +286,7 @@ class InferenceService:
                 "yet: leave 'logprobs' and 'echo' out.", param="logprobs",
             )
 
-    def _check(self, request: Request, prompt_tokens: int, info: EngineInfo) -> None:
+    def _check(self, request: Request, prompt_tokens: int, info: EngineInfo) -> Request:
         """Every limit a request must meet, checked in this one place; resolves an open
         ``max_tokens`` to as many as fit."""
         limits, max_context = self.limits, info.max_context
@@ -297,7 +297,7 @@ class InferenceService:
             )
         if request.params.max_tokens is None:
             room = max_context - prompt_tokens
-            request.params = replace(request.params, max_tokens=max(1, min(limits.max_new_tokens, room)))
+            request = replace(request, params=replace(request.params, max_tokens=max(1, min(limits.max_new_tokens, room))))
         max_tokens = request.params.max_tokens
         if max_tokens > limits.max_new_tokens:
             raise InvalidRequest(
@@ -325,6 +325,7 @@ class InferenceService:
                 f"model's context of {max_context} tokens; ask for at most {max(room, 0)} tokens "
                 "or shorten the prompt.", param="max_tokens",
             )
+        return request
 
     def reject(self, reason: str, *, outcome: str = "rejected") -> None:
         """Count a request refused (or, ``outcome="failed"``, failed) before it reached the

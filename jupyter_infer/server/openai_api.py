@@ -138,8 +138,7 @@ def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
 
 def _requested(request: Request, body: Mapping[str, Any]) -> Request:
     """Keep the model the client named (a router routes by it)."""
-    request.model = body.get("model")
-    return request
+    return replace(request, model=body.get("model"))
 
 
 def _check_stream(body: Mapping[str, Any]) -> tuple[bool, bool, bool]:
