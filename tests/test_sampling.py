@@ -82,11 +82,11 @@ def test_prompt_logprobs_score_each_next_token() -> None:
 
 
 def test_ignored_openai_fields_are_logged_once_per_name(caplog: pytest.LogCaptureFixture) -> None:
-    from jupyter_infer.server import openai_api
+    from jupyter_infer.server import openai_requests
 
-    caplog.set_level("INFO", logger=openai_api.__name__)
-    allowed = openai_api.COMPLETION_FIELDS
-    assert openai_api.ignored_fields({"prompt": "x", "zz_vendor": 1, "zz_other": 2}, allowed) == ["zz_other", "zz_vendor"]
-    assert openai_api.ignored_fields({"zz_vendor": 3}, allowed) == ["zz_vendor"]
+    caplog.set_level("INFO", logger=openai_requests.__name__)
+    allowed = openai_requests.COMPLETION_FIELDS
+    assert openai_requests.ignored_fields({"prompt": "x", "zz_vendor": 1, "zz_other": 2}, allowed) == ["zz_other", "zz_vendor"]
+    assert openai_requests.ignored_fields({"zz_vendor": 3}, allowed) == ["zz_vendor"]
     logged = [r.getMessage() for r in caplog.records if "zz_" in r.getMessage()]
     assert len(logged) == 2  # one line per name, however often it comes

@@ -383,7 +383,7 @@ async def test_bodies_sent_at_one_byte_a_second_are_closed_after_the_timeout(
 async def test_an_unexpected_error_is_a_json_500_without_internals_and_counted(
     client: httpx.AsyncClient, jp_serverapp: Any, monkeypatch: pytest.MonkeyPatch, path: str, openai: bool
 ) -> None:
-    from jupyter_infer.server import handlers, openai_api
+    from jupyter_infer.server import handlers, openai_requests
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("secret internals at 0x7f")
@@ -395,7 +395,7 @@ async def test_an_unexpected_error_is_a_json_500_without_internals_and_counted(
     assert "secret" not in response.text and "KeyError" not in response.text
     assert "log" in message
     monkeypatch.setattr(handlers, "parse_generate_body", broken)
-    monkeypatch.setattr(openai_api, "parse_completion", broken)
+    monkeypatch.setattr(openai_requests, "parse_completion", broken)
     response = await client.post(path, json={"prompt": "hi"})
     assert_error_shape(response, 500, openai=openai)
     assert "secret" not in response.text

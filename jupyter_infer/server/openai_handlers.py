@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes under ``<base_url>infer/v1/`` (and the vLLM-style tokenizer
-routes): the same service, answers and errors in OpenAI's shapes (``openai_api``)."""
+routes): the same service, answers and errors in OpenAI's shapes (bodies parsed in
+``openai_requests``, answers shaped in ``openai_answers``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..errors import InferError, InvalidRequest, NotFound
 from ..metrics import wall
 from ..request import RequestResult, TokenEvent, show
 from ..stream import RequestStream
-from . import openai_api
+from . import openai_answers, openai_requests
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .sse import format_event
 
@@ -29,7 +30,7 @@ class OpenAIHandler(InferHandler):
     say 403 or complain about a missing ``_xsrf``; 404; 405)."""
 
     def error_body(self, err: InferError) -> dict[str, Any]:
-        return openai_api.error_body(err)
+        return openai_answers.error_body(err)
 
     def check_xsrf_cookie(self) -> None:
         # jupyter_server checks XSRF on a POST whose token did not authenticate it; for an
@@ -51,7 +52,7 @@ class OpenAIHandler(InferHandler):
         if status_code >= 500 and not isinstance(err, web.HTTPError):
             message = "The server failed on this request; see its log."
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(openai_api.error_json(status_code, message, code)))
+        self.finish(json.dumps(openai_answers.error_json(status_code, message, code)))
 
     def write_infer_error(self, err: InferError) -> None:
         if self.streaming:  # OpenAI streams report a late error as a data chunk, then end
@@ -60,7 +61,7 @@ class OpenAIHandler(InferHandler):
             return
         super().write_infer_error(err)
 
-    async def complete(self, parse: Callable[..., openai_api.OpenAIRequest], chat: bool) -> None:
+    async def complete(self, parse: Callable[..., openai_requests.OpenAIRequest], chat: bool) -> None:
         info = await self.service.wait_ready()
         call = parse(self.read_json(), info, max_new_tokens=self.max_new_tokens,
                      max_choices=self.infer_config.max_choices)
@@ -69,7 +70,7 @@ class OpenAIHandler(InferHandler):
             self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
         streams = await self.submit_all(call.requests)
         call.model = streams[0].model or call.model  # behind a router: the model that serves it
-        shape = openai_api.Shaper(chat, streams[0].id, call, self.service.token_texts)
+        shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts)
         if call.stream:
             await self._stream_choices(streams, call, shape)
             return
@@ -83,7 +84,7 @@ class OpenAIHandler(InferHandler):
             self.finish(shape.whole(results))
 
     async def _stream_choices(
-        self, streams: list[RequestStream], call: openai_api.OpenAIRequest, shape: openai_api.Shaper,
+        self, streams: list[RequestStream], call: openai_requests.OpenAIRequest, shape: openai_answers.Shaper,
     ) -> None:
         """Chunks of every choice, interleaved as they come, each with its ``index``."""
         chat = shape.chat
@@ -123,7 +124,7 @@ class OpenAIHandler(InferHandler):
             tokens[i] = event.completion_tokens
             rest = (event.logprobs or ())[records[i]:]
             lp = shape.event_logprobs(rest, chars[i]) if rest else None
-            return text + data(shape.chunk(i, None if chat else "", finish_reason=openai_api.finish_reason(event),
+            return text + data(shape.chunk(i, None if chat else "", finish_reason=openai_answers.finish_reason(event),
                                            logprobs=lp, usage=usage(i)))
 
         self.start_event_stream()
@@ -148,7 +149,7 @@ class CompletionsHandler(OpenAIHandler):
     @authorized(GENERATE)
     @answers_errors
     async def post(self) -> None:
-        await self.complete(openai_api.parse_completion, chat=False)
+        await self.complete(openai_requests.parse_completion, chat=False)
 
 
 class ChatCompletionsHandler(OpenAIHandler):
@@ -158,7 +159,7 @@ class ChatCompletionsHandler(OpenAIHandler):
     @authorized(GENERATE)
     @answers_errors
     async def post(self) -> None:
-        await self.complete(openai_api.parse_chat, chat=True)
+        await self.complete(openai_requests.parse_chat, chat=True)
 
 
 class ModelsHandler(OpenAIHandler):
@@ -167,7 +168,7 @@ class ModelsHandler(OpenAIHandler):
     @answers_errors
     async def get(self) -> None:
         info = await self.service.wait_ready()
-        self.finish(openai_api.models_list(info, self._created()))
+        self.finish(openai_answers.models_list(info, self._created()))
 
     def _created(self) -> int:
         return int(wall(self.service.collector.started_at))
@@ -181,9 +182,9 @@ class ModelHandler(ModelsHandler):
     @answers_errors
     async def get(self, model: str) -> None:
         info = await self.service.wait_ready()
-        if model not in openai_api.model_names(info):
+        if model not in info.model_names():
             raise NotFound(f"The model {show(model)} is not served here; GET infer/v1/models lists the one that is.")
-        self.finish(openai_api.model_card(info, self._created()))
+        self.finish(openai_answers.model_card(info, self._created()))
 
 
 class TokenizeHandler(OpenAIHandler):
@@ -199,7 +200,7 @@ class TokenizeHandler(OpenAIHandler):
         if not isinstance(body, dict):
             raise InvalidRequest("The request body must be a JSON object with 'prompt' or 'messages'.")
         if "messages" in body:
-            prompt = await self.service.render_chat(openai_api.parse_messages(body))
+            prompt = await self.service.render_chat(openai_requests.parse_messages(body))
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
