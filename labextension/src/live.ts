@@ -1,11 +1,13 @@
 // The server-wide live timeline: request rows and batch spans kept up to date from the
 // `infer/events` stream, seeded from `infer/batches`, on the server's clock.
 //
-// Event shapes (jupyter_infer/scheduler.py `_emit`): queued {id, priority, prompt_tokens, at},
-// admitted {id, batch_id, at}, token {id, index, text}, finished {id, outcome,
-// completion_tokens, at, error}, batch {state: open|closed, id, members, started_at, ended_at,
-// steps, tokens, size}, step {kind, members, tokens, batch_id, started_at, ended_at}, ready,
-// shutdown.
+// Event shapes (jupyter_infer/scheduler/recorder.py, `Recorder._emit`; behind a router every
+// event also names its `route`): ready {engine, model, mode}, queued {id, priority,
+// prompt_tokens, at}, admitted {id, batch_id, at}, token {id, index, text}, finished {id,
+// outcome, finish_reason, completion_tokens, at, error}, batch {state: open|closed, and the
+// batch record: id, mode, members, size, started_at, ended_at, steps, prefill_steps, tokens,
+// prompt_tokens, source}, step {step_id, kind, chunk, members, tokens, batch_id, started_at,
+// ended_at}. shutdown {} comes from the server extension as it stops (server/app.py).
 
 import type { IBatchesAnswer } from './api';
 import { isLive } from './timeline/layout';

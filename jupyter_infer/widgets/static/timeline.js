@@ -95,6 +95,9 @@ function rowStart(row) {
   }
   return null;
 }
+function batchSize(b) {
+  return b.size ?? b.members?.length ?? 1;
+}
 function activity(rows, batches, endOf, tEnd) {
   const spans = [];
   for (const r of rows) {
@@ -120,19 +123,23 @@ function activity(rows, batches, endOf, tEnd) {
   }
   return merged;
 }
-function layoutTimeline(state, options) {
+function frameOf(options) {
   const width = Math.max(240, Math.round(options.width));
-  const rowHeight = options.rowHeight ?? 16;
-  const rowGap = options.rowGap ?? 3;
-  const charW = options.charWidth ?? CHAR_W;
   const labelWidth = Math.round(Math.min(180, Math.max(72, width * 0.26)));
-  const plotLeft = labelWidth;
-  const plotRight = width - 10;
-  const live = isNum(options.windowS) && options.windowS > 0;
-  const batches = (state.batches || []).filter((b) => isNum(b.started_at));
-  const batchById = new Map(batches.map((b) => [b.id, b]));
+  return {
+    width,
+    rowHeight: options.rowHeight ?? 16,
+    rowGap: options.rowGap ?? 3,
+    charW: options.charWidth ?? CHAR_W,
+    labelWidth,
+    plotLeft: labelWidth,
+    plotRight: width - 10,
+    live: isNum(options.windowS) && options.windowS > 0
+  };
+}
+function recordedTimes(rows, batches) {
   const times = [];
-  for (const r of state.rows || []) {
+  for (const r of rows) {
     for (const t of [r.queued_at, r.admitted_at, r.first_token_at, r.finished_at]) {
       if (isNum(t)) {
         times.push(t);
@@ -145,24 +152,26 @@ function layoutTimeline(state, options) {
       times.push(b.ended_at);
     }
   }
-  const now = isNum(state.now) ? state.now : null;
+  return times;
+}
+function timeSpan(times, now, windowS) {
   let t1 = now ?? (times.length ? Math.max(...times) : 0);
-  let t0;
-  if (live) {
-    const windowS = options.windowS;
+  if (windowS !== null) {
     const recent = times.filter((t) => t >= t1 - windowS);
     const span = recent.length ? (t1 - Math.min(...recent)) * 1.08 : windowS;
-    t0 = t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S)));
-  } else {
-    t0 = times.length ? Math.min(...times) : t1 - 1;
-    if (now !== null && times.length) {
-      t1 = Math.max(t1, Math.max(...times));
-    }
-    if (t1 - t0 < 0.05) {
-      t1 = t0 + 0.05;
-    }
+    return [t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S))), t1];
   }
-  const endOf = (r) => {
+  const t0 = times.length ? Math.min(...times) : t1 - 1;
+  if (now !== null && times.length) {
+    t1 = Math.max(t1, Math.max(...times));
+  }
+  if (t1 - t0 < 0.05) {
+    t1 = t0 + 0.05;
+  }
+  return [t0, t1];
+}
+function rowEnds(batchById, t1) {
+  return (r) => {
     if (isNum(r.finished_at)) {
       return r.finished_at;
     }
@@ -173,41 +182,43 @@ function layoutTimeline(state, options) {
     const known = [r.queued_at, r.admitted_at, r.first_token_at].filter(isNum);
     return Math.max(...ends, ...known, -Infinity);
   };
-  const rows = (state.rows || []).filter((r) => rowStart(r) !== null).filter((r) => !live || endOf(r) >= t0 && rowStart(r) <= t1).sort((p, q) => rowStart(p) - rowStart(q) || (p.id < q.id ? -1 : 1));
-  let segmentsT = [[t0, t1]];
-  let cutS = 0;
-  if (!live && options.compress !== false) {
-    const merged = activity(rows, batches, endOf, t1);
-    const minGap = Math.max(1, 0.03 * (t1 - t0));
-    const gaps = [];
-    for (let i = 1; i < merged.length; i++) {
-      if (merged[i][0] - merged[i - 1][1] > minGap) {
-        gaps.push([merged[i - 1][1], merged[i][0]]);
-      }
-    }
-    const idle = gaps.reduce((sum, [a, b]) => sum + (b - a), 0);
-    if (gaps.length && idle > 0.15 * (t1 - t0)) {
-      segmentsT = [];
-      let start = t0;
-      for (const [a, b] of gaps) {
-        segmentsT.push([start, a]);
-        start = b;
-      }
-      segmentsT.push([start, t1]);
-      cutS = idle;
+}
+function shownRows(rows, endOf, live, t0, t1) {
+  return rows.filter((r) => rowStart(r) !== null).filter((r) => !live || endOf(r) >= t0 && rowStart(r) <= t1).sort((p, q) => rowStart(p) - rowStart(q) || (p.id < q.id ? -1 : 1));
+}
+function shownStretches(active, t0, t1) {
+  const minGap = Math.max(1, 0.03 * (t1 - t0));
+  const gaps = [];
+  for (let i = 1; i < active.length; i++) {
+    if (active[i][0] - active[i - 1][1] > minGap) {
+      gaps.push([active[i - 1][1], active[i][0]]);
     }
   }
-  const nCuts = segmentsT.length - 1;
-  const shownS = segmentsT.reduce((sum, [a, b]) => sum + (b - a), 0) || 1e-3;
+  const idle = gaps.reduce((sum, [a, b]) => sum + (b - a), 0);
+  if (!(gaps.length && idle > 0.15 * (t1 - t0))) {
+    return { stretches: [[t0, t1]], cutS: 0 };
+  }
+  const stretches = [];
+  let start = t0;
+  for (const [a, b] of gaps) {
+    stretches.push([start, a]);
+    start = b;
+  }
+  stretches.push([start, t1]);
+  return { stretches, cutS: idle };
+}
+function layoutAxis(stretches, plotLeft, plotRight) {
+  const nCuts = stretches.length - 1;
+  const shownS = stretches.reduce((sum, [a, b]) => sum + (b - a), 0) || 1e-3;
   const pxPerS = (plotRight - plotLeft - nCuts * CUT_W) / shownS;
   const segments = [];
   const cuts = [];
   let cursor = plotLeft;
-  segmentsT.forEach(([a, b], i) => {
+  stretches.forEach(([a, b], i) => {
     segments.push({ a, b, x: cursor });
     cursor += (b - a) * pxPerS;
     if (i < nCuts) {
-      cuts.push({ x: cursor, w: CUT_W, idleS: segmentsT[i + 1][0] - b });
+      cuts.push({ x: cursor, w: CUT_W, idleS: stretches[i + 1][0] - b });
       cursor += CUT_W;
     }
   });
@@ -222,28 +233,26 @@ function layoutTimeline(state, options) {
     }
     return plotRight;
   };
-  const pieces = (start, end) => {
-    const out = [];
-    for (const s of segments) {
-      const a = Math.max(start, s.a);
-      const b = Math.min(end, s.b);
-      if (b > a || b === a && start === end && a >= s.a && a <= s.b) {
-        out.push({ x: x(a), w: Math.max(1, (b - a) * pxPerS), start: a, end: b });
-      }
+  return { segments, cuts, pxPerS, shownS, x };
+}
+function pieces(axis, start, end) {
+  const out = [];
+  for (const s of axis.segments) {
+    const a = Math.max(start, s.a);
+    const b = Math.min(end, s.b);
+    if (b > a || b === a && start === end && a >= s.a && a <= s.b) {
+      out.push({ x: axis.x(a), w: Math.max(1, (b - a) * axis.pxPerS), start: a, end: b });
     }
-    return out;
-  };
+  }
+  return out;
+}
+function axisTicks(axis, live, t0, t1, plotRight) {
   const ticks = [];
-  const step = niceStep(MIN_TICK_PX / pxPerS);
+  const step = niceStep(MIN_TICK_PX / axis.pxPerS);
   const ref = live ? t1 : t0;
-  const tickLabel = (v) => {
-    if (live && Math.abs(v) < step / 2) {
-      return "now";
-    }
-    return formatTick(v, step);
-  };
+  const tickLabel = (v) => live && Math.abs(v) < step / 2 ? "now" : formatTick(v, step);
   let lastX = -Infinity;
-  segments.forEach((s, i) => {
+  axis.segments.forEach((s, i) => {
     if (i > 0) {
       while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
         ticks.pop();
@@ -256,113 +265,145 @@ function layoutTimeline(state, options) {
       if (t > s.b + 1e-9) {
         break;
       }
-      const px = x(t);
+      const px = axis.x(t);
       if (px - lastX >= MIN_TICK_PX * 0.6 && px <= plotRight + 0.5) {
         ticks.push({ x: px, label: tickLabel(t - ref) });
         lastX = px;
       }
     }
   });
-  const sizes = batches.map((b) => b.size ?? b.members?.length ?? 1);
-  const bins = sizeBins(options.maxBatchSize || Math.max(1, ...sizes));
-  const sizeOf = (b) => b.size ?? b.members?.length ?? 1;
+  return ticks;
+}
+function layoutBands(batches, at) {
+  const { t0, t1 } = at;
+  const charW = at.frame.charW;
   const bands = [];
   for (const b of [...batches].sort((p, q) => p.started_at - q.started_at)) {
     const end = isNum(b.ended_at) ? b.ended_at : t1;
     if (end < t0 || b.started_at > t1) {
       continue;
     }
-    const size = sizeOf(b);
-    for (const p of pieces(b.started_at, end)) {
+    const size = batchSize(b);
+    for (const p of pieces(at.axis, b.started_at, end)) {
       const long = `#${b.id} \xD7${size}`;
       const short = `\xD7${size}`;
       const room = p.w - 6;
       const label = long.length * charW <= room ? long : short.length * charW <= room ? short : null;
-      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, bins), label });
+      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, at.bins), label });
     }
   }
-  const kinds = /* @__PURE__ */ new Set();
-  const maxChars = Math.max(4, Math.floor((labelWidth - 10) / charW));
-  const rowLayouts = rows.map((row, index) => {
-    const end = Math.max(endOf(row), rowStart(row));
-    const parts = [];
-    const add = (kind, start, stop, extra = {}) => {
-      if (!isNum(start) || stop < start || stop === start && kind !== "decode") {
-        return;
-      }
-      const lo = Math.max(start, t0);
-      const hi = Math.min(stop, t1);
-      if (hi < lo) {
-        return;
-      }
-      for (const p of pieces(lo, hi)) {
+  return bands;
+}
+function waitingParts(row, end, add) {
+  const { queued_at: q, admitted_at: a, first_token_at: f } = row;
+  if (!isNum(a) && row.outcome === "queued") {
+    add("queued", q, end);
+  } else if (isNum(a)) {
+    add("queued", q, a);
+    add("prefill", a, isNum(f) ? f : end);
+  } else {
+    add("waiting", q, isNum(f) ? f : end);
+  }
+}
+function decodingParts(row, f, end, at, add) {
+  const spans = (row.batch_ids || []).map((id) => at.batchById.get(id)).filter((b) => b !== void 0).sort((p, q) => p.started_at - q.started_at);
+  let done = f;
+  for (const b of spans) {
+    const s = Math.max(b.started_at, f);
+    const e = Math.min(isNum(b.ended_at) ? b.ended_at : end, end);
+    if (e <= s) {
+      continue;
+    }
+    if (s > done + 1e-6) {
+      add("decode-unknown", done, s);
+    }
+    add("decode", s, e, { bin: binOf(batchSize(b), at.bins), batchId: b.id });
+    done = Math.max(done, e);
+  }
+  if (end > done + 1e-6) {
+    add("decode-unknown", done, end);
+  }
+}
+function rowParts(row, end, at) {
+  const parts = [];
+  const add = (kind, start, stop, extra = {}) => {
+    if (!isNum(start) || stop < start || stop === start && kind !== "decode") {
+      return;
+    }
+    const lo = Math.max(start, at.t0);
+    const hi = Math.min(stop, at.t1);
+    if (hi >= lo) {
+      for (const p of pieces(at.axis, lo, hi)) {
         parts.push({ kind, ...p, ...extra });
-        kinds.add(kind);
-      }
-    };
-    const { queued_at: q, admitted_at: a, first_token_at: f } = row;
-    if (!isNum(a) && row.outcome === "queued") {
-      add("queued", q, end);
-    } else if (isNum(a)) {
-      add("queued", q, a);
-      add("prefill", a, isNum(f) ? f : end);
-    } else {
-      add("waiting", q, isNum(f) ? f : end);
-    }
-    if (isNum(f)) {
-      const spans = (row.batch_ids || []).map((id) => batchById.get(id)).filter((b) => b !== void 0).sort((p, q2) => p.started_at - q2.started_at);
-      let at = f;
-      for (const b of spans) {
-        const s = Math.max(b.started_at, f);
-        const e = Math.min(isNum(b.ended_at) ? b.ended_at : end, end);
-        if (e <= s) {
-          continue;
-        }
-        if (s > at + 1e-6) {
-          add("decode-unknown", at, s);
-        }
-        add("decode", s, e, { bin: binOf(sizeOf(b), bins), batchId: b.id });
-        at = Math.max(at, e);
-      }
-      if (end > at + 1e-6) {
-        add("decode-unknown", at, end);
       }
     }
-    const full = row.label || row.id;
-    const outcome = row.outcome || "";
-    const failed = outcome === "failed" || outcome === "error";
-    const marker = outcome === "cancelled" || failed ? { x: Math.min(x(Math.min(end, t1)) + 2, plotRight - 8), kind: failed ? "failed" : "cancelled" } : null;
-    return {
-      row,
-      y: index * (rowHeight + rowGap),
-      label: truncate(full, maxChars),
-      fullLabel: full,
-      live: isLive(row),
-      end,
-      parts,
-      marker
-    };
+  };
+  waitingParts(row, end, add);
+  if (isNum(row.first_token_at)) {
+    decodingParts(row, row.first_token_at, end, at, add);
+  }
+  return parts;
+}
+function rowMarker(row, end, at) {
+  const outcome = row.outcome || "";
+  const failed = outcome === "failed" || outcome === "error";
+  if (outcome !== "cancelled" && !failed) {
+    return null;
+  }
+  const x = Math.min(at.axis.x(Math.min(end, at.t1)) + 2, at.frame.plotRight - 8);
+  return { x, kind: failed ? "failed" : "cancelled" };
+}
+function layoutRow(row, index, end, maxChars, at) {
+  const full = row.label || row.id;
+  return {
+    row,
+    y: index * (at.frame.rowHeight + at.frame.rowGap),
+    label: truncate(full, maxChars),
+    fullLabel: full,
+    live: isLive(row),
+    end,
+    parts: rowParts(row, end, at),
+    marker: rowMarker(row, end, at)
+  };
+}
+function layoutTimeline(state, options) {
+  const frame = frameOf(options);
+  const { live, rowHeight, rowGap } = frame;
+  const batches = (state.batches || []).filter((b) => isNum(b.started_at));
+  const batchById = new Map(batches.map((b) => [b.id, b]));
+  const now = isNum(state.now) ? state.now : null;
+  const [t0, t1] = timeSpan(recordedTimes(state.rows || [], batches), now, live ? options.windowS : null);
+  const endOf = rowEnds(batchById, t1);
+  const rows = shownRows(state.rows || [], endOf, live, t0, t1);
+  const { stretches, cutS } = !live && options.compress !== false ? shownStretches(activity(rows, batches, endOf, t1), t0, t1) : { stretches: [[t0, t1]], cutS: 0 };
+  const axis = layoutAxis(stretches, frame.plotLeft, frame.plotRight);
+  const bins = sizeBins(options.maxBatchSize || Math.max(1, ...batches.map(batchSize)));
+  const at = { frame, t0, t1, axis, batchById, bins };
+  const maxChars = Math.max(4, Math.floor((frame.labelWidth - 10) / frame.charW));
+  const rowLayouts = rows.map((row, i) => {
+    const end = Math.max(endOf(row), rowStart(row));
+    return layoutRow(row, i, end, maxChars, at);
   });
   return {
-    width,
-    labelWidth,
-    plotLeft,
-    plotRight,
+    width: frame.width,
+    labelWidth: frame.labelWidth,
+    plotLeft: frame.plotLeft,
+    plotRight: frame.plotRight,
     t0,
     t1,
     live,
     rowHeight,
     rowGap,
     rowsHeight: rowLayouts.length * (rowHeight + rowGap),
-    ticks,
-    cuts,
-    bands,
+    ticks: axisTicks(axis, live, t0, t1, frame.plotRight),
+    cuts: axis.cuts,
+    bands: layoutBands(batches, at),
     rows: rowLayouts,
     bins,
-    kinds,
-    shownS,
+    kinds: new Set(rowLayouts.flatMap((r) => r.parts.map((p) => p.kind))),
+    shownS: axis.shownS,
     cutS,
-    x
+    x: axis.x
   };
 }
 function describeRow(row, batches, now) {

@@ -195,6 +195,11 @@ function rowStart(row: ITimelineRow): number | null {
   return null;
 }
 
+/** How many rows a batch ran (one when the record does not say). */
+function batchSize(b: ITimelineBatch): number {
+  return b.size ?? b.members?.length ?? 1;
+}
+
 /** Merged [start, end] intervals in which something happened. */
 function activity(rows: ITimelineRow[], batches: ITimelineBatch[], endOf: (r: ITimelineRow) => number, tEnd: number) {
   const spans: [number, number][] = [];
@@ -222,21 +227,37 @@ function activity(rows: ITimelineRow[], batches: ITimelineBatch[], endOf: (r: IT
   return merged;
 }
 
-export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): ITimelineLayout {
-  const width = Math.max(240, Math.round(options.width));
-  const rowHeight = options.rowHeight ?? 16;
-  const rowGap = options.rowGap ?? 3;
-  const charW = options.charWidth ?? CHAR_W;
-  const labelWidth = Math.round(Math.min(180, Math.max(72, width * 0.26)));
-  const plotLeft = labelWidth;
-  const plotRight = width - 10;
-  const live = isNum(options.windowS) && options.windowS > 0;
-  const batches = (state.batches || []).filter(b => isNum(b.started_at));
-  const batchById = new Map(batches.map(b => [b.id, b]));
+/** The drawing's fixed geometry, from the options alone. */
+interface IFrame {
+  width: number;
+  rowHeight: number;
+  rowGap: number;
+  charW: number;
+  labelWidth: number;
+  plotLeft: number;
+  plotRight: number;
+  live: boolean;
+}
 
-  // The time span.
+function frameOf(options: ILayoutOptions): IFrame {
+  const width = Math.max(240, Math.round(options.width));
+  const labelWidth = Math.round(Math.min(180, Math.max(72, width * 0.26)));
+  return {
+    width,
+    rowHeight: options.rowHeight ?? 16,
+    rowGap: options.rowGap ?? 3,
+    charW: options.charWidth ?? CHAR_W,
+    labelWidth,
+    plotLeft: labelWidth,
+    plotRight: width - 10,
+    live: isNum(options.windowS) && options.windowS > 0
+  };
+}
+
+/** Every time the rows and batches recorded. */
+function recordedTimes(rows: ITimelineRow[], batches: ITimelineBatch[]): number[] {
   const times: number[] = [];
-  for (const r of state.rows || []) {
+  for (const r of rows) {
     for (const t of [r.queued_at, r.admitted_at, r.first_token_at, r.finished_at]) {
       if (isNum(t)) {
         times.push(t);
@@ -249,26 +270,33 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
       times.push(b.ended_at);
     }
   }
-  const now = isNum(state.now) ? state.now : null;
+  return times;
+}
+
+/** The span [t0, t1] the axis covers: everything recorded, up to `now` when given; in live
+ * mode (`windowS`) the last `windowS` seconds up to now. */
+function timeSpan(times: number[], now: number | null, windowS: number | null): [number, number] {
   let t1 = now ?? (times.length ? Math.max(...times) : 0);
-  let t0: number;
-  if (live) {
-    // The last `windowS` seconds at most; less while the history is shorter, so that a
-    // burst that just started is drawn wide rather than as a sliver at the right edge.
-    const windowS = options.windowS as number;
+  if (windowS !== null) {
+    // Less than the window while the history is shorter, so that a burst that just started
+    // is drawn wide rather than as a sliver at the right edge.
     const recent = times.filter(t => t >= t1 - windowS);
     const span = recent.length ? (t1 - Math.min(...recent)) * 1.08 : windowS;
-    t0 = t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S)));
-  } else {
-    t0 = times.length ? Math.min(...times) : t1 - 1;
-    if (now !== null && times.length) {
-      t1 = Math.max(t1, Math.max(...times));
-    }
-    if (t1 - t0 < 0.05) {
-      t1 = t0 + 0.05;
-    }
+    return [t1 - Math.min(windowS, Math.max(span, Math.min(windowS, MIN_LIVE_S))), t1];
   }
-  const endOf = (r: ITimelineRow): number => {
+  const t0 = times.length ? Math.min(...times) : t1 - 1;
+  if (now !== null && times.length) {
+    t1 = Math.max(t1, Math.max(...times));
+  }
+  if (t1 - t0 < 0.05) {
+    t1 = t0 + 0.05;
+  }
+  return [t0, t1];
+}
+
+/** Where a row's bar ends, as a function of the row (`t1`: the end of the axis). */
+function rowEnds(batchById: Map<number, ITimelineBatch>, t1: number): (r: ITimelineRow) => number {
+  return (r: ITimelineRow): number => {
     if (isNum(r.finished_at)) {
       return r.finished_at;
     }
@@ -280,48 +308,63 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
     const known = [r.queued_at, r.admitted_at, r.first_token_at].filter(isNum);
     return Math.max(...ends, ...known, -Infinity);
   };
+}
 
-  // Rows in arrival order; in live mode only those that overlap the window.
-  const rows = (state.rows || [])
+/** Rows in arrival order; in live mode only those that overlap the window. */
+function shownRows(rows: ITimelineRow[], endOf: (r: ITimelineRow) => number, live: boolean, t0: number, t1: number) {
+  return rows
     .filter(r => rowStart(r) !== null)
     .filter(r => !live || (endOf(r) >= t0 && (rowStart(r) as number) <= t1))
     .sort((p, q) => (rowStart(p) as number) - (rowStart(q) as number) || (p.id < q.id ? -1 : 1));
+}
 
-  // The axis: segments of active time; idle gaps over the threshold are cut (not in live mode).
-  let segmentsT: [number, number][] = [[t0, t1]];
-  let cutS = 0;
-  if (!live && options.compress !== false) {
-    const merged = activity(rows, batches, endOf, t1);
-    const minGap = Math.max(1.0, 0.03 * (t1 - t0));
-    const gaps: [number, number][] = [];
-    for (let i = 1; i < merged.length; i++) {
-      if (merged[i][0] - merged[i - 1][1] > minGap) {
-        gaps.push([merged[i - 1][1], merged[i][0]]);
-      }
-    }
-    const idle = gaps.reduce((sum, [a, b]) => sum + (b - a), 0);
-    if (gaps.length && idle > 0.15 * (t1 - t0)) {
-      segmentsT = [];
-      let start = t0;
-      for (const [a, b] of gaps) {
-        segmentsT.push([start, a]);
-        start = b;
-      }
-      segmentsT.push([start, t1]);
-      cutS = idle;
+/** The stretches of [t0, t1] the axis shows. A long history that is mostly idle (bursts
+ * minutes apart) would leave each burst a sliver, so idle gaps longer than 1 s and 3 % of
+ * the span are cut out, once they add up to over 15 % of it. `cutS`: the seconds cut. */
+function shownStretches(active: [number, number][], t0: number, t1: number) {
+  const minGap = Math.max(1.0, 0.03 * (t1 - t0));
+  const gaps: [number, number][] = [];
+  for (let i = 1; i < active.length; i++) {
+    if (active[i][0] - active[i - 1][1] > minGap) {
+      gaps.push([active[i - 1][1], active[i][0]]);
     }
   }
-  const nCuts = segmentsT.length - 1;
-  const shownS = segmentsT.reduce((sum, [a, b]) => sum + (b - a), 0) || 1e-3;
+  const idle = gaps.reduce((sum, [a, b]) => sum + (b - a), 0);
+  if (!(gaps.length && idle > 0.15 * (t1 - t0))) {
+    return { stretches: [[t0, t1]] as [number, number][], cutS: 0 };
+  }
+  const stretches: [number, number][] = [];
+  let start = t0;
+  for (const [a, b] of gaps) {
+    stretches.push([start, a]);
+    start = b;
+  }
+  stretches.push([start, t1]);
+  return { stretches, cutS: idle };
+}
+
+/** The time axis: the shown stretches laid end to end, a cut of `CUT_W` px between two. */
+interface IAxis {
+  segments: ISegment[];
+  cuts: ICut[];
+  /** The same in every segment, so one tick step fits the whole axis. */
+  pxPerS: number;
+  shownS: number;
+  x: (t: number) => number;
+}
+
+function layoutAxis(stretches: [number, number][], plotLeft: number, plotRight: number): IAxis {
+  const nCuts = stretches.length - 1;
+  const shownS = stretches.reduce((sum, [a, b]) => sum + (b - a), 0) || 1e-3;
   const pxPerS = (plotRight - plotLeft - nCuts * CUT_W) / shownS;
   const segments: ISegment[] = [];
   const cuts: ICut[] = [];
   let cursor = plotLeft;
-  segmentsT.forEach(([a, b], i) => {
+  stretches.forEach(([a, b], i) => {
     segments.push({ a, b, x: cursor });
     cursor += (b - a) * pxPerS;
     if (i < nCuts) {
-      cuts.push({ x: cursor, w: CUT_W, idleS: segmentsT[i + 1][0] - b });
+      cuts.push({ x: cursor, w: CUT_W, idleS: stretches[i + 1][0] - b });
       cursor += CUT_W;
     }
   });
@@ -336,31 +379,31 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
     }
     return plotRight;
   };
-  /** A time span as drawn pieces: one per axis segment it overlaps. */
-  const pieces = (start: number, end: number): { x: number; w: number; start: number; end: number }[] => {
-    const out = [];
-    for (const s of segments) {
-      const a = Math.max(start, s.a);
-      const b = Math.min(end, s.b);
-      if (b > a || (b === a && start === end && a >= s.a && a <= s.b)) {
-        out.push({ x: x(a), w: Math.max(1, (b - a) * pxPerS), start: a, end: b });
-      }
-    }
-    return out;
-  };
+  return { segments, cuts, pxPerS, shownS, x };
+}
 
-  // Ticks: one nice step for the whole axis (px per second is the same in every segment).
-  const ticks: ITick[] = [];
-  const step = niceStep(MIN_TICK_PX / pxPerS);
-  const ref = live ? t1 : t0;
-  const tickLabel = (v: number): string => {
-    if (live && Math.abs(v) < step / 2) {
-      return 'now';
+/** A time span as drawn pieces: one per axis segment it overlaps (an instant inside a
+ * segment is one piece of width 1). */
+function pieces(axis: IAxis, start: number, end: number): { x: number; w: number; start: number; end: number }[] {
+  const out = [];
+  for (const s of axis.segments) {
+    const a = Math.max(start, s.a);
+    const b = Math.min(end, s.b);
+    if (b > a || (b === a && start === end && a >= s.a && a <= s.b)) {
+      out.push({ x: axis.x(a), w: Math.max(1, (b - a) * axis.pxPerS), start: a, end: b });
     }
-    return formatTick(v, step);
-  };
+  }
+  return out;
+}
+
+/** Ticks at one nice step, counted from the start (live: back from now, labelled "now"). */
+function axisTicks(axis: IAxis, live: boolean, t0: number, t1: number, plotRight: number): ITick[] {
+  const ticks: ITick[] = [];
+  const step = niceStep(MIN_TICK_PX / axis.pxPerS);
+  const ref = live ? t1 : t0;
+  const tickLabel = (v: number): string => (live && Math.abs(v) < step / 2 ? 'now' : formatTick(v, step));
   let lastX = -Infinity;
-  segments.forEach((s, i) => {
+  axis.segments.forEach((s, i) => {
     if (i > 0) {
       // Where the axis resumes after a cut: always labelled, so every stretch has a time.
       while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
@@ -374,126 +417,182 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
       if (t > s.b + 1e-9) {
         break;
       }
-      const px = x(t);
+      const px = axis.x(t);
       if (px - lastX >= MIN_TICK_PX * 0.6 && px <= plotRight + 0.5) {
         ticks.push({ x: px, label: tickLabel(t - ref) });
         lastX = px;
       }
     }
   });
+  return ticks;
+}
 
-  // Colour bins by batch size.
-  const sizes = batches.map(b => b.size ?? b.members?.length ?? 1);
-  const bins = sizeBins(options.maxBatchSize || Math.max(1, ...sizes));
-  const sizeOf = (b: ITimelineBatch): number => b.size ?? b.members?.length ?? 1;
+/** What placing bands and rows needs besides the frame. */
+interface IPlacement {
+  frame: IFrame;
+  t0: number;
+  t1: number;
+  axis: IAxis;
+  batchById: Map<number, ITimelineBatch>;
+  bins: ISizeBin[];
+}
 
-  // The batch track.
+/** The batch track: a band per batch (per axis segment it spans), in start order, labelled
+ * "#id ×size" where that fits, else "×size", else not at all. */
+function layoutBands(batches: ITimelineBatch[], at: IPlacement): IBandLayout[] {
+  const { t0, t1 } = at;
+  const charW = at.frame.charW;
   const bands: IBandLayout[] = [];
   for (const b of [...batches].sort((p, q) => (p.started_at as number) - (q.started_at as number))) {
     const end = isNum(b.ended_at) ? b.ended_at : t1;
     if (end < t0 || (b.started_at as number) > t1) {
       continue;
     }
-    const size = sizeOf(b);
-    for (const p of pieces(b.started_at as number, end)) {
+    const size = batchSize(b);
+    for (const p of pieces(at.axis, b.started_at as number, end)) {
       const long = `#${b.id} ×${size}`;
       const short = `×${size}`;
       const room = p.w - 6;
       const label = long.length * charW <= room ? long : short.length * charW <= room ? short : null;
-      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, bins), label });
+      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, at.bins), label });
     }
   }
+  return bands;
+}
 
-  // The rows.
-  const kinds = new Set<PartKind>();
-  const maxChars = Math.max(4, Math.floor((labelWidth - 10) / charW));
-  const rowLayouts: IRowLayout[] = rows.map((row, index) => {
-    const end = Math.max(endOf(row), rowStart(row) as number);
-    const parts: IPart[] = [];
-    const add = (kind: PartKind, start: number | null | undefined, stop: number, extra: Partial<IPart> = {}) => {
-      if (!isNum(start) || stop < start || (stop === start && kind !== 'decode')) {
-        return;
-      }
-      const lo = Math.max(start, t0);
-      const hi = Math.min(stop, t1);
-      if (hi < lo) {
-        return;
-      }
-      for (const p of pieces(lo, hi)) {
+/** Adds the pieces of one part of a row over [start, stop], clipped to the axis. */
+type AddPart = (kind: PartKind, start: number | null | undefined, stop: number, extra?: Partial<IPart>) => void;
+
+/** Before the first token: queued then prefill where the server recorded the admission,
+ * else all "waiting" (the server's records will split it). */
+function waitingParts(row: ITimelineRow, end: number, add: AddPart): void {
+  const { queued_at: q, admitted_at: a, first_token_at: f } = row;
+  if (!isNum(a) && row.outcome === 'queued') {
+    add('queued', q, end);
+  } else if (isNum(a)) {
+    add('queued', q, a);
+    add('prefill', a, isNum(f) ? f : end);
+  } else {
+    add('waiting', q, isNum(f) ? f : end);
+  }
+}
+
+/** From the first token `f` to `end`: a part per recorded batch span, coloured by its size,
+ * and "decode-unknown" wherever no span is recorded (yet). */
+function decodingParts(row: ITimelineRow, f: number, end: number, at: IPlacement, add: AddPart): void {
+  const spans = (row.batch_ids || [])
+    .map(id => at.batchById.get(id))
+    .filter((b): b is ITimelineBatch => b !== undefined)
+    .sort((p, q) => (p.started_at as number) - (q.started_at as number));
+  let done = f;
+  for (const b of spans) {
+    const s = Math.max(b.started_at as number, f);
+    const e = Math.min(isNum(b.ended_at) ? b.ended_at : end, end);
+    if (e <= s) {
+      continue;
+    }
+    if (s > done + 1e-6) {
+      add('decode-unknown', done, s);
+    }
+    add('decode', s, e, { bin: binOf(batchSize(b), at.bins), batchId: b.id });
+    done = Math.max(done, e);
+  }
+  if (end > done + 1e-6) {
+    add('decode-unknown', done, end);
+  }
+}
+
+/** A row's parts in time order, clipped to [t0, t1]; only a decode part may be an instant. */
+function rowParts(row: ITimelineRow, end: number, at: IPlacement): IPart[] {
+  const parts: IPart[] = [];
+  const add: AddPart = (kind, start, stop, extra = {}) => {
+    if (!isNum(start) || stop < start || (stop === start && kind !== 'decode')) {
+      return;
+    }
+    const lo = Math.max(start, at.t0);
+    const hi = Math.min(stop, at.t1);
+    if (hi >= lo) {
+      for (const p of pieces(at.axis, lo, hi)) {
         parts.push({ kind, ...p, ...extra });
-        kinds.add(kind);
-      }
-    };
-    const { queued_at: q, admitted_at: a, first_token_at: f } = row;
-    if (!isNum(a) && row.outcome === 'queued') {
-      add('queued', q, end);
-    } else if (isNum(a)) {
-      add('queued', q, a);
-      add('prefill', a, isNum(f) ? f : end);
-    } else {
-      add('waiting', q, isNum(f) ? f : end); // the server's records will split this
-    }
-    if (isNum(f)) {
-      const spans = (row.batch_ids || [])
-        .map(id => batchById.get(id))
-        .filter((b): b is ITimelineBatch => b !== undefined)
-        .sort((p, q2) => (p.started_at as number) - (q2.started_at as number));
-      let at = f;
-      for (const b of spans) {
-        const s = Math.max(b.started_at as number, f);
-        const e = Math.min(isNum(b.ended_at) ? b.ended_at : end, end);
-        if (e <= s) {
-          continue;
-        }
-        if (s > at + 1e-6) {
-          add('decode-unknown', at, s);
-        }
-        add('decode', s, e, { bin: binOf(sizeOf(b), bins), batchId: b.id });
-        at = Math.max(at, e);
-      }
-      if (end > at + 1e-6) {
-        add('decode-unknown', at, end);
       }
     }
-    const full = row.label || row.id;
-    const outcome = row.outcome || '';
-    const failed = outcome === 'failed' || outcome === 'error';
-    const marker =
-      outcome === 'cancelled' || failed
-        ? { x: Math.min(x(Math.min(end, t1)) + 2, plotRight - 8), kind: failed ? ('failed' as const) : ('cancelled' as const) }
-        : null;
-    return {
-      row,
-      y: index * (rowHeight + rowGap),
-      label: truncate(full, maxChars),
-      fullLabel: full,
-      live: isLive(row),
-      end,
-      parts,
-      marker
-    };
-  });
+  };
+  waitingParts(row, end, add);
+  if (isNum(row.first_token_at)) {
+    decodingParts(row, row.first_token_at, end, at, add);
+  }
+  return parts;
+}
 
+/** The mark just after the end of a cancelled or failed row (⊘ or ✕), kept inside the plot. */
+function rowMarker(row: ITimelineRow, end: number, at: IPlacement): IRowLayout['marker'] {
+  const outcome = row.outcome || '';
+  const failed = outcome === 'failed' || outcome === 'error';
+  if (outcome !== 'cancelled' && !failed) {
+    return null;
+  }
+  const x = Math.min(at.axis.x(Math.min(end, at.t1)) + 2, at.frame.plotRight - 8);
+  return { x, kind: failed ? 'failed' : 'cancelled' };
+}
+
+function layoutRow(row: ITimelineRow, index: number, end: number, maxChars: number, at: IPlacement): IRowLayout {
+  const full = row.label || row.id;
   return {
-    width,
-    labelWidth,
-    plotLeft,
-    plotRight,
+    row,
+    y: index * (at.frame.rowHeight + at.frame.rowGap),
+    label: truncate(full, maxChars),
+    fullLabel: full,
+    live: isLive(row),
+    end,
+    parts: rowParts(row, end, at),
+    marker: rowMarker(row, end, at)
+  };
+}
+
+/** The whole layout, in order: the time span, the rows it shows, the axis (idle gaps cut),
+ * its ticks, the colour bins, the batch bands and the request rows. */
+export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): ITimelineLayout {
+  const frame = frameOf(options);
+  const { live, rowHeight, rowGap } = frame;
+  const batches = (state.batches || []).filter(b => isNum(b.started_at));
+  const batchById = new Map(batches.map(b => [b.id, b]));
+  const now = isNum(state.now) ? state.now : null;
+  const [t0, t1] = timeSpan(recordedTimes(state.rows || [], batches), now, live ? (options.windowS as number) : null);
+  const endOf = rowEnds(batchById, t1);
+  const rows = shownRows(state.rows || [], endOf, live, t0, t1);
+  // Never cut in live mode: the window is a fixed span of time, scrolling.
+  const { stretches, cutS } =
+    !live && options.compress !== false
+      ? shownStretches(activity(rows, batches, endOf, t1), t0, t1)
+      : { stretches: [[t0, t1]] as [number, number][], cutS: 0 };
+  const axis = layoutAxis(stretches, frame.plotLeft, frame.plotRight);
+  const bins = sizeBins(options.maxBatchSize || Math.max(1, ...batches.map(batchSize)));
+  const at: IPlacement = { frame, t0, t1, axis, batchById, bins };
+  const maxChars = Math.max(4, Math.floor((frame.labelWidth - 10) / frame.charW));
+  const rowLayouts = rows.map((row, i) => {
+    const end = Math.max(endOf(row), rowStart(row) as number);
+    return layoutRow(row, i, end, maxChars, at);
+  });
+  return {
+    width: frame.width,
+    labelWidth: frame.labelWidth,
+    plotLeft: frame.plotLeft,
+    plotRight: frame.plotRight,
     t0,
     t1,
     live,
     rowHeight,
     rowGap,
     rowsHeight: rowLayouts.length * (rowHeight + rowGap),
-    ticks,
-    cuts,
-    bands,
+    ticks: axisTicks(axis, live, t0, t1, frame.plotRight),
+    cuts: axis.cuts,
+    bands: layoutBands(batches, at),
     rows: rowLayouts,
     bins,
-    kinds,
-    shownS,
+    kinds: new Set(rowLayouts.flatMap(r => r.parts.map(p => p.kind))),
+    shownS: axis.shownS,
     cutS,
-    x
+    x: axis.x
   };
 }
 
