@@ -11,7 +11,7 @@ from typing import Any
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Float, Int, List, Unicode
 
-from .. import __version__
+from .._version import __version__
 from ..config import DTYPES, ENGINES, MODES, ServiceConfig
 from ..engine import Engine
 from ..service import InferenceService, make_service
