@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_infer.bench import cpu
 from jupyter_infer.bench import workloads as wl
 from jupyter_infer.bench.report import evaluate_targets, format_tables, format_targets
 from jupyter_infer.cli import main
@@ -78,6 +79,62 @@ def test_targets_are_ratios_within_the_run() -> None:
     text = format_targets(results)
     assert "MISSED" in text and "met" in text and "n/a" in text
     assert "x seq" in format_tables(results)
+
+
+# A stand-in for llama.cpp's convert_hf_to_gguf.py: the two places our models trip it up.
+FAKE_BASE = """
+import json
+from pathlib import Path
+
+class ModelBase:
+    @staticmethod
+    def load_hparams(dir_model, is_mistral_format=False):
+        return json.loads((Path(dir_model) / "config.json").read_text())
+
+class TextModel(ModelBase):
+    def get_vocab_base_pre(self, tokenizer):
+        raise NotImplementedError("BPE pre-tokenizer was not recognized")
+"""
+FAKE_MAIN = """
+import argparse, json
+from pathlib import Path
+
+class GPT2Model(TextModel):
+    def __init__(self, dir_model):
+        self.hparams = ModelBase.load_hparams(Path(dir_model), False)
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--outfile")
+    parser.add_argument("--outtype")
+    args = parser.parse_args()
+    model = GPT2Model(args.model)
+    Path(args.outfile).write_text(json.dumps({"n_ctx": model.hparams["n_ctx"], "outtype": args.outtype,
+                                              "pre": model.get_vocab_base_pre(None)}))
+"""
+
+
+@pytest.mark.parametrize("layout", ["one script", "conversion package"])
+def test_the_gguf_converter_learns_our_models(tmp_path: Path, layout: str) -> None:
+    llama = tmp_path / "llama.cpp"
+    llama.mkdir()
+    if layout == "one script":  # older llama.cpp: every class in convert_hf_to_gguf.py
+        (llama / "convert_hf_to_gguf.py").write_text(FAKE_BASE + FAKE_MAIN)
+    else:  # newer: the base classes in conversion/base.py
+        (llama / "conversion").mkdir()
+        (llama / "conversion" / "__init__.py").write_text("")
+        (llama / "conversion" / "base.py").write_text(FAKE_BASE)
+        (llama / "convert_hf_to_gguf.py").write_text(
+            "from conversion import base\nModelBase = base.ModelBase\n"
+            + FAKE_MAIN.replace("(TextModel)", "(base.TextModel)"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": 512}))
+    assert cpu.gguf_path(str(model), "f16", None, print) is None  # no converter, no GGUF: a note, not an error
+    gguf = cpu.gguf_path(str(model), "f16", str(llama / "convert_hf_to_gguf.py"), print)
+    assert gguf == model / "model-f16.gguf"
+    assert json.loads(gguf.read_text()) == {"n_ctx": 512, "outtype": "f16", "pre": "gpt-2"}
 
 
 @pytest.mark.slow

@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from .config import BenchConfig
     from .report import format_tables, format_targets, write_chart, write_json
-    from .suite import BenchConfig, Suite
+    from .suite import Suite
 
     repeats = args.repeats or (1 if args.quick else 3)
     if repeats < 1:

@@ -19,15 +19,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..loadgen import Arrival
+from . import gguf_convert
 from . import workloads as wl
+from .config import BenchConfig
 from .contenders import Contender
 from .peers import CompletionsPeer, llama_server
-
-if TYPE_CHECKING:
-    from .suite import Suite
+from .rounds import measure_rounds
 
 # What every request asks: no early stop, so that all contenders decode the same tokens.
 REQUEST_EXTRA = {"ignore_eos": True, "stream_options": {"include_usage": True}}
@@ -79,54 +79,27 @@ def workloads(count: Callable[[str], int], burst: tuple[int, int], alone: tuple[
 
 
 def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[str], None]) -> Path | None:
-    """``<model>/model-<kind>.gguf``; made with llama.cpp's converter when one is given."""
+    """``<model>/model-<kind>.gguf``; made with llama.cpp's converter when one is given.
+
+    The converter runs in a process of its own, adjusted for our locally built models
+    (``gguf_convert``)."""
     target = Path(model_dir) / f"model-{kind}.gguf"
     if target.is_file() or not converter:
         return target if target.is_file() else None
     log(f"  converting the model to {target.name} with {converter}")
-    done = subprocess.run([sys.executable, "-c", _CONVERT, converter, model_dir, "--outfile", str(target),
-                           "--outtype", kind], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", gguf_convert.__name__, converter, model_dir,
+                           "--outfile", str(target), "--outtype", kind], capture_output=True, text=True)
     if done.returncode != 0 or not target.is_file():
         raise RuntimeError(f"convert_hf_to_gguf.py failed: {(done.stderr or done.stdout)[-600:]}")
     return target
 
 
-# llama.cpp's converter, with two gaps of a locally built model filled in: a tokenizer it has no
-# hash for (ours is trained here: a byte-level BPE, whose pre-tokenizer is GPT-2's) and
-# transformers 5's GPT-2 config, which has n_positions but no n_ctx.
-_CONVERT = """
-import sys
-from pathlib import Path
-converter = Path(sys.argv[1]).resolve()
-sys.argv = [str(converter)] + sys.argv[2:]
-sys.path[:0] = [str(converter.parent), str(converter.parent / "gguf-py")]
-import convert_hf_to_gguf as cli
-from conversion import base
-load_hparams = base.ModelBase.load_hparams
-def with_n_ctx(*args, **kwargs):
-    hparams = load_hparams(*args, **kwargs)
-    if "n_positions" in hparams:
-        hparams.setdefault("n_ctx", hparams["n_positions"])
-    return hparams
-base.ModelBase.load_hparams = staticmethod(with_n_ctx)
-pre = base.TextModel.get_vocab_base_pre
-def gpt2_if_unknown(self, tokenizer):
-    try:
-        return pre(self, tokenizer)
-    except NotImplementedError:
-        return "gpt-2"
-base.TextModel.get_vocab_base_pre = gpt2_if_unknown
-cli.main()
-"""
-
-
-def contenders(suite: Suite, model_dir: str, threads: int, parallel: int, context: int,
-               notes: list[str]) -> list[Contender]:
+def contenders(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, threads: int, parallel: int,
+               context: int, notes: list[str]) -> list[Contender]:
     """Our variants this CPU can run, then llama-server per GGUF type it can find or make."""
     from ..client import Client
     from ..server.launcher import LocalServer
 
-    cfg, log = suite.config, suite.log
     out: list[Contender] = []
     for v in VARIANTS:
         if v.missing():
@@ -202,6 +175,7 @@ def quality(model_dir: str, text: str, threads: int) -> dict[str, Any]:
 
 
 def format_quality(entry: dict[str, Any]) -> str:
+    """The quality table, and whether int8 meets issue 14's agreement bound."""
     lines = [f"  quality on a fixed text ({entry['tokens']} tokens), against f32 eager:",
              f"  {'variant':<14}{'greedy agreement':>18}{'perplexity':>12}"]
     for name, q in entry.items():
@@ -214,29 +188,40 @@ def format_quality(entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(suite: Suite, model_dir: str, threads: int, count: Callable[[str], int]) -> None:
+@dataclass(frozen=True)
+class CpuResults:
+    """What [g] measured: its workloads' entries (as ``results["workloads"]`` holds them) and the
+    quality table."""
+
+    workloads: dict[str, Any]
+    quality: dict[str, Any]
+
+
+def measure(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, threads: int,
+            count: Callable[[str], int]) -> CpuResults:
     """Run [g]: both workloads over every contender, round-robin; then the quality table."""
     from ..engine.model_builder import CORPUS
 
-    cfg = suite.config
     burst, alone = ((8, 8), (3, 8)) if cfg.quick else ((16, 32), (8, 32))
     loads = workloads(count, burst, alone)
-    suite.log(f"\n[g] the CPU forward pass against llama.cpp ({threads} threads): ours by linear kernels and "
-              "precision, llama-server by GGUF type")
+    log(f"\n[g] the CPU forward pass against llama.cpp ({threads} threads): ours by linear kernels and "
+        "precision, llama-server by GGUF type")
     cfg.out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     longest = max(count(a.prompt) + a.max_tokens for w in loads for a in w.requests)
-    active = contenders(suite, model_dir, threads, burst[0], longest * 2, notes)
+    active = contenders(cfg, log, model_dir, threads, burst[0], longest * 2, notes)
+    measured: dict[str, Any] = {}
     try:
         for load in loads:
-            suite.log(f"  {load.name}: {load.description}")
-            suite._measure(load, active)
+            log(f"  {load.name}: {load.description}")
+            measured[load.name] = {**load.describe(), "contenders": measure_rounds(load, active, cfg.repeats, log)}
     finally:
         for c in active:
             c.close()
     for note in notes:
-        suite.log(f"  note: {note}")
-    for load in loads:
-        suite.results["workloads"].setdefault(load.name, {"contenders": {}})["notes"] = notes
-    suite.results["cpu_quality"] = quality(model_dir, CORPUS, threads)
-    suite.log(format_quality(suite.results["cpu_quality"]))
+        log(f"  note: {note}")
+    for entry in measured.values():
+        entry["notes"] = notes
+    quality_entry = quality(model_dir, CORPUS, threads)
+    log(format_quality(quality_entry))
+    return CpuResults(measured, quality_entry)
