@@ -377,6 +377,32 @@ async def test_bodies_sent_at_one_byte_a_second_are_closed_after_the_timeout(
     assert max(latencies) < 0.5
 
 
+
+@pytest.mark.parametrize("infer_options", [("simulated", {"body_timeout_s": 1.0})], indirect=True)
+@pytest.mark.parametrize(("path", "openai"), [("infer/generate", False), ("infer/v1/chat/completions", True)])
+async def test_a_body_that_arrives_too_slowly_is_answered_408_before_the_close(
+    jp_http_port: int, jp_base_url: str, client: httpx.AsyncClient, path: str, openai: bool
+) -> None:
+    head = post_head(path, jp_base_url, jp_http_port, "Content-Length: 1000\r\n")
+
+    def send() -> tuple[bytes, float]:
+        with raw_request(jp_http_port, head + '{"prompt": "never fin') as sock:
+            sent = time.monotonic()
+            return read_response(sock), time.monotonic() - sent  # read_response ends at the close
+
+    answer, waited = await asyncio.to_thread(send)
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 408 Request Timeout", answer[:200]
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert b"application/json" in headers and b"Traceback" not in answer
+    error = json.loads(body)
+    message = error["error"]["message"] if openai else error["message"]
+    if openai:
+        assert set(error) == {"error"} and error["error"]["type"] == "invalid_request_error"
+    assert "1 s" in message and "InferApp.body_timeout_s" in message and "send" in message.lower()
+    assert 0.9 < waited < 5
+    assert (await metrics(client))["requests"]["rejected"] == 1
+
 # -- the shared error path ------------------------------------------------------------------------
 @pytest.mark.parametrize(("path", "openai"), [("infer/generate", False), ("infer/generate_stream", False),
                                               ("infer/v1/completions", True)])

@@ -185,7 +185,7 @@ class InferApp(ExtensionApp):
     ).tag(config=True)
     body_timeout_s = Float(
         30.0, help="""Seconds a client may take to send a request body; a slower one (e.g. a byte a
-        second) is disconnected."""
+        second) is answered 408 Request Timeout and disconnected."""
     ).tag(config=True)
     max_event_subscribers = Int(
         D("max_event_subscribers"), help="Most live infer/events subscribers at once; more are refused with 429."

@@ -15,11 +15,13 @@ refused generation is counted in the metrics.
 
 Bodies are streamed (``@stream_request_body``): the auth checks run before a byte of the
 body is read, a body over ``max_body_bytes`` is refused with 413 as soon as that is known,
-and a body that takes longer than ``body_timeout_s`` to arrive is cut off.
+and a body that takes longer than ``body_timeout_s`` to arrive is answered 408 (in the route's
+shape), after which the connection closes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -51,6 +53,9 @@ _QUERY_INTS = {"max_tokens", "top_k", "seed", "priority", "min_tokens"}
 _QUERY_FLOATS = {"temperature", "top_p", "repetition_penalty", "frequency_penalty", "presence_penalty"}
 _QUERY_FLAGS = {"ignore_eos"}
 _QUERY_IGNORED = {"token", "_xsrf", "no_track_activity"}
+# tornado's own body timeout, past ours: it closes without an answer, so it only backs up
+# the 408 (a loop too busy to run our timer, a client that never reads its answer).
+_BODY_TIMEOUT_BACKSTOP_S = 5.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 log = logging.getLogger(__name__)
@@ -64,6 +69,7 @@ def answers_errors(method: F) -> F:
     async def wrapper(self: InferHandler, *args: Any, **kwargs: Any) -> None:
         if self._finished:
             return  # refused while its body was arriving
+        self.stop_body_clock()  # the body has arrived: the verb runs only then
         try:
             await method(self, *args, **kwargs)
         except StreamClosedError:
@@ -89,6 +95,13 @@ class HTTPFailure(InferError):
         self.status = status
         self.code = {403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
             status, "invalid_request" if status < 500 else "internal_error")
+
+
+class BodyTimeout(InferError):
+    """The request body did not arrive within ``InferApp.body_timeout_s``."""
+
+    status = 408
+    code = "request_timeout"
 
 
 def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferError:
@@ -118,6 +131,7 @@ class InferHandler(EventStreamHandler):
         self.keepalive_s = self.infer_config.sse_keepalive_s
         self._body = bytearray()
         self._handed_over = False  # the service has the request: it counts what happens now
+        self._body_clock: asyncio.TimerHandle | None = None  # answers 408 if the body is too slow
 
     async def prepare(self) -> None:  # type: ignore[override]
         """Auth first (jupyter_server's checks raise 403/404 here, before any body is read),
@@ -130,9 +144,44 @@ class InferHandler(EventStreamHandler):
         if declared.isdigit() and int(declared) > limit:
             self.answer_error(self.too_large(int(declared), limit))
             return
+        timeout = self.infer_config.body_timeout_s
+        if "Transfer-Encoding" in self.request.headers or declared not in ("", "0"):
+            self._body_clock = asyncio.get_running_loop().call_later(timeout, self._body_too_slow, timeout)
         set_body_timeout = getattr(self.request.connection, "set_body_timeout", None)
         if set_body_timeout is not None:
-            set_body_timeout(self.infer_config.body_timeout_s)
+            set_body_timeout(timeout + _BODY_TIMEOUT_BACKSTOP_S)
+
+    def _body_too_slow(self, timeout: float) -> None:
+        """The body is still arriving after ``timeout`` s: answer 408; tornado then closes the
+        connection, since the request was answered before its body was read."""
+        self._body_clock = None
+        if self._finished:
+            return
+        self._body = bytearray()
+        self.set_header("Connection", "close")
+        try:
+            self.answer_error(BodyTimeout(
+                f"The request body took longer than {timeout:g} s to arrive "
+                "(InferApp.body_timeout_s), so it was not read. Send the whole body at once, "
+                "without pauses; over a slow link, ask the server's admin to raise the limit."
+            ))
+        except StreamClosedError:
+            pass  # the client left meanwhile
+
+    def stop_body_clock(self) -> None:
+        """The body has arrived (``answers_errors`` calls this as the verb starts: a verb that
+        reads a body must be wrapped by it), or the request is over."""
+        if self._body_clock is not None:
+            self._body_clock.cancel()
+            self._body_clock = None
+
+    def on_finish(self) -> None:
+        self.stop_body_clock()
+        super().on_finish()
+
+    def on_connection_close(self) -> None:
+        self.stop_body_clock()
+        super().on_connection_close()
 
     def data_received(self, chunk: bytes) -> None:
         if self._finished:
@@ -150,7 +199,6 @@ class InferHandler(EventStreamHandler):
             f"The request body {what}, above this server's limit of {limit} bytes "
             "(InferApp.max_body_bytes). Send a shorter prompt."
         )
-
 
     @property
     def service(self) -> InferenceService:

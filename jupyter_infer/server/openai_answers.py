@@ -15,8 +15,8 @@ from .openai_requests import OpenAIRequest
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-                429: "rate_limit_error", 503: "service_unavailable_error"}
+                404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+                413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 
 
 def error_body(err: InferError) -> dict[str, Any]:
