@@ -1,8 +1,11 @@
 """A request as the scheduler tracks it: status, tokens so far, and the text they make.
 
-Plain data, like nano-vllm's ``Sequence``: the scheduler moves a sequence through
-WAITING → (PREFILLING →) RUNNING → FINISHED; the engine only reads ``id``, ``prompt_ids``, ``output_ids``
-and ``params``. When things happened to it (queued, admitted, first token, finished, which
+Plain data, like nano-vllm's ``Sequence``, below both the scheduler and the engine: the
+scheduler moves a sequence through WAITING → RUNNING → FINISHED; the engine only reads
+``id``, ``prompt_ids``, ``output_ids``, ``num_computed`` and ``params``. ``num_computed``
+counts the tokens whose KV the engine holds; each step catches it up with the tokens (the
+whole prompt, a chunk of a long one, the last output token), so a sequence whose prompt is
+not all computed yet is being prefilled. When things happened to it (queued, admitted, first token, finished, which
 batches) is written once, on ``record``: metrics, events and the final result all read it.
 """
 
@@ -17,8 +20,7 @@ from .request import Request, RequestResult, SamplingParams, TokenLogprob
 
 class Status(enum.Enum):
     WAITING = "waiting"
-    PREFILLING = "prefilling"  # a long prompt, prefilled chunk by chunk between decode steps
-    RUNNING = "running"
+    RUNNING = "running"  # admitted: being prefilled (num_computed short of the prompt) or decoding
     FINISHED = "finished"
 
 
@@ -32,6 +34,7 @@ class Sequence:
         self.params: SamplingParams = request.params
         self.prompt_ids = prompt_ids
         self.output_ids: list[int] = []
+        self.num_computed = 0  # tokens whose KV the engine holds
         self.status = Status.WAITING
         self.cancelled = False
         self.alone = False  # prefill it on its own: a group prefill it was in failed
@@ -57,6 +60,17 @@ class Sequence:
     @property
     def num_prompt_tokens(self) -> int:
         return self.record.prompt_tokens
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens whose KV is not computed yet: the rest of the prompt while prefilling, then
+        the last output token (the next step's input)."""
+        return len(self.prompt_ids) + len(self.output_ids) - self.num_computed
+
+    @property
+    def prefilling(self) -> bool:
+        """Admitted, with part of the prompt still to compute (a long prompt, in chunks)."""
+        return self.status is Status.RUNNING and self.num_computed < len(self.prompt_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -146,16 +160,11 @@ class Sequence:
             return ""
         if token_id in eos_ids and not params.ignore_eos and len(self.output_ids) >= params.min_tokens:
             self.finish_reason = "stop"
-            return self._release(final=True)
+            return self._release(final=True, detokenize=detokenize)
         self.output_ids.append(token_id)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
-        prefix = detokenize(self.output_ids[self._prefix_offset : self._read_offset])
-        full = detokenize(self.output_ids[self._prefix_offset :])
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            self._decoded += full[len(prefix) :]
-            self._prefix_offset = self._read_offset
-            self._read_offset = len(self.output_ids)
+        self._decode_tail(detokenize, final=False)
         for stop in self.params.stop if len(self.output_ids) >= params.min_tokens else ():
             at = self._decoded.find(stop, max(0, len(self.text) - len(stop)))
             if at != -1:
@@ -164,10 +173,26 @@ class Sequence:
                 return self._release(final=True)
         if len(self.output_ids) >= self.params.max_tokens:
             self.finish_reason = "length"
-            return self._release(final=True)
+            return self._release(final=True, detokenize=detokenize)
         return self._release(final=False)
 
-    def _release(self, final: bool) -> str:
+    def _decode_tail(self, detokenize: Callable[[list[int]], str], *, final: bool) -> None:
+        """Decode the tokens after the read offset. A tail that ends inside a character (U+FFFD)
+        waits for the next token, unless this is the end: then it is released as the tokenizer
+        decodes it (vLLM does the same), or the answer's last characters would be lost."""
+        prefix = detokenize(self.output_ids[self._prefix_offset : self._read_offset])
+        full = detokenize(self.output_ids[self._prefix_offset :])
+        if len(full) > len(prefix) and (final or not full.endswith("\ufffd")):
+            self._decoded += full[len(prefix) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self.output_ids)
+
+    def _release(self, final: bool, detokenize: Callable[[list[int]], str] | None = None) -> str:
+        """The text not handed out yet that may go now. At the end (EOS, ``max_tokens``, but
+        not a stop sequence, whose cut already fell) with ``detokenize``, a held-back tail of
+        an incomplete character goes too."""
+        if final and detokenize is not None and self._read_offset < len(self.output_ids):
+            self._decode_tail(detokenize, final=True)
         end = len(self._decoded)
         if not final:
             # Hold back a tail that could still grow into a stop sequence.

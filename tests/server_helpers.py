@@ -54,16 +54,16 @@ def server_config(**infer: Any) -> dict[str, Any]:
 class ScriptedEngine(SimulatedEngine):
     """The simulated engine, plus fixed answers for ``SCRIPTS`` prompts and a poison pill."""
 
-    def prefill(self, seqs: list[Any]) -> tuple[Sampled, SimulatedBatch]:
+    def prefill(self, seqs: list[Any], *args: Any) -> tuple[Sampled, SimulatedBatch | None, dict]:
         if any(POISON in s.request.prompt for s in seqs):
             raise RuntimeError("the scripted engine refuses poisoned prompts")
-        sampled, batch = super().prefill(seqs)
-        for i, seq in enumerate(seqs):
+        sampled, batch, partial = super().prefill(seqs, *args)
+        for i, seq in enumerate(seqs if batch is not None else ()):
             script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
             if script is not None:
                 batch.answers[i] = self.tokenize(script)
-                sampled.tokens[i] = batch.answers[i][0]
-        return sampled, batch
+                sampled.tokens[i] = [batch.answers[i][0]]
+        return sampled, batch, partial
 
 
 @dataclass
@@ -93,7 +93,7 @@ def use_scripted_engine(monkeypatch: pytest.MonkeyPatch, gate: EngineGate | None
             prefill_ms_per_token=config.simulated_prefill_ms_per_token,
         )
 
-    monkeypatch.setattr("jupyter_infer.service.load_engine", load)
+    monkeypatch.setattr("jupyter_infer.loops.load_engine", load)
 
 
 # -- Server-Sent Events, parsed as the spec says ---------------------------------------------

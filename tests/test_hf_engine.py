@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.config import ServiceConfig
-from jupyter_infer.engine import StepPlan, load_engine
+from jupyter_infer.engine import Rows, Sampled, StepPlan, load_engine
 from jupyter_infer.engine.hf import HFEngine, cpu_has_native_bf16, pick_device
 from jupyter_infer.request import Request, RequestResult, SamplingParams
 from jupyter_infer.sequence import Sequence
@@ -79,11 +79,18 @@ def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
 
 
 def step(engine: HFEngine, plan: StepPlan, batch):
-    """Run ``plan``, append each row's token; the batch after the step."""
-    sampled, batch = engine.step(plan, batch)
-    for seq, tok in zip(plan.seqs, sampled.tokens, strict=True):
-        seq.output_ids.append(tok)
-    return batch
+    """Run ``plan`` on the decoding ``batch``, append each row's tokens; the decoding batch
+    after the step."""
+    sampled, rows = engine.step(plan, None if batch is None else Rows(batch))
+    for seq, tokens in zip(plan.seqs, sampled.tokens, strict=True):
+        seq.output_ids += tokens
+    return rows.decoding
+
+
+def prefill(engine: HFEngine, seqs: list[Sequence]):
+    """The newcomers' first tokens, and their batch."""
+    sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
+    return sampled, rows.decoding
 
 
 def ids(seqs: list[Sequence]) -> list[str]:
@@ -99,7 +106,7 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
     longest = max(seqs, key=lambda s: s.num_prompt_tokens)
     rest = [s for s in seqs if s is not longest]
     batch = step(engine, StepPlan(3, "decode", rest, ids(rest)), batch)
-    assert batch.ids == ids(rest) and len(batch.generators) == 2
+    assert batch.ids == ids(rest) and len(batch.samplers) == 2
     width = max(s.num_prompt_tokens for s in rest) + 2  # prompt + the two tokens fed back so far
     assert batch.mask.shape == (2, width)
     for layer in batch.cache.layers:
@@ -234,18 +241,18 @@ async def test_prefix_cache_and_chunks_keep_greedy_outputs_exact(request, model_
 def test_prefix_cache_reuses_blocks_and_stays_within_its_budget(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, prefix_cache_mb=1)
     a = _seq(engine, SYSTEM + AGENT_TASKS[0], 4)
-    engine.prefill([a])
+    prefill(engine, [a])
     stats = engine.prefix_cache_stats()
     block_mb = stats["used_mb"] / stats["blocks"]
     assert stats["blocks"] == a.num_prompt_tokens // 16 and stats["misses"] == 1
     b = _seq(engine, SYSTEM + AGENT_TASKS[1], 4)
-    engine.prefill([b])
+    prefill(engine, [b])
     stats = engine.prefix_cache_stats()
     shared = len(os.path.commonprefix([a.prompt_ids, b.prompt_ids])) // 16
     assert stats["hits"] == 1 and stats["reused_tokens"] == 16 * shared
     # Many different prompts later, the memory stays within the budget: old blocks left.
     for i in range(40):
-        engine.prefill([_seq(engine, f"{i} " + SYSTEM * 2, 1)])
+        prefill(engine, [_seq(engine, f"{i} " + SYSTEM * 2, 1)])
     stats = engine.prefix_cache_stats()
     assert stats["used_mb"] <= 1 and stats["evicted_blocks"] > 0
     assert stats["used_mb"] == pytest.approx(stats["blocks"] * block_mb, rel=0.01)
@@ -264,14 +271,16 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     prompt, short = SYSTEM + AGENT_TASKS[1], "agents"
-    cold_tokens, cold = engine.prefill([_seq(engine, prompt, 1), _seq(engine, short, 1)])
+    cold_tokens, cold = prefill(engine, [_seq(engine, prompt, 1), _seq(engine, short, 1)])
     engine.configure_prefix_cache(64)
-    engine.prefill([_seq(engine, SYSTEM + AGENT_TASKS[0], 1)])  # the shared system prompt, cached
-    hot_tokens, hot = engine.prefill([_seq(engine, prompt, 1), _seq(engine, short, 1)])
+    prefill(engine, [_seq(engine, SYSTEM + AGENT_TASKS[0], 1)])  # the shared system prompt, cached
+    hot_tokens, hot = prefill(engine, [_seq(engine, prompt, 1), _seq(engine, short, 1)])
     assert engine.prefix_cache_stats()["reused_tokens"] >= 32
-    seq, row, first = _seq(engine, prompt, 1), None, None
-    while first is None:
-        first, row = engine.prefill_chunk(seq, row, 16)
+    seq, rows, first = _seq(engine, prompt, 1), None, Sampled([[]])
+    while not first.tokens[0]:  # 16 tokens a step, continuing the row, until the prompt is in
+        first, rows = engine.step(StepPlan(1, "prefill", [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
+        seq.num_computed = first.computed[0] if first.computed else seq.num_prompt_tokens
+    row = rows.decoding
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
     assert hot_tokens.tokens == cold_tokens.tokens and first.tokens == cold_tokens.tokens[:1]
     assert hot.positions.tolist() == cold.positions.tolist() and row.positions.tolist() == cold.positions.tolist()[:1]

@@ -7,39 +7,39 @@ import math
 import pytest
 import torch
 
-from jupyter_infer.engine.sampling import filter_logits, prompt_logprobs, sample, shape_logits
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.sequence import Sequence
+from jupyter_infer.engine.sampling import RowSampler, filter_logits, prompt_logprobs, sample
+from jupyter_infer.request import SamplingParams
 
 EOS = 0
 
 
-def row(prompt: list[int], output: list[int] = (), **params) -> Sequence:
-    seq = Sequence(Request("p", SamplingParams(max_tokens=16, **params)), list(prompt))
-    seq.output_ids = list(output)
-    return seq
+def row(prompt: list[int], output: list[int] = (), **params) -> RowSampler:
+    """A row's sampler, as the engine builds it at prefill, after ``output`` was kept."""
+    sampler = RowSampler.build(SamplingParams(max_tokens=16, **params), list(prompt), frozenset({EOS}))
+    sampler.advance(list(output))
+    return sampler
 
 
 def test_plain_rows_are_argmax_and_carry_no_logprobs() -> None:
     logits = torch.tensor([[0.0, 1.0, 3.0, 2.0], [5.0, 1.0, 0.0, 0.0]])
-    out = sample(logits, [row([1]), row([2])], [None, None], frozenset({EOS}))
-    assert out.tokens == [2, 0] and out.logprobs is None and out.prompt_logprobs is None
+    out = sample(logits, [row([1]), row([2])])
+    assert out.tokens == [[2], [0]] and out.logprobs is None and out.prompt_logprobs is None
 
 
 def test_logit_bias_and_min_tokens_steer_the_choice() -> None:
     logits = torch.tensor([[5.0, 1.0, 0.0, 0.0]] * 3)
     seqs = [row([1]), row([1], logit_bias=((3, 100.0),)), row([1], min_tokens=2)]
-    out = sample(logits, seqs, [None] * 3, frozenset({EOS}))
-    assert out.tokens == [EOS, 3, 1]  # EOS is masked until min_tokens exist
-    seqs[2].output_ids = [1, 1]
-    assert sample(logits[2:], seqs[2:], [None], frozenset({EOS})).tokens == [EOS]
+    out = sample(logits, seqs)
+    assert out.tokens == [[EOS], [3], [1]]  # EOS is masked until min_tokens exist
+    seqs[2].advance([1])  # it kept the token it was given, and one more: min_tokens are there
+    assert sample(logits[2:], seqs[2:]).tokens == [[EOS]]
 
 
 def test_penalties_follow_vllm() -> None:
     logits = torch.tensor([2.0, -2.0, 1.0, 0.5])
-    rep = shape_logits(logits, row([0], [1], repetition_penalty=2.0), frozenset())
+    rep = row([0], [1], repetition_penalty=2.0).shape(logits)
     assert rep.tolist() == [1.0, -4.0, 1.0, 0.5]  # seen tokens: positive / p, negative * p
-    freq = shape_logits(logits, row([0], [2, 2, 3], frequency_penalty=0.5, presence_penalty=0.25), frozenset())
+    freq = row([0], [2, 2, 3], frequency_penalty=0.5, presence_penalty=0.25).shape(logits)
     # The prompt does not count for frequency/presence; output token 2 twice, 3 once.
     assert freq.tolist() == [2.0, -2.0, 1.0 - 1.0 - 0.25, 0.5 - 0.5 - 0.25]
     assert logits.tolist() == [2.0, -2.0, 1.0, 0.5]  # the batch's logits are untouched
@@ -55,15 +55,15 @@ def test_logprobs_are_the_raw_log_softmax_and_only_for_rows_that_ask() -> None:
     torch.manual_seed(0)
     logits = torch.randn(3, 50)
     seqs = [row([1], logprobs=3), row([1]), row([1], logprobs=0, logit_bias=((7, 100.0),))]
-    out = sample(logits, seqs, [None] * 3, frozenset())
+    out = sample(logits, seqs)
     expected = torch.log_softmax(logits, -1)
     assert out.logprobs[1] is None
-    first = out.logprobs[0]
-    assert first.token_id == out.tokens[0] == int(logits[0].argmax())
+    [first] = out.logprobs[0]
+    assert first.token_id == out.tokens[0][0] == int(logits[0].argmax())
     assert first.logprob == pytest.approx(float(expected[0].max()))
     assert [t for t, _ in first.top] == expected[0].topk(3).indices.tolist()
     # The bias chose token 7, but its logprob is the model's own (vLLM's raw logprobs).
-    third = out.logprobs[2]
+    [third] = out.logprobs[2]
     assert third.token_id == 7 and third.top == ()
     assert third.logprob == pytest.approx(float(expected[2, 7]))
 

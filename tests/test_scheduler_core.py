@@ -44,7 +44,7 @@ def run_step(s: Scheduler, now: float, token: int = 7) -> StepPlan | None:
     """Schedule at ``now`` and, if there is a plan, give every row ``token``."""
     plan, _ = s.schedule(now)
     if plan is not None:
-        s.postprocess(plan, Sampled([token] * len(plan.seqs)), now, now)
+        s.postprocess(plan, Sampled([[token]] * len(plan.seqs)), now, now)
     return plan
 
 
@@ -60,7 +60,7 @@ def test_window_waits_for_its_window_then_groups_and_the_17th_waits() -> None:
     plan, _ = s.schedule(0.02)  # full batch: no need to wait for the window
     assert plan.kind == "prefill" and plan.seqs == seqs[:16]
     assert [x.status for x in seqs[:16]] == [Status.RUNNING] * 16 and seqs[16].status is Status.WAITING
-    s.postprocess(plan, Sampled([7] * 16), 0.02, 0.03)
+    s.postprocess(plan, Sampled([[7]] * 16), 0.02, 0.03)
     # Window mode runs the batch to completion: the 17th is not admitted meanwhile.
     assert s.schedule(0.2)[0].kind == "decode"
 
@@ -140,7 +140,7 @@ def test_eos_and_stop_strings_finish_rows() -> None:
     s.add(a, 0.0)
     s.add(b, 0.0)
     plan, _ = s.schedule(0.0)
-    released = s.postprocess(plan, Sampled([9, EOS]), 0.0, 0.0)
+    released = s.postprocess(plan, Sampled([[9], [EOS]]), 0.0, 0.0)
     assert [text for _, _, text in released] == ["", ""]
     assert a.record.finish_reason == "stop" and a.text == ""
     assert b.record.finish_reason == "stop" and b.output_ids == []
@@ -237,10 +237,12 @@ def chunking_core(**config) -> Scheduler:
 
 
 def chunk_step(s: Scheduler, now: float, last: bool) -> StepPlan:
-    """Schedule a chunk at ``now``; the engine says whether it was the prompt's last."""
+    """Schedule a chunk at ``now``; the engine says whether it was the prompt's last (if
+    not, how far the prompt's computed tokens got)."""
     plan, _ = s.schedule(now)
     assert plan is not None and plan.chunk, plan
-    s.postprocess(plan, Sampled([7] if last else []), now, now)
+    [x], [n] = plan.seqs, plan.num_scheduled
+    s.postprocess(plan, Sampled([[7]]) if last else Sampled([[]], computed=[x.num_computed + n]), now, now)
     return plan
 
 
@@ -255,10 +257,11 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps() -> None:
     for i, last in enumerate((False, False, True)):
         assert run_step(s, 0.02 + i / 100).kind == "decode"  # the running row first, each time
         plan = chunk_step(s, 0.025 + i / 100, last)
-        assert plan.seqs == [b] and plan.keep == [a.id] and plan.chunk == 4
-        kinds.append(b.status)
+        # The running row stays, and so does b's row from its second chunk on.
+        assert plan.seqs == [b] and plan.keep == [a.id] + [b.id] * (i > 0) and plan.chunk == 4
+        kinds.append(b.prefilling)
     # Prefilling until the last chunk; no token (no first-token time) before it.
-    assert kinds == [Status.PREFILLING, Status.PREFILLING, Status.RUNNING]
+    assert kinds == [True, True, False] and b.num_computed == 10
     assert b.output_ids == [7] and b.record.first_token_at == pytest.approx(0.045)
     plan = run_step(s, 0.05)
     assert plan.kind == "decode" and plan.seqs == [a, b]
@@ -271,7 +274,7 @@ def test_an_idle_engine_runs_the_chunks_back_to_back() -> None:
     chunk_step(s, 0.0, last=False)
     chunk_step(s, 0.01, last=False)
     chunk_step(s, 0.02, last=True)
-    assert s.running == [b] and s.prefilling is None
+    assert s.running == [b] and not b.prefilling
 
 
 def test_while_a_prompt_is_chunked_others_wait_and_running_rows_bound_group_prefills() -> None:
@@ -304,7 +307,7 @@ def test_a_short_prompt_ahead_of_a_long_one_goes_first_and_alone() -> None:
     s.add(short, 0.0)
     s.add(long_, 0.0)
     assert run_step(s, 0.0).seqs == [short]
-    assert s.prefilling is None and long_.status is Status.WAITING
+    assert s.running == [short] and long_.status is Status.WAITING
 
 
 def test_a_prompt_cancelled_while_prefilling_ends_at_the_next_step() -> None:
@@ -315,10 +318,10 @@ def test_a_prompt_cancelled_while_prefilling_ends_at_the_next_step() -> None:
     s.add(b, 0.0)
     run_step(s, 0.01)
     chunk_step(s, 0.02, last=False)
-    assert s.cancel(b.id, 0.025) and b.status is Status.PREFILLING
+    assert s.cancel(b.id, 0.025) and b.prefilling
     plan, _ = s.schedule(0.03)
     assert plan.kind == "decode" and plan.seqs == [a]
-    assert s.prefilling is None and b.record.outcome == "cancelled"
+    assert s.running == [a] and b.record.outcome == "cancelled"
     assert [x.id for x in s.pop_finished()] == [b.id]
 
 
@@ -331,7 +334,7 @@ def test_a_failed_chunk_fails_only_its_request() -> None:
     run_step(s, 0.01)
     plan, _ = s.schedule(0.02)
     s.fail(plan, "boom", 0.03)
-    assert b.record.outcome == "failed" and b.record.error == "boom" and s.prefilling is None
+    assert b.record.outcome == "failed" and b.record.error == "boom" and b not in s.running
     assert s.running == [a] and run_step(s, 0.04).kind == "decode"
 
 
@@ -365,7 +368,7 @@ def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
     x = seq(max_tokens=5)
     s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    first = s.postprocess(plan, Sampled([1]), 0.0, 0.0)[0][2]
-    second = s.postprocess(s.schedule(0.0)[0], Sampled([2]), 0.0, 0.0)[0][2]
+    first = s.postprocess(plan, Sampled([[1]]), 0.0, 0.0)[0][2]
+    second = s.postprocess(s.schedule(0.0)[0], Sampled([[2]]), 0.0, 0.0)[0][2]
     # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
     assert (first, second) == ("a", "\r\nb")

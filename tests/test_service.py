@@ -25,10 +25,10 @@ def fast_engine(**kw) -> SimulatedEngine:
 class PoisonEngine(SimulatedEngine):
     """Fails any step that holds a row whose prompt says POISON."""
 
-    def prefill(self, seqs):
+    def prefill(self, seqs, *args):
         if any("POISON" in s.request.prompt for s in seqs):
             raise RuntimeError("poisoned row")
-        return super().prefill(seqs)
+        return super().prefill(seqs, *args)
 
 
 async def started(engine, **config) -> InferenceService:

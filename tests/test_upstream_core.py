@@ -18,8 +18,8 @@ from jupyter_infer.metrics import MetricsCollector
 from jupyter_infer.request import Request, SamplingParams
 from jupyter_infer.router import Rule
 from jupyter_infer.scheduler import Recorder
-from jupyter_infer.scheduler.upstream import UpstreamScheduler
 from jupyter_infer.sequence import Sequence, Status
+from jupyter_infer.upstream.scheduler import UpstreamScheduler
 from jupyter_infer.upstream.wire import (
     error_message,
     estimate_tokens,

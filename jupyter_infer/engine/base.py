@@ -37,24 +37,37 @@ class EngineInfo:
 
 @dataclass
 class StepPlan:
-    """What one engine step runs.
+    """What one engine step runs: some tokens of each sequence in ``seqs``.
 
-    ``prefill``: run the prompts of ``seqs`` (newcomers), sample their first token and join
-    them to the running batch. ``decode``: one token for every running row; ``seqs`` are
-    exactly the running rows, in the order they joined. ``keep``: the ids of the rows
-    already in the batch that stay for this step, in order (rows not in it have left).
-    ``chunk`` (a prefill of one long prompt, chunked): compute at most this many more of its
-    prompt tokens; it yields a token, and joins the running batch, only with the last chunk.
+    The scheduler's one rule: a sequence's computed tokens (``num_computed``, their KV in the
+    engine) catch up with its tokens, ``num_scheduled[i]`` more of them this step.
+    ``prefill``: prompt tokens of ``seqs`` (newcomers, or the next chunk of a long prompt);
+    a row whose prompt completes samples its first token and joins the decoding rows.
+    ``decode``: one token for every decoding row; ``seqs`` are exactly those rows, in the
+    order they joined. ``keep``: the ids of the rows already in the engine that stay (rows
+    not in it have left, and their KV goes). A chunk's budget may pass its prompt's end (or
+    a prefix-cache hit may cover part of it): the engine computes up to the end.
     """
 
     step_id: int
     kind: Literal["prefill", "decode"]
     seqs: list[Sequence]
     keep: list[str] = field(default_factory=list)
-    chunk: int = 0
+    num_scheduled: list[int] = field(default_factory=list)  # default: every prompt whole, or 1
+    # A prefill that continues a prompt or stops short of its end (chunked prefill): the
+    # tokens it schedules; 0 for whole prompts and decodes. Fixed when planned.
+    chunk: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if not self.num_scheduled:
+            self.num_scheduled = [s.num_uncomputed if self.kind == "prefill" else 1 for s in self.seqs]
+        if self.kind == "prefill" and any(
+                s.num_computed or n < s.num_uncomputed for s, n in zip(self.seqs, self.num_scheduled, strict=True)):
+            self.chunk = sum(self.num_scheduled)
 
     @property
     def num_tokens(self) -> int:
+        """The prompt tokens of a prefill (whole prompts), or the rows of a decode."""
         if self.kind == "prefill":
             return sum(s.num_prompt_tokens for s in self.seqs)
         return len(self.seqs)
@@ -62,18 +75,23 @@ class StepPlan:
 
 @dataclass
 class Sampled:
-    """One step's output: a token per row and, only for the rows whose request asks,
-    log probabilities (``None`` when no row asked, so the common step carries nothing)."""
+    """One step's output, per row of the plan: the tokens it yields, in order (one for a
+    decode or a completed prompt; none for a prompt chunk that is not its last; several, one
+    day, for a step that verifies drafts) and, only for the rows whose request asks, their log
+    probabilities (``None`` when no row asked, so the common step carries nothing)."""
 
-    tokens: list[int]
-    logprobs: list[TokenLogprob | None] | None = None  # per row: the chosen token's
+    tokens: list[list[int]]
+    logprobs: list[list[TokenLogprob] | None] | None = None  # per row: one per token
     # per row of a prefill: every prompt position's (the first is None); None if not asked
     prompt_logprobs: list[list[TokenLogprob | None] | None] | None = None
+    # per row of a prefill: its computed tokens after the step (a prefix-cache hit counts),
+    # for rows still short of their prompt's end; None: every prompt is complete
+    computed: list[int] | None = None
 
 
 class Batch(Protocol):
-    """The running rows of an engine, as one value (TGI's ``CausalLMBatch``): the rows' ids
-    and whatever per-row state the engine keeps (KV cache, sampling generators, ...)."""
+    """The decoding rows of an engine, as one value (TGI's ``CausalLMBatch``): the rows' ids
+    and whatever per-row state the engine keeps (KV cache, row samplers, ...)."""
 
     ids: list[str]
 
@@ -83,6 +101,34 @@ class Batch(Protocol):
 
     def concatenate(self, other: Batch) -> Batch:
         """The rows of ``self``, then those of ``other``."""
+
+
+@dataclass
+class Rows:
+    """All an engine holds for the loop between steps: the decoding rows as one ``Batch``,
+    and the row of each prompt still being prefilled (its KV so far), by request id."""
+
+    decoding: Batch | None = None
+    prefilling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[str]:
+        return (self.decoding.ids if self.decoding is not None else []) + list(self.prefilling)
+
+    def keep(self, ids: list[str]) -> Rows:
+        """Only the rows in ``ids`` stay (the rest left: their KV is dropped)."""
+        if self.ids == ids:
+            return self
+        wanted = set(ids)
+        decoding = self.decoding
+        if decoding is not None:
+            kept = [i for i in decoding.ids if i in wanted]
+            decoding = decoding.filter(kept) if kept != decoding.ids else decoding
+        return Rows(decoding, {i: row for i, row in self.prefilling.items() if i in wanted})
+
+    def join(self, newcomers: Batch | None) -> None:
+        if newcomers is not None:
+            self.decoding = newcomers if self.decoding is None else self.decoding.concatenate(newcomers)
 
 
 class Engine(abc.ABC):
@@ -95,8 +141,8 @@ class Engine(abc.ABC):
 
     info: EngineInfo
     eos_token_ids: frozenset[int]
-    # The chunk size this engine prefers for long prompts; 0: it cannot prefill in chunks
-    # (prefill_chunk is not implemented), and the scheduler never asks it to.
+    # The chunk size this engine prefers for long prompts; 0: it cannot continue a prompt's
+    # row across steps, and the scheduler always schedules whole prompts.
     prefill_chunk_tokens = 0
     # The most characters of input text that one token can stand for (the longest token of
     # the vocabulary), or None if no such bound is known. A text longer than
@@ -116,44 +162,29 @@ class Engine(abc.ABC):
         raise NotImplementedError
 
     @abc.abstractmethod
-    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, Batch]:
-        """Run the prompts of ``seqs``; their first tokens and the batch of their rows."""
+    def prefill(
+        self, seqs: list[Sequence], num_scheduled: list[int], partial: dict[str, Any],
+    ) -> tuple[Sampled, Batch | None, dict[str, Any]]:
+        """Run ``num_scheduled[i]`` more prompt tokens of each of ``seqs``, continuing the
+        rows in ``partial`` (by request id) where a prompt was begun. Returns the step's
+        tokens, the batch of the rows whose prompt is now complete (``None``: none is), and
+        the rows still short of their prompt's end."""
 
     @abc.abstractmethod
     def decode(self, batch: Batch, seqs: list[Sequence]) -> Sampled:
         """One token for every row of ``batch`` (``seqs`` are its rows, in order)."""
 
-    def step(self, plan: StepPlan, batch: Batch | None) -> tuple[Sampled, Batch | None]:
-        """Run ``plan`` on the running ``batch``: one token per ``plan.seqs``, and the batch
-        after the step. Rows that left are filtered out first."""
-        if batch is not None and batch.ids != plan.keep:
-            batch = batch.filter(plan.keep)
-        if plan.kind == "prefill":
-            sampled, newcomers = self.prefill(plan.seqs)
-            return sampled, newcomers if batch is None else batch.concatenate(newcomers)
-        if batch is None:
-            raise RuntimeError("a decode step needs a running batch")
-        return self.decode(batch, plan.seqs), batch
-
-    def prefill_chunk(self, seq: Sequence, partial: Batch | None, budget: int) -> tuple[Sampled | None, Batch]:
-        """Up to ``budget`` more prompt tokens of ``seq``, continuing ``partial`` (its row so
-        far, or ``None``/another row's to start afresh): the row after it, and its first token
-        once the whole prompt is in (``None`` before)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot prefill in chunks")
-
-    def step_chunk(
-        self, plan: StepPlan, batch: Batch | None, partial: Batch | None,
-    ) -> tuple[Sampled, Batch | None, Batch | None]:
-        """Run a ``chunk`` plan: the next chunk of ``plan.seqs[0]``'s prompt, continuing
-        ``partial``. Returns the step's tokens (none until the prompt is complete), the
-        running batch and the partial row; on the last chunk the row joins the batch (after
-        the rows that left) and the partial is ``None``."""
-        if batch is not None and batch.ids != plan.keep:
-            batch = batch.filter(plan.keep)
-        sampled, row = self.prefill_chunk(plan.seqs[0], partial, plan.chunk)
-        if sampled is None:
-            return Sampled([]), batch, row
-        return sampled, row if batch is None else batch.concatenate(row), None
+    def step(self, plan: StepPlan, rows: Rows | None) -> tuple[Sampled, Rows]:
+        """Run ``plan`` on the engine's ``rows``: the plan's tokens, and the rows after the
+        step. Rows that left are dropped first."""
+        rows = (rows or Rows()).keep(plan.keep)
+        if plan.kind == "decode":
+            if rows.decoding is None:
+                raise RuntimeError("a decode step needs decoding rows")
+            return self.decode(rows.decoding, plan.seqs), rows
+        sampled, complete, rows.prefilling = self.prefill(plan.seqs, plan.num_scheduled, rows.prefilling)
+        rows.join(complete)
+        return sampled, rows
 
     def prefix_cache_stats(self) -> dict | None:
         """Hits, misses, reused tokens and memory of the prefix cache (``None``: this engine

@@ -3,8 +3,10 @@
 The running batch is a value with two operations, as in TGI's ``CausalLMBatch``:
 ``concatenate`` (prefilled newcomers join: both KV caches are left-padded to one length and
 concatenated on the batch axis) and ``filter`` (finished or cancelled rows leave, and cache
-columns that only padding uses are trimmed). Per-row sampling state (the generators of
-seeded or sampled rows) lives in the batch beside the tensors. Every row keeps its own attention mask and
+columns that only padding uses are trimmed). Per-row sampling state (each row's
+``RowSampler``: parameters, RNG, logits processors) lives in the batch beside the tensors.
+A long prompt prefilled in chunks is a one-row batch of its own until its last chunk, when it
+joins the decoding rows. Every row keeps its own attention mask and
 explicit ``position_ids``, so left padding never shifts a row's positions: that is what keeps
 GPT-2's learned positions and Llama's RoPE exact.
 """
@@ -27,10 +29,9 @@ from . import kv_cache
 from .base import Engine, EngineInfo, Sampled
 from .cpu_linear import QUANTIZE, LinearReport, cpu_flags, int8_available, swap_linears
 from .prefix_cache import PrefixCache
-from .sampling import prompt_logprobs, sample
+from .sampling import RowSampler, prompt_logprobs, sample
 
 if TYPE_CHECKING:
-    from ..request import SamplingParams
     from ..sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -101,14 +102,14 @@ def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 @dataclass
 class HFBatch:
-    """The running rows: ids, KV cache, attention mask, next positions, last tokens, RNGs."""
+    """The running rows: ids, KV cache, attention mask, next positions, last tokens, samplers."""
 
     ids: list[str]
     cache: DynamicCache
     mask: torch.Tensor  # [rows, cache_len] 1 = real token
     positions: torch.Tensor  # [rows] position id of the next token
     last: torch.Tensor  # [rows] the token to feed next
-    generators: list[torch.Generator | None]  # per row; None for greedy rows
+    samplers: list[RowSampler]  # per row: how it chooses its tokens
     _mask_buf: torch.Tensor | None = None  # ``mask`` is a view of it, with spare columns
 
     def filter(self, ids: list[str]) -> HFBatch | None:
@@ -125,7 +126,7 @@ class HFBatch:
         self.mask, self._mask_buf = mask[:, start:], None
         self.positions = self.positions[index]
         self.last = self.last[index]
-        self.generators = [self.generators[i] for i in keep]
+        self.samplers = [self.samplers[i] for i in keep]
         return self
 
     def concatenate(self, other: HFBatch) -> HFBatch:
@@ -137,7 +138,7 @@ class HFBatch:
             mask=torch.cat([kv_cache.left_pad(self.mask, width, 1), kv_cache.left_pad(other.mask, width, 1)]),
             positions=torch.cat([self.positions, other.positions]),
             last=torch.cat([self.last, other.last]),
-            generators=self.generators + other.generators,
+            samplers=self.samplers + other.samplers,
         )
 
     def extend_mask(self) -> torch.Tensor:
@@ -242,8 +243,23 @@ class HFEngine(Engine):
         return super().render_chat(messages)
 
     # -- steps ------------------------------------------------------------------------------
+    def prefill(
+        self, seqs: list[Sequence], num_scheduled: list[int], partial: dict[str, HFBatch],
+    ) -> tuple[Sampled, HFBatch | None, dict[str, HFBatch]]:
+        """Whole prompts in one left-padded forward; a long prompt (scheduled alone) one
+        chunk at a time, continuing its row in ``partial``."""
+        seq = seqs[0]
+        if len(seqs) == 1 and (seq.id in partial or num_scheduled[0] < seq.num_uncomputed):
+            sampled, row = self._prefill_chunk(seq, partial.get(seq.id), num_scheduled[0])
+            rest = {i: r for i, r in partial.items() if i != seq.id}
+            if sampled.tokens[0]:
+                return sampled, row, rest
+            return sampled, None, {**rest, seq.id: row}
+        sampled, batch = self._prefill_whole(seqs)
+        return sampled, batch, partial
+
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, HFBatch]:
+    def _prefill_whole(self, seqs: list[Sequence]) -> tuple[Sampled, HFBatch]:
         """The newcomers' prompts in one left-padded forward. A row whose prompt starts with
         a cached prefix starts from that KV: its row reads ``[pad | cached | pad | rest]``,
         the mask hides both pads and ``position_ids`` continue from the cached length."""
@@ -278,8 +294,8 @@ class HFEngine(Engine):
                 self.prefix_cache.insert(seq.prompt_ids, len(seq.prompt_ids), lambda a, b, row=row, n=n, rest=rest: (
                     kv_cache.row_kv(out.cache, row, width - n + a, width - n + b) if b <= n
                     else kv_cache.row_kv(out.cache, row, total - rest + a - n, total - rest + b - n)))
-        generators = [self._generator(s.params) for s in seqs]
-        sampled = sample(out.logits[:, -1, :], seqs, generators, self.eos_token_ids)
+        samplers = [self._sampler(s) for s in seqs]
+        sampled = sample(out.logits[:, -1, :], samplers)
         if echo:
             sampled.prompt_logprobs = [None] * len(seqs)
             for i in echo:
@@ -292,17 +308,18 @@ class HFEngine(Engine):
             cache=out.cache,
             mask=mask,
             positions=torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device),
-            last=torch.tensor(sampled.tokens, dtype=torch.long, device=self.device),
-            generators=generators,
+            last=torch.tensor([t[-1] for t in sampled.tokens], dtype=torch.long, device=self.device),
+            samplers=samplers,
         )
 
     @torch.inference_mode()
-    def prefill_chunk(self, seq: Sequence, partial: HFBatch | None, budget: int) -> tuple[Sampled | None, HFBatch]:
+    def _prefill_chunk(self, seq: Sequence, partial: HFBatch | None, budget: int) -> tuple[Sampled, HFBatch]:
         """Up to ``budget`` more prompt tokens of ``seq``, continuing ``partial`` (the row so
-        far; ``None`` or another row's: start, from the longest cached prefix). One row, no
-        padding: the mask is all ones and positions continue from the tokens already there."""
+        far; ``None``: start, from the longest cached prefix). One row, no padding: the mask
+        is all ones and positions continue from the tokens already there. The row's first
+        token comes with the prompt's last chunk."""
         prompt = seq.prompt_ids
-        if partial is None or partial.ids != [seq.id]:
+        if partial is None:
             done, kv = self._cached_prefix(seq)
             cache = kv_cache.with_past(self.model.config, [kv], done) if done else kv_cache.new_cache(self.model.config)
             for layer in cache.layers:  # room for the whole prompt at once, not a copy per chunk
@@ -321,15 +338,13 @@ class HFEngine(Engine):
         )
         if self.prefix_cache is not None:  # blocks complete so far: a prompt arriving now reuses them
             self.prefix_cache.insert(prompt, end, lambda a, b: kv_cache.row_kv(out.cache, 0, a, b))
-        sampled, generators = None, [None]
-        if end == len(prompt):
-            generators = [self._generator(seq.params)]
-            sampled = sample(out.logits[:, -1, :], [seq], generators, self.eos_token_ids)
+        samplers = [self._sampler(seq)] if end == len(prompt) else []
+        sampled = sample(out.logits[:, -1, :], samplers) if samplers else Sampled([[]], computed=[end])
         return sampled, HFBatch(
             ids=[seq.id], cache=out.cache, mask=mask,
             positions=torch.tensor([end], device=self.device),
-            last=torch.tensor(sampled.tokens if sampled else [0], dtype=torch.long, device=self.device),
-            generators=generators,
+            last=torch.tensor([sampled.tokens[0][-1] if samplers else 0], dtype=torch.long, device=self.device),
+            samplers=samplers,
         )
 
     def _cached_prefix(self, seq: Sequence) -> tuple[int, torch.Tensor | None]:
@@ -360,21 +375,14 @@ class HFEngine(Engine):
             cache=batch.cache,
             use_cache=True,
         )
-        sampled = sample(out.logits[:, -1, :], seqs, batch.generators, self.eos_token_ids)
+        sampled = sample(out.logits[:, -1, :], batch.samplers)
         batch.cache = out.cache
         batch.positions = batch.positions + 1
-        batch.last = torch.tensor(sampled.tokens, dtype=torch.long, device=self.device)
+        batch.last = torch.tensor([t[-1] for t in sampled.tokens], dtype=torch.long, device=self.device)
         return sampled
 
-    def _generator(self, params: SamplingParams) -> torch.Generator | None:
-        if params.greedy:
-            return None
-        gen = torch.Generator(device=self.device)
-        if params.seed is not None:
-            gen.manual_seed(params.seed)
-        else:
-            gen.seed()
-        return gen
+    def _sampler(self, seq: Sequence) -> RowSampler:
+        return RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device)
 
 
 # Normalizers that never make a text shorter; any other one might (NFC composes "e" and a

@@ -1,25 +1,23 @@
-"""Next-token choice for a batch of rows, each with its own sampling parameters and RNG.
+"""Next-token choice for a batch of rows, each with its own ``RowSampler`` (parameters, RNG,
+logits processors) held by the engine's batch.
 
 The common row (no penalty, no bias, no logprobs) costs what it always did: greedy rows
 share one ``argmax``, sampled rows one filtered softmax each. Only a row that asks for
-more pays for it: penalties read that row's token history, ``logit_bias`` and
-``min_tokens`` touch that row's logits, and log probabilities are computed for the rows
-that want them, in one ``log_softmax`` over just those rows.
+more pays for it: its processors (``logits_processors.py``) shape that row's logits from
+the state they keep, and log probabilities are computed for the rows that want them, in
+one ``log_softmax`` over just those rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import torch
 
-from ..request import TokenLogprob
+from ..request import SamplingParams, TokenLogprob
 from .base import Sampled
-
-if TYPE_CHECKING:
-    from ..request import SamplingParams
-    from ..sequence import Sequence
+from .logits_processors import LogitsProcessor, processors_for
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -39,59 +37,78 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def shape_logits(logits: torch.Tensor, seq: Sequence, eos_ids: frozenset[int]) -> torch.Tensor:
-    """One row's logits (a float copy) after ``logit_bias``, ``min_tokens`` and the
-    penalties, in vLLM's order."""
-    p = seq.params
-    row = logits.float().clone()
-    vocab = row.shape[-1]
-    if p.logit_bias:
-        ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.long, device=row.device)
-        bias = torch.tensor([b for t, b in p.logit_bias if t < vocab], dtype=row.dtype, device=row.device)
-        row.index_add_(0, ids, bias)
-    if len(seq.output_ids) < p.min_tokens and eos_ids:
-        row[[e for e in eos_ids if e < vocab]] = float("-inf")
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.prompt_ids) | set(seq.output_ids)), dtype=torch.long, device=row.device)
-        values = row[seen]
-        row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-    if (p.frequency_penalty or p.presence_penalty) and seq.output_ids:
-        out = torch.tensor(seq.output_ids, dtype=torch.long, device=row.device)
-        ids, counts = out.unique(return_counts=True)
-        row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
-    return row
+@dataclass
+class RowSampler:
+    """One row's way of choosing tokens, held by the engine's batch beside the row's KV (and
+    filtered and concatenated with it): its parameters, its RNG (``None`` for a greedy row)
+    and its logits processors. Built at prefill; ``advance`` after each kept token."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    processors: list[LogitsProcessor] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls, params: SamplingParams, prompt_ids: Seq[int], eos_ids: frozenset[int], device: str = "cpu",
+    ) -> RowSampler:
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=device)
+            if params.seed is not None:
+                generator.manual_seed(params.seed)
+            else:
+                generator.seed()
+        return cls(params, generator, processors_for(params, prompt_ids, eos_ids))
+
+    @property
+    def plain(self) -> bool:
+        """Greedy with nothing to shape: the batch's shared ``argmax`` is its choice."""
+        return self.params.greedy and not self.processors
+
+    def shape(self, logits: torch.Tensor) -> torch.Tensor:
+        """This row's logits (a float copy) after its processors."""
+        row = logits.float().clone()
+        for processor in self.processors:
+            row = processor.mask(row)
+        return row
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The token for one row of logits (not a plain row: those share the batch's argmax)."""
+        shaped = self.shape(logits) if self.processors else logits.float()
+        if self.params.greedy:
+            return int(torch.argmax(shaped))
+        probs = torch.softmax(filter_logits(shaped, self.params), dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+    def advance(self, tokens: Seq[int]) -> None:
+        for processor in self.processors:
+            processor.advance(tokens)
 
 
-def sample(
-    logits: torch.Tensor, seqs: Seq[Sequence], generators: Seq[torch.Generator | None],
-    eos_ids: frozenset[int] = frozenset(),
-) -> Sampled:
-    """One token per row of ``logits`` (shape ``[rows, vocab]``; ``seqs`` are the rows).
+def sample(logits: torch.Tensor, samplers: Seq[RowSampler]) -> Sampled:
+    """One token per row of ``logits`` (shape ``[rows, vocab]``; ``samplers`` are the rows').
 
     Greedy rows share one ``argmax``; sampled rows draw with their own generator so that a
-    request with a seed gets the same tokens whatever batch it lands in.
+    request with a seed gets the same tokens whatever batch it lands in. Each row's
+    processors are advanced by its token.
     """
     tokens = torch.argmax(logits, dim=-1).tolist()
-    for row, seq in enumerate(seqs):
-        p = seq.params
-        if p.greedy and not p.shapes_logits:
-            continue
-        shaped = shape_logits(logits[row], seq, eos_ids) if p.shapes_logits else logits[row].float()
-        if p.greedy:
-            tokens[row] = int(torch.argmax(shaped))
-            continue
-        probs = torch.softmax(filter_logits(shaped, p), dim=-1)
-        tokens[row] = int(torch.multinomial(probs, 1, generator=generators[row]).item())
-    asking = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+    for row, sampler in enumerate(samplers):
+        if not sampler.plain:
+            tokens[row] = sampler.choose(logits[row])
+        if sampler.processors:
+            sampler.advance((tokens[row],))
+    sampled = Sampled([[t] for t in tokens])
+    asking = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
     if not asking:
-        return Sampled(tokens)
+        return sampled
     records = logprob_records(
-        logits[asking], [tokens[i] for i in asking], [seqs[i].params.logprobs for i in asking]
+        logits[asking], [tokens[i] for i in asking], [samplers[i].params.logprobs for i in asking]
     )
-    logprobs: list[TokenLogprob | None] = [None] * len(seqs)
+    sampled.logprobs = [None] * len(samplers)
     for i, record in zip(asking, records, strict=True):
-        logprobs[i] = record
-    return Sampled(tokens, logprobs)
+        sampled.logprobs[i] = [record]
+    return sampled
 
 
 def logprob_records(logits: torch.Tensor, chosen: Seq[int], ks: Seq[int]) -> list[TokenLogprob]:

@@ -51,9 +51,8 @@ class SimulatedBatch:
 
 @dataclass
 class PartialPrompt:
-    """A prompt part-way through a chunked prefill: its row's id and the tokens done."""
+    """A prompt part-way through a chunked prefill: the tokens done."""
 
-    ids: list[str]
     done: int
 
 
@@ -95,20 +94,23 @@ class SimulatedEngine(Engine):
     def vocab_size(self) -> int:
         return self._tokenizer.vocab_size
 
-    def prefill(self, seqs: list[Sequence]) -> tuple[Sampled, SimulatedBatch]:
-        prompt_tokens = sum(s.num_prompt_tokens for s in seqs)
-        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * prompt_tokens)
-        return self._start(seqs)
-
-    def prefill_chunk(
-        self, seq: Sequence, partial: PartialPrompt | None, budget: int,
-    ) -> tuple[Sampled | None, SimulatedBatch | PartialPrompt]:
-        done = partial.done if isinstance(partial, PartialPrompt) and partial.ids == [seq.id] else 0
-        end = min(seq.num_prompt_tokens, done + budget)
-        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * (end - done))
-        if end < seq.num_prompt_tokens:
-            return None, PartialPrompt([seq.id], end)
-        return self._start([seq])
+    def prefill(
+        self, seqs: list[Sequence], num_scheduled: list[int], partial: dict[str, PartialPrompt],
+    ) -> tuple[Sampled, SimulatedBatch | None, dict[str, PartialPrompt]]:
+        """Prompts cost time by their tokens; a prompt's first token comes once all of it is
+        in (a chunked one over several steps, ``partial`` says how far each got)."""
+        done = [partial[s.id].done if s.id in partial else 0 for s in seqs]
+        ends = [min(s.num_prompt_tokens, d + n) for s, d, n in zip(seqs, done, num_scheduled, strict=True)]
+        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * sum(ends) - sum(done))
+        rest = {i: p for i, p in partial.items() if i not in {s.id for s in seqs}}
+        complete = [s for s, e in zip(seqs, ends, strict=True) if e == s.num_prompt_tokens]
+        rest |= {s.id: PartialPrompt(e) for s, e in zip(seqs, ends, strict=True) if e < s.num_prompt_tokens}
+        if not complete:
+            return Sampled([[] for _ in seqs], computed=ends), None, rest
+        if len(complete) < len(seqs):
+            raise RuntimeError("the scheduler chunks a long prompt alone")
+        sampled, batch = self._start(seqs)
+        return sampled, batch, rest
 
     def _start(self, seqs: list[Sequence]) -> tuple[Sampled, SimulatedBatch]:
         """The rows of prefilled ``seqs``: each reads out its composed answer."""
@@ -133,9 +135,9 @@ class SimulatedEngine(Engine):
 
     def _sampled(self, tokens: list[int], seqs: list[Sequence]) -> Sampled:
         if all(s.params.logprobs is None for s in seqs):
-            return Sampled(tokens)
-        return Sampled(tokens, [
-            None if s.params.logprobs is None else self._stand_in(t, s.params.logprobs)
+            return Sampled([[t] for t in tokens])
+        return Sampled([[t] for t in tokens], [
+            None if s.params.logprobs is None else [self._stand_in(t, s.params.logprobs)]
             for t, s in zip(tokens, seqs, strict=True)
         ])
 

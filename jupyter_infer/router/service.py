@@ -16,14 +16,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import fields, replace
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from ..engine import EngineInfo
 from ..errors import EngineUnavailable, InferError, InvalidRequest, QueueFull
 from ..events import EventBus, Subscription
+from ..limits import Limits
 from ..metrics import MetricsCollector, wall
-from ..service import InferenceService, Limits
+from ..service import InferenceService
 from ..stream import RequestStream
 from .rule import Decision, Rule
 
@@ -141,9 +142,8 @@ class RouterService:
         return outer
 
     async def _attempt(self, route: str, request: Request) -> RequestStream:
-        # A copy (same id and arrival): the backend resolves it its own way (renders a chat,
-        # fills max_tokens), and a fallback must start from what the caller sent.
-        return await self.backends[route].submit(replace(request, model=None))
+        # The same value for a fallback: a backend prepares its own resolved copy.
+        return await self.backends[route].submit(request)
 
     def _may_fall_back(self, err: InferError, decision: Decision, route: str) -> bool:
         return (
@@ -207,7 +207,7 @@ class RouterService:
 
     # -- the tokenizer: the first local backend's (an upstream has none here) ---------------
     def _tokenizing(self) -> InferenceService:
-        return next((b for b in self.backends.values() if not b.upstream), next(iter(self.backends.values())))
+        return next((b for b in self.backends.values() if b.has_tokenizer), next(iter(self.backends.values())))
 
     async def tokenize(self, text: str) -> list[int]:
         return await self._tokenizing().tokenize(text)

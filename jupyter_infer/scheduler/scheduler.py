@@ -2,20 +2,21 @@
 
 Synchronous and free of I/O, like nano-vllm's ``Scheduler``: the engine loop calls
 ``schedule(now)`` for a ``StepPlan`` (prefill newcomers, or decode one token for every
-running row), runs it, and hands the tokens to ``postprocess``. Time comes in as ``now``,
+decoding row), runs it, and hands the tokens to ``postprocess``. Time comes in as ``now``,
 so the policy can be tested with a fake clock. Every sequence that ends (finished,
 cancelled, failed) is collected for the loop, which ``pop_finished()``s it to end its stream.
 
-Chunked prefill (continuous mode, ``prefill_chunk_tokens``): a prompt longer than a chunk is
-admitted alone as the one PREFILLING sequence, and each prefill turn runs its next chunk
-(the engine continues the row's KV, which the loop holds) until the last chunk yields its
-first token and it joins the running rows. Between two chunks the running rows decode, so
-a long prompt stalls them for one chunk at a time, never for its whole prefill; and while
-rows run, a group prefill of short prompts is bounded by a chunk too.
+One rule, as in vLLM v1: each step schedules some tokens of some sequences, and their
+``num_computed`` catches up with their tokens: a whole prompt, a chunk of a long one, or the
+last output token of every decoding row. Chunked prefill (continuous mode,
+``prefill_chunk_tokens``) is that rule with a budget: a prompt longer than a chunk is admitted
+alone, and each prefill turn schedules its next chunk until the last one yields its first
+token. Between two chunks the decoding rows decode, so a long prompt stalls them for one chunk
+at a time, never for its whole prefill; and while rows run, a group prefill of short prompts
+is bounded by a chunk too.
 
-State transitions: WAITING → RUNNING → FINISHED, WAITING → PREFILLING → RUNNING for a long
-prompt, and WAITING → FINISHED for a request cancelled in the queue. Lifecycle facts go to
-the ``Recorder``.
+State transitions: WAITING → RUNNING → FINISHED, and WAITING → FINISHED for a request
+cancelled in the queue. Lifecycle facts go to the ``Recorder``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..engine import Sampled, StepPlan
 from ..errors import QueueFull
+from ..request import TokenLogprob
 from ..sequence import Sequence, Status
 from .recorder import Recorder
 
@@ -43,8 +45,7 @@ class Scheduler:
         self.max_batch_size = config.batch_size
         self.prefill_budget: int | None = config.max_prefill_tokens  # None: no budget
         self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []
-        self.prefilling: Sequence | None = None  # the long prompt being prefilled in chunks
+        self.running: list[Sequence] = []  # admitted, in the order they joined: prefilling or decoding
         # The classic window batcher runs whole batches; chunks need an engine that can.
         own = getattr(engine, "prefill_chunk_tokens", 0)
         wanted = own if config.prefill_chunk_tokens is None else config.prefill_chunk_tokens
@@ -86,11 +87,10 @@ class Scheduler:
 
     def abort(self, reason: str, now: float) -> None:
         """Every queued and running request ends with ``reason`` (the service stops)."""
-        for seq in self.waiting + self.active:
+        for seq in self.waiting + self.running:
             self._finish(seq, "failed", now, error=reason)
         self.waiting.clear()
         self.running.clear()
-        self.prefilling = None
         self.recorder.left([], now)
 
     def pop_finished(self) -> list[Sequence]:
@@ -98,40 +98,45 @@ class Scheduler:
         return finished
 
     @property
-    def active(self) -> list[Sequence]:
-        """Every sequence the engine holds a row of: the running ones, then the prefilling one."""
-        return self.running + ([self.prefilling] if self.prefilling is not None else [])
-
-    @property
-    def has_cancelled(self) -> bool:
-        return any(s.cancelled for s in self.active)
+    def decoding(self) -> list[Sequence]:
+        """The running rows whose prompt is all computed, in the order they joined."""
+        return [s for s in self.running if not s.prefilling]
 
     # -- decisions --------------------------------------------------------------------------
     def schedule(self, now: float) -> tuple[StepPlan | None, float | None]:
         """The next step, or ``(None, wake_at)``: nothing to run before ``wake_at`` (``None``:
         until something arrives)."""
-        cancelled = [s for s in self.active if s.cancelled]
+        cancelled = [s for s in self.running if s.cancelled]
         if cancelled:
             for seq in cancelled:
                 self._retire(seq, "cancelled", now)
-            self.recorder.left(self.active, now)
-        staying = [s.id for s in self.running]
-        newcomers, wake_at = self._admit(now)
-        if newcomers:
+            self.recorder.left(self.running, now)
+        in_engine = [s.id for s in self.running if s.num_computed]  # rows whose KV stays
+        prefill, wake_at = self._prefill_work(now)
+        if prefill:
             self._decodes_since_prefill = 0
-            chunk = self.chunk_tokens if newcomers[0] is self.prefilling else 0
-            return StepPlan(next(self._step_ids), "prefill", newcomers, staying, chunk), None
-        if self.running:
+            budgets = [self._budget(s) for s in prefill]
+            return StepPlan(next(self._step_ids), "prefill", prefill, in_engine, budgets), None
+        decoding = self.decoding
+        if decoding:
             self._decodes_since_prefill += 1
-            return StepPlan(next(self._step_ids), "decode", list(self.running), staying), None
+            return StepPlan(next(self._step_ids), "decode", decoding, in_engine), None
         return None, wake_at
+
+    def _prefill_work(self, now: float) -> tuple[list[Sequence], float | None]:
+        """The sequences whose prompt tokens this step computes: the next chunk of a long
+        prompt begun earlier, or newcomers (none until the decoding rows had a step)."""
+        begun = next((s for s in self.running if s.prefilling), None)
+        if begun is not None:
+            return ([begun] if not self.decoding or self._may_join() else []), None
+        return self._admit(now)
+
+    def _budget(self, seq: Sequence) -> int:
+        """Prompt tokens to compute for ``seq`` this step: all that remain, or at most a chunk."""
+        return self.chunk_tokens if self._chunked(seq) else seq.num_uncomputed
 
     def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
         cfg = self.config
-        if self.prefilling is not None:  # its next chunk, once the running rows had a step
-            if self.running and not self._may_join():
-                return [], None
-            return [self.prefilling], None
         if not self.waiting:
             return [], None
         if cfg.mode == "window" and self.running:
@@ -158,10 +163,6 @@ class Scheduler:
         self.waiting = [s for s in self.waiting if id(s) not in admitted]
         # Leftovers of a window batch open the next window now.
         self._window_opened = now if self.waiting else None
-        if self._chunked(newcomers[0]):
-            self.prefilling, newcomers[0].status = newcomers[0], Status.PREFILLING
-            self.recorder.admitted(newcomers, self.active, now)
-            return newcomers, None
         for seq in newcomers:
             seq.status = Status.RUNNING
         self.running.extend(newcomers)
@@ -175,7 +176,7 @@ class Scheduler:
 
     def _chunked(self, seq: Sequence) -> bool:
         # A request for its prompt's logprobs needs every prompt position's logits at once.
-        return 0 < self.chunk_tokens < seq.num_prompt_tokens and seq.params.prompt_logprobs is None
+        return 0 < self.chunk_tokens < len(seq.prompt_ids) and seq.params.prompt_logprobs is None
 
     def _pick(self, room: int) -> list[Sequence]:
         """Highest priority first, FIFO within a priority, within the prefill budget; a
@@ -202,42 +203,48 @@ class Scheduler:
     # -- results ----------------------------------------------------------------------------
     def postprocess(
         self, plan: StepPlan, sampled: Sampled, started: float, now: float,
-    ) -> list[tuple[Sequence, int, str]]:
+    ) -> list[tuple[Sequence, list[int], str]]:
         """Apply a step's tokens (and the log probabilities of the rows that asked); return
-        ``(sequence, token, text it releases)`` per live row.
+        ``(sequence, tokens kept, text they release)`` per live row that got tokens.
 
-        A chunk that did not finish its prompt yields no token; the one that does moves its
-        sequence from prefilling to the running rows (the engine appended its row)."""
-        engine = self.engine
-        out: list[tuple[Sequence, int, str]] = []
-        if plan.chunk:
-            seq = plan.seqs[0]
-            if not sampled.tokens:
-                self.recorder.step(plan, 0, started, now)
-                return out
-            if seq is self.prefilling:
-                self.prefilling, seq.status = None, Status.RUNNING
-                self.running.append(seq)
-        logprobs = sampled.logprobs
-        prompt_logprobs = sampled.prompt_logprobs if plan.kind == "prefill" else None
-        for row, (seq, token) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
+        Each row's tokens are appended one by one, stop strings, EOS and ``max_tokens``
+        checked after each, so a row can finish in the middle of its tokens (the rest are
+        not kept). A prompt chunk that is not its last yields none; its sequence's
+        ``num_computed`` moves on."""
+        out: list[tuple[Sequence, list[int], str]] = []
+        for row, (seq, tokens) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
-            if prompt_logprobs is not None and prompt_logprobs[row] is not None:
-                seq.prompt_logprobs = prompt_logprobs[row]
-            first = seq.record.first_token_at is None
-            fragment = seq.append(
-                token, engine.detokenize, engine.eos_token_ids, now, logprobs[row] if logprobs else None
-            )
-            self.recorder.token(seq, fragment, first)
-            out.append((seq, token, fragment))
-        self.recorder.step(plan, len(out), started, now)
+            if plan.kind == "prefill":
+                seq.num_computed = sampled.computed[row] if not tokens and sampled.computed else len(seq.prompt_ids)
+                if sampled.prompt_logprobs is not None and sampled.prompt_logprobs[row] is not None:
+                    seq.prompt_logprobs = sampled.prompt_logprobs[row]
+            else:
+                seq.num_computed += plan.num_scheduled[row]
+            if tokens:
+                logprobs = sampled.logprobs[row] if sampled.logprobs else None
+                out.append((seq, *self._append(seq, tokens, logprobs, now)))
+        self.recorder.step(plan, sum(len(kept) for _, kept, _ in out), started, now)
         done = [seq for seq, _, _ in out if seq.finish_reason is not None]
         for seq in done:
             self._retire(seq, "ok", now)
         if done:
-            self.recorder.left(self.active, now)
+            self.recorder.left(self.running, now)
         return out
+
+    def _append(
+        self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None, now: float,
+    ) -> tuple[list[int], str]:
+        """Append ``tokens`` to ``seq`` until one ends it; the tokens kept and their text."""
+        engine, first = self.engine, seq.record.first_token_at is None
+        kept, text = [], ""
+        for i, token in enumerate(tokens):
+            kept.append(token)
+            text += seq.append(token, engine.detokenize, engine.eos_token_ids, now, logprobs[i] if logprobs else None)
+            if seq.finish_reason is not None:
+                break
+        self.recorder.token(seq, text, first)
+        return kept, text
 
     def fail(self, plan: StepPlan, error: str, now: float, *, retry: bool = True) -> None:
         """A step failed: only its requests fail, and the loop goes on.
@@ -255,22 +262,19 @@ class Scheduler:
                 if seq.cancelled:  # cancelled meanwhile: it ends here, it is not run again
                     self._finish(seq, "cancelled", now)
                     continue
-                seq.status, seq.alone = Status.WAITING, True
+                seq.status, seq.alone, seq.num_computed = Status.WAITING, True, 0
                 again.append(seq)
             self.waiting[:0] = again
-            self.recorder.left(self.active, now)
+            self.recorder.left(self.running, now)
             return
-        failed = plan.seqs if plan.kind == "prefill" else list(self.running)
+        failed = plan.seqs if plan.kind == "prefill" else self.decoding
         for seq in failed:
-            if seq.status in (Status.RUNNING, Status.PREFILLING):
+            if seq.status is Status.RUNNING:
                 self._retire(seq, "failed", now, error=error)
-        self.recorder.left(self.active, now)
+        self.recorder.left(self.running, now)
 
     def _retire(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
-        if seq is self.prefilling:
-            self.prefilling = None
-        else:
-            self.running.remove(seq)
+        self.running.remove(seq)
         self._finish(seq, outcome, now, error)
 
     def _finish(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:

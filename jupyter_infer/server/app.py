@@ -14,7 +14,8 @@ from traitlets import Bool, Dict, Float, Int, List, Unicode
 from .._version import __version__
 from ..config import DTYPES, ENGINES, MODES, ServiceConfig
 from ..engine import Engine
-from ..service import InferenceService, make_service
+from ..service import InferenceService
+from ..services import make_service
 from . import prometheus
 from .handler_base import SERVICE_KEY
 from .handlers import routes

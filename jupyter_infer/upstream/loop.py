@@ -1,7 +1,7 @@
 """The async loop of ``engine = "openai"``: the front's queue in front of an upstream server.
 
-It has the ``EngineLoop``'s small interface for the service (start, stop, wait_ready,
-submit, cancel, state, load_error, info) and the same division of labour: the sync core
+It is a ``RequestLoop``, the seam the service talks to (prepare, submit, cancel, snapshot),
+with the ``EngineLoop``'s division of labour: the sync core
 (``UpstreamScheduler``) decides which queued requests start, the ``Recorder`` tells what
 happened. Each started request is an asyncio task that streams from the upstream and passes
 every chunk on as a ``TokenEvent``; cancelling it closes its upstream connection at once.
@@ -17,60 +17,56 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from ..engine import EngineInfo
-from ..errors import EngineUnavailable, InferError, RequestFailed, UpstreamError
+from ..errors import InferError, InvalidRequest, UpstreamError
 from ..request import TokenEvent
-from ..scheduler import EngineLoop
-from ..scheduler.upstream import UpstreamScheduler
+from ..scheduler.request_loop import LoopSnapshot, RequestLoop
 from ..sequence import Sequence
-from ..stream import RequestStream
+from .scheduler import UpstreamScheduler
 from .server import UpstreamConfigError, UpstreamServer
-from .wire import finish_reason
+from .wire import estimate_tokens, finish_reason
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig
+    from ..engine import Engine
+    from ..request import Request
     from ..scheduler import Recorder
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_TOKEN_ID = -1  # a TokenEvent's token id when the upstream sent text, not ids
 PROBE_EVERY_S = (1.0, 30.0)  # while the upstream is down: first and longest wait between probes
+TIMELINE = ("upstream spans: a batch record is a set of requests in flight upstream together; "
+            "the upstream batches them its own way")
 
 
-class UpstreamLoop(EngineLoop):
+class UpstreamLoop(RequestLoop):
+    source = "upstream"
+    what = "upstream engine"
+
     def __init__(self, config: ServiceConfig, recorder: Recorder, server: UpstreamServer | None = None) -> None:
-        self.config = config
-        self.recorder = recorder
+        super().__init__(config, recorder)
         self.server = server or UpstreamServer(config)
-        self.state = "stopped"  # stopped | loading | ready | failed
-        self.load_error: str | None = None
         self.scheduler: UpstreamScheduler | None = None
-        self._streams: dict[str, RequestStream] = {}
         self._tasks: dict[str, asyncio.Task] = {}  # one per request in flight upstream
-        self._errors: dict[str, InferError] = {}  # why a request failed, for its stream
-        self._stop_reason: str | None = None
-        self._task: asyncio.Task | None = None
         self._watcher: asyncio.Task | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._ready: asyncio.Event | None = None
-        self._suspect: asyncio.Event | None = None  # set when a request could not reach it
+        self._suspect = asyncio.Event()  # set when a request could not reach it
 
     # -- lifecycle --------------------------------------------------------------------------
-    @property
-    def started(self) -> bool:
-        return self._task is not None
-
     @property
     def info(self) -> EngineInfo | None:
         return self.server.info if self.scheduler is not None else None
 
-    def start(self) -> None:
-        """Open the connection, look at the upstream once, and start the loop; idempotent."""
-        if self._task is not None:
-            return
-        self._wakeup, self._ready, self._suspect = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        self._stop_reason = None
-        self.state = "loading"
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="jupyter-infer-upstream-loop")
+    @property
+    def state(self) -> str:
+        """``unreachable`` too: an upstream that does not answer now (it may come back;
+        requests get 503 meanwhile)."""
+        if self._state == "ready" and self.server.reachable is False:
+            return "unreachable"
+        return self._state
+
+    @property
+    def reachable(self) -> bool | None:
+        return self.server.reachable
 
     async def stop(self, reason: str = "the inference server is shutting down") -> None:
         """Stop: every queued or running request ends with an error, upstream streams close."""
@@ -81,40 +77,61 @@ class UpstreamLoop(EngineLoop):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
-        if self.scheduler is not None:
-            self.scheduler.abort(reason, time.monotonic())
-            self._end_finished()
-        if self._ready is not None:
-            self._ready.set()
+        self._abort_all(reason)
         await self.server.close()
-        self.state = "stopped"
+        self._state = "stopped"
 
-    async def wait_ready(self, timeout: float | None = None) -> UpstreamServer:
-        if self._ready is None:
-            raise EngineUnavailable("The inference service is not running; start it first.")
-        await asyncio.wait_for(self._ready.wait(), timeout)
-        if self.state != "ready":
-            raise EngineUnavailable(f"The upstream engine is not available: {self.load_error or self.state}.")
-        return self.server
+    # -- requests ---------------------------------------------------------------------------
+    async def prepare(self, request: Request) -> Sequence:
+        """The upstream tokenizes: the prompt's size is estimated here; a chat goes as a chat."""
+        await self.wait_ready()
+        self.limits.screen(request, None, self.server.info.max_context)
+        if request.prompt_ids is not None:
+            raise InvalidRequest(
+                "Token-id prompts need this server's tokenizer, and engine 'openai' forwards text: "
+                "send the prompt as text.", param="prompt",
+            )
+        if request.params.logprobs is not None or request.params.prompt_logprobs is not None:
+            raise InvalidRequest(
+                "Log probabilities are not passed back from an upstream server (engine 'openai') "
+                "yet: leave 'logprobs' and 'echo' out.", param="logprobs",
+            )
+        prompt_tokens = estimate_tokens(request)
+        request = self.limits.check(request, prompt_tokens, self.server.info.max_context, estimated=True)
+        return Sequence(request, [], prompt_tokens=prompt_tokens)
 
-    # -- requests: submit, knows and cancel are EngineLoop's ---------------------------------
-    def _cancelled(self, request_id: str) -> None:
+    def tokenizer(self) -> Engine:
+        raise InvalidRequest(
+            "engine 'openai' has no tokenizer of its own: the upstream server tokenizes "
+            "(ask its tokenize route, if it has one)."
+        )
+
+    def cancel(self, request_id: str) -> bool:
+        if not super().cancel(request_id):
+            return False
         task = self._tasks.pop(request_id, None)
         if task is not None:
             task.cancel()  # closes the upstream stream: the upstream stops generating
+        return True
+
+    def snapshot(self) -> LoopSnapshot:
+        snap = super().snapshot()
+        snap.status = {"upstream": self.server.describe(), "timeline": TIMELINE}
+        snap.limits["max_prompt_chars"] = None
+        return snap
 
     # -- the loop ---------------------------------------------------------------------------
     async def _run(self) -> None:
         try:
             self.server.open()
         except UpstreamConfigError as err:
-            self.state, self.load_error = "failed", str(err)
+            self._state, self.load_error = "failed", str(err)
             log.error("jupyter_infer: the upstream engine cannot start: %s", err)
             self._ready.set()
             return
         await self.server.probe()  # an upstream that is down now is not fatal: it may come
         self.scheduler = UpstreamScheduler(self.config, self.recorder)
-        self.state = "ready"
+        self._state = "ready"
         self._ready.set()
         self.recorder.ready(self.server.info)
         self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="jupyter-infer-upstream-watch")
@@ -169,19 +186,3 @@ class UpstreamLoop(EngineLoop):
             while not await self.server.probe():
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, longest)
-
-    def _end_finished(self) -> None:
-        """End the streams of the requests the core finished."""
-        for seq in self.scheduler.pop_finished():
-            stream = self._streams.pop(seq.id, None)
-            error = self._errors.pop(seq.id, None)
-            if stream is None:
-                continue
-            rec = seq.record
-            if rec.outcome == "failed":
-                if error is None:
-                    error_type = EngineUnavailable if self._stop_reason is not None else RequestFailed
-                    error = error_type(rec.error or "The request failed.")
-                stream.finish(error=error)
-            else:
-                stream.finish(seq.result())

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..scheduler import Scheduler
 from ..sequence import Sequence, Status
-from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig
-    from .recorder import Recorder
+    from ..scheduler import Recorder
 
 
 class UpstreamScheduler(Scheduler):

@@ -1,0 +1,34 @@
+"""The loop a configuration runs: a local engine's (``EngineLoop``) or an upstream server's
+(``UpstreamLoop``, ``engine = "openai"``). The one place that tells the kinds apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from .engine import load_engine
+from .scheduler import EngineLoop, Recorder
+
+if TYPE_CHECKING:
+    from .config import ServiceConfig
+    from .engine import Engine
+    from .events import EventBus
+    from .metrics import MetricsCollector
+    from .scheduler.request_loop import RequestLoop
+    from .upstream import UpstreamServer
+
+
+def make_loop(
+    cfg: ServiceConfig, collector: MetricsCollector, events: EventBus, *,
+    engine_loader: Callable[[], Engine] | None = None, route: str | None = None,
+    batch_ids: Iterator[int] | None = None, upstream: UpstreamServer | None = None,
+) -> RequestLoop:
+    """The loop for ``cfg.engine``, with a recorder feeding ``collector`` and ``events``."""
+    def recorder(source: str) -> Recorder:
+        return Recorder(cfg.mode, collector, events, route=route, batch_ids=batch_ids, source=source)
+
+    if cfg.engine == "openai":
+        from .upstream import UpstreamLoop
+
+        return UpstreamLoop(cfg, recorder(UpstreamLoop.source), upstream)
+    return EngineLoop(engine_loader or (lambda: load_engine(cfg)), cfg, recorder(EngineLoop.source))
