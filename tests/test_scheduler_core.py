@@ -372,3 +372,50 @@ def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
     second = s.postprocess(s.schedule(0.0)[0], Sampled([[2]]), 0.0, 0.0)[0][2]
     # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
     assert (first, second) == ("a", "\r\nb")
+
+
+class ByteEngine(FakeEngine):
+    """Token ``n`` is the byte ``n``: a character of several bytes spans several tokens."""
+
+    @staticmethod
+    def detokenize(ids: Seq[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("end", ["max_tokens", "eos"])
+def test_an_answer_cut_inside_a_character_keeps_its_last_bytes(end: str) -> None:
+    """The end of an answer whose last tokens do not form complete UTF-8 is released as the
+    tokenizer decodes it (U+FFFD), not lost: held back while it might complete, it must go
+    once the answer ends."""
+    s = core()
+    s.engine = ByteEngine()
+    x = Sequence(Request("p", SamplingParams(max_tokens=3)), [1, 2])
+    s.add(x, 0.0)
+    plan, _ = s.schedule(0.0)
+    e_acute = list("é".encode())  # two bytes, two tokens
+    tokens = [ord("a"), e_acute[0]] + ([e_acute[0]] if end == "max_tokens" else [EOS])
+    released = [s.postprocess(plan, Sampled([[t]]), 0.0, 0.0)[0][2] for t in tokens[:1]]
+    for token in tokens[1:]:
+        released += [text for _, _, text in s.postprocess(s.schedule(0.0)[0], Sampled([[token]]), 0.0, 0.0)]
+    assert x.finish_reason == ("length" if end == "max_tokens" else "stop")
+    assert "".join(released) == x.text == x.result().text
+    assert x.text == ("a\ufffd\ufffd" if end == "max_tokens" else "a\ufffd")
+
+
+def test_a_step_of_several_tokens_per_row_finishes_a_row_in_the_middle_of_them() -> None:
+    """A multi-token step (drafts verified, a grammar's forced tokens): each token is
+    appended and checked in turn; a stop string or max_tokens reached part-way ends the row
+    there, and the tokens after it are not kept."""
+    s = core()
+    a, b = seq(max_tokens=10), seq(max_tokens=3)
+    a.params = SamplingParams(max_tokens=10, stop=("w5",))
+    for x in (a, b):
+        s.add(x, 0.0)
+    plan, _ = s.schedule(0.0)
+    s.postprocess(plan, Sampled([[4], [4]]), 0.0, 0.0)
+    plan, _ = s.schedule(0.0)
+    released = s.postprocess(plan, Sampled([[6, 5, 8], [6, 7, 8, 9]]), 0.0, 0.0)
+    assert [(kept, text) for _, kept, text in released] == [([6, 5], "w6 "), ([6, 7], "w6 w7 ")]
+    assert a.output_ids == [4, 6, 5] and a.finish_reason == "stop" and a.text == "w4 w6 "
+    assert b.output_ids == [4, 6, 7] and b.finish_reason == "length"
+    assert s.running == [] and a.num_computed == b.num_computed == 4 + 1
