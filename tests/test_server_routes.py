@@ -80,6 +80,44 @@ async def test_every_route_refuses_requests_without_credentials(
             assert missing.status_code == 404 and "No route" in missing.json()["message"]
 
 
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("infer/generate", {"prompt": "hi", "max_tokens": 2}),
+    ("infer/generate_stream", {"prompt": "hi", "max_tokens": 2}),
+    ("infer/v1/completions", {"prompt": ["hi", "there"], "n": 2, "max_tokens": 2}),
+    ("infer/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+])
+async def test_each_request_is_owned_by_the_authenticated_user(
+    jp_fetch: Any, jp_serverapp: Any, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
+) -> None:
+    from jupyter_server.auth import User
+
+    # jupyter_server names a token-authenticated caller with a random anonymous user; make it one.
+    monkeypatch.setattr(jp_serverapp.identity_provider, "generate_anonymous_user",
+                        lambda handler: User("ada", name="Ada"))
+    service = service_of(jp_serverapp)
+    owners: list[str] = []
+    submit = service.submit
+
+    async def spy(request: Any) -> Any:
+        owners.append(request.owner)
+        return await submit(request)
+
+    monkeypatch.setattr(service, "submit", spy)
+    response = await post(jp_fetch, path, body)
+    assert response.code == 200
+    assert owners == ["ada"] * (4 if "n" in body else 1)
+
+
+def test_the_owner_is_the_user_name_whatever_its_type() -> None:
+    from jupyter_server.auth import User
+
+    from jupyter_infer.server.handler_base import user_name
+
+    assert user_name(User("ada")) == "ada"
+    assert user_name("grace") == "grace"  # an identity provider that gives the name as a string
+    assert user_name(None) is None and user_name("") is None
+
 # -- generate ---------------------------------------------------------------------------------
 async def test_generate_answers_with_the_contract_shape(jp_fetch: Any) -> None:
     response = await post(jp_fetch, "infer/generate", {"prompt": "What is attention?", "max_tokens": 12})

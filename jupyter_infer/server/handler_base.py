@@ -27,6 +27,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from http.client import responses
 from typing import Any, TypeVar
 
@@ -102,6 +103,15 @@ class BodyTimeout(InferError):
 
     status = 408
     code = "request_timeout"
+
+
+def user_name(user: Any) -> str | None:
+    """The name of jupyter_server's ``current_user``: a ``User`` (jupyter_server 2) has a
+    ``username``; older identity providers and some deployments give the name as a string."""
+    if isinstance(user, str):
+        return user or None
+    name = getattr(user, "username", None)
+    return name if isinstance(name, str) and name else None
 
 
 def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferError:
@@ -256,10 +266,13 @@ class InferHandler(EventStreamHandler):
 
     async def submit_all(self, requests: list[Request]) -> list[RequestStream]:
         """Queue every request, or none: if one is refused, those already queued are
-        cancelled and the refusal is raised."""
+        cancelled and the refusal is raised. Each is owned by the authenticated user."""
+        owner = user_name(self.current_user)
         self._handed_over = True  # from here on the service counts a refusal
         try:
             for request in requests:
+                if owner is not None:  # else the request's own default
+                    request = replace(request, owner=owner)
                 stream = await self.service.submit(request)
                 self.request_streams.append(stream)  # cancelled if the client leaves
         except InferError:
