@@ -1,0 +1,113 @@
+"""The package's floors: lower ones never import upper ones, and no module imports itself back
+through others (imports inside functions and under TYPE_CHECKING count too)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_infer"
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the package's modules it imports (``from . import x`` of a submodule is an
+    import of ``x`` alone)."""
+    modules, graph = module_names(), defaultdict(set)
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [base, *subs]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_there_are_no_import_circles() -> None:
+    graph = import_graph()
+    assert cycles(graph) == []
+    packages: dict[str, set[str]] = defaultdict(set)
+    for a, targets in graph.items():
+        for b in targets:
+            pa, pb = ".".join(a.split(".")[:2]), ".".join(b.split(".")[:2])
+            if pa != pb:
+                packages[pa].add(pb)
+    assert cycles(packages) == []
+
+
+@pytest.mark.parametrize(("floor", "above"), [
+    ("engine", ["scheduler", "upstream", "service", "services", "loops", "router", "server", "client"]),
+    ("scheduler", ["upstream", "service", "services", "loops", "router", "server", "client"]),
+    ("sequence", ["engine", "scheduler", "service", "server", "client"]),
+    ("request", ["engine", "scheduler", "sequence", "service", "server", "client"]),
+    ("server", ["scheduler", "upstream", "loops"]),
+    ("client", ["scheduler", "upstream", "loops", "server"]),
+])
+def test_a_floor_imports_nothing_from_the_floors_above_it(floor: str, above: list[str]) -> None:
+    graph = import_graph()
+    prefix = f"jupyter_infer.{floor}"
+    upward = sorted(
+        f"{a} -> {b}" for a, targets in graph.items() if a == prefix or a.startswith(prefix + ".")
+        for b in targets if any(b == f"jupyter_infer.{u}" or b.startswith(f"jupyter_infer.{u}.") for u in above)
+    )
+    assert upward == []
+
+
+def test_the_checker_sees_a_circle_and_an_upward_import() -> None:
+    # The checks above would pass on an empty graph: they must see what they look for.
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    graph = import_graph()
+    assert "jupyter_infer.engine" in graph["jupyter_infer.scheduler.scheduler"]
