@@ -320,6 +320,25 @@ async def test_prometheus_metrics_on_the_server_endpoint(jp_fetch: Any) -> None:
         assert name in after
 
 
+
+async def test_prometheus_gauges_read_this_apps_service_while_it_runs(jp_fetch: Any, jp_serverapp: Any) -> None:
+    from jupyter_infer.server import prometheus
+
+    extension = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_infer"]))
+    service = service_of(jp_serverapp)
+    assert extension.prometheus_collector.service is service
+    assert not hasattr(prometheus, "_service")  # no module global names a service
+    subscription = service.subscribe()
+    try:
+        text = (await jp_fetch("metrics")).body.decode()
+    finally:
+        subscription.close()
+    assert _sample(text, "jupyter_infer_event_subscribers") == 1
+    assert _sample((await jp_fetch("metrics")).body.decode(), "jupyter_infer_event_subscribers") == 0
+    await extension.stop_extension()
+    stopped = (await jp_fetch("metrics")).body.decode()
+    assert "jupyter_infer_queue_depth" not in stopped and "jupyter_infer_event_subscribers" not in stopped
+
 # -- configuration ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("options", "message"),

@@ -209,6 +209,7 @@ class InferApp(ExtensionApp):
 
     # -- lifecycle --------------------------------------------------------------------------
     config_error: str | None = None
+    prometheus_collector: prometheus.ServiceCollector | None = None  # the service's part of /metrics
 
     def service_config(self) -> ServiceConfig:
         """The traits as a ``ServiceConfig``; raises ``ValueError`` saying what to fix."""
@@ -245,7 +246,8 @@ class InferApp(ExtensionApp):
                 "jupyter_infer | engine=%s (%s) mode=%s max_batch_size=%d: loading in the background",
                 config.engine, what, config.mode, config.batch_size,
             )
-        prometheus.attach(self.service)
+        self.prometheus_collector = prometheus.ServiceCollector(self.service)
+        self.prometheus_collector.attach()
         self.settings[SERVICE_KEY] = self.service
         try:
             asyncio.get_running_loop()
@@ -273,7 +275,9 @@ class InferApp(ExtensionApp):
             await asyncio.sleep(0.1)
         except (Exception, asyncio.CancelledError):
             self.log.exception("jupyter_infer | error while stopping the inference service")
-        prometheus.detach(service)
+        if self.prometheus_collector is not None:
+            self.prometheus_collector.detach()
+            self.prometheus_collector = None
         self.log.info("jupyter_infer | inference service stopped")
 
 

@@ -1,15 +1,20 @@
-"""The extension's counters and histograms on the server's own Prometheus ``/metrics``.
+"""The extension's metrics on the server's own Prometheus ``/metrics``.
 
 jupyter_server serves ``prometheus_client``'s default registry, so the metrics live there.
 A metric name may be registered once per process, and tests start several servers in one
-process: each metric is created on first use and kept in this module after that.
+process: each counter and histogram is created on first use and kept in this module after
+that, fed by the records of the service it is attached to. What is read at scrape time (the
+queue, the running batch, the event subscribers, the prefix cache) comes from the
+``ServiceCollector`` the app creates with its service: registered while the app runs, so no
+module global names a service.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..metrics import BatchRecord, RequestRecord
@@ -19,7 +24,7 @@ _PREFIX = "jupyter_infer_"
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _metrics: dict[str, Any] = {}
-_service: InferenceService | None = None  # the one whose queue the gauges read
+log = logging.getLogger(__name__)
 
 
 def _get(kind: type, name: str, documentation: str, **kwargs: Any) -> Any:
@@ -68,39 +73,6 @@ def batch_size() -> Histogram:
     return _get(Histogram, "batch_size", "Requests per closed batch record.", buckets=_SIZES)
 
 
-def queue_depth() -> Gauge:
-    return _get(Gauge, "queue_depth", "Requests waiting to be admitted.")
-
-
-def running() -> Gauge:
-    return _get(Gauge, "running_requests", "Requests in the running batch.")
-
-
-class PrefixCacheCollector:
-    """The engine's prefix cache, read at scrape time: the engine keeps its own counters."""
-
-    COUNTERS = (("hits", "Prompts that reused a cached prefix."),
-                ("misses", "Prompts that found no cached prefix."),
-                ("reused_tokens", "Prompt tokens whose KV came from the prefix cache, not a prefill."),
-                ("evicted_blocks", "Blocks dropped to stay within prefix_cache_mb."))
-    GAUGES = (("used_mb", "bytes", "Memory the cached blocks hold.", 2**20),
-              ("blocks", "blocks", "Blocks in the prefix cache.", 1))
-
-    def describe(self) -> list[Any]:
-        return self._families({})
-
-    def collect(self) -> list[Any]:
-        stats = _service.prefix_cache() if _service is not None else None
-        return self._families(stats) if stats and stats.get("enabled") else []
-
-    def _families(self, stats: dict[str, Any]) -> list[Any]:
-        out: list[Any] = [CounterMetricFamily(f"{_PREFIX}prefix_cache_{key}", text, value=stats.get(key, 0))
-                          for key, text in self.COUNTERS]
-        out += [GaugeMetricFamily(f"{_PREFIX}prefix_cache_{name}", text, value=stats.get(key, 0) * scale)
-                for key, name, text, scale in self.GAUGES]
-        return out
-
-
 def _on_request_finished(record: RequestRecord) -> None:
     requests_total().labels(outcome=record.outcome).inc()
     if record.route is not None:
@@ -124,10 +96,6 @@ def events_dropped_total() -> Counter:
     return _get(Counter, "events_dropped", "Live events that infer/events subscribers lost by falling behind.")
 
 
-def event_subscribers() -> Gauge:
-    return _get(Gauge, "event_subscribers", "Live infer/events subscribers.")
-
-
 def _on_rejected(reason: str, outcome: str = "rejected") -> None:
     requests_total().labels(outcome=outcome).inc()
     if outcome == "rejected":
@@ -138,34 +106,70 @@ def _on_events_dropped(count: int) -> None:
     events_dropped_total().inc(count)
 
 
-def attach(service: InferenceService) -> None:
-    """Feed ``service``'s records into the process-wide metrics; its queue drives the gauges."""
-    global _service
-    metrics = service.collector
-    metrics.on_request_finished.append(_on_request_finished)
-    metrics.on_batch_closed.append(_on_batch_closed)
-    metrics.on_rejected.append(_on_rejected)
-    service.events.on_dropped.append(_on_events_dropped)
-    _service = service
-    if "prefix_cache" not in _metrics:  # a collector, like every metric, registers once per process
-        _metrics["prefix_cache"] = PrefixCacheCollector()
-        REGISTRY.register(_metrics["prefix_cache"])
-    queue_depth().set_function(lambda: _service.queue_depth if _service else 0)
-    running().set_function(lambda: _service.num_running if _service else 0)
-    event_subscribers().set_function(lambda: len(_service.events) if _service else 0)
+class ServiceCollector:
+    """One service's part of ``/metrics``: its records feed the process-wide counters and
+    histograms, and its gauges are read from it at each scrape. The app ``attach``es it when
+    it starts and ``detach``es it when it stops."""
 
+    GAUGES = (("queue_depth", "Requests waiting to be admitted.", lambda s: s.queue_depth),
+              ("running_requests", "Requests in the running batch.", lambda s: s.num_running),
+              ("event_subscribers", "Live infer/events subscribers.", lambda s: len(s.events)))
+    # The engine's prefix cache keeps its own counters; exported while it is on.
+    PREFIX_COUNTERS = (("hits", "Prompts that reused a cached prefix."),
+                       ("misses", "Prompts that found no cached prefix."),
+                       ("reused_tokens", "Prompt tokens whose KV came from the prefix cache, not a prefill."),
+                       ("evicted_blocks", "Blocks dropped to stay within prefix_cache_mb."))
+    PREFIX_GAUGES = (("used_mb", "bytes", "Memory the cached blocks hold.", 2**20),
+                     ("blocks", "blocks", "Blocks in the prefix cache.", 1))
 
-def detach(service: InferenceService) -> None:
-    global _service
-    metrics = service.collector
-    for listeners, fn in (
-        (metrics.on_request_finished, _on_request_finished),
-        (metrics.on_batch_closed, _on_batch_closed),
-        (metrics.on_rejected, _on_rejected),
-    ):
-        if fn in listeners:
-            listeners.remove(fn)
-    if _on_events_dropped in service.events.on_dropped:
-        service.events.on_dropped.remove(_on_events_dropped)
-    if _service is service:
-        _service = None
+    def __init__(self, service: InferenceService, registry: CollectorRegistry = REGISTRY) -> None:
+        self.service = service
+        self.registry = registry
+        self._registered = False
+
+    def _listeners(self) -> list[tuple[list[Any], Any]]:
+        records = self.service.collector
+        return [(records.on_request_finished, _on_request_finished), (records.on_batch_closed, _on_batch_closed),
+                (records.on_rejected, _on_rejected), (self.service.events.on_dropped, _on_events_dropped)]
+
+    def attach(self) -> None:
+        for listeners, fn in self._listeners():
+            listeners.append(fn)
+        try:
+            self.registry.register(self)
+            self._registered = True
+        except ValueError:  # the same names already registered: another app that never stopped
+            log.warning("jupyter_infer: another inference service in this process still reports its "
+                        "gauges to Prometheus; this one's are left out (stop the other server first)")
+
+    def detach(self) -> None:
+        """Undo ``attach``; never raises (the app calls it while the server stops)."""
+        for listeners, fn in self._listeners():
+            if fn in listeners:
+                listeners.remove(fn)
+        if self._registered:
+            self._registered = False
+            try:
+                self.registry.unregister(self)
+            except KeyError:
+                pass  # already gone
+
+    # -- what prometheus_client calls ---------------------------------------------------------
+    def describe(self) -> list[Any]:
+        """Every family this collector may yield (the registry refuses a name twice)."""
+        return self._gauges(None) + self._prefix_cache({})
+
+    def collect(self) -> list[Any]:
+        stats = self.service.prefix_cache()
+        return self._gauges(self.service) + (self._prefix_cache(stats) if stats and stats.get("enabled") else [])
+
+    def _gauges(self, service: InferenceService | None) -> list[Any]:
+        return [GaugeMetricFamily(_PREFIX + name, text, value=read(service) if service is not None else 0)
+                for name, text, read in self.GAUGES]
+
+    def _prefix_cache(self, stats: dict[str, Any]) -> list[Any]:
+        out: list[Any] = [CounterMetricFamily(f"{_PREFIX}prefix_cache_{key}", text, value=stats.get(key, 0))
+                          for key, text in self.PREFIX_COUNTERS]
+        out += [GaugeMetricFamily(f"{_PREFIX}prefix_cache_{name}", text, value=stats.get(key, 0) * scale)
+                for key, name, text, scale in self.PREFIX_GAUGES]
+        return out
