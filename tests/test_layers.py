@@ -111,3 +111,20 @@ def test_the_checker_sees_a_circle_and_an_upward_import() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     graph = import_graph()
     assert "jupyter_infer.engine" in graph["jupyter_infer.scheduler.scheduler"]
+
+
+MAX_MODULE_LINES = 450  # a module longer than this holds more than one job
+MAX_FUNCTION_LINES = 80
+
+
+def test_modules_and_functions_stay_small() -> None:
+    long_modules, long_functions = [], []
+    for name, path in module_names().items():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(name)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}")
+    assert (long_modules, long_functions) == ([], [])
