@@ -415,7 +415,7 @@ async def test_an_unexpected_error_is_a_json_500_without_internals_and_counted(
         raise KeyError("secret internals at 0x7f")
 
     # A bug in the service, then one in the handler before the service has the request.
-    monkeypatch.setattr(service_of(jp_serverapp), "_check", broken)
+    monkeypatch.setattr(service_of(jp_serverapp)._loop, "prepare", broken)
     response = await client.post(path, json={"prompt": "hi"})
     message = assert_error_shape(response, 500, openai=openai)
     assert "secret" not in response.text and "KeyError" not in response.text
