@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 
@@ -12,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from jupyter_infer.engine.model_builder import (
     MARKER_FILE,
     SIZES,
+    add_arguments,
     default_cache_dir,
     ensure_model,
     make_model,
@@ -29,14 +31,30 @@ def built(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> pathlib.Pat
     return path
 
 
-def test_sizes_constant() -> None:
-    assert SIZES == ("tiny", "small", "llama-tiny")
-
-
 def test_unknown_size_rejected(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(ValueError, match="unknown model size"):
+    with pytest.raises(ValueError, match="unknown model size") as info:
         make_model(tmp_path / "x", size="huge")
     assert not (tmp_path / "x").exists()
+    # The message lists what to type instead: every size there is.
+    for size in SIZES:
+        assert repr(size) in str(info.value), size
+
+
+def test_the_command_line_offers_the_sizes_the_builder_builds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``jupyter infer make-model DIR --size ...`` takes each advertised size, and no other."""
+    parser = argparse.ArgumentParser(prog="make-model")
+    add_arguments(parser)
+    assert set(BUILT_SIZES) < set(SIZES)  # the sizes built here, and "small", are all offered
+    for size in SIZES:
+        assert parser.parse_args(["d", "--size", size]).size == size
+    assert parser.parse_args(["d"]).size == "tiny"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["d", "--size", "huge"])
+    error = capsys.readouterr().err
+    assert "--size" in error and "huge" in error
+    assert all(size in error for size in SIZES), error
 
 
 def test_directory_contents(built: pathlib.Path) -> None:
