@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 from client_helpers import ScriptedServer, answer_json
 
 from jupyter_infer.client import find_kernel_server
-from jupyter_infer.client.discovery import running_servers
+from jupyter_infer.client.discovery import PROBE_TIMEOUT_S, running_servers
 
 
 def test_running_servers_are_read_from_the_runtime_dir(tmp_path: Path) -> None:
@@ -30,18 +30,25 @@ def test_running_servers_are_read_from_the_runtime_dir(tmp_path: Path) -> None:
 
 def test_servers_are_asked_for_this_kernel_at_once() -> None:
     """A kernel behind a provisioner: each server's api/kernels is asked, all in parallel."""
+    # Each server answers only once all three have been asked (or its probe's time is up): asked
+    # one after the other, the first would wait for the others in vain. No wall clock to read.
+    all_asked = threading.Barrier(3)
+    asked_together: list[bool] = []
 
     def kernels(ids: list[str]):
         async def script(method: str, path: str, writer: asyncio.StreamWriter) -> None:
-            await asyncio.sleep(1.0)  # a slow server
+            try:
+                await asyncio.to_thread(all_asked.wait, PROBE_TIMEOUT_S)
+                asked_together.append(True)
+            except threading.BrokenBarrierError:
+                asked_together.append(False)
             answer_json(writer, [{"id": i} for i in ids])
         return script
 
     with ScriptedServer(kernels(["k-other"])) as a, ScriptedServer(kernels(["k-mine"])) as b, \
             ScriptedServer(kernels([])) as c:
         servers = [{"url": s.url, "pid": 999_999_990 + i, "token": "t"} for i, s in enumerate((a, b, c))]
-        started = time.monotonic()
         found = find_kernel_server(servers, parent_pid=999_999_999, kernel_id="k-mine")
         assert found is servers[1]
-        assert time.monotonic() - started < 1.8  # one slow answer's time, not three
         assert find_kernel_server(servers, parent_pid=999_999_999, kernel_id="k-none") is None
+        assert asked_together == [True] * 6, asked_together  # both times, all three at once
