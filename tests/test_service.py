@@ -4,7 +4,6 @@ failures, through ``InferenceService`` (policy decisions alone: test_scheduler_c
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -55,14 +54,13 @@ async def test_window_groups_concurrent_requests_and_17th_waits() -> None:
 
 async def test_window_expiry_closes_a_partial_batch() -> None:
     s = await started(fast_engine(), mode="window", batch_window_ms=120, max_batch_size=16)
-    t0 = time.monotonic()
     streams = [await s.submit(req(f"attention {i}")) for i in range(3)]
     results = await asyncio.gather(*(st.result() for st in streams))
     assert {r.batch_id for r in results} == {results[0].batch_id}
     assert results[0].batch_size == 3
-    # Nobody filled the batch, so it closed when the window ran out, not before.
+    # Nobody filled the batch, so it closed when the window ran out, not before (a window
+    # that never closed would hang the gather above until the test's timeout).
     assert min(r.queued_ms for r in results) >= 100
-    assert time.monotonic() - t0 < 5
     await s.stop()
 
 
@@ -96,10 +94,12 @@ async def test_continuous_newcomer_joins_running_batch() -> None:
     await five_tokens.wait()
     late = await s.submit(req("And embeddings?", max_tokens=5))
     late_result = await late.result()
-    # The newcomer finished while the long request was still running: it did not wait.
+    # The newcomer finished while the long request was still running: it did not wait for
+    # it (its queue time is a small part of the long one's run, however slow the machine).
     assert not long.done
-    assert late_result.queued_ms < 100 and late_result.batch_size == 2
-    assert (await long.result()).completion_tokens == 60 and await consumer >= 50
+    long_result = await long.result()
+    assert late_result.queued_ms < long_result.total_ms / 4 and late_result.batch_size == 2
+    assert long_result.completion_tokens == 60 and await consumer >= 50
     await s.stop()
 
 
@@ -326,3 +326,39 @@ async def test_status_shows_the_chunk_size_in_use() -> None:
     s = await started(fast_engine(), prefill_chunk_tokens=0)
     assert s.status()["limits"]["prefill_chunk_tokens"] == 0
     await s.stop()
+
+
+async def test_a_cancel_during_a_routers_fallback_reaches_the_fallback() -> None:
+    """The router moves a request that failed before its first token to its fallback; a
+    cancel that lands while the fallback backend takes it (here: still loading) must not be
+    lost between the two backends, or the request runs on for nobody."""
+    import threading
+
+    from jupyter_infer.router import RouterService
+
+    loaded = threading.Event()
+
+    def slow_load() -> SimulatedEngine:
+        loaded.wait(10)
+        return fast_engine()
+
+    config = ServiceConfig(engine="router", router_policies=(), router_fallback={"first": "second"},
+                           router_backends={"first": {"engine": "simulated"}, "second": {"engine": "simulated"}})
+    router = RouterService(config, loaders={
+        "first": lambda: PoisonEngine(prefill_ms_per_token=0, prefill_base_ms=0), "second": slow_load})
+    router.start()
+    await router.backends["first"].wait_ready(10)
+    stream = await router.submit(req("POISON: fails on the first backend", max_tokens=200))
+    await eventually_true(lambda: router.fallbacks["first->second"] == 1)
+    assert router.cancel(stream.id)  # the request is between its two backends
+    loaded.set()
+    result = await asyncio.wait_for(stream.result(), 10)
+    assert result.finish_reason == "cancelled" and result.completion_tokens < 200
+    await router.stop()
+
+
+async def eventually_true(check, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "still false"
+        await asyncio.sleep(0.005)

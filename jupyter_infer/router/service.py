@@ -64,6 +64,9 @@ class RouterService:
         })
         self.fallbacks: Counter[str] = Counter()  # "from->to": requests moved
         self._live: dict[str, str] = {}  # request id -> the backend serving it now
+        # Cancelled while moving to its fallback (no backend holds it): the fallback's stream
+        # is cancelled as soon as it exists.
+        self._cancelled: set[str] = set()
         self._relays: set[asyncio.Task] = set()
         self._stopping = False
 
@@ -186,18 +189,27 @@ class RouterService:
                         return
                     outer.route, outer.model = route, inner.model
                     self._live[request.id] = route
+                    if request.id in self._cancelled:  # cancelled on the way
+                        inner.cancel()
                     continue
                 outer.finish(result)
                 return
         finally:
             self._live.pop(request.id, None)
+            self._cancelled.discard(request.id)
             if not outer.done:  # cancelled (the router stopped): end it, never leave it hanging
                 outer.finish(error=EngineUnavailable("The router stopped while serving this request."))
 
     def cancel(self, request_id: str) -> bool:
-        """Cancel a queued or running request on whichever backend holds it."""
+        """Cancel a queued or running request on whichever backend holds it, or, when it is on
+        its way to its fallback, as soon as the fallback has it."""
         route = self._live.get(request_id)
-        return route is not None and self.backends[route].cancel(request_id)
+        if route is None:
+            return False
+        if self.backends[route].cancel(request_id):
+            return True
+        self._cancelled.add(request_id)  # live here, held by no backend: between two of them
+        return True
 
     def reject(self, reason: str, *, outcome: str = "rejected") -> None:
         self.collector.rejected(reason, outcome)
