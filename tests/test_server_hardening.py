@@ -16,6 +16,8 @@ import httpx
 import pytest
 from server_helpers import AUTH, eventually, server_config, service_of, use_scripted_engine
 
+from jupyter_infer.server.handler_base import BODY_TIMEOUT_BACKSTOP_S
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -373,8 +375,11 @@ async def test_bodies_sent_at_one_byte_a_second_are_closed_after_the_timeout(
     closed = done.result()
     for sock in socks:
         sock.close()
-    assert len(closed) == len(socks) and max(closed) < 5, closed
-    assert max(latencies) < 0.5
+    # Closed by our 1 s timer, not by tornado's backstop 5 s after it.
+    assert len(closed) == len(socks) and max(closed) < 1.0 + BODY_TIMEOUT_BACKSTOP_S, closed
+    # Jupyter answered throughout: a frozen server costs seconds (0.5 s was seen once on a
+    # loaded 2-core machine, with nothing frozen).
+    assert max(latencies) < 1.0
 
 
 
@@ -400,7 +405,7 @@ async def test_a_body_that_arrives_too_slowly_is_answered_408_before_the_close(
     if openai:
         assert set(error) == {"error"} and error["error"]["type"] == "invalid_request_error"
     assert "1 s" in message and "InferApp.body_timeout_s" in message and "send" in message.lower()
-    assert 0.9 < waited < 5
+    assert 0.9 < waited < 1.0 + BODY_TIMEOUT_BACKSTOP_S  # our timer answered, not tornado's backstop
     assert (await metrics(client))["requests"]["rejected"] == 1
 
 # -- the shared error path ------------------------------------------------------------------------
@@ -434,3 +439,35 @@ async def test_http_errors_of_the_framework_have_the_routes_shape(client: httpx.
     assert_error_shape(await client.post("infer/v1/completions", json={}, headers={"Authorization": "token x"}),
                        403, openai=True)
     assert_error_shape(await client.get("infer/batches", params={"limit": "²"}), 400)
+
+
+@pytest.mark.parametrize("infer_options", [("simulated", {"max_batch_size": 1, "simulated_token_delay_ms": [20, 20]})],
+                         indirect=True)
+async def test_clients_that_leave_while_queued_are_cancelled_before_they_run(
+    client: httpx.AsyncClient, jp_serverapp: Any, jp_http_port: int, jp_base_url: str,
+) -> None:
+    """A client that closes its connection while its request waits in the queue (a timed-out
+    SDK call, a killed eval) frees its place at once, streamed or not. Tornado notices a
+    closed connection only when a write fails, and nothing is written to a queued request
+    (nor, ever, to a non-streamed one before its end): without looking, both were admitted
+    after the running request and generated for nobody."""
+    service = service_of(jp_serverapp)
+    body = json.dumps({"prompt": "What is batching?", "max_tokens": 40, "ignore_eos": True})
+    async with client.stream("POST", "infer/generate_stream", content=body) as running:
+        await eventually(lambda: service.num_running == 1)
+        leaving = []
+        for path in ("infer/generate", "infer/generate_stream", "infer/v1/completions"):
+            payload = body if path.startswith("infer/gen") else json.dumps({"prompt": "hi", "max_tokens": 40})
+            head = post_head(path, jp_base_url, jp_http_port, f"Content-Length: {len(payload.encode())}\r\n")
+            leaving.append(raw_request(jp_http_port, head + payload))
+        await eventually(lambda: service.queue_depth == 3)
+        for sock in leaving:
+            sock.close()
+        # They leave the queue while the running request still runs: none of them was admitted.
+        await eventually(lambda: service.queue_depth == 0, timeout=5)
+        assert service.num_running == 1
+        async for _ in running.aiter_bytes():
+            pass
+    records = {r["id"]: r for r in service.batches(requests=10)["requests"]}.values()
+    outcomes = sorted((r["outcome"], r["admitted_at"] is None) for r in records)
+    assert outcomes == [("cancelled", True)] * 3 + [("ok", False)]

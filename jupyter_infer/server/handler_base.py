@@ -56,7 +56,7 @@ _QUERY_FLAGS = {"ignore_eos"}
 _QUERY_IGNORED = {"token", "_xsrf", "no_track_activity"}
 # tornado's own body timeout, past ours: it closes without an answer, so it only backs up
 # the 408 (a loop too busy to run our timer, a client that never reads its answer).
-_BODY_TIMEOUT_BACKSTOP_S = 5.0
+BODY_TIMEOUT_BACKSTOP_S = 5.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class InferHandler(EventStreamHandler):
             self._body_clock = asyncio.get_running_loop().call_later(timeout, self._body_too_slow, timeout)
         set_body_timeout = getattr(self.request.connection, "set_body_timeout", None)
         if set_body_timeout is not None:
-            set_body_timeout(timeout + _BODY_TIMEOUT_BACKSTOP_S)
+            set_body_timeout(timeout + BODY_TIMEOUT_BACKSTOP_S)
 
     def _body_too_slow(self, timeout: float) -> None:
         """The body is still arriving after ``timeout`` s: answer 408; tornado then closes the
