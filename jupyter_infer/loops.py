@@ -23,12 +23,14 @@ def make_loop(
     engine_loader: Callable[[], Engine] | None = None, route: str | None = None,
     batch_ids: Iterator[int] | None = None, upstream: UpstreamServer | None = None,
 ) -> RequestLoop:
-    """The loop for ``cfg.engine``, with a recorder feeding ``collector`` and ``events``."""
+    """The loop for ``cfg.engine``, with a recorder feeding ``collector`` and ``events``.
+    Behind a router (``route``) a request's model is not checked again: the rule matched it."""
     def recorder(source: str) -> Recorder:
         return Recorder(cfg.mode, collector, events, route=route, batch_ids=batch_ids, source=source)
 
     if cfg.engine == "openai":
         from .upstream import UpstreamLoop
 
-        return UpstreamLoop(cfg, recorder(UpstreamLoop.source), upstream)
-    return EngineLoop(engine_loader or (lambda: load_engine(cfg)), cfg, recorder(EngineLoop.source))
+        return UpstreamLoop(cfg, recorder(UpstreamLoop.source), upstream, check_model=route is None)
+    return EngineLoop(engine_loader or (lambda: load_engine(cfg)), cfg, recorder(EngineLoop.source),
+                      check_model=route is None)

@@ -92,17 +92,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    @property
-    def penalised(self) -> bool:
-        """Any penalty that needs the row's token history."""
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
-
-    @property
-    def shapes_logits(self) -> bool:
-        """Anything that changes the logits before the choice (besides temperature/top-k/p)."""
-        return self.penalised or bool(self.logit_bias) or self.min_tokens > 0
-
 
 @dataclass(frozen=True)
 class TokenLogprob:

@@ -1,8 +1,9 @@
 """A request as the scheduler tracks it: status, tokens so far, and the text they make.
 
 Plain data, like nano-vllm's ``Sequence``, below both the scheduler and the engine: the
-scheduler moves a sequence through WAITING → RUNNING → FINISHED; the engine only reads
-``id``, ``prompt_ids``, ``output_ids``, ``num_computed`` and ``params``. ``num_computed``
+scheduler moves a sequence through WAITING → RUNNING → FINISHED; the engine only reads it
+(``id``, ``prompt_ids``, ``output_ids``, ``num_computed`` and what derives from them,
+``params``, ``request.prompt``). ``num_computed``
 counts the tokens whose KV the engine holds; each step catches it up with the tokens (the
 whole prompt, a chunk of a long one, the last output token), so a sequence whose prompt is
 not all computed yet is being prefilled. When things happened to it (queued, admitted, first token, finished, which

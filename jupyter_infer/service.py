@@ -20,7 +20,7 @@ from .config import ServiceConfig
 from .engine import Engine, EngineInfo
 from .errors import InferError, refusal_reason
 from .events import EventBus, Subscription
-from .limits import check_model, check_token_ids
+from .limits import check_token_ids
 from .loops import make_loop
 from .metrics import MetricsCollector, wall
 from .request import Request, check_text
@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 class InferenceService:
     """One engine (local or upstream) behind the front's queue.
 
-    Behind a router, ``route`` names the backend on its records and events, ``parent`` is the
-    router's collector (which sums every backend), ``events`` the router's bus and
-    ``batch_ids`` the counter the backends share, so their batch records merge. ``upstream``
+    Behind a router, ``route`` names the backend on its records and events (and a request's
+    model is not checked again: the router's rule matched it), ``parent`` is the router's
+    collector (which sums every backend), ``events`` the router's bus and ``batch_ids`` the
+    counter the backends share, so their batch records merge. ``upstream``
     replaces the upstream server of ``engine = "openai"`` (tests).
     """
 
@@ -94,8 +95,6 @@ class InferenceService:
         loop prepares a resolved copy."""
         try:
             info = await self._loop.wait_ready()
-            if self.route is None:  # behind a router, its rule has matched the model already
-                check_model(request, info)
             seq = await self._loop.prepare(request)
         except InferError as err:
             self._loop.recorder.rejected(refusal_reason(err.status))
@@ -120,11 +119,7 @@ class InferenceService:
     @property
     def has_tokenizer(self) -> bool:
         """Whether the tokenize routes work here (an upstream tokenizes on its own)."""
-        try:
-            self._loop.tokenizer()
-        except InferError:
-            return False
-        return True
+        return self._loop.tokenizes
 
     async def _tokenizer(self) -> Engine:
         await self._loop.wait_ready()
@@ -160,12 +155,12 @@ class InferenceService:
     # -- views ------------------------------------------------------------------------------
     @property
     def queue_depth(self) -> int:
-        return len(self._loop.snapshot().waiting)
+        return self._loop.counts()[0]
 
     @property
     def num_running(self) -> int:
         """Requests in the engine: decoding, or a long prompt being prefilled in chunks."""
-        return len(self._loop.snapshot().running)
+        return self._loop.counts()[1]
 
     @property
     def reachable(self) -> bool | None:

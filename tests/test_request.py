@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from jupyter_infer.engine.logits_processors import processors_for
 from jupyter_infer.errors import InvalidRequest
 from jupyter_infer.request import parse_generate_body
 
@@ -62,4 +63,5 @@ def test_sampling_extras_and_neutral_values_are_accepted() -> None:
     p = r.params
     assert (p.max_tokens, p.top_p, p.top_k, p.ignore_eos) == (0, 0.0, 0, True)
     assert p.logit_bias == ((9, -100.0),) and len(p.stop) == 64
-    assert p.shapes_logits and not p.penalised and p.repetition_penalty == 1.0
+    # Only the bias that is not neutral shapes a row's logits (the engine's processors).
+    assert [type(x).__name__ for x in processors_for(p, [1], {0})] == ["LogitBias"] and p.repetition_penalty == 1.0

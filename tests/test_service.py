@@ -362,3 +362,39 @@ async def eventually_true(check, timeout: float = 5.0) -> None:
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "still false"
         await asyncio.sleep(0.005)
+
+
+async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole() -> None:
+    """The simulated engine's prefill time grows with the prompt tokens computed: in chunks,
+    each chunk costs its own tokens (a precedence slip once made every chunk after the
+    first cost nothing, and the interference it demonstrates vanished)."""
+    from jupyter_infer.engine import StepPlan
+    from jupyter_infer.sequence import Sequence
+
+    engine = SimulatedEngine(prefill_ms_per_token=2.0, prefill_base_ms=0.0)
+    slept: list[float] = []
+    engine._sleep_ms = slept.append
+    seq = Sequence(req("x"), list(range(1, 101)))
+    rows = None
+    while True:
+        sampled, rows = engine.step(StepPlan(1, "prefill", [seq], [seq.id] * bool(seq.num_computed), [64]), rows)
+        if sampled.tokens[0]:
+            break
+        seq.num_computed = sampled.computed[0]
+    assert slept == [128.0, 72.0]  # 64 tokens, then the 36 left
+
+
+async def test_a_cancelled_prompt_part_way_through_its_prefill_frees_its_rows_at_once() -> None:
+    """Its KV (room for the whole prompt) goes when it leaves, not at the next step, which an
+    idle server may not run for a long time."""
+    s = await started(fast_engine(token_delay_ms=(30, 30)), prefill_chunk_tokens=4, idle_admit_delay_ms=0)
+    short = await s.submit(req("hi", max_tokens=30))
+    loop = s._loop
+    await eventually_true(lambda: loop.counts()[1] == 1 and short.done is False)
+    long_ = await s.submit(req("Explain continuous batching, chunked prefill and the KV cache in depth", max_tokens=2))
+    await eventually_true(lambda: loop._rows is not None and long_.id in loop._rows.prefilling)
+    s.cancel(long_.id)
+    s.cancel(short.id)
+    await eventually_true(lambda: loop.counts() == (0, 0))
+    assert loop._rows is None or not loop._rows.prefilling
+    await s.stop()

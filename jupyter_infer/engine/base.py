@@ -67,7 +67,8 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        """The prompt tokens of a prefill (whole prompts), or the rows of a decode."""
+        """The prompt tokens of a prefill (each prompt whole, however much of it this step
+        computes), or the rows of a decode."""
         if self.kind == "prefill":
             return sum(s.num_prompt_tokens for s in self.seqs)
         return len(self.seqs)
@@ -134,9 +135,10 @@ class Rows:
 class Engine(abc.ABC):
     """A causal LM, stepped one plan at a time from the engine loop's single thread.
 
-    An engine holds no running rows itself: ``prefill`` returns the newcomers' ``Batch`` and
-    ``decode`` advances the one it is given, so the loop that owns the batch value is the
-    one place that says which rows run. ``tokenize``/``detokenize`` may run on any thread.
+    An engine holds no running rows itself: ``step`` takes the loop's ``Rows`` and gives them
+    back (``prefill`` returns the batch of the prompts it completed and the rows of those still
+    part-way; ``decode`` advances the batch it is given), so the loop that owns the rows is
+    the one place that says which rows run. ``tokenize``/``detokenize`` may run on any thread.
     """
 
     info: EngineInfo

@@ -319,6 +319,7 @@ class HFEngine(Engine):
         is all ones and positions continue from the tokens already there. The row's first
         token comes with the prompt's last chunk."""
         prompt = seq.prompt_ids
+        samplers = partial.samplers if partial is not None else [self._sampler(seq)]
         if partial is None:
             done, kv = self._cached_prefix(seq)
             cache = kv_cache.with_past(self.model.config, [kv], done) if done else kv_cache.new_cache(self.model.config)
@@ -338,12 +339,13 @@ class HFEngine(Engine):
         )
         if self.prefix_cache is not None:  # blocks complete so far: a prompt arriving now reuses them
             self.prefix_cache.insert(prompt, end, lambda a, b: kv_cache.row_kv(out.cache, 0, a, b))
-        samplers = [self._sampler(seq)] if end == len(prompt) else []
-        sampled = sample(out.logits[:, -1, :], samplers) if samplers else Sampled([[]], computed=[end])
+        complete = end == len(prompt)
+        sampled = sample(out.logits[:, -1, :], samplers) if complete else Sampled([[]], computed=[end])
         return sampled, HFBatch(
             ids=[seq.id], cache=out.cache, mask=mask,
             positions=torch.tensor([end], device=self.device),
-            last=torch.tensor([sampled.tokens[0][-1] if samplers else 0], dtype=torch.long, device=self.device),
+            # No token to feed yet while the prompt is incomplete: its row is not decoded.
+            last=torch.tensor([sampled.tokens[0][-1] if complete else 0], dtype=torch.long, device=self.device),
             samplers=samplers,
         )
 

@@ -2,8 +2,11 @@
 and the penalties, one small class each, in vLLM's order.
 
 A processor is per-row state: ``mask(logits)`` shapes that row's logits (a float copy the
-sampler owns), ``advance(tokens)`` tells it the tokens the row kept, so it never re-reads the
-row's history. A grammar matcher or a draft window fits the same two calls.
+sampler owns), ``advance(tokens)`` tells it the tokens the row chose, so it never re-reads the
+row's history. Today a row keeps every token it chooses, or leaves; a step that verifies
+drafts will advance by the tokens it accepts. A grammar matcher fits the same two calls. A
+processor that has nothing more to do says ``spent``, and the row goes back to the batch's
+shared ``argmax``.
 """
 
 from __future__ import annotations
@@ -20,14 +23,18 @@ if TYPE_CHECKING:
 
 
 class LogitsProcessor(Protocol):
+    spent: bool  # it will never change a logit again
+
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """Shape one row of logits (``[vocab]``, float, this row's own copy); may work in place."""
 
     def advance(self, tokens: Seq[int]) -> None:
-        """The row kept these tokens (in order)."""
+        """The row chose these tokens (in order)."""
 
 
 class LogitBias:
+    spent = False
+
     def __init__(self, bias: Seq[tuple[int, float]]) -> None:
         self._bias = tuple(bias)
         self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -52,8 +59,12 @@ class MinTokens:
         self._left = min_tokens
         self._eos = sorted(eos_ids)
 
+    @property
+    def spent(self) -> bool:
+        return self._left <= 0 or not self._eos
+
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        if self._left > 0 and self._eos:
+        if not self.spent:
             logits[[e for e in self._eos if e < logits.shape[-1]]] = float("-inf")
         return logits
 
@@ -65,24 +76,32 @@ class RepetitionPenalty:
     """vLLM's: the logit of every token seen in the prompt or output is divided by ``penalty``
     when positive, multiplied when negative."""
 
+    spent = False
+
     def __init__(self, penalty: float, prompt_ids: Iterable[int]) -> None:
         self._penalty = penalty
         self._seen = set(prompt_ids)
+        self._index: torch.Tensor | None = None  # the seen ids as a tensor, until one more is seen
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        seen = torch.tensor(sorted(t for t in self._seen if t < logits.shape[-1]), dtype=torch.long,
-                            device=logits.device)
-        values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / self._penalty, values * self._penalty)
+        if self._index is None:
+            self._index = torch.tensor(sorted(t for t in self._seen if t < logits.shape[-1]), dtype=torch.long,
+                                       device=logits.device)
+        values = logits[self._index]
+        logits[self._index] = torch.where(values > 0, values / self._penalty, values * self._penalty)
         return logits
 
     def advance(self, tokens: Seq[int]) -> None:
-        self._seen.update(tokens)
+        if not self._seen.issuperset(tokens):
+            self._seen.update(tokens)
+            self._index = None
 
 
 class FrequencyPresencePenalty:
     """OpenAI's: ``frequency`` per occurrence in the output, ``presence`` once (the prompt
     does not count)."""
+
+    spent = False
 
     def __init__(self, frequency: float, presence: float) -> None:
         self._frequency, self._presence = frequency, presence

@@ -41,7 +41,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 class RowSampler:
     """One row's way of choosing tokens, held by the engine's batch beside the row's KV (and
     filtered and concatenated with it): its parameters, its RNG (``None`` for a greedy row)
-    and its logits processors. Built at prefill; ``advance`` after each kept token."""
+    and its logits processors. Built at prefill; ``advance`` with each token it chose."""
 
     params: SamplingParams
     generator: torch.Generator | None = None
@@ -83,6 +83,8 @@ class RowSampler:
     def advance(self, tokens: Seq[int]) -> None:
         for processor in self.processors:
             processor.advance(tokens)
+        if any(p.spent for p in self.processors):  # min_tokens reached: nothing left to mask
+            self.processors = [p for p in self.processors if not p.spent]
 
 
 def sample(logits: torch.Tensor, samplers: Seq[RowSampler]) -> Sampled:

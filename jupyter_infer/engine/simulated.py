@@ -101,7 +101,7 @@ class SimulatedEngine(Engine):
         in (a chunked one over several steps, ``partial`` says how far each got)."""
         done = [partial[s.id].done if s.id in partial else 0 for s in seqs]
         ends = [min(s.num_prompt_tokens, d + n) for s, d, n in zip(seqs, done, num_scheduled, strict=True)]
-        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * sum(ends) - sum(done))
+        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * (sum(ends) - sum(done)))
         rest = {i: p for i, p in partial.items() if i not in {s.id for s in seqs}}
         complete = [s for s, e in zip(seqs, ends, strict=True) if e == s.num_prompt_tokens]
         rest |= {s.id: PartialPrompt(e) for s, e in zip(seqs, ends, strict=True) if e < s.num_prompt_tokens}

@@ -64,9 +64,8 @@ class RouterService:
         })
         self.fallbacks: Counter[str] = Counter()  # "from->to": requests moved
         self._live: dict[str, str] = {}  # request id -> the backend serving it now
-        # Cancelled while moving to its fallback (no backend holds it): the fallback's stream
-        # is cancelled as soon as it exists.
-        self._cancelled: set[str] = set()
+        self._moving: set[str] = set()  # on the way to their fallback: no backend holds them
+        self._cancelled: set[str] = set()  # cancelled on the way: the fallback's stream is, at once
         self._relays: set[asyncio.Task] = set()
         self._stopping = False
 
@@ -182,11 +181,14 @@ class RouterService:
                         outer.finish(error=err)
                         return
                     route = self._fell_back(request, decision, err)
+                    self._moving.add(request.id)
                     try:
                         inner = await self._attempt(route, request)
                     except InferError as again:
                         outer.finish(error=again)
                         return
+                    finally:
+                        self._moving.discard(request.id)
                     outer.route, outer.model = route, inner.model
                     self._live[request.id] = route
                     if request.id in self._cancelled:  # cancelled on the way
@@ -208,8 +210,10 @@ class RouterService:
             return False
         if self.backends[route].cancel(request_id):
             return True
-        self._cancelled.add(request_id)  # live here, held by no backend: between two of them
-        return True
+        if request_id in self._moving:
+            self._cancelled.add(request_id)
+            return True
+        return False
 
     def reject(self, reason: str, *, outcome: str = "rejected") -> None:
         self.collector.rejected(reason, outcome)

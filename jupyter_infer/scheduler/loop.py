@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..engine import Engine, EngineInfo, Rows, StepPlan
-from ..limits import check_token_ids
+from ..limits import check_model, check_token_ids
 from ..request import TokenEvent
 from ..sequence import Sequence
 from ..tokenizing import off_loop, text_size
@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 
 
 class EngineLoop(RequestLoop):
-    def __init__(self, load: Callable[[], Engine], config: ServiceConfig, recorder: Recorder) -> None:
-        super().__init__(config, recorder)
+    def __init__(
+        self, load: Callable[[], Engine], config: ServiceConfig, recorder: Recorder, *, check_model: bool = True,
+    ) -> None:
+        super().__init__(config, recorder, check_model=check_model)
         self._load = load
         self.engine: Engine | None = None
         self._rows: Rows | None = None  # what the engine holds for the running sequences
@@ -81,6 +83,8 @@ class EngineLoop(RequestLoop):
                     engine.render_chat, request.messages, size=text_size(request.messages)))
             prompt_ids = await off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
+        if self.check_model:
+            check_model(request, engine.info)
         request = limits.check(request, len(prompt_ids), engine.info.max_context)
         return Sequence(request, prompt_ids)
 
@@ -95,9 +99,6 @@ class EngineLoop(RequestLoop):
             snap.prefix_cache = engine.prefix_cache_stats()
             snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.max_token_chars,
                                                                            engine.info.max_context)
-        if self.scheduler is not None:
-            # The chunk size in use is the engine's unless configured: known once it is loaded.
-            snap.limits["prefill_chunk_tokens"] = self.scheduler.chunk_tokens
         return snap
 
     # -- the loop ---------------------------------------------------------------------------
@@ -120,6 +121,7 @@ class EngineLoop(RequestLoop):
         while True:
             plan, wake_at = core.schedule(time.monotonic())
             self._end_finished()
+            self._drop_left_prompts()
             if plan is None:
                 await self._wait(wake_at)
                 continue
@@ -148,3 +150,13 @@ class EngineLoop(RequestLoop):
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()
+        self._drop_left_prompts()
+
+    def _drop_left_prompts(self) -> None:
+        """Free at once the KV of a prompt part-way through its prefill whose request left
+        (cancelled, failed): the next step would drop it too, but an idle server may not run
+        one for a while, and the row has room for its whole prompt."""
+        rows = self._rows
+        if rows is not None and rows.prefilling:
+            live = {s.id for s in self.scheduler.running}
+            rows.prefilling = {i: row for i, row in rows.prefilling.items() if i in live}

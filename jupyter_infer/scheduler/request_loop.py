@@ -51,10 +51,13 @@ class RequestLoop(abc.ABC):
 
     source = "engine"
     what = "engine"  # in messages: "The engine is not available"
+    tokenizes = True  # whether tokenizer() gives one (an upstream tokenizes on its own)
 
-    def __init__(self, config: ServiceConfig, recorder: Recorder) -> None:
+    def __init__(self, config: ServiceConfig, recorder: Recorder, *, check_model: bool = True) -> None:
         self.config = config
         self.limits = Limits.from_config(config)
+        # Whether prepare checks the model a request names (behind a router, its rule did).
+        self.check_model = check_model
         self.recorder = recorder
         self._state = "stopped"  # stopped | loading | ready | failed
         self.load_error: str | None = None
@@ -148,6 +151,11 @@ class RequestLoop(abc.ABC):
         return True
 
     # -- views ------------------------------------------------------------------------------
+    def counts(self) -> tuple[int, int]:
+        """Requests queued and running now (what the gauges read, without a snapshot)."""
+        core = self.scheduler
+        return (len(core.waiting), len(core.running)) if core is not None else (0, 0)
+
     def snapshot(self) -> LoopSnapshot:
         core = self.scheduler
         if core is None:
@@ -155,6 +163,8 @@ class RequestLoop(abc.ABC):
         return LoopSnapshot(
             waiting=[s.id for s in core.waiting], running=[s.id for s in core.running],
             open_batch=self.recorder.batch, source=self.source,
+            # The chunk size in use is the engine's unless configured: known once it is loaded.
+            limits={"prefill_chunk_tokens": core.chunk_tokens},
         )
 
     # -- shared by both loops ---------------------------------------------------------------

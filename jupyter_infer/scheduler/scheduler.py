@@ -112,23 +112,23 @@ class Scheduler:
                 self._retire(seq, "cancelled", now)
             self.recorder.left(self.running, now)
         in_engine = [s.id for s in self.running if s.num_computed]  # rows whose KV stays
-        prefill, wake_at = self._prefill_work(now)
+        decoding = self.decoding
+        prefill, wake_at = self._prefill_work(now, decoding)
         if prefill:
             self._decodes_since_prefill = 0
             budgets = [self._budget(s) for s in prefill]
             return StepPlan(next(self._step_ids), "prefill", prefill, in_engine, budgets), None
-        decoding = self.decoding
         if decoding:
             self._decodes_since_prefill += 1
             return StepPlan(next(self._step_ids), "decode", decoding, in_engine), None
         return None, wake_at
 
-    def _prefill_work(self, now: float) -> tuple[list[Sequence], float | None]:
+    def _prefill_work(self, now: float, decoding: list[Sequence]) -> tuple[list[Sequence], float | None]:
         """The sequences whose prompt tokens this step computes: the next chunk of a long
         prompt begun earlier, or newcomers (none until the decoding rows had a step)."""
-        begun = next((s for s in self.running if s.prefilling), None)
-        if begun is not None:
-            return ([begun] if not self.decoding or self._may_join() else []), None
+        if len(decoding) < len(self.running):  # a prompt is part-way through its prefill
+            begun = next(s for s in self.running if s.prefilling)
+            return ([begun] if not decoding or self._may_join() else []), None
         return self._admit(now)
 
     def _budget(self, seq: Sequence) -> int:
@@ -216,7 +216,12 @@ class Scheduler:
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
             if plan.kind == "prefill":
-                seq.num_computed = sampled.computed[row] if not tokens and sampled.computed else len(seq.prompt_ids)
+                if tokens:  # the prompt is complete: its first token came
+                    seq.num_computed = len(seq.prompt_ids)
+                elif sampled.computed is not None:
+                    seq.num_computed = sampled.computed[row]
+                else:  # an engine that does not say: as far as the plan went
+                    seq.num_computed = min(len(seq.prompt_ids), seq.num_computed + plan.num_scheduled[row])
                 if sampled.prompt_logprobs is not None and sampled.prompt_logprobs[row] is not None:
                     seq.prompt_logprobs = sampled.prompt_logprobs[row]
             else:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..engine import EngineInfo
 from ..errors import InferError, InvalidRequest, UpstreamError
+from ..limits import check_model
 from ..request import TokenEvent
 from ..scheduler.request_loop import LoopSnapshot, RequestLoop
 from ..sequence import Sequence
@@ -42,9 +43,13 @@ TIMELINE = ("upstream spans: a batch record is a set of requests in flight upstr
 class UpstreamLoop(RequestLoop):
     source = "upstream"
     what = "upstream engine"
+    tokenizes = False
 
-    def __init__(self, config: ServiceConfig, recorder: Recorder, server: UpstreamServer | None = None) -> None:
-        super().__init__(config, recorder)
+    def __init__(
+        self, config: ServiceConfig, recorder: Recorder, server: UpstreamServer | None = None, *,
+        check_model: bool = True,
+    ) -> None:
+        super().__init__(config, recorder, check_model=check_model)
         self.server = server or UpstreamServer(config)
         self.scheduler: UpstreamScheduler | None = None
         self._tasks: dict[str, asyncio.Task] = {}  # one per request in flight upstream
@@ -97,6 +102,8 @@ class UpstreamLoop(RequestLoop):
                 "yet: leave 'logprobs' and 'echo' out.", param="logprobs",
             )
         prompt_tokens = estimate_tokens(request)
+        if self.check_model:
+            check_model(request, self.server.info)
         request = self.limits.check(request, prompt_tokens, self.server.info.max_context, estimated=True)
         return Sequence(request, [], prompt_tokens=prompt_tokens)
 
