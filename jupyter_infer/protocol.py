@@ -11,14 +11,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .engine import EngineInfo
-    from .events import Subscription
+    from .events import EventBus, Subscription
     from .limits import Limits
+    from .metrics import MetricsCollector
     from .request import Request
     from .stream import RequestStream
 
 
 class Service(Protocol):
     limits: Limits
+    collector: MetricsCollector  # the records and aggregates (Prometheus listens to them)
+    events: EventBus
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -66,6 +69,10 @@ class Service(Protocol):
 
     @property
     def num_running(self) -> int: ...
+
+    def prefix_cache(self) -> dict[str, Any] | None: ...
+
+    def kv_cache(self) -> dict[str, Any] | None: ...
 
     def subscribe(self) -> Subscription: ...
 

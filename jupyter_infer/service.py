@@ -172,6 +172,12 @@ class InferenceService:
         (``None`` while no engine is loaded, or for an engine without one)."""
         return self._loop.snapshot().prefix_cache
 
+    def kv_cache(self) -> dict[str, Any] | None:
+        """What the running rows hold in KV memory: bytes held, real tokens, bytes per token,
+        and the waste ratio (padding and spare room; 1.0 is none). ``None`` for an engine
+        that keeps no KV here (simulated, upstream)."""
+        return self._loop.snapshot().kv_cache
+
     def subscribe(self) -> Subscription:
         """Live lifecycle events (``infer/events``); ``TooManySubscribers`` over the cap."""
         return self.events.subscribe()
@@ -194,6 +200,7 @@ class InferenceService:
             "queue_depth": len(snap.waiting),
             "running": len(snap.running),
             "prefix_cache": snap.prefix_cache,
+            "kv_cache": snap.kv_cache,
             "configured": {"engine": self.config.engine, "model": self.config.model},
             **snap.status,
         }
@@ -207,6 +214,7 @@ class InferenceService:
         snapshot = self.collector.snapshot(queue_depth=len(snap.waiting), running=len(snap.running))
         snapshot["events"] = self.events.stats()
         snapshot["prefix_cache"] = snap.prefix_cache
+        snapshot["kv_cache"] = snap.kv_cache
         return snapshot
 
     def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:

@@ -370,3 +370,24 @@ async def test_echoed_prompt_logprobs_bypass_the_prefix_cache_and_chunks(tiny_mo
     got = [r.logprob for r in echo.prompt_logprobs[1:]]
     assert len(got) == len(echo.prompt_ids) - 1 > 16  # every position, though cached and long
     assert got == pytest.approx([float(expected[i - 1, t]) for i, t in enumerate(echo.prompt_ids) if i], abs=1e-4)
+
+
+def test_the_engine_reports_the_kv_memory_its_rows_hold(tiny_model_dir: Path) -> None:
+    """Bytes held (buffers, padding and spare room included), real tokens, and their ratio:
+    a long prompt beside a short one makes the dense layout pad the short row to its length;
+    when the long one leaves, its columns go."""
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    config = engine.model.config
+    per_token = 2 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * 4
+    short, long_ = _seq(engine, "hi", 4), _seq(engine, SYSTEM * 3, 4)
+    batch = step(engine, StepPlan(1, "prefill", [short, long_]), None)
+    usage = engine.kv_usage(Rows(batch))
+    assert usage.bytes_per_token == per_token
+    assert usage.tokens_held == short.num_prompt_tokens + long_.num_prompt_tokens
+    width = batch.mask.shape[1]
+    assert usage.bytes_held >= 2 * width * per_token  # both rows as long as the longest
+    assert usage.waste_ratio > 1.5
+    batch = step(engine, StepPlan(2, "decode", [short], [short.id]), batch)  # the long row left
+    after = engine.kv_usage(Rows(batch))
+    assert after.tokens_held == short.num_prompt_tokens + 1 and after.bytes_held < usage.bytes_held / 2
+    assert engine.kv_usage(None).bytes_held == 0 and engine.kv_usage(None).waste_ratio is None

@@ -149,3 +149,11 @@ async def test_cancel_reaches_the_backend_that_holds_the_request(
             await eventually(lambda: upstream.disconnects == 1 and upstream.open_streams == 0, timeout=5)
         metrics = (await client.get("infer/metrics")).json()
         assert metrics["routes"]["cluster"]["requests"]["cancelled"] == 1
+
+
+async def test_prometheus_metrics_answer_behind_a_router(jp_fetch: Any) -> None:
+    """/metrics reads the service's gauges at each scrape; a router's too (it has no prefix
+    cache of its own: its backends' are in infer/metrics under routes)."""
+    await generate(jp_fetch, {"prompt": "hi", "max_tokens": 2})
+    text = (await jp_fetch("metrics")).body.decode()
+    assert "jupyter_infer_queue_depth 0.0" in text and "jupyter_infer_running_requests 0.0" in text

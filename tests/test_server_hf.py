@@ -71,3 +71,25 @@ async def test_prefix_cache_hits_show_in_status_metrics_and_prometheus(jp_fetch:
     assert "jupyter_infer_prefix_cache_hits_total 1.0" in prometheus
     assert f"jupyter_infer_prefix_cache_reused_tokens_total {metrics['reused_tokens']:.1f}" in prometheus
     assert "jupyter_infer_prefix_cache_bytes " in prometheus and "jupyter_infer_prefix_cache_blocks " in prometheus
+
+
+async def test_the_kv_memory_of_the_running_rows_shows_in_status_metrics_and_prometheus(
+    jp_fetch: Any, jp_serverapp: Any,
+) -> None:
+    """While a request runs, status, metrics and /metrics say what its rows hold in KV
+    memory; once nothing runs, nothing is held."""
+    from server_helpers import eventually, service_of
+
+    service = service_of(jp_serverapp)
+    await service.wait_ready(60)
+    idle = json.loads((await jp_fetch("infer", "status")).body)["kv_cache"]
+    assert idle["bytes_held"] == 0 and idle["tokens_held"] == 0 and idle["bytes_per_token"] > 0
+    body = json.dumps({"prompt": "Tell me about batching", "max_tokens": 64, "ignore_eos": True})
+    running = asyncio.ensure_future(jp_fetch("infer", "generate", method="POST", body=body))
+    await eventually(lambda: (service.kv_cache() or {}).get("tokens_held", 0) > 0)
+    held = json.loads((await jp_fetch("infer", "metrics")).body)["kv_cache"]
+    assert held["bytes_held"] >= held["tokens_held"] * held["bytes_per_token"] and held["waste_ratio"] >= 1
+    prometheus = (await jp_fetch("metrics")).body.decode()
+    assert "jupyter_infer_kv_cache_bytes " in prometheus and "jupyter_infer_kv_cache_waste_ratio " in prometheus
+    await running
+    await eventually(lambda: service.kv_cache()["bytes_held"] == 0)

@@ -9,9 +9,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..config import ServiceConfig
-from .base import Batch, Engine, EngineInfo, Rows, Sampled, StepPlan
+from .base import Batch, Engine, EngineInfo, KVUsage, Rows, Sampled, StepPlan
 
-__all__ = ["Batch", "Engine", "EngineInfo", "Rows", "Sampled", "StepPlan", "load_engine"]
+__all__ = ["Batch", "Engine", "EngineInfo", "KVUsage", "Rows", "Sampled", "StepPlan", "load_engine"]
 
 log = logging.getLogger(__name__)
 # A server logs this as a warning; an engine embedded in a kernel says it once, quietly

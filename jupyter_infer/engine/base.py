@@ -90,6 +90,28 @@ class Sampled:
     computed: list[int] | None = None
 
 
+@dataclass(frozen=True)
+class KVUsage:
+    """What an engine's rows hold in KV memory now: the bytes allocated for their keys and
+    values (padding and spare room included), the real tokens in them, and one token's
+    keys and values over every layer. ``waste_ratio`` is 1.0 when each row costs what it
+    holds."""
+
+    bytes_held: int
+    tokens_held: int
+    bytes_per_token: int
+
+    @property
+    def waste_ratio(self) -> float | None:
+        needed = self.tokens_held * self.bytes_per_token
+        return self.bytes_held / needed if needed else None
+
+    def to_json(self) -> dict[str, Any]:
+        ratio = self.waste_ratio
+        return {"bytes_held": self.bytes_held, "tokens_held": self.tokens_held,
+                "bytes_per_token": self.bytes_per_token, "waste_ratio": None if ratio is None else round(ratio, 3)}
+
+
 class Batch(Protocol):
     """The decoding rows of an engine, as one value (TGI's ``CausalLMBatch``): the rows' ids
     and whatever per-row state the engine keeps (KV cache, row samplers, ...)."""
@@ -187,6 +209,10 @@ class Engine(abc.ABC):
         sampled, complete, rows.prefilling = self.prefill(plan.seqs, plan.num_scheduled, rows.prefilling)
         rows.join(complete)
         return sampled, rows
+
+    def kv_usage(self, rows: Rows | None) -> KVUsage | None:
+        """What ``rows`` hold in KV memory (``None``: this engine keeps no KV)."""
+        return None
 
     def prefix_cache_stats(self) -> dict | None:
         """Hits, misses, reused tokens and memory of the prefix cache (``None``: this engine

@@ -26,7 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from ..errors import InvalidRequest
 from . import kv_cache
-from .base import Engine, EngineInfo, Sampled
+from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
 from .cpu_linear import QUANTIZE, LinearReport, cpu_flags, int8_available, swap_linears
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, prompt_logprobs, sample
@@ -361,6 +361,14 @@ class HFEngine(Engine):
         self.prefix_cache = None
         if megabytes > 0 and self._reusable:
             self.prefix_cache = PrefixCache(int(megabytes * 2**20))
+
+    def kv_usage(self, rows: Rows | None) -> KVUsage:
+        batches = [] if rows is None else [b for b in (rows.decoding, *rows.prefilling.values()) if b is not None]
+        return KVUsage(
+            bytes_held=sum(kv_cache.bytes_held(b.cache) for b in batches),
+            tokens_held=sum(int(b.mask.sum()) for b in batches),
+            bytes_per_token=kv_cache.bytes_per_token(self.model.config, self.model.dtype),
+        )
 
     def prefix_cache_stats(self) -> dict[str, Any] | None:
         if self.prefix_cache is None:

@@ -105,6 +105,25 @@ def row_kv(cache: DynamicCache, row: int, start: int, end: int) -> torch.Tensor:
     ])
 
 
+def bytes_held(cache: DynamicCache) -> int:
+    """The bytes a cache's keys and values take, spare room included (a ``GrowingLayer``'s
+    buffers, not the views of them)."""
+    total = 0
+    for layer in cache.layers:
+        buffers = (getattr(layer, "_key_buf", None), getattr(layer, "_value_buf", None))
+        if buffers[0] is None:
+            buffers = (getattr(layer, "keys", None), getattr(layer, "values", None))
+        total += sum(t.numel() * t.element_size() for t in buffers if isinstance(t, torch.Tensor))
+    return total
+
+
+def bytes_per_token(config, dtype: torch.dtype) -> int:
+    """One token's keys and values over every layer of a model with ``config``."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
 def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     missing = width - t.shape[dim]
     if missing == 0:

@@ -258,6 +258,22 @@ class RouterService:
     def subscribe(self) -> Subscription:
         return self.events.subscribe()
 
+    def prefix_cache(self) -> dict[str, Any] | None:
+        """None: each backend has its own (``metrics()['routes']``)."""
+        return None
+
+    def kv_cache(self) -> dict[str, Any] | None:
+        """The KV memory every backend's rows hold, summed (``None``: none keeps KV here)."""
+        parts = [u for b in self.backends.values() if (u := b.kv_cache()) is not None]
+        if not parts:
+            return None
+        held = sum(p["bytes_held"] for p in parts)
+        needed = sum(p["tokens_held"] * p["bytes_per_token"] for p in parts)
+        per_token = {p["bytes_per_token"] for p in parts}
+        return {"bytes_held": held, "tokens_held": sum(p["tokens_held"] for p in parts),
+                "bytes_per_token": per_token.pop() if len(per_token) == 1 else None,  # models differ
+                "waste_ratio": round(held / needed, 3) if needed else None}
+
     def status(self) -> dict[str, Any]:
         routes = {name: b.status() for name, b in self.backends.items()}
         # The default backend's engine, model and device at the top, for views that show one.

@@ -97,6 +97,9 @@ class EngineLoop(RequestLoop):
         engine = self.engine
         if engine is not None:
             snap.prefix_cache = engine.prefix_cache_stats()
+            # Read while a step may run on the engine thread: a gauge, off by a step at most.
+            usage = engine.kv_usage(self._rows)
+            snap.kv_cache = usage.to_json() if usage is not None else None
             snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.max_token_chars,
                                                                            engine.info.max_context)
         return snap
@@ -121,7 +124,7 @@ class EngineLoop(RequestLoop):
         while True:
             plan, wake_at = core.schedule(time.monotonic())
             self._end_finished()
-            self._drop_left_prompts()
+            self._free_rows_of_the_gone()
             if plan is None:
                 await self._wait(wake_at)
                 continue
@@ -150,13 +153,18 @@ class EngineLoop(RequestLoop):
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()
-        self._drop_left_prompts()
+        self._free_rows_of_the_gone()
 
-    def _drop_left_prompts(self) -> None:
-        """Free at once the KV of a prompt part-way through its prefill whose request left
-        (cancelled, failed): the next step would drop it too, but an idle server may not run
-        one for a while, and the row has room for its whole prompt."""
+    def _free_rows_of_the_gone(self) -> None:
+        """Free at once the KV of requests that left when no step may come soon to do it: all
+        of it once nothing runs (the last rows of a batch), and a prompt's part-way through
+        its prefill (room for its whole prompt). The next step drops a decoding row that left
+        while others run."""
         rows = self._rows
-        if rows is not None and rows.prefilling:
-            live = {s.id for s in self.scheduler.running}
+        if rows is None:
+            return
+        live = {s.id for s in self.scheduler.running}
+        if not live:
+            self._rows = None
+        elif rows.prefilling:
             rows.prefilling = {i: row for i, row in rows.prefilling.items() if i in live}

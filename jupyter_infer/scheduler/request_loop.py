@@ -42,6 +42,7 @@ class LoopSnapshot:
     source: str = "engine"  # what a batch record is: "engine" batches or "upstream" spans
     limits: dict[str, Any] = field(default_factory=dict)  # limits known once loaded
     prefix_cache: dict[str, Any] | None = None
+    kv_cache: dict[str, Any] | None = None  # what the running rows hold in KV memory (None: no KV here)
     status: dict[str, Any] = field(default_factory=dict)  # what this kind adds to status
 
 

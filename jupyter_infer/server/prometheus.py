@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..metrics import BatchRecord, RequestRecord
-from ..service import InferenceService
+from ..protocol import Service
 
 _PREFIX = "jupyter_infer_"
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -121,8 +121,12 @@ class ServiceCollector:
                        ("evicted_blocks", "Blocks dropped to stay within prefix_cache_mb."))
     PREFIX_GAUGES = (("used_mb", "bytes", "Memory the cached blocks hold.", 2**20),
                      ("blocks", "blocks", "Blocks in the prefix cache.", 1))
+    # The running rows' KV memory; exported for an engine that keeps KV here.
+    KV_GAUGES = (("bytes_held", "bytes", "KV memory the running rows hold (padding and spare room included)."),
+                 ("tokens_held", "tokens", "Real tokens in the running rows' KV."),
+                 ("waste_ratio", "waste_ratio", "KV bytes held over what the tokens need (1.0: no waste)."))
 
-    def __init__(self, service: InferenceService, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, service: Service, registry: CollectorRegistry = REGISTRY) -> None:
         self.service = service
         self.registry = registry
         self._registered = False
@@ -157,13 +161,14 @@ class ServiceCollector:
     # -- what prometheus_client calls ---------------------------------------------------------
     def describe(self) -> list[Any]:
         """Every family this collector may yield (the registry refuses a name twice)."""
-        return self._gauges(None) + self._prefix_cache({})
+        return self._gauges(None) + self._prefix_cache({}) + self._kv_cache({})
 
     def collect(self) -> list[Any]:
-        stats = self.service.prefix_cache()
-        return self._gauges(self.service) + (self._prefix_cache(stats) if stats and stats.get("enabled") else [])
+        stats, kv = self.service.prefix_cache(), self.service.kv_cache()
+        return (self._gauges(self.service) + (self._prefix_cache(stats) if stats and stats.get("enabled") else [])
+                + (self._kv_cache(kv) if kv else []))
 
-    def _gauges(self, service: InferenceService | None) -> list[Any]:
+    def _gauges(self, service: Service | None) -> list[Any]:
         return [GaugeMetricFamily(_PREFIX + name, text, value=read(service) if service is not None else 0)
                 for name, text, read in self.GAUGES]
 
@@ -173,3 +178,7 @@ class ServiceCollector:
         out += [GaugeMetricFamily(f"{_PREFIX}prefix_cache_{name}", text, value=stats.get(key, 0) * scale)
                 for key, name, text, scale in self.PREFIX_GAUGES]
         return out
+
+    def _kv_cache(self, usage: dict[str, Any]) -> list[Any]:
+        return [GaugeMetricFamily(f"{_PREFIX}kv_cache_{name}", text, value=usage.get(key) or 0)
+                for key, name, text in self.KV_GAUGES]
