@@ -54,6 +54,12 @@ def test_interference_sends_a_long_prompt_once_the_streams_run() -> None:
     assert 790 <= words(w.late.prompt) <= 800 and w.requests[-1] is w.late
 
 
+def test_the_lengths_workload_puts_one_long_prompt_beside_short_ones() -> None:
+    w = wl.lengths(words, shorts=15, long_tokens=900, new_tokens=64)
+    assert w.closed and len(w.arrivals) == 16 and w.total_tokens == 16 * 64
+    assert 890 <= words(w.arrivals[0].prompt) <= 900 and all(words(a.prompt) <= 22 for a in w.arrivals[1:])
+
+
 def _results(**medians: dict) -> dict:
     return {"workloads": {
         name: {"description": name, "contenders": {
@@ -163,6 +169,15 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     for key in ("continuous", "no_chunk"):
         median = interference[key]["median"]
         assert median["worst_gap_ms"] >= median["itl_p99_ms"] > 0 and median["long_ttft_ms"] > 0, key
+    # [h]: the long prompt beside short ones, against as many short rows plus its prefill alone;
+    # both answer every token, and the KV memory held is at least what the tokens need.
+    lengths = workloads["lengths"]["contenders"]
+    assert {"continuous", "apart"} <= set(lengths)
+    for key in ("continuous", "apart"):
+        median = lengths[key]["median"]
+        assert median["tokens"] == workloads["lengths"]["total_new_tokens"], key
+        assert median["kv_peak_bytes"] >= median["kv_peak_needed_bytes"] > 0, key
+    assert lengths["continuous"]["median"]["kv_peak_needed_bytes"] > lengths["apart"]["median"]["kv_peak_needed_bytes"]
     for name in ("burst", "mixed"):
         for key in CONTENDERS:
             median = workloads[name]["contenders"][key]["median"]
@@ -184,5 +199,5 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     assert quality["f32"]["agreement"] >= 0.99 and quality["int8" if "int8" in quality else "f32"]["agreement"] >= 0.9
     assert "greedy agreement" in out
     earlier = [t for t in results["targets"] if not t["workload"].startswith("cpu_")]
-    assert len(earlier) == 12 and all(t["ratio"] is not None for t in earlier)
+    assert len(earlier) == 14 and all(t["ratio"] is not None for t in earlier)
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,12 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..loadgen import Outcome, drive_http
 from .contenders import Contender, Run
 from .drivers import drive, interference_stats
 from .workloads import Workload
+
+KV_SAMPLE_S = 0.02  # how often a run samples the KV memory its rows hold
+
+
+async def _watch_kv(service: Any, peak: dict[str, float]) -> None:
+    """Sample the KV memory the running rows hold until cancelled; keep the most bytes held
+    and what their tokens needed then."""
+    while True:
+        usage = service.kv_cache()
+        if usage and usage["bytes_held"] > peak.get("kv_peak_bytes", 0):
+            needed = usage["tokens_held"] * usage["bytes_per_token"]
+            peak.update(kv_peak_bytes=usage["bytes_held"], kv_peak_needed_bytes=needed,
+                        kv_peak_mb=usage["bytes_held"] / 2**20, kv_peak_needed_mb=needed / 2**20)
+        await asyncio.sleep(KV_SAMPLE_S)
 
 
 def _require_ok(outcomes: list[Outcome], who: str) -> None:
@@ -55,9 +70,12 @@ class OurScheduler(Contender):
             prefill_chunk_tokens=self.prefill_chunk_tokens, prefix_cache_mb=self.prefix_cache_mb,
         ), engine_loader=lambda: self.engine)
         service.start()
+        peak: dict[str, float] = {}
+        watcher = asyncio.ensure_future(_watch_kv(service, peak))
         try:
             traces, wall = await drive(service, workload)
         finally:
+            watcher.cancel()
             await service.stop()
         failed = [t.error for t in traces if t.error]
         if failed:
@@ -70,6 +88,7 @@ class OurScheduler(Contender):
             "overhead_share": max(0.0, 1 - busy / wall) if wall else None,
             "mean_batch_size": snap["mean_batch_size"],
             "batches": len(service.collector.batches),
+            **peak,
         }
         cache = snap.get("prefix_cache") or {}
         if cache.get("enabled"):
@@ -96,6 +115,30 @@ class StandalonePrefill(OurScheduler):
         run = super().run(alone)
         run.extra["long_ttft_ms"] = run.ttft_ms[0]
         return run
+
+
+class LengthsApart(Contender):
+    """What the mixed-lengths workload should cost when a long prompt does not tax every row:
+    as many rows, all short (its short prompts, the first twice in the long one's place), as
+    one burst, plus the long prompt's prefill alone."""
+
+    name, label = "apart", "all short + the long prefill alone"
+
+    def __init__(self, engine: Any, max_batch_size: int) -> None:
+        self.shorts = OurScheduler(engine, "continuous", max_batch_size, prefix_cache_mb=0)
+        self.alone = OurScheduler(engine, "continuous", max_batch_size, prefix_cache_mb=0, prefill_chunk_tokens=0)
+
+    def supports(self, workload: Workload) -> bool:
+        return workload.name == "lengths"
+
+    def run(self, workload: Workload) -> Run:
+        long_, *shorts = workload.arrivals
+        short_run = self.shorts.run(Workload(workload.name, "short prompts only", [shorts[0], *shorts]))
+        prefill = self.alone.run(Workload(workload.name, "the long prompt", [replace(long_, max_tokens=1)]))
+        prefill_s = prefill.ttft_ms[0] / 1000
+        return Run(short_run.wall_s + prefill_s, short_run.tokens, short_run.ttft_ms, short_run.latency_ms,
+                   {"shorts_wall_s": short_run.wall_s, "long_prefill_s": prefill_s,
+                    **{k: v for k, v in short_run.extra.items() if k.startswith("kv_peak")}})
 
 
 class OverHTTP(Contender):

@@ -8,17 +8,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "hf_cb", "ceiling",
+ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "apart", "hf_cb", "ceiling",
          "http", "http_openai", "hf_serve", "llama_server",
          "f32_eager", "f32", "bf16", "int8", "llama_f32", "llama_f16", "llama_q8_0")
 TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
-          "agents": "[e] agents", "interference": "[f] interference", "cpu_burst": "[g] CPU, burst",
+          "agents": "[e] agents", "interference": "[f] interference", "lengths": "[h] mixed lengths",
+          "cpu_burst": "[g] CPU, burst",
           "cpu_alone": "[g] CPU, one at a time"}
 # Columns of a second table, for the workloads that measure more than throughput and TTFT.
 EXTRA_COLUMNS = {
     "agents": (("wall s", "wall_s", ".2f"), ("reused tok", "prefix_reused_tokens", ".0f"), ("hits", "prefix_hits", ".0f")),
     "interference": (("worst gap", "worst_gap_ms", ".1f"), ("ITL p50", "itl_p50_ms", ".1f"),
                      ("ITL p99", "itl_p99_ms", ".1f"), ("long TTFT", "long_ttft_ms", ".1f")),
+    "lengths": (("wall s", "wall_s", ".2f"), ("KV MB", "kv_peak_mb", ".1f"), ("needed", "kv_peak_needed_mb", ".1f")),
 }
 
 
@@ -51,6 +53,11 @@ TARGETS = (
            "standalone", "worst_gap_ms", "<=", 0.25, "long_ttft_ms"),
     Target("interference", "long prompt's TTFT <= 2 x its prefill alone", "continuous", "standalone",
            "long_ttft_ms", "<=", 2.0),
+    # issue 18
+    Target("lengths", "mixed lengths: wall <= 1.2 x (the short ones alone + the long prefill alone)", "continuous",
+           "apart", "wall_s", "<=", 1.2),
+    Target("lengths", "mixed lengths: KV bytes held <= 1.2 x what the tokens need (at the peak)", "continuous",
+           "continuous", "kv_peak_bytes", "<=", 1.2, "kv_peak_needed_bytes"),
     Target("http", "over HTTP+SSE >= 0.95 x in-process (tok/s)", "http", "continuous", "tokens_per_s", ">=", 0.95),
     Target("http", "ours >= 1.3 x transformers serve (tok/s, OpenAI completions)", "http_openai", "hf_serve",
            "tokens_per_s", ">=", 1.3),
@@ -155,7 +162,7 @@ def format_tables(results: dict[str, Any]) -> str:
 
 
 def format_targets(results: dict[str, Any]) -> str:
-    lines = ["", "Targets (issues 4, 12 and 14; ratios within this run):"]
+    lines = ["", "Targets (issues 4, 12, 14 and 18; ratios within this run):"]
     for t in evaluate_targets(results):
         if t["ratio"] is None:
             lines.append(f"  [ n/a ] {t['target']}: not measured")
@@ -171,7 +178,7 @@ def write_json(results: dict[str, Any], path: Path) -> None:
 
 def write_chart(results: dict[str, Any], path: Path) -> None:
     """One panel per workload: throughput (burst, mixed, HTTP), TTFT p50/p99 (open loop,
-    agents), worst stall and long-prompt TTFT (interference); one PNG."""
+    agents), worst stall and long-prompt TTFT (interference), KV memory (lengths); one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,6 +198,8 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
              "agents": ("TTFT p50 / p99", "ms", "ttft_p50_ms", "ttft_p99_ms", ("p50", "p99")),
              "interference": ("streams' worst gap / long prompt's TTFT", "ms", "worst_gap_ms", "long_ttft_ms",
                               ("worst gap", "long TTFT")),
+             "lengths": ("KV memory held / needed at the peak", "MB", "kv_peak_mb", "kv_peak_needed_mb",
+                         ("held", "needed")),
              "http": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "cpu_burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "cpu_alone": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None)}

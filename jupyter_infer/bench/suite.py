@@ -18,7 +18,7 @@ from .baselines import DecodeCeiling, Sequential, StaticBatch
 from .config import BenchConfig
 from .contenders import Contender, in_fresh_thread
 from .hf_continuous import TransformersContinuous
-from .ours import OurScheduler, OverHTTP, StandalonePrefill
+from .ours import LengthsApart, OurScheduler, OverHTTP, StandalonePrefill
 from .rounds import measure_rounds
 
 OPEN_LOOP_LOAD = 0.7  # offered load of the open-loop workload, as a share of measured capacity
@@ -59,6 +59,7 @@ class Suite:
             ({"burst", "mixed", "open", "http"}, self._measure_batching),  # open and http build on the burst
             ({"agents"}, self._measure_agents),
             ({"interference"}, self._measure_interference),
+            ({"lengths"}, self._measure_lengths),
             ({"http"}, self._measure_http),
             ({"cpu"}, self._measure_cpu),
         )
@@ -190,6 +191,17 @@ class Suite:
             OurScheduler(engine, "continuous", cfg.max_batch_size, name="no_chunk",
                          label="ours: whole prefill", prefill_chunk_tokens=0),
             StandalonePrefill(engine, cfg.max_batch_size),
+        ])
+
+    def _measure_lengths(self, setup: Setup) -> None:
+        """[h] mixed lengths: a long prompt beside short ones, against their parts alone; the
+        KV memory held against what the tokens need (issue 18)."""
+        cfg = self.config
+        lengths = wl.lengths(setup.count, *cfg.sizes["lengths"])
+        self.log(f"\n[h] lengths: {lengths.description}")
+        self._measure(lengths, [
+            OurScheduler(setup.engine, "continuous", cfg.max_batch_size, prefix_cache_mb=0),
+            LengthsApart(setup.engine, cfg.max_batch_size),
         ])
 
     def _measure_http(self, setup: Setup) -> None:

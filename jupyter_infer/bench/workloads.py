@@ -26,7 +26,7 @@ class Workload:
     ``late_after`` tokens.
     """
 
-    name: str  # burst | mixed | open | http | agents | interference
+    name: str  # burst | mixed | open | http | agents | interference | lengths
     description: str
     arrivals: list[Arrival]
     chains: list[list[Arrival]] = field(default_factory=list)
@@ -187,6 +187,18 @@ def agents(count_tokens: Callable[[str], int], k: int = 8, system_tokens: int = 
         "agents", f"{k} agents x {len(AGENT_PHASES)} rounds (reflect, tool, synthesize), a "
         f"{count_tokens(system)}-token shared system prompt, prompts up to {longest} tokens, "
         f"{new_tokens} new tokens each", [], chains=chains,
+    )
+
+
+def lengths(count_tokens: Callable[[str], int], shorts: int = 15, long_tokens: int = 900,
+            new_tokens: int = 64) -> Workload:
+    """Mixed lengths: one ``long_tokens``-token prompt beside ``shorts`` short ones, all at
+    once, ``new_tokens`` each (a planner's long history among quick tool calls)."""
+    long_prompt = fit_text(AGENT_SYSTEM + " " + " ".join(AGENT_TASKS), count_tokens, long_tokens)
+    return Workload(
+        "lengths", f"one {count_tokens(long_prompt)}-token prompt and {shorts} of ~20 tokens at once, "
+        f"{new_tokens} new tokens each",
+        [Arrival(0.0, long_prompt, new_tokens)] + [Arrival(0.0, p, new_tokens) for p in bench_prompts(count_tokens, shorts)],
     )
 
 
