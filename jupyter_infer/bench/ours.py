@@ -17,14 +17,17 @@ KV_SAMPLE_S = 0.02  # how often a run samples the KV memory its rows hold
 
 
 async def _watch_kv(service: Any, peak: dict[str, float]) -> None:
-    """Sample the KV memory the running rows hold until cancelled; keep the most bytes held
-    and what their tokens needed then."""
+    """Sample the KV memory the running rows hold until cancelled. Keep the moment they held
+    the most tokens (what their tokens needed then, and the bytes held then: the layout's
+    overhead when it matters most) and the most bytes held at any time."""
     while True:
         usage = service.kv_cache()
-        if usage and usage["bytes_held"] > peak.get("kv_peak_bytes", 0):
+        if usage:
             needed = usage["tokens_held"] * usage["bytes_per_token"]
-            peak.update(kv_peak_bytes=usage["bytes_held"], kv_peak_needed_bytes=needed,
-                        kv_peak_mb=usage["bytes_held"] / 2**20, kv_peak_needed_mb=needed / 2**20)
+            if needed and needed >= peak.get("kv_peak_needed_bytes", 0):
+                peak.update(kv_peak_bytes=usage["bytes_held"], kv_peak_needed_bytes=needed,
+                            kv_peak_mb=usage["bytes_held"] / 2**20, kv_peak_needed_mb=needed / 2**20)
+            peak["kv_max_mb"] = max(peak.get("kv_max_mb", 0.0), usage["bytes_held"] / 2**20)
         await asyncio.sleep(KV_SAMPLE_S)
 
 
@@ -138,7 +141,7 @@ class LengthsApart(Contender):
         prefill_s = prefill.ttft_ms[0] / 1000
         return Run(short_run.wall_s + prefill_s, short_run.tokens, short_run.ttft_ms, short_run.latency_ms,
                    {"shorts_wall_s": short_run.wall_s, "long_prefill_s": prefill_s,
-                    **{k: v for k, v in short_run.extra.items() if k.startswith("kv_peak")}})
+                    **{k: v for k, v in short_run.extra.items() if k.startswith("kv_")}})
 
 
 class OverHTTP(Contender):

@@ -20,7 +20,8 @@ EXTRA_COLUMNS = {
     "agents": (("wall s", "wall_s", ".2f"), ("reused tok", "prefix_reused_tokens", ".0f"), ("hits", "prefix_hits", ".0f")),
     "interference": (("worst gap", "worst_gap_ms", ".1f"), ("ITL p50", "itl_p50_ms", ".1f"),
                      ("ITL p99", "itl_p99_ms", ".1f"), ("long TTFT", "long_ttft_ms", ".1f")),
-    "lengths": (("wall s", "wall_s", ".2f"), ("KV MB", "kv_peak_mb", ".1f"), ("needed", "kv_peak_needed_mb", ".1f")),
+    "lengths": (("wall s", "wall_s", ".2f"), ("KV MB", "kv_peak_mb", ".1f"), ("needed", "kv_peak_needed_mb", ".1f"),
+                ("KV max MB", "kv_max_mb", ".1f")),
 }
 
 
@@ -56,7 +57,7 @@ TARGETS = (
     # issue 18
     Target("lengths", "mixed lengths: wall <= 1.2 x (the short ones alone + the long prefill alone)", "continuous",
            "apart", "wall_s", "<=", 1.2),
-    Target("lengths", "mixed lengths: KV bytes held <= 1.2 x what the tokens need (at the peak)", "continuous",
+    Target("lengths", "mixed lengths: KV bytes held <= 1.2 x what the tokens need (when they are most)", "continuous",
            "continuous", "kv_peak_bytes", "<=", 1.2, "kv_peak_needed_bytes"),
     Target("http", "over HTTP+SSE >= 0.95 x in-process (tok/s)", "http", "continuous", "tokens_per_s", ">=", 0.95),
     Target("http", "ours >= 1.3 x transformers serve (tok/s, OpenAI completions)", "http_openai", "hf_serve",
@@ -198,7 +199,7 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
              "agents": ("TTFT p50 / p99", "ms", "ttft_p50_ms", "ttft_p99_ms", ("p50", "p99")),
              "interference": ("streams' worst gap / long prompt's TTFT", "ms", "worst_gap_ms", "long_ttft_ms",
                               ("worst gap", "long TTFT")),
-             "lengths": ("KV memory held / needed at the peak", "MB", "kv_peak_mb", "kv_peak_needed_mb",
+             "lengths": ("KV memory held / needed, most tokens", "MB", "kv_peak_mb", "kv_peak_needed_mb",
                          ("held", "needed")),
              "http": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "cpu_burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
