@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.config import ServiceConfig
-from jupyter_infer.engine import Rows, Sampled, StepPlan, load_engine
+from jupyter_infer.engine import Rows, Sampled, StepPlan, kv_cache, load_engine
 from jupyter_infer.engine.hf import HFEngine, cpu_has_native_bf16, pick_device
 from jupyter_infer.request import Request, RequestResult, SamplingParams
 from jupyter_infer.sequence import Sequence
@@ -90,7 +90,13 @@ def step(engine: HFEngine, plan: StepPlan, batch):
 def prefill(engine: HFEngine, seqs: list[Sequence]):
     """The newcomers' first tokens, and their batch."""
     sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
-    return sampled, rows.decoding
+    return sampled, dense(rows.decoding)
+
+
+def dense(batch):
+    """The one dense bucket of the decoding rows (rows of similar lengths share one)."""
+    [only] = batch.buckets
+    return only
 
 
 def ids(seqs: list[Sequence]) -> list[str]:
@@ -106,10 +112,10 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
     longest = max(seqs, key=lambda s: s.num_prompt_tokens)
     rest = [s for s in seqs if s is not longest]
     batch = step(engine, StepPlan(3, "decode", rest, ids(rest)), batch)
-    assert batch.ids == ids(rest) and len(batch.samplers) == 2
+    assert batch.ids == ids(rest) and len(dense(batch).samplers) == 2
     width = max(s.num_prompt_tokens for s in rest) + 2  # prompt + the two tokens fed back so far
-    assert batch.mask.shape == (2, width)
-    for layer in batch.cache.layers:
+    assert dense(batch).mask.shape == (2, width)
+    for layer in dense(batch).cache.layers:
         assert layer.keys.shape[0] == 2 and layer.keys.shape[2] == width
     for _ in range(7):
         batch = step(engine, StepPlan(4, "decode", rest, ids(rest)), batch)
@@ -190,13 +196,13 @@ def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_di
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:2]]
     batch = step(engine, StepPlan(1, "prefill", seqs), None)
     batch = step(engine, StepPlan(2, "decode", seqs, ids(seqs)), batch)
-    layer = batch.cache.layers[0]
-    buffers = layer._key_buf.data_ptr(), batch.mask.data_ptr()
+    layer = dense(batch).cache.layers[0]
+    buffers = layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()
     for n in range(3, 8):
         batch = step(engine, StepPlan(n, "decode", seqs, ids(seqs)), batch)
     # Keys, values and the mask grow in place: a decode step copies neither.
-    assert (layer._key_buf.data_ptr(), batch.mask.data_ptr()) == buffers
-    assert layer.keys.shape[2] == batch.mask.shape[1]  # one column per token fed so far
+    assert (layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()) == buffers
+    assert layer.keys.shape[2] == dense(batch).mask.shape[1]  # one column per token fed so far
 
 
 # -- prefix caching and chunked prefill: the same greedy tokens --------------------------------
@@ -280,7 +286,7 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     while not first.tokens[0]:  # 16 tokens a step, continuing the row, until the prompt is in
         first, rows = engine.step(StepPlan(1, "prefill", [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
         seq.num_computed = first.computed[0] if first.computed else seq.num_prompt_tokens
-    row = rows.decoding
+    row = dense(rows.decoding)
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
     assert hot_tokens.tokens == cold_tokens.tokens and first.tokens == cold_tokens.tokens[:1]
     assert hot.positions.tolist() == cold.positions.tolist() and row.positions.tolist() == cold.positions.tolist()[:1]
@@ -296,7 +302,7 @@ def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir:
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
     batch = step(engine, StepPlan(1, "prefill", [a, b]), None)
     batch = step(engine, StepPlan(2, "prefill", [c], ids([a, b])), batch)  # c joins
-    layer = batch.cache.layers[0]
+    layer = dense(batch).cache.layers[0]
     merged = layer._key_buf.data_ptr()
     batch = step(engine, StepPlan(3, "decode", [a, b, c], ids([a, b, c])), batch)
     # The join wrote into a buffer with spare room: the decode after it copied nothing.
@@ -304,7 +310,7 @@ def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir:
     batch = batch.filter(ids([a, c]))  # b leaves
     kept = layer._key_buf.data_ptr()
     batch = step(engine, StepPlan(4, "decode", [a, c], ids([a, c])), batch)
-    assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == batch.mask.shape[1]
+    assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == dense(batch).mask.shape[1]
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
@@ -384,10 +390,71 @@ def test_the_engine_reports_the_kv_memory_its_rows_hold(tiny_model_dir: Path) ->
     usage = engine.kv_usage(Rows(batch))
     assert usage.bytes_per_token == per_token
     assert usage.tokens_held == short.num_prompt_tokens + long_.num_prompt_tokens
-    width = batch.mask.shape[1]
+    width = dense(batch).mask.shape[1]
     assert usage.bytes_held >= 2 * width * per_token  # both rows as long as the longest
     assert usage.waste_ratio > 1.5
     batch = step(engine, StepPlan(2, "decode", [short], [short.id]), batch)  # the long row left
     after = engine.kv_usage(Rows(batch))
     assert after.tokens_held == short.num_prompt_tokens + 1 and after.bytes_held < usage.bytes_held / 2
     assert engine.kv_usage(None).bytes_held == 0 and engine.kv_usage(None).waste_ratio is None
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(request, model_fixture: str) -> None:
+    """Short prompts joining a long one (or the other way round) get a bucket of their own
+    when padding them to its length costs more than a second read of the weights; the
+    greedy tokens are still generate's, and the KV held is what the rows need, about."""
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    engine.weight_bytes = 50 * engine.kv_bytes_per_token  # a forward costs what 50 padded columns do
+    long_, shorts = _seq(engine, SYSTEM * 3, 6), [_seq(engine, p, 6) for p in PROMPTS[:3]]
+    batch = step(engine, StepPlan(1, "prefill", [long_]), None)
+    batch = step(engine, StepPlan(2, "prefill", shorts, [long_.id]), batch)
+    assert [b.ids for b in batch.buckets] == [[long_.id], ids(shorts)]
+    everyone = [long_, *shorts]
+    usage = engine.kv_usage(Rows(batch))
+    # One dense batch would hold every short row at the long one's length (and spare room).
+    padded = len(everyone) * (long_.num_prompt_tokens + kv_cache.SPARE_COLUMNS) * usage.bytes_per_token
+    assert usage.bytes_held < 0.6 * padded
+    for n in range(3, 8):  # the plan's order is the order they joined; the answers come back in it
+        batch = step(engine, StepPlan(n, "decode", everyone, ids(everyone)), batch)
+    for seq in everyone:
+        assert seq.output_ids[:6] == reference(model_dir, seq.request.prompt, 6), seq.request.prompt
+    # The long row leaves: the short ones are one bucket, as they were.
+    batch = step(engine, StepPlan(9, "decode", shorts, ids(shorts)), batch)
+    assert [b.ids for b in batch.buckets] == [ids(shorts)]
+
+
+def test_equal_prompts_and_late_joiners_of_similar_length_share_one_bucket(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
+    batch = step(engine, StepPlan(1, "prefill", [a, b]), None)
+    batch = step(engine, StepPlan(2, "prefill", [c], ids([a, b])), batch)
+    assert len(batch.buckets) == 1 and batch.ids == ids([a, b, c])
+
+
+def test_buckets_merge_when_the_rows_that_kept_them_apart_leave(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    weights, engine.weight_bytes = engine.weight_bytes, 50 * engine.kv_bytes_per_token
+    long_, short, other = _seq(engine, SYSTEM * 3, 8), _seq(engine, PROMPTS[0], 8), _seq(engine, PROMPTS[1], 8)
+    batch = step(engine, StepPlan(1, "prefill", [long_, other]), None)  # padded together: one bucket
+    batch = step(engine, StepPlan(2, "prefill", [short], ids([long_, other])), batch)
+    assert len(batch.buckets) == 2
+    batch.weight_bytes = weights  # now a second read of the weights costs what it does
+    engine_rows = batch.filter(ids([other, short]))  # the long row leaves: its padding goes
+    assert [b.ids for b in engine_rows.buckets] == [ids([other, short])]
+
+
+def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_model_dir: Path) -> None:
+    """Buckets hold rows out of the order they joined; a step answers in the plan's order."""
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    engine.weight_bytes = 50 * engine.kv_bytes_per_token  # a forward costs what 50 padded columns do
+    a, long_, c = _seq(engine, PROMPTS[0], 6), _seq(engine, SYSTEM * 3, 6), _seq(engine, PROMPTS[1], 6)
+    batch = step(engine, StepPlan(1, "prefill", [a]), None)
+    batch = step(engine, StepPlan(2, "prefill", [long_], [a.id]), batch)
+    batch = step(engine, StepPlan(3, "prefill", [c], ids([a, long_])), batch)
+    assert [b.ids for b in batch.buckets] == [ids([a, c]), [long_.id]]
+    for n in range(4, 9):
+        batch = step(engine, StepPlan(n, "decode", [a, long_, c], ids([a, long_, c])), batch)
+    for seq in (a, long_, c):
+        assert seq.output_ids[:6] == reference(tiny_model_dir, seq.request.prompt, 6), seq.request.prompt

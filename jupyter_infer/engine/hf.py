@@ -17,17 +17,18 @@ import json
 import logging
 import os
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from ..errors import InvalidRequest
 from . import kv_cache
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
+from .buckets import Buckets
 from .cpu_linear import QUANTIZE, LinearReport, cpu_flags, int8_available, swap_linears
+from .hf_batch import HFBatch, left_pad_rows
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, prompt_logprobs, sample
 
@@ -89,72 +90,6 @@ def default_num_threads() -> int:
     return cores if cores <= 4 else cores - 2
 
 
-def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows as one left-padded batch (on the CPU): ids and attention mask."""
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        mask[i, width - len(row) :] = 1
-    return ids, mask
-
-
-@dataclass
-class HFBatch:
-    """The running rows: ids, KV cache, attention mask, next positions, last tokens, samplers."""
-
-    ids: list[str]
-    cache: DynamicCache
-    mask: torch.Tensor  # [rows, cache_len] 1 = real token
-    positions: torch.Tensor  # [rows] position id of the next token
-    last: torch.Tensor  # [rows] the token to feed next
-    samplers: list[RowSampler]  # per row: how it chooses its tokens
-    _mask_buf: torch.Tensor | None = None  # ``mask`` is a view of it, with spare columns
-
-    def filter(self, ids: list[str]) -> HFBatch | None:
-        if not ids:
-            return None
-        row = {row_id: i for i, row_id in enumerate(self.ids)}
-        keep = [row[i] for i in ids]
-        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        mask = self.mask[index]
-        # Columns that only departed rows used are pure padding now: trim them.
-        start = int(mask.any(dim=0).nonzero()[0])
-        kv_cache.select_rows(self.cache, index, start)
-        self.ids = list(ids)
-        self.mask, self._mask_buf = mask[:, start:], None
-        self.positions = self.positions[index]
-        self.last = self.last[index]
-        self.samplers = [self.samplers[i] for i in keep]
-        return self
-
-    def concatenate(self, other: HFBatch) -> HFBatch:
-        """Rows of ``other`` after these, both left-padded to one cache length."""
-        width = max(self.mask.shape[1], other.mask.shape[1])
-        return HFBatch(
-            ids=self.ids + other.ids,
-            cache=kv_cache.merge(self.cache, other.cache, width),
-            mask=torch.cat([kv_cache.left_pad(self.mask, width, 1), kv_cache.left_pad(other.mask, width, 1)]),
-            positions=torch.cat([self.positions, other.positions]),
-            last=torch.cat([self.last, other.last]),
-            samplers=self.samplers + other.samplers,
-        )
-
-    def extend_mask(self) -> torch.Tensor:
-        """The mask with one more real-token column, written in place into spare room (a
-        ``torch.cat`` of the whole mask every step would copy it all)."""
-        rows, length = self.mask.shape
-        buf = self._mask_buf
-        if buf is None or buf.shape[1] <= length:
-            buf = self.mask.new_zeros((rows, length + 1 + kv_cache.SPARE_COLUMNS))
-            buf[:, :length] = self.mask
-            self._mask_buf = buf
-        buf[:, length] = 1
-        self.mask = buf[:, : length + 1]
-        return self.mask
-
-
 class HFEngine(Engine):
     def __init__(
         self,
@@ -183,6 +118,10 @@ class HFEngine(Engine):
         ).to(self.device)
         self.model.eval()
         parameters = sum(p.numel() for p in self.model.parameters())
+        # What one forward reads of the weights (int8 keeps a quarter of float32's): the cost
+        # of one more length bucket's decode step (buckets.py).
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.weight_bytes = weight_bytes // 4 if quantize != "none" else weight_bytes
         linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
         if self.device == "cpu":
             linears = swap_linears(self.model, prepack=prepack_weights, quantize=quantize)
@@ -202,6 +141,7 @@ class HFEngine(Engine):
         # small chunks would only add steps.
         self.prefill_chunk_tokens = (64 if self.device == "cpu" else 512) if self._reusable else 0
         self.configure_prefix_cache(prefix_cache_mb)
+        self.kv_bytes_per_token = kv_cache.bytes_per_token(config, torch_dtype)
         max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
         self.info = EngineInfo(
             engine="hf",
@@ -253,10 +193,17 @@ class HFEngine(Engine):
             sampled, row = self._prefill_chunk(seq, partial.get(seq.id), num_scheduled[0])
             rest = {i: r for i, r in partial.items() if i != seq.id}
             if sampled.tokens[0]:
-                return sampled, row, rest
+                return sampled, self._buckets(row), rest
             return sampled, None, {**rest, seq.id: row}
         sampled, batch = self._prefill_whole(seqs)
-        return sampled, batch, partial
+        return sampled, self._buckets(batch), partial
+
+    def _buckets(self, batch: HFBatch) -> Buckets:
+        """Newly complete rows, as the decoding rows hold them: a group of very different
+        lengths is split already (``concatenate`` regroups them with the rows running)."""
+        buckets = Buckets([batch], self.weight_bytes, self.kv_bytes_per_token)
+        buckets.rebalance()
+        return buckets
 
     @torch.inference_mode()
     def _prefill_whole(self, seqs: list[Sequence]) -> tuple[Sampled, HFBatch]:
@@ -363,11 +310,11 @@ class HFEngine(Engine):
             self.prefix_cache = PrefixCache(int(megabytes * 2**20))
 
     def kv_usage(self, rows: Rows | None) -> KVUsage:
-        batches = [] if rows is None else [b for b in (rows.decoding, *rows.prefilling.values()) if b is not None]
+        batches = [] if rows is None else [*(rows.decoding or ()), *rows.prefilling.values()]
         return KVUsage(
             bytes_held=sum(kv_cache.bytes_held(b.cache) for b in batches),
             tokens_held=sum(int(b.mask.sum()) for b in batches),
-            bytes_per_token=kv_cache.bytes_per_token(self.model.config, self.model.dtype),
+            bytes_per_token=self.kv_bytes_per_token,
         )
 
     def prefix_cache_stats(self) -> dict[str, Any] | None:
@@ -377,7 +324,21 @@ class HFEngine(Engine):
         return self.prefix_cache.stats()
 
     @torch.inference_mode()
-    def decode(self, batch: HFBatch, seqs: list[Sequence]) -> Sampled:
+    def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
+        """One forward per length bucket; the tokens in the plan's order."""
+        parts = [self._decode_bucket(bucket) for bucket in batch]
+        if len(parts) == 1 and batch.ids == [s.id for s in seqs]:
+            return parts[0]
+        tokens, logprobs = {}, {}
+        for bucket, part in zip(batch, parts, strict=True):
+            for row, row_id in enumerate(bucket.ids):
+                tokens[row_id] = part.tokens[row]
+                logprobs[row_id] = part.logprobs[row] if part.logprobs else None
+        asked = any(part.logprobs for part in parts)
+        return Sampled([tokens[s.id] for s in seqs], [logprobs[s.id] for s in seqs] if asked else None)
+
+    @torch.inference_mode()
+    def _decode_bucket(self, batch: HFBatch) -> Sampled:
         out = self.model(
             input_ids=batch.last[:, None],
             attention_mask=batch.extend_mask(),

@@ -11,6 +11,8 @@ the cache when rows join or leave, not three (pad, concatenate, re-buffer at the
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -161,6 +163,13 @@ def merge(running: DynamicCache, newcomers: DynamicCache, width: int) -> Dynamic
             buffers.append(buf)
         old.adopt(*buffers, width)
     return running
+
+
+def shallow_copy(cache: DynamicCache) -> DynamicCache:
+    """A cache object of its own over the same tensors: ``select_rows`` on it leaves this one be."""
+    clone = copy.copy(cache)
+    clone.layers = [copy.copy(layer) for layer in cache.layers]
+    return clone
 
 
 def select_rows(cache: DynamicCache, index: torch.Tensor, start: int) -> None:

@@ -1,0 +1,93 @@
+"""The rows of a Hugging Face model as one dense value, TGI's ``CausalLMBatch``: a KV cache
+left-padded to one length, each row's attention mask, next position, last token and sampler.
+``concatenate`` (rows join: both caches left-padded to one length) and ``filter`` (rows leave;
+columns only padding uses are trimmed) are the two operations on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from . import kv_cache
+from .sampling import RowSampler
+
+
+def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one left-padded batch (on the CPU): ids and attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+@dataclass
+class HFBatch:
+    """The running rows: ids, KV cache, attention mask, next positions, last tokens, samplers."""
+
+    ids: list[str]
+    cache: DynamicCache
+    mask: torch.Tensor  # [rows, cache_len] 1 = real token
+    positions: torch.Tensor  # [rows] position id of the next token
+    last: torch.Tensor  # [rows] the token to feed next
+    samplers: list[RowSampler]  # per row: how it chooses its tokens
+    _mask_buf: torch.Tensor | None = None  # ``mask`` is a view of it, with spare columns
+
+    def filter(self, ids: list[str]) -> HFBatch | None:
+        if not ids:
+            return None
+        row = {row_id: i for i, row_id in enumerate(self.ids)}
+        keep = [row[i] for i in ids]
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        mask = self.mask[index]
+        # Columns that only departed rows used are pure padding now: trim them.
+        start = int(mask.any(dim=0).nonzero()[0])
+        kv_cache.select_rows(self.cache, index, start)
+        self.ids = list(ids)
+        self.mask, self._mask_buf = mask[:, start:], None
+        self.positions = self.positions[index]
+        self.last = self.last[index]
+        self.samplers = [self.samplers[i] for i in keep]
+        return self
+
+    def take(self, ids: list[str]) -> HFBatch:
+        """A new batch of the rows in ``ids`` (this one unchanged): ``filter`` on a copy."""
+        clone = HFBatch(list(self.ids), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
+                        list(self.samplers))
+        return clone.filter(ids)
+
+    def widths(self) -> list[int]:
+        """Each row's length in the cache: from its first real column to the end."""
+        first = self.mask.argmax(dim=1)  # left padding: the first 1 of each row
+        return (self.mask.shape[1] - first).tolist()
+
+    def concatenate(self, other: HFBatch) -> HFBatch:
+        """Rows of ``other`` after these, both left-padded to one cache length."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        return HFBatch(
+            ids=self.ids + other.ids,
+            cache=kv_cache.merge(self.cache, other.cache, width),
+            mask=torch.cat([kv_cache.left_pad(self.mask, width, 1), kv_cache.left_pad(other.mask, width, 1)]),
+            positions=torch.cat([self.positions, other.positions]),
+            last=torch.cat([self.last, other.last]),
+            samplers=self.samplers + other.samplers,
+        )
+
+    def extend_mask(self) -> torch.Tensor:
+        """The mask with one more real-token column, written in place into spare room (a
+        ``torch.cat`` of the whole mask every step would copy it all)."""
+        rows, length = self.mask.shape
+        buf = self._mask_buf
+        if buf is None or buf.shape[1] <= length:
+            buf = self.mask.new_zeros((rows, length + 1 + kv_cache.SPARE_COLUMNS))
+            buf[:, :length] = self.mask
+            self._mask_buf = buf
+        buf[:, length] = 1
+        self.mask = buf[:, : length + 1]
+        return self.mask
