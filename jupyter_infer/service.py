@@ -170,13 +170,13 @@ class InferenceService:
     def prefix_cache(self) -> dict[str, Any] | None:
         """The engine's prefix cache: on or off, memory, hits, misses, reused tokens
         (``None`` while no engine is loaded, or for an engine without one)."""
-        return self._loop.snapshot().prefix_cache
+        return self._loop.prefix_cache()
 
     def kv_cache(self) -> dict[str, Any] | None:
         """What the running rows hold in KV memory: bytes held, real tokens, bytes per token,
         and the waste ratio (padding and spare room; 1.0 is none). ``None`` for an engine
         that keeps no KV here (simulated, upstream)."""
-        return self._loop.snapshot().kv_cache
+        return self._loop.kv_cache()
 
     def subscribe(self) -> Subscription:
         """Live lifecycle events (``infer/events``); ``TooManySubscribers`` over the cap."""

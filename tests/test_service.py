@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from server_helpers import eventually
 
 from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine.simulated import SimulatedEngine
@@ -349,19 +350,12 @@ async def test_a_cancel_during_a_routers_fallback_reaches_the_fallback() -> None
     router.start()
     await router.backends["first"].wait_ready(10)
     stream = await router.submit(req("POISON: fails on the first backend", max_tokens=200))
-    await eventually_true(lambda: router.fallbacks["first->second"] == 1)
+    await eventually(lambda: router.fallbacks["first->second"] == 1)
     assert router.cancel(stream.id)  # the request is between its two backends
     loaded.set()
     result = await asyncio.wait_for(stream.result(), 10)
     assert result.finish_reason == "cancelled" and result.completion_tokens < 200
     await router.stop()
-
-
-async def eventually_true(check, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "still false"
-        await asyncio.sleep(0.005)
 
 
 async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole() -> None:
@@ -390,11 +384,11 @@ async def test_a_cancelled_prompt_part_way_through_its_prefill_frees_its_rows_at
     s = await started(fast_engine(token_delay_ms=(30, 30)), prefill_chunk_tokens=4, idle_admit_delay_ms=0)
     short = await s.submit(req("hi", max_tokens=30))
     loop = s._loop
-    await eventually_true(lambda: loop.counts()[1] == 1 and short.done is False)
+    await eventually(lambda: loop.counts()[1] == 1 and short.done is False)
     long_ = await s.submit(req("Explain continuous batching, chunked prefill and the KV cache in depth", max_tokens=2))
-    await eventually_true(lambda: loop._rows is not None and long_.id in loop._rows.prefilling)
+    await eventually(lambda: loop._rows is not None and long_.id in loop._rows.prefilling)
     s.cancel(long_.id)
     s.cancel(short.id)
-    await eventually_true(lambda: loop.counts() == (0, 0))
+    await eventually(lambda: loop.counts() == (0, 0))
     assert loop._rows is None or not loop._rows.prefilling
     await s.stop()

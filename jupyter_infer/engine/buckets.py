@@ -72,12 +72,11 @@ class Buckets:
         when what that saves per step repays the copy within ``REPAY_STEPS``."""
         if len(self.buckets) == 1 and self.step_cost(*self.buckets[0].mask.shape) <= self.weight_bytes * 2:
             return  # one bucket whose padding cannot pay for a second forward: the common case
-        rows = sorted((w, i, row_id) for i, b in enumerate(self.buckets) for row_id, w in zip(b.ids, b.widths(),
-                                                                                             strict=True))
-        groups = self._cheapest_groups([w for w, _, _ in rows])
+        rows = sorted((w, row_id) for b in self.buckets for row_id, w in zip(b.ids, b.widths(), strict=True))
+        groups = self._cheapest_groups([w for w, _ in rows])
         now = sum(self.step_cost(*b.mask.shape) for b in self.buckets)
         best = sum(self.step_cost(len(g), rows[g[-1]][0]) for g in groups)
-        wanted = [frozenset(rows[k][2] for k in g) for g in groups]
+        wanted = [frozenset(rows[k][1] for k in g) for g in groups]
         have = {frozenset(b.ids) for b in self.buckets}
         # What regrouping copies: the KV of the buckets that are new.
         moved = sum(self.step_cost(len(g), rows[g[-1]][0]) - self.weight_bytes

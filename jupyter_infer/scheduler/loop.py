@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..engine import Engine, EngineInfo, Rows, StepPlan
 from ..limits import check_model, check_token_ids
@@ -92,14 +92,19 @@ class EngineLoop(RequestLoop):
         return self.engine
 
     # -- views ------------------------------------------------------------------------------
+    def prefix_cache(self) -> dict[str, Any] | None:
+        return self.engine.prefix_cache_stats() if self.engine is not None else None
+
+    def kv_cache(self) -> dict[str, Any] | None:
+        # Read while a step may run on the engine thread: a gauge, off by a step at most.
+        usage = self.engine.kv_usage(self._rows) if self.engine is not None else None
+        return usage.to_json() if usage is not None else None
+
     def snapshot(self) -> LoopSnapshot:
         snap = super().snapshot()
         engine = self.engine
         if engine is not None:
-            snap.prefix_cache = engine.prefix_cache_stats()
-            # Read while a step may run on the engine thread: a gauge, off by a step at most.
-            usage = engine.kv_usage(self._rows)
-            snap.kv_cache = usage.to_json() if usage is not None else None
+            snap.prefix_cache, snap.kv_cache = self.prefix_cache(), self.kv_cache()
             snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.max_token_chars,
                                                                            engine.info.max_context)
         return snap
@@ -163,8 +168,8 @@ class EngineLoop(RequestLoop):
         rows = self._rows
         if rows is None:
             return
-        live = {s.id for s in self.scheduler.running}
-        if not live:
+        if not self.scheduler.running:
             self._rows = None
         elif rows.prefilling:
+            live = {s.id for s in self.scheduler.running}
             rows.prefilling = {i: row for i, row in rows.prefilling.items() if i in live}

@@ -157,6 +157,14 @@ class RequestLoop(abc.ABC):
         core = self.scheduler
         return (len(core.waiting), len(core.running)) if core is not None else (0, 0)
 
+    def prefix_cache(self) -> dict[str, Any] | None:
+        """The engine's prefix cache stats (``None``: no engine here, or not loaded)."""
+        return None
+
+    def kv_cache(self) -> dict[str, Any] | None:
+        """What the running rows hold in KV memory (``None``: no KV kept here)."""
+        return None
+
     def snapshot(self) -> LoopSnapshot:
         core = self.scheduler
         if core is None:

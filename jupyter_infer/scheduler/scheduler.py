@@ -216,12 +216,8 @@ class Scheduler:
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
             if plan.kind == "prefill":
-                if tokens:  # the prompt is complete: its first token came
-                    seq.num_computed = len(seq.prompt_ids)
-                elif sampled.computed is not None:
-                    seq.num_computed = sampled.computed[row]
-                else:  # an engine that does not say: as far as the plan went
-                    seq.num_computed = min(len(seq.prompt_ids), seq.num_computed + plan.num_scheduled[row])
+                # Complete: its first token came; else the engine says how far it got.
+                seq.num_computed = len(seq.prompt_ids) if tokens else sampled.computed[row]
                 if sampled.prompt_logprobs is not None and sampled.prompt_logprobs[row] is not None:
                     seq.prompt_logprobs = sampled.prompt_logprobs[row]
             else:

@@ -124,7 +124,6 @@ class UpstreamLoop(RequestLoop):
     def snapshot(self) -> LoopSnapshot:
         snap = super().snapshot()
         snap.status = {"upstream": self.server.describe(), "timeline": TIMELINE}
-        snap.limits["max_prompt_chars"] = None
         return snap
 
     # -- the loop ---------------------------------------------------------------------------
