@@ -58,6 +58,8 @@ class ServiceConfig:
     prefill_chunk_tokens: int | None = None
     # -- the engine's prefix cache --------------------------------------------------------------
     prefix_cache_mb: float = 512.0  # KV of recent prompt prefixes, reused by later prompts; 0: off
+    # -- structured outputs ---------------------------------------------------------------------
+    grammar_timeout_s: float = 10.0  # a constraint that takes longer to compile is refused (400)
     # -- records and live events -----------------------------------------------------------------
     keep_records: int = 1000
     max_event_subscribers: int = 64
@@ -116,6 +118,8 @@ class ServiceConfig:
             fail("num_threads", "0 (auto) or more")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 0:
             fail("prefill_chunk_tokens", "0 (prefill prompts whole) or more")
+        if not 0 < self.grammar_timeout_s < math.inf:
+            fail("grammar_timeout_s", "above 0")
         for name in ("batch_window_ms", "idle_admit_delay_ms", "simulated_prefill_ms_per_token", "prefix_cache_mb"):
             if not getattr(self, name) >= 0 or math.isinf(getattr(self, name)):  # NaN fails too
                 fail(name, "0 or more")

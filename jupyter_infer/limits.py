@@ -106,6 +106,10 @@ class Limits:
                 f"model's context of {max_context} tokens; ask for at most {max(room, 0)} tokens "
                 "or shorten the prompt.", param="max_tokens",
             )
+        if params.constraint is not None and (params.ignore_eos or params.min_tokens):
+            # The grammar decides where a constrained answer ends (EOS is all it allows once
+            # complete), so neither may hold it open.
+            request = replace(request, params=replace(params, ignore_eos=False, min_tokens=0))
         return request
 
 

@@ -7,13 +7,14 @@ client) rejects the same bad input with the same message, before anything is enq
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import reprlib
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .errors import InvalidRequest
 
@@ -59,6 +60,31 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex[:12]}"
 
 
+ConstraintKind = Literal["json_object", "json_schema", "regex", "choice", "grammar", "tools"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The answer must match ``spec``: a JSON schema (JSON text, its keys in the order sent,
+    which is the order the answer's keys come in; ``{}`` for any object), a regex, a JSON
+    list of choices, a grammar (Lark or GBNF) or a tool set (JSON: ``tools``, ``choice``,
+    ``parallel``). ``name`` is the schema's name, as sent."""
+
+    kind: ConstraintKind
+    spec: str
+    name: str | None = None
+
+    @property
+    def value(self) -> Any:
+        """``spec`` as the client sent it (parsed back from JSON where it is JSON)."""
+        return self.spec if self.kind in ("regex", "grammar") else json.loads(self.spec)
+
+    def describe(self) -> str:
+        """What it asks for, in words (error messages)."""
+        return {"json_object": "a JSON object", "json_schema": "JSON matching a schema", "regex": "a regex",
+                "choice": "one of the choices", "grammar": "a grammar", "tools": "tool calls"}[self.kind]
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy decoding; ``max_tokens=None``
@@ -87,6 +113,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # The answer must match it (``constraints/``): a schema, regex, choice, grammar or tools.
+    constraint: Constraint | None = None
 
     @property
     def greedy(self) -> bool:

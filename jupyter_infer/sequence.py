@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from typing import Any
 
 from .metrics import RequestRecord
 from .request import Request, RequestResult, SamplingParams, TokenLogprob
@@ -44,6 +45,9 @@ class Sequence:
             request.arrival,
         )
         self.upstream_tokens: int | None = None  # tokens an upstream server generated for it
+        # The compiled constraint of a structured answer (``constraints.grammar.Grammar``):
+        # the engine gives the row its own matcher from it.
+        self.grammar: Any = None
         self.text = ""  # text released to the caller so far
         self._decoded = ""  # text of all output tokens (may hold back a stop-string prefix)
         self._prefix_offset = 0

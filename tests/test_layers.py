@@ -93,6 +93,7 @@ def test_there_are_no_import_circles() -> None:
     ("scheduler", ["upstream", "service", "services", "loops", "router", "server", "client"]),
     ("sequence", ["engine", "scheduler", "service", "server", "client"]),
     ("request", ["engine", "scheduler", "sequence", "service", "server", "client"]),
+    ("constraints", ["engine", "scheduler", "sequence", "upstream", "service", "router", "server", "client"]),
     ("upstream", ["service", "services", "loops", "router", "server", "client"]),
     ("service", ["router", "services", "server", "client"]),
     ("router", ["services", "server", "client"]),

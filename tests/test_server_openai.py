@@ -216,9 +216,9 @@ async def test_chat_logprobs_and_n(client: openai.AsyncOpenAI, stream: bool) -> 
 async def test_unknown_fields_are_ignored_and_named(client: openai.AsyncOpenAI) -> None:
     raw = await client.completions.with_raw_response.create(
         model="default", prompt="hi", max_tokens=3, temperature=0,
-        extra_body={"top_k": 5, "wibble": 1, "guided_json": None, "min_p": 0.1},
+        extra_body={"top_k": 5, "wibble": 1, "guided_decoding_backend": None, "min_p": 0.1},
     )
-    assert raw.headers["x-ignored-fields"] == "guided_json, min_p, wibble"
+    assert raw.headers["x-ignored-fields"] == "guided_decoding_backend, min_p, wibble"
     assert raw.parse().choices[0].text is not None
     chat = await client.chat.completions.with_raw_response.create(
         model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=2, user="me",
@@ -309,9 +309,11 @@ async def test_chat_completion_whole_and_streamed(client: openai.AsyncOpenAI) ->
         ("chat/completions", {"messages": []}, "messages", "non-empty list"),
         ("chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages", "role"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
+                              "tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice",
+         "not among the request's tools"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                              "response_format": {"type": "json_object"}}, "response_format", "text"),
+                              "response_format": {"type": "xml"}}, "response_format", "Unsupported response_format"),
         ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "messages", "text parts"),
     ],

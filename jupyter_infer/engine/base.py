@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
+    from ..constraints.grammar import GrammarCompiler
     from ..request import TokenLogprob
     from ..sequence import Sequence
 
@@ -173,6 +174,9 @@ class Engine(abc.ABC):
     # ``max_prompt_tokens * max_token_chars`` cannot fit: the service refuses it before
     # spending any time tokenizing it.
     max_token_chars: int | None = None
+    # Compiles the constraints of structured outputs for this engine's tokenizer (``None``:
+    # this engine cannot constrain its answers, and such requests are refused).
+    grammars: GrammarCompiler | None = None
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from ..constraints.grammar import GrammarCompiler, masks_beside
 from ..errors import InvalidRequest
 from . import kv_cache
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
@@ -30,7 +31,7 @@ from .buckets import Buckets
 from .cpu_linear import QUANTIZE, LinearReport, cpu_flags, int8_available, swap_linears
 from .hf_batch import HFBatch, left_pad_rows
 from .prefix_cache import PrefixCache
-from .sampling import RowSampler, prompt_logprobs, sample
+from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
@@ -133,6 +134,7 @@ class HFEngine(Engine):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
         self.max_token_chars = longest_token_chars(self.tokenizer)
+        self.grammars = GrammarCompiler.for_hf(self.tokenizer, int(config.vocab_size), self.eos_token_ids)
         # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
         # attends to the whole past; sliding-window layers would need their window kept.
         self._reusable = kv_cache.reusable(config)
@@ -224,6 +226,8 @@ class HFEngine(Engine):
         input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
         config = self.model.config
         cache = kv_cache.with_past(config, [kv for _, kv in matches], width) if width else kv_cache.new_cache(config)
+        samplers = [self._sampler(s) for s in seqs]
+        masks = masks_beside(grammar_rows(samplers), self.grammars.vocab)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -241,7 +245,8 @@ class HFEngine(Engine):
                 self.prefix_cache.insert(seq.prompt_ids, len(seq.prompt_ids), lambda a, b, row=row, n=n, rest=rest: (
                     kv_cache.row_kv(out.cache, row, width - n + a, width - n + b) if b <= n
                     else kv_cache.row_kv(out.cache, row, total - rest + a - n, total - rest + b - n)))
-        samplers = [self._sampler(s) for s in seqs]
+        if masks is not None:
+            masks.result()
         sampled = sample(out.logits[:, -1, :], samplers)
         if echo:
             sampled.prompt_logprobs = [None] * len(seqs)
@@ -339,6 +344,7 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _decode_bucket(self, batch: HFBatch) -> Sampled:
+        masks = masks_beside(grammar_rows(batch.samplers), self.grammars.vocab)
         out = self.model(
             input_ids=batch.last[:, None],
             attention_mask=batch.extend_mask(),
@@ -346,6 +352,8 @@ class HFEngine(Engine):
             cache=batch.cache,
             use_cache=True,
         )
+        if masks is not None:
+            masks.result()
         sampled = sample(out.logits[:, -1, :], batch.samplers)
         batch.cache = out.cache
         batch.positions = batch.positions + 1
@@ -353,7 +361,7 @@ class HFEngine(Engine):
         return sampled
 
     def _sampler(self, seq: Sequence) -> RowSampler:
-        return RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device)
+        return RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device, seq.grammar)
 
 
 # Normalizers that never make a text shorter; any other one might (NFC composes "e" and a

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..constraints.grammar import Grammar, GrammarRow
 from ..request import SamplingParams, TokenLogprob
 from .base import Sampled
 from .logits_processors import LogitsProcessor, processors_for
@@ -50,7 +51,9 @@ class RowSampler:
     @classmethod
     def build(
         cls, params: SamplingParams, prompt_ids: Seq[int], eos_ids: frozenset[int], device: str = "cpu",
+        grammar: Grammar | None = None,
     ) -> RowSampler:
+        """``grammar``: the row's constraint, compiled; its matcher masks last."""
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=device)
@@ -58,7 +61,15 @@ class RowSampler:
                 generator.manual_seed(params.seed)
             else:
                 generator.seed()
-        return cls(params, generator, processors_for(params, prompt_ids, eos_ids))
+        processors = processors_for(params, prompt_ids, eos_ids)
+        if grammar is not None:
+            processors.append(grammar.row())
+        return cls(params, generator, processors)
+
+    @property
+    def grammar(self) -> GrammarRow | None:
+        last = self.processors[-1] if self.processors else None
+        return last if isinstance(last, GrammarRow) else None
 
     @property
     def plain(self) -> bool:
@@ -85,6 +96,11 @@ class RowSampler:
             processor.advance(tokens)
         if any(p.spent for p in self.processors):  # min_tokens reached: nothing left to mask
             self.processors = [p for p in self.processors if not p.spent]
+
+
+def grammar_rows(samplers: Seq[RowSampler]) -> list[GrammarRow]:
+    """The grammar states of the constrained rows (their masks are computed beside the forward)."""
+    return [s.grammar for s in samplers if s.grammar is not None]
 
 
 def sample(logits: torch.Tensor, samplers: Seq[RowSampler]) -> Sampled:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..constraints.grammar import GrammarCompiler, GrammarRow
 from ..request import TokenLogprob
 from .base import Engine, EngineInfo, Sampled
 from .simulated_answers import compose_answer
@@ -32,21 +33,27 @@ if TYPE_CHECKING:
 
 @dataclass
 class SimulatedBatch:
-    """The running rows: their ids and the token ids of the answer each one is reading out."""
+    """The running rows: their ids, the token ids of the answer each one is reading out, and
+    for a constrained row its grammar state and how far into its answer it has read."""
 
     ids: list[str]
     answers: list[list[int]]
+    grammars: list[GrammarRow | None] = field(default_factory=list)
+    read: list[int] = field(default_factory=list)
 
     def filter(self, ids: list[str]) -> SimulatedBatch | None:
         if not ids:
             return None
         row = {row_id: i for i, row_id in enumerate(self.ids)}
         self.answers = [self.answers[row[i]] for i in ids]
+        self.grammars = [self.grammars[row[i]] for i in ids]
+        self.read = [self.read[row[i]] for i in ids]
         self.ids = list(ids)
         return self
 
     def concatenate(self, other: SimulatedBatch) -> SimulatedBatch:
-        return SimulatedBatch(self.ids + other.ids, self.answers + other.answers)
+        return SimulatedBatch(self.ids + other.ids, self.answers + other.answers, self.grammars + other.grammars,
+                              self.read + other.read)
 
 
 @dataclass
@@ -83,6 +90,11 @@ class SimulatedEngine(Engine):
         self._rng = random.Random(seed)
         self._tokenizer = knowledge_tokenizer()  # fixed and shared: prompts cannot grow it
         self.max_token_chars = self._tokenizer.longest_piece
+        tokens = self._tokenizer.token_bytes()
+        self.grammars = GrammarCompiler.for_tokens(
+            tokens, lambda data: self._tokenizer.tokenize(data.decode("utf-8", "replace")), EOS_ID)
+        # A constrained row that cannot read on in its answer closes what it opened.
+        self._closers = [EOS_ID, *(self._tokenizer.tokenize(c)[0] for c in ('"', "}", "]"))]
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenizer.tokenize(text)
@@ -117,8 +129,10 @@ class SimulatedEngine(Engine):
         batch = SimulatedBatch(
             [s.id for s in seqs],
             [self.tokenize(compose_answer(s.request.prompt, self._seed_for(s))) for s in seqs],
+            [s.grammar.row() if s.grammar is not None else None for s in seqs],
+            [0] * len(seqs),
         )
-        sampled = self._sampled([_next(a, 0, s) for a, s in zip(batch.answers, seqs, strict=True)], seqs)
+        sampled = self._sampled(self._tokens(batch, seqs), seqs)
         if any(s.params.prompt_logprobs is not None for s in seqs):
             sampled.prompt_logprobs = [
                 None if s.params.prompt_logprobs is None else
@@ -129,9 +143,32 @@ class SimulatedEngine(Engine):
 
     def decode(self, batch: SimulatedBatch, seqs: list[Sequence]) -> Sampled:
         self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
-        return self._sampled(
-            [_next(answer, len(seq.output_ids), seq) for answer, seq in zip(batch.answers, seqs, strict=True)], seqs
-        )
+        return self._sampled(self._tokens(batch, seqs), seqs)
+
+    def _tokens(self, batch: SimulatedBatch, seqs: list[Sequence]) -> list[int]:
+        tokens = []
+        for row, seq in enumerate(seqs):
+            grammar = batch.grammars[row]
+            if grammar is None:
+                tokens.append(_next(batch.answers[row], len(seq.output_ids), seq))
+                continue
+            token = self._allowed_next(grammar, batch, row)
+            grammar.advance((token,))
+            tokens.append(token)
+        return tokens
+
+    def _allowed_next(self, grammar: GrammarRow, batch: SimulatedBatch, row: int) -> int:
+        """A constrained row's token: its answer's next one where the grammar allows it, else
+        the first closer (EOS, a quote, a brace, a bracket) it allows, else the lowest id."""
+        allowed = grammar.allowed(self.vocab_size)
+        answer, read = batch.answers[row], batch.read[row]
+        if read < len(answer) and allowed[answer[read]]:
+            batch.read[row] += 1
+            return answer[read]
+        for token in self._closers:
+            if allowed[token]:
+                return token
+        return int(allowed.nonzero()[0]) if allowed.any() else EOS_ID
 
     def _sampled(self, tokens: list[int], seqs: list[Sequence]) -> Sampled:
         if all(s.params.logprobs is None for s in seqs):

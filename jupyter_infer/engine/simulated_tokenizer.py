@@ -57,6 +57,10 @@ class ByteFallbackTokenizer:
         """The most characters one id stands for (a spelled letter pair or byte is shorter)."""
         return max(map(len, self._pieces))
 
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes (EOS: none), for a grammar library's view of the vocabulary."""
+        return [b"", *(bytes([b]) for b in range(256)), *(p.encode() for p in self._pieces)]
+
     def tokenize(self, text: str) -> list[int]:
         ids: list[int] = []
         known = self._ids.get

@@ -17,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..constraints.grammar import Grammar, compile_in_time
 from ..engine import Engine, EngineInfo, Rows, StepPlan
+from ..errors import InvalidRequest
 from ..limits import check_model, check_token_ids
 from ..request import TokenEvent
 from ..sequence import Sequence
@@ -27,7 +29,7 @@ from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig
-    from ..request import Request
+    from ..request import Constraint, Request
     from .recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,17 @@ class EngineLoop(RequestLoop):
         if self.check_model:
             check_model(request, engine.info)
         request = limits.check(request, len(prompt_ids), engine.info.max_context)
-        return Sequence(request, prompt_ids)
+        seq = Sequence(request, prompt_ids)
+        if request.params.constraint is not None:
+            seq.grammar = await self._grammar(request.params.constraint)
+        return seq
+
+    async def _grammar(self, constraint: Constraint) -> Grammar:
+        """The compiled constraint, waited for here, before the queue: no step waits on it."""
+        if self.engine.grammars is None:
+            raise InvalidRequest(f"The {self.engine.info.engine} engine cannot constrain its answers "
+                                 f"({constraint.describe()}).")
+        return await compile_in_time(self.engine.grammars, constraint, self.config.grammar_timeout_s)
 
     def tokenizer(self) -> Engine:
         return self.engine

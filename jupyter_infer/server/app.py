@@ -188,6 +188,10 @@ class InferApp(ExtensionApp):
         30.0, help="""Seconds a client may take to send a request body; a slower one (e.g. a byte a
         second) is answered 408 Request Timeout and disconnected."""
     ).tag(config=True)
+    grammar_timeout_s = Float(
+        D("grammar_timeout_s"), help="""Seconds a structured-output constraint (JSON schema, regex, grammar,
+        tools) may take to compile; a slower one is refused with 400. Compiled constraints are cached."""
+    ).tag(config=True)
     max_event_subscribers = Int(
         D("max_event_subscribers"), help="Most live infer/events subscribers at once; more are refused with 429."
     ).tag(config=True)

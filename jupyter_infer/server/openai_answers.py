@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..constraints.tools import CallDelta, parse_calls
 from ..engine import EngineInfo
 from ..errors import InferError
 from ..request import RequestResult, TokenLogprob
@@ -47,8 +48,11 @@ def models_list(info: EngineInfo, created: int) -> dict[str, Any]:
 
 
 # -- answers ---------------------------------------------------------------------------------------
-def finish_reason(result: RequestResult) -> str:
-    return "length" if result.finish_reason == "length" else "stop"
+def finish_reason(result: RequestResult, called: bool = False) -> str:
+    """OpenAI's: ``length``, ``tool_calls`` (the answer is calls, not to a named tool), ``stop``."""
+    if result.finish_reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def _floor(value: float) -> float:
@@ -95,6 +99,11 @@ class Shaper:
             choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result), "logprobs": None}
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
+                if self.call.tools is not None:
+                    content, calls = parse_calls(result.text)
+                    if calls and result.finish_reason != "length":
+                        choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                        choice["finish_reason"] = finish_reason(result, called=not self.call.tools.named)
                 if self.call.logprobs is not None:
                     choice["logprobs"] = self.chat_logprobs(result.logprobs or ())
             else:
@@ -173,6 +182,23 @@ class Shaper:
         if self.call.include_usage or self.call.continuous_usage:
             out["usage"] = usage
         return out
+
+    def call_chunks(self, index: int, deltas: list[CallDelta], usage: dict[str, int] | None = None) -> list[dict[str, Any]]:
+        """Stream chunks for the pieces of a tool-set answer: text as ``content``; a call's
+        first delta with its ``index``, ``id``, ``type`` and ``name``, then ``arguments`` pieces."""
+        chunks = []
+        for d in deltas:
+            if d.content is not None:
+                chunks.append(self.chunk(index, d.content, usage=usage))
+                continue
+            entry: dict[str, Any] = {"index": d.index, "function": {"arguments": d.arguments or ""}}
+            if d.id is not None:
+                entry = {"index": d.index, "id": d.id, "type": "function",
+                         "function": {"name": d.name, "arguments": d.arguments or ""}}
+            chunk = self.chunk(index, None, usage=usage)
+            chunk["choices"][0]["delta"]["tool_calls"] = [entry]
+            chunks.append(chunk)
+        return chunks
 
     def event_logprobs(self, records: tuple[TokenLogprob, ...], offset: int = 0) -> dict[str, Any] | None:
         """The logprobs of one chunk's tokens, in the route's shape (None if not asked);

@@ -12,6 +12,7 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
+from ..constraints.tools import CallParser
 from ..errors import InferError, InvalidRequest, NotFound
 from ..metrics import wall
 from ..request import RequestResult, TokenEvent, show
@@ -92,6 +93,8 @@ class OpenAIHandler(InferHandler):
         chars = [0] * len(streams)  # text sent so far, per choice (logprobs' text_offset)
         records = [0] * len(streams)  # logprob records sent so far, per choice
         opened = [chat] * len(streams)  # completions: the echo chunk is sent (chat: role chunk)
+        # A chat with tools: each choice's text is read as calls or content as it comes.
+        parsers = [CallParser() for _ in streams] if call.tools is not None else None
 
         def data(obj: Any) -> str:
             return format_event(json.dumps(obj))
@@ -117,6 +120,8 @@ class OpenAIHandler(InferHandler):
                 records[i] += len(event.logprobs)
                 lp = shape.event_logprobs(event.logprobs, chars[i])
                 chars[i] += len(event.text)
+                if parsers is not None:
+                    return text + "".join(map(data, shape.call_chunks(i, parsers[i].feed(event.text), usage(i))))
                 if event.text or lp is not None:
                     text += data(shape.chunk(i, event.text, logprobs=lp, usage=usage(i)))
                 return text
@@ -124,8 +129,12 @@ class OpenAIHandler(InferHandler):
             tokens[i] = event.completion_tokens
             rest = (event.logprobs or ())[records[i]:]
             lp = shape.event_logprobs(rest, chars[i]) if rest else None
-            return text + data(shape.chunk(i, None if chat else "", finish_reason=openai_answers.finish_reason(event),
-                                           logprobs=lp, usage=usage(i)))
+            called = False
+            if parsers is not None:
+                text += "".join(map(data, shape.call_chunks(i, parsers[i].finish(), usage(i))))
+                called = bool(parsers[i].calls) and not call.tools.named
+            reason = openai_answers.finish_reason(event, called=called)
+            return text + data(shape.chunk(i, None if chat else "", finish_reason=reason, logprobs=lp, usage=usage(i)))
 
         self.start_event_stream()
         if chat and not await self.send("".join(

@@ -4,8 +4,9 @@
 Tolerant as vLLM is: a field this server does not act on is ignored (logged once per name,
 and named in the ``X-Ignored-Fields`` header of the answer), never a 400. Fields that change
 the answer are implemented (sampling extras, ``n``, several prompts, token-id prompts,
-``logprobs``, ``echo``); the few it cannot honour (tools, JSON response formats, ``suffix``,
-``best_of`` above ``n``) are refused with a 400 that says so, never silently dropped.
+``logprobs``, ``echo``, structured outputs and tool calls: ``constraints/``); the few it
+cannot honour (``suffix``, ``best_of`` above ``n``) are refused with a 400 that says so,
+never silently dropped.
 Each choice becomes its own ``Request``, so the choices of one call batch together.
 """
 
@@ -16,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..constraints import spec as constraint_spec
+from ..constraints.tools import ToolSet, call_text
 from ..engine import EngineInfo
 from ..errors import InvalidRequest
 from ..request import (
@@ -33,15 +36,14 @@ log = logging.getLogger(__name__)
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-         "tool": "user", "function": "user"}
+         "tool": "user", "function": "user"}  # a tool's result is the user's turn, in <tool_response>
 
 # Fields each route acts on, or accepts knowing they change nothing (user, metadata, ...).
-_COMMON = SAMPLING_FIELDS | {"model", "stream", "stream_options", "n", "user", "metadata", "store",
-                             "service_tier"}
+_COMMON = SAMPLING_FIELDS | constraint_spec.CONSTRAINT_FIELDS | {
+    "model", "stream", "stream_options", "n", "user", "metadata", "store", "service_tier"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix", "max_completion_tokens"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                         "response_format", "tools", "tool_choice", "parallel_tool_calls",
-                         "functions", "function_call"}
+                         "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}
 _logged_ignored: set[str] = set()  # at most _LOG_IGNORED_MAX names: a client may send any
 _LOG_IGNORED_MAX = 100
 
@@ -64,6 +66,7 @@ class OpenAIRequest:
     echo: bool = False
     logprobs: int | None = None  # alternatives per token; None: no logprobs
     ignored: list[str] = field(default_factory=list)
+    tools: ToolSet | None = None  # the answer may be tool calls (chat)
 
 
 def ignored_fields(body: Mapping[str, Any], allowed: set[str]) -> list[str]:
@@ -212,7 +215,8 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
         sampling, max_new_tokens=max_new_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
         default_temperature=OPENAI_DEFAULT_TEMPERATURE,
     )
-    params = replace(params, logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
+    params = replace(params, logprobs=logprobs, prompt_logprobs=logprobs if echo else None,
+                     constraint=constraint_spec.from_body(body))
 
     def make(prompt: str | list[int], p: SamplingParams) -> Request:
         if isinstance(prompt, str):
@@ -242,6 +246,29 @@ def _message_text(message: Mapping[str, Any], index: int) -> str:
     raise InvalidRequest(f"messages[{index}].content must be a string.", param="messages")
 
 
+def _calls_text(calls: Any, index: int) -> list[str]:
+    """An assistant message's ``tool_calls``, as the model wrote them (``tools.call_text``)."""
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"messages[{index}].tool_calls must be a list.", param="messages")
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequest(f"messages[{index}].tool_calls: each call needs a function name.", param="messages")
+        arguments = fn.get("arguments") or "{}"
+        if not isinstance(arguments, str):
+            raise InvalidRequest(f"messages[{index}].tool_calls: 'arguments' is a JSON string.", param="messages")
+        out.append(call_text(fn["name"], arguments))
+    return out
+
+
+def _with_tools(chat: list[dict[str, str]], tools: ToolSet) -> list[dict[str, str]]:
+    """The tools described to the model in the system message (built-in format, any model)."""
+    if chat[0]["role"] == "system":
+        return [{"role": "system", "content": chat[0]["content"] + "\n\n" + tools.system_prompt()}, *chat[1:]]
+    return [{"role": "system", "content": tools.system_prompt()}, *chat]
+
+
 def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     """Chat ``messages`` as ``{role, content}`` text (roles mapped to the template's)."""
     messages = body.get("messages")
@@ -256,9 +283,12 @@ def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
             raise InvalidRequest(
                 f"messages[{i}].role is {show(role)}; supported roles: {', '.join(ROLES)}.", param="messages"
             )
-        if message.get("tool_calls"):
-            raise InvalidRequest("Tool calls are not supported by this server.", param="messages")
-        chat.append({"role": ROLES[role], "content": _message_text(message, i)})
+        text = _message_text(message, i)
+        if role in ("tool", "function"):
+            text = f"<tool_response>\n{text}\n</tool_response>"
+        elif role == "assistant" and message.get("tool_calls"):
+            text = "\n".join([text, *_calls_text(message["tool_calls"], i)]).lstrip("\n")
+        chat.append({"role": ROLES[role], "content": text})
     if not any(m["content"].strip() for m in chat):
         raise InvalidRequest("All messages are empty: send some text.", param="messages")
     return chat
@@ -272,14 +302,14 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     model = _check_model(body, info)
     stream, include_usage, continuous = _check_stream(body)
     n = _check_n(body, max_choices)
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise InvalidRequest("Only response_format {\"type\": \"text\"} is supported.", param="response_format")
-    for name in ("tools", "functions"):
-        _refuse_unless(body, name, (None, []), "tool calling is not supported by this server")
-    for name in ("tool_choice", "function_call"):
-        _refuse_unless(body, name, (None, "none", "auto"), "tool calling is not supported by this server")
+    constraint = constraint_spec.from_body(body)
+    tools = ToolSet.from_body(body)
+    if tools is not None and constraint is not None:
+        raise InvalidRequest("A call with tools cannot also constrain its text (response_format, structured "
+                             "outputs): send one or the other.", param="response_format")
     chat = parse_messages(body)
+    if tools is not None:
+        chat, constraint = _with_tools(chat, tools), tools.constraint()
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise InvalidRequest("'logprobs' must be true or false (top_logprobs says how many).", param="logprobs")
@@ -293,10 +323,10 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
         sampling, max_new_tokens=max_new_tokens, default_max_tokens=None,
         default_temperature=OPENAI_DEFAULT_TEMPERATURE,
     )
-    params = replace(params, logprobs=top if logprobs else None)
+    params = replace(params, logprobs=top if logprobs else None, constraint=constraint)
 
     def make(messages: list[dict[str, str]], p: SamplingParams) -> Request:
         return _requested(Request(prompt="", messages=[dict(m) for m in messages], params=p), body)
 
     return OpenAIRequest(_choices([chat], n, params, make, max_choices), model, stream, include_usage,
-                         continuous, n, False, top if logprobs else None, ignored)
+                         continuous, n, False, top if logprobs else None, ignored, tools)

@@ -1,0 +1,236 @@
+"""Grammars from constraints, and the per-row state that masks a row's logits: the one module
+that knows the grammar library (llguidance; docs/structured-outputs.md says why it won).
+
+``GrammarCompiler`` turns a ``Constraint`` into a ``Grammar`` once per (kind, spec) (a small
+LRU cache): compiling drops the GIL, so the loop runs it on a worker thread with a time
+limit. Each constrained row gets its own ``GrammarRow`` (a copy of the compiled matcher),
+which the engine's ``RowSampler`` holds as a logits processor: ``mask`` keeps the tokens
+the grammar allows (EOS once it is complete), ``advance`` consumes the chosen ones, and
+``forced`` names the tokens the grammar allows no alternative to (fast-forward).
+``compute_masks`` fills the masks of many rows at once, in parallel and off the GIL, so
+the engine runs it while the model's forward runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence as Seq
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import llguidance
+import numpy as np
+import torch
+from llguidance.gbnf_to_lark import gbnf_to_lark
+
+from ..errors import InvalidRequest
+from .spec import Constraint
+
+log = logging.getLogger(__name__)
+CACHE_SIZE = 256  # compiled grammars kept (by kind and spec)
+# Compact JSON (no free whitespace): fewer tokens, and a random model cannot pad forever.
+JSON_OPTIONS = {"whitespace_flexible": False}
+# Bounds on the work one grammar may cost (llguidance's own fuel), below its defaults so
+# that a hostile grammar is refused rather than slowing every step of its batch.
+LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_items=50_000,
+              max_grammar_size=500_000, verbose_errors=False)
+
+
+def grammar_text(constraint: Constraint) -> str:
+    """The llguidance grammar of a constraint (tools: ``tools.py`` has built it already)."""
+    kind, spec = constraint.kind, constraint.spec
+    if kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+    if kind == "json_schema":
+        return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_OPTIONS)
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec)
+    if kind == "choice":
+        alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(spec))
+        return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+    if kind == "grammar":
+        lark = gbnf_to_lark(spec) if "::=" in spec else spec  # GBNF (llama.cpp's, vLLM's) or Lark
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    if kind == "tools":
+        from .tools import ToolSet  # the tool set's grammar is a Lark grammar of calls
+
+        return llguidance.LLMatcher.grammar_from_lark(ToolSet.from_constraint(constraint).lark())
+    raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+class Grammar:
+    """A compiled grammar: a matcher in its start state, copied for every row that uses it."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, constraint: Constraint) -> None:
+        self._matcher = matcher
+        self.constraint = constraint
+
+    def row(self) -> GrammarRow:
+        return GrammarRow(self._matcher.deep_copy())
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer (``hf``: a transformers fast tokenizer; or
+    ``tokens``: each id's bytes, for the simulated engine). ``vocab`` is the logits' width."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer, vocab: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+        self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
+        self._lock = threading.Lock()  # compiles run on worker threads
+        self.compiled = 0
+
+    @classmethod
+    def for_hf(cls, hf_tokenizer: Any, vocab: int, eos_ids: Seq[int]) -> GrammarCompiler:
+        import llguidance.hf
+
+        return cls(llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab, eos_token=sorted(eos_ids)), vocab)
+
+    @classmethod
+    def for_tokens(cls, tokens: Seq[bytes], encode: Any, eos_id: int) -> GrammarCompiler:
+        """A tokenizer given as each id's bytes and an ``encode(bytes) -> ids``."""
+
+        class _Tokens:  # what llguidance's TokenizerWrapper reads
+            eos_token_id, bos_token_id = eos_id, None
+
+            def __init__(self) -> None:
+                self.tokens = list(tokens)
+
+            def __call__(self, data: bytes) -> list[int]:
+                return encode(data)
+
+        wrapper = llguidance.TokenizerWrapper(_Tokens())
+        return cls(llguidance.LLTokenizer(wrapper, n_vocab=len(tokens)), len(tokens))
+
+    def compile(self, constraint: Constraint) -> Grammar:
+        """The grammar of ``constraint`` (cached); ``InvalidRequest`` naming the constraint's
+        field when it does not compile. Runs the library's compiler (GIL released)."""
+        key = (constraint.kind, constraint.spec)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        try:
+            text = grammar_text(constraint)
+        except (ValueError, TypeError) as err:
+            raise InvalidRequest(f"The {constraint.describe()} constraint is not valid: {err}.") from None
+        matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
+        if matcher.is_error():
+            raise InvalidRequest(f"The {constraint.describe()} constraint cannot be enforced: "
+                                 f"{_first_line(matcher.get_error())}")
+        grammar = Grammar(matcher, constraint)
+        with self._lock:
+            self._cache[key] = grammar
+            self.compiled += 1
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def stats(self) -> dict[str, int]:
+        return {"compiled": self.compiled, "cached": len(self._cache)}
+
+
+def _first_line(message: str) -> str:
+    line = message.strip().splitlines()[0] if message.strip() else "the grammar library refused it"
+    return line[:300]
+
+
+class GrammarRow:
+    """One row's grammar state, a logits processor (``logits_processors.LogitsProcessor``).
+    ``mask`` uses the mask ``compute_masks`` filled for this step, or computes it."""
+
+    spent = False  # a grammar masks every token of the row, to its end
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+        self._bits: np.ndarray | None = None  # this step's mask, packed (int32 words)
+        self.tokens = 0  # tokens consumed so far
+        self.forwarded = 0  # of those, tokens appended without sampling (fast-forward)
+
+    @property
+    def error(self) -> str | None:
+        return _first_line(self.matcher.get_error()) if self.matcher.is_error() else None
+
+    @property
+    def done(self) -> bool:
+        """Complete: only EOS may follow."""
+        return self.matcher.is_stopped()
+
+    def fill(self, words: int) -> None:
+        bits = np.empty(words, dtype=np.int32)
+        self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        self._bits = bits
+
+    def allowed(self, vocab: int) -> torch.Tensor:
+        """The tokens the grammar allows next (a bool tensor of ``vocab``)."""
+        if self._bits is None:
+            self.fill((vocab + 31) // 32)
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab]
+        return torch.from_numpy(bits.astype(bool))
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        allowed = self.allowed(logits.shape[-1]).to(logits.device)
+        return logits.masked_fill_(~allowed, float("-inf"))
+
+    def advance(self, tokens: Seq[int]) -> None:
+        self._bits = None
+        for token in tokens:
+            if not self.matcher.consume_token(token):
+                log.warning("jupyter_infer: a grammar refused a token it had allowed: %s", self.error)
+                return
+        self.tokens += len(tokens)
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar allows no alternative to, from here (fast-forward)."""
+        if self.matcher.is_stopped() or self.matcher.is_error():
+            return []
+        return list(self.matcher.compute_ff_tokens())
+
+
+_executor: llguidance.LLExecutor | None = None
+
+
+def compute_masks(rows: Seq[GrammarRow], vocab: int) -> None:
+    """Fill the masks of ``rows`` for this step, in parallel on llguidance's threads (the GIL
+    is released: the engine runs this beside the model's forward)."""
+    global _executor
+    if not rows:
+        return
+    if _executor is None:
+        _executor = llguidance.LLExecutor(num_threads=2)
+    words = (vocab + 31) // 32
+    bits = np.empty((len(rows), words), dtype=np.int32)
+    _executor.unsafe_compute_mask_ptr([(r.matcher, i) for i, r in enumerate(rows)], bits.ctypes.data,
+                                      words * 4, len(rows))
+    for i, row in enumerate(rows):
+        row._bits = bits[i]
+
+
+_beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jupyter-infer-masks")
+
+
+def masks_beside(rows: Seq[GrammarRow], vocab: int) -> Future | None:
+    """Start filling the masks of ``rows`` on a worker thread (``None``: no row has a
+    grammar, nothing to wait for); the caller runs its forward meanwhile and waits on the
+    future before sampling."""
+    return _beside.submit(compute_masks, list(rows), vocab) if rows else None
+
+
+_compiling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="jupyter-infer-grammar")
+
+
+async def compile_in_time(compiler: GrammarCompiler, constraint: Constraint, timeout: float) -> Grammar:
+    """``compiler.compile(constraint)`` on a worker thread, never on the event loop; a 400
+    when it takes longer than ``timeout`` seconds (its thread finishes on its own, bounded
+    by the library's fuel limits, and the result is cached for the next request)."""
+    future = asyncio.get_running_loop().run_in_executor(_compiling, compiler.compile, constraint)
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), timeout)
+    except asyncio.TimeoutError:
+        raise InvalidRequest(
+            f"The {constraint.describe()} constraint did not compile within {timeout:g} s "
+            "(InferApp.grammar_timeout_s); simplify it.") from None

@@ -1,0 +1,133 @@
+"""What a request constrains its answer to, read from the fields clients send.
+
+One ``Constraint`` per request at most, from any of the spellings in use: OpenAI's
+``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs``
+(``json``, ``regex``, ``choice``, ``grammar``) and its older ``guided_json``,
+``guided_regex``, ``guided_choice``, ``guided_grammar``, and this server's native
+``json_schema``, ``regex``, ``choice``, ``grammar``. Tool calls (``tools.py``) are a
+constraint too. A ``Constraint`` is a value (kind and text), so it can key a
+compile cache and be sent on to an upstream server as the client sent it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import InvalidRequest
+from ..request import Constraint, show
+
+MAX_SPEC_CHARS = 256 * 1024  # a schema, grammar or tool list this long is refused before compiling
+MAX_CHOICES = 10_000
+
+# vLLM's names → ours; the native API takes the short names as top-level fields.
+_VLLM_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+              "json_object": "json_object"}
+_GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}
+NATIVE_FIELDS = ("json_schema", "regex", "choice", "grammar")
+CONSTRAINT_FIELDS = {"response_format", "structured_outputs", *_GUIDED}
+
+
+def _text(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"'{param}' must be a non-empty string; got {show(value)}.", param=param)
+    return _bounded(value, param)
+
+
+def _bounded(text: str, param: str) -> str:
+    if len(text) > MAX_SPEC_CHARS:
+        raise InvalidRequest(f"'{param}' is {len(text):,} characters; this server takes at most "
+                             f"{MAX_SPEC_CHARS:,} for a constraint.", param=param)
+    return text
+
+
+def schema_constraint(schema: Any, param: str, name: str | None = None) -> Constraint:
+    """A JSON schema as sent (an object, or JSON text of one; ``true`` means any JSON)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise InvalidRequest(f"'{param}' is not valid JSON: send a JSON schema object.", param=param) from None
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"'{param}' must be a JSON schema (an object); got {show(schema)}.", param=param)
+    return Constraint("json_schema", _bounded(json.dumps(schema), param), name)
+
+
+def choice_constraint(choices: Any, param: str) -> Constraint:
+    if (not isinstance(choices, list) or not choices or len(choices) > MAX_CHOICES
+            or not all(isinstance(c, str) and c for c in choices)):
+        raise InvalidRequest(f"'{param}' must be a list of 1 to {MAX_CHOICES:,} non-empty strings.", param=param)
+    return Constraint("choice", _bounded(json.dumps(list(dict.fromkeys(choices))), param))
+
+
+def _of_kind(kind: str, value: Any, param: str) -> Constraint:
+    if kind == "json_schema":
+        return schema_constraint(value, param)
+    if kind == "json_object":
+        if value not in (True, None, {}):
+            raise InvalidRequest(f"'{param}' must be true.", param=param)
+        return Constraint("json_object", "{}")
+    if kind == "choice":
+        return choice_constraint(value, param)
+    return Constraint(kind, _text(value, param))  # regex, grammar: checked when compiled
+
+
+def response_format(value: Any) -> Constraint | None:
+    """OpenAI's ``response_format``: ``text`` (none), ``json_object``, or ``json_schema``
+    with ``{name, schema, strict}``."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Constraint("json_object", "{}")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec and "name" not in spec:
+            raise InvalidRequest("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}.",
+                                 param="response_format")
+        name = spec.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InvalidRequest("'response_format.json_schema.name' must be a string.", param="response_format")
+        return schema_constraint(spec.get("schema", {}), "response_format.json_schema.schema", name)
+    raise InvalidRequest(
+        f"Unsupported response_format {show(value)}: use {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
+        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}.", param="response_format",
+    )
+
+
+def from_body(body: Mapping[str, Any], *, native: bool = False) -> Constraint | None:
+    """The one constraint a request body asks for (``None``: none); two at once is a 400.
+    ``native``: the native API's top-level ``json_schema``, ``regex``, ``choice``, ``grammar``."""
+    found: list[tuple[str, Constraint]] = []
+    rf = response_format(body.get("response_format")) if "response_format" in body else None
+    if rf is not None:
+        found.append(("response_format", rf))
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise InvalidRequest("'structured_outputs' must be an object such as {\"json\": {...}}.",
+                                 param="structured_outputs")
+        for key, value in so.items():
+            if key in _VLLM_KEYS and value is not None:
+                found.append((f"structured_outputs.{key}", _of_kind(_VLLM_KEYS[key], value, f"structured_outputs.{key}")))
+            elif key not in ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
+                             "backend", "structural_tag") and value is not None:
+                raise InvalidRequest(f"Unsupported structured_outputs field {show(key)}: use json, regex, choice, "
+                                     "grammar or json_object.", param="structured_outputs")
+    for key, kind in _GUIDED.items():
+        if body.get(key) is not None:
+            found.append((key, _of_kind(kind, body[key], key)))
+    if native:
+        for key in NATIVE_FIELDS:
+            if body.get(key) is not None:
+                found.append((key, _of_kind(key, body[key], key)))
+    if len(found) > 1:
+        names = ", ".join(n for n, _ in found)
+        raise InvalidRequest(f"One constraint per request: this one sends {names}.", param=found[1][0])
+    return found[0][1] if found else None

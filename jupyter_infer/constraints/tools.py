@@ -1,0 +1,246 @@
+"""Tool calls on any model: the tools in the prompt, a grammar for the calls, and the calls
+read back out of the text (whole, or streamed as OpenAI streams them).
+
+The format is Hermes' (Qwen's, many others'): one ``<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>`` per call, in compact JSON, the name first. ``tool_choice`` decides the
+grammar: ``required`` and a named function are constrained from the first token (the name
+is one of the declared ones and the arguments fit that tool's schema); ``auto`` allows
+either text (which then may not open with ``<``) or calls; ``none`` constrains nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidRequest
+from ..request import show
+from .spec import MAX_SPEC_CHARS, Constraint
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_HEAD = re.compile(r'<tool_call>\{"name":"([A-Za-z0-9_.-]{1,64})","arguments":')
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_TOOLS = 512
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass
+class ToolSet:
+    """The tools a chat offers and how it may call them (``choice``: ``auto``,
+    ``required``, or a tool's name)."""
+
+    tools: list[Tool]
+    choice: str = "auto"
+    parallel: bool = True
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ToolSet | None:
+        """``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (or the legacy ``functions``
+        / ``function_call``); ``None`` when there are none or the choice is ``none``."""
+        legacy = body.get("tools") is None and body.get("functions") is not None
+        raw = body.get("functions") if legacy else body.get("tools")
+        choice = body.get("function_call") if legacy else body.get("tool_choice")
+        if raw is None or raw == []:
+            if choice not in (None, "none", "auto"):
+                raise InvalidRequest("'tool_choice' names a tool, but the request has no 'tools'.", param="tool_choice")
+            return None
+        tools = _tools(raw, legacy)
+        choice = _choice(choice, {t.name for t in tools}, legacy)
+        if choice == "none":
+            return None
+        parallel = body.get("parallel_tool_calls", True)
+        if not isinstance(parallel, bool):
+            raise InvalidRequest("'parallel_tool_calls' must be true or false.", param="parallel_tool_calls")
+        return cls(tools, choice, parallel and not legacy)
+
+    @classmethod
+    def from_constraint(cls, constraint: Constraint) -> ToolSet:
+        value = constraint.value
+        return cls([Tool(**t) for t in value["tools"]], value["choice"], value["parallel"])
+
+    def constraint(self) -> Constraint:
+        spec = {"tools": [t.__dict__ for t in self.tools], "choice": self.choice, "parallel": self.parallel}
+        return Constraint("tools", json.dumps(spec))
+
+    @property
+    def named(self) -> bool:
+        return self.choice not in ("auto", "required")
+
+    def lark(self) -> str:
+        """The grammar of this set's answers (llguidance's Lark, with ``%json`` schemas)."""
+        tools = [t for t in self.tools if not self.named or t.name == self.choice]
+        rules = [f"t{i}: %json{json.dumps(_call_schema(t))}" for i, t in enumerate(tools)]
+        call = f'call: "{OPEN}" ({" | ".join(f"t{i}" for i in range(len(tools)))}) "{CLOSE}"'
+        calls = 'calls: call ("\\n" call)*' if self.parallel and not self.named else "calls: call"
+        start = "start: calls | TEXT\nTEXT: /[^<](.|\\n)*/" if self.choice == "auto" else "start: calls"
+        return "\n".join([start, calls, call, *rules])
+
+    def system_prompt(self) -> str:
+        listed = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
+                           for t in self.tools)
+        return ("You can call these tools (each with a JSON Schema of its arguments):\n" + listed +
+                f"\nTo call a tool, answer with {OPEN}{{\"name\": <tool name>, \"arguments\": <arguments object>}}"
+                f"{CLOSE}, one per call, and nothing else.")
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    """One call's JSON: the name (this tool's) first, then its arguments. The arguments'
+    ``$defs`` move to the root, where their ``#/$defs/...`` references point."""
+    params = dict(tool.parameters)
+    defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": params},
+            "required": ["name", "arguments"], "additionalProperties": False,
+            "x-guidance": {"whitespace_flexible": False}, **defs}
+
+
+def _tools(raw: Any, legacy: bool) -> list[Tool]:
+    param = "functions" if legacy else "tools"
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise InvalidRequest(f"'{param}' must be a list of at most {MAX_TOOLS} tools.", param=param)
+    if len(json.dumps(raw)) > MAX_SPEC_CHARS:
+        raise InvalidRequest(f"'{param}' is over {MAX_SPEC_CHARS:,} characters of JSON.", param=param)
+    tools, names = [], set()
+    for i, item in enumerate(raw):
+        fn = item if legacy else (item.get("function") if isinstance(item, dict) else None)
+        if not legacy and (not isinstance(item, dict) or item.get("type", "function") != "function"):
+            raise InvalidRequest(f"{param}[{i}] must be {{\"type\": \"function\", \"function\": {{...}}}}; "
+                                 "only function tools are supported.", param=param)
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
+            raise InvalidRequest(f"{param}[{i}] needs a function 'name' of 1 to 64 letters, digits, '_', '.' "
+                                 "or '-'.", param=param)
+        if fn["name"] in names:
+            raise InvalidRequest(f"Two tools are named {fn['name']!r}.", param=param)
+        parameters = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise InvalidRequest(f"{param}[{i}].parameters must be a JSON schema object; got {show(parameters)}.",
+                                 param=param)
+        description = fn.get("description") or ""
+        if not isinstance(description, str):
+            raise InvalidRequest(f"{param}[{i}].description must be a string.", param=param)
+        names.add(fn["name"])
+        tools.append(Tool(fn["name"], description, parameters))
+    return tools
+
+
+def _choice(choice: Any, names: set[str], legacy: bool) -> str:
+    param = "function_call" if legacy else "tool_choice"
+    if choice is None:
+        return "auto"
+    if choice in ("none", "auto", "required"):
+        return choice
+    name = None
+    if isinstance(choice, dict):
+        name = choice.get("name") if legacy else (choice.get("function") or {}).get("name")
+    if not isinstance(name, str):
+        raise InvalidRequest(f"'{param}' must be 'none', 'auto', 'required' or {{\"type\": \"function\", "
+                             f"\"function\": {{\"name\": ...}}}}; got {show(choice)}.", param=param)
+    if name not in names:
+        raise InvalidRequest(f"'{param}' names the tool {show(name)}, which is not among the request's tools "
+                             f"({', '.join(sorted(names))}).", param=param)
+    return name
+
+
+# -- the calls back out ------------------------------------------------------------------------
+def call_text(name: str, arguments: str) -> str:
+    """One call as the model writes it (an assistant message's ``tool_calls`` rendered back)."""
+    return f'{OPEN}{{"name":"{name}","arguments":{arguments or "{}"}}}{CLOSE}'
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class CallDelta:
+    """A piece of the answer: ``content`` text, or a call's start (``id`` and ``name``) or
+    a piece of its ``arguments``, by the call's ``index``."""
+
+    content: str | None = None
+    index: int | None = None
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+@dataclass
+class CallParser:
+    """Reads the text of a tool-set answer as it streams: ``feed`` each piece, ``finish``
+    at the end; ``calls`` are the complete calls (OpenAI's ``tool_calls`` entries)."""
+
+    buffer: str = ""
+    mode: str | None = None  # None (undecided), "text", "calls"
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    _in_call: bool = False
+    content: str = ""
+
+    def feed(self, text: str) -> list[CallDelta]:
+        self.buffer += text
+        if self.mode is None:
+            if not self.buffer:
+                return []
+            if OPEN.startswith(self.buffer[: len(OPEN)]) and len(self.buffer) < len(OPEN):
+                return []  # could still open a call
+            self.mode = "calls" if self.buffer.startswith(OPEN) else "text"
+        if self.mode == "text":
+            out, self.buffer = self.buffer, ""
+            self.content += out
+            return [CallDelta(content=out)] if out else []
+        return self._calls()
+
+    def _calls(self) -> list[CallDelta]:
+        out: list[CallDelta] = []
+        while True:
+            if not self._in_call:
+                self.buffer = self.buffer.lstrip("\n")
+                head = _HEAD.match(self.buffer)
+                if head is None:
+                    return out
+                call = {"id": new_call_id(), "type": "function", "function": {"name": head.group(1), "arguments": ""}}
+                self.calls.append(call)
+                out.append(CallDelta(index=len(self.calls) - 1, id=call["id"], name=head.group(1), arguments=""))
+                self.buffer, self._in_call = self.buffer[head.end():], True
+            end = self.buffer.find("}" + CLOSE)
+            if end < 0:  # hold back what may be the end of the call
+                keep = len(CLOSE) + 1
+                if len(self.buffer) > keep:
+                    out += self._piece(self.buffer[:-keep])
+                    self.buffer = self.buffer[-keep:]
+                return out
+            out += self._piece(self.buffer[:end])
+            self.buffer, self._in_call = self.buffer[end + 1 + len(CLOSE):], False
+
+    def _piece(self, piece: str) -> list[CallDelta]:
+        if not piece:
+            return []
+        self.calls[-1]["function"]["arguments"] += piece
+        return [CallDelta(index=len(self.calls) - 1, arguments=piece)]
+
+    def finish(self) -> list[CallDelta]:
+        """The rest (a call cut short by ``max_tokens`` keeps what it had)."""
+        if self.mode is None and self.buffer:
+            self.mode = "text"
+            return self.feed("")
+        if self.mode == "calls" and self._in_call and self.buffer:
+            rest, self.buffer = self.buffer, ""
+            return self._piece(rest)
+        return []
+
+
+def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """A whole answer: its text content (``None`` when it is calls) and its calls."""
+    parser = CallParser()
+    parser.feed(text)
+    parser.finish()
+    if parser.mode == "calls":
+        return None, parser.calls
+    return parser.content, []

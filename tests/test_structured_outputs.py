@@ -1,0 +1,209 @@
+"""Structured outputs and tool calls through the real server, driven by the official ``openai``
+client, on both engines (simulated, and hf on a tiny random-weight model: what it writes is
+noise, so every valid answer here is the grammar's doing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+from server_helpers import AUTH, TOKEN, service_of
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(params=["simulated", "hf"])
+def infer_options(request: pytest.FixtureRequest, tiny_model_dir: Path) -> dict[str, Any]:
+    if request.param == "hf":
+        return {"engine": "hf", "model": str(tiny_model_dir), "dtype": "float32", "num_threads": 1,
+                "max_new_tokens": 160}
+    return {"max_new_tokens": 160, "simulated_token_delay_ms": [1.0, 2.0]}
+
+
+@pytest.fixture
+def base_url(jp_fetch: Any, jp_http_port: int, jp_base_url: str) -> str:
+    return f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1"
+
+
+@pytest.fixture
+def client(base_url: str, jp_asyncio_loop: Any) -> Any:
+    api = openai.AsyncOpenAI(base_url=base_url, api_key=TOKEN, max_retries=0, timeout=60)
+    yield api
+    jp_asyncio_loop.run_until_complete(api.close())
+
+
+@pytest.fixture
+def http(base_url: str, jp_asyncio_loop: Any) -> Any:
+    client = httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60)
+    yield client
+    jp_asyncio_loop.run_until_complete(client.aclose())
+
+
+class City(BaseModel):
+    name: str = Field(max_length=12)
+    population: int = Field(ge=0, le=99)
+    kind: Literal["town", "city"]
+    tags: list[Literal["sea", "hill"]] = Field(max_length=2)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                    "unit": {"enum": ["c", "f"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12,
+                                                                                  "maximum": 12}},
+                                       "required": ["zone"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+async def test_parse_with_a_pydantic_model(client: openai.AsyncOpenAI) -> None:
+    """The SDK's ``parse``: the answer validates as the model, bounds included."""
+    completion = await client.chat.completions.parse(model="default", messages=ASK, response_format=City,
+                                                     temperature=0)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop", choice
+    city = choice.message.parsed
+    assert isinstance(city, City) and 0 <= city.population <= 99
+
+
+async def test_parse_streamed(client: openai.AsyncOpenAI) -> None:
+    async with client.chat.completions.stream(model="default", messages=ASK, response_format=City,
+                                              temperature=1.0, seed=3) as stream:
+        async for _ in stream:
+            pass
+        final = await stream.get_final_completion()
+    assert isinstance(final.choices[0].message.parsed, City)
+
+
+@pytest.mark.parametrize("extra", [
+    {"response_format": {"type": "json_object"}},
+    {"extra_body": {"guided_json": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                                   "minItems": 1, "maxItems": 3}}},
+    {"extra_body": {"structured_outputs": {"json": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                                     "required": ["ok"]}}}},
+])
+async def test_json_answers_parse(client: openai.AsyncOpenAI, extra: dict[str, Any]) -> None:
+    completion = await client.chat.completions.create(model="default", messages=ASK, temperature=0, **extra)
+    assert completion.choices[0].finish_reason == "stop"
+    value = json.loads(completion.choices[0].message.content)
+    schema = (extra.get("extra_body") or {}).get("guided_json") or \
+        ((extra.get("extra_body") or {}).get("structured_outputs") or {}).get("json") or {"type": "object"}
+    jsonschema.validate(value, schema)
+
+
+async def test_choice_and_regex_on_completions(client: openai.AsyncOpenAI) -> None:
+    choice = await client.completions.create(model="default", prompt="Is it raining?", max_tokens=20,
+                                             extra_body={"guided_choice": ["yes", "no", "maybe so"]})
+    assert choice.choices[0].text in ("yes", "no", "maybe so")
+    regex = await client.completions.create(model="default", prompt="A code:", max_tokens=20,
+                                            extra_body={"structured_outputs": {"regex": "[A-Z]{2}-[0-9]{3}"}})
+    import re
+
+    assert re.fullmatch("[A-Z]{2}-[0-9]{3}", regex.choices[0].text)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+async def test_tool_calls(client: openai.AsyncOpenAI, tool_choice: Any) -> None:
+    completion = await client.chat.completions.create(model="default", messages=ASK, tools=[WEATHER, CLOCK],
+                                                      tool_choice=tool_choice, temperature=0)
+    choice = completion.choices[0]
+    calls = choice.message.tool_calls
+    assert calls and choice.message.content is None
+    named = isinstance(tool_choice, dict)
+    assert choice.finish_reason == ("stop" if named else "tool_calls")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
+    for call in calls:
+        assert call.id.startswith("call_") and call.type == "function"
+        assert call.function.name in (("get_time",) if named else schemas)
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+async def test_streamed_tool_calls_accumulate_as_the_sdk_does(client: openai.AsyncOpenAI) -> None:
+    async with client.chat.completions.stream(model="default", messages=ASK, tools=[WEATHER],
+                                              tool_choice="required", temperature=0) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_completion()
+    assert "tool_calls.function.arguments.delta" in kinds
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_tool_round_trip_renders_back_into_the_prompt(client: openai.AsyncOpenAI) -> None:
+    first = await client.chat.completions.create(model="default", messages=ASK, tools=[WEATHER],
+                                                 tool_choice="required", temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    messages = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+    second = await client.chat.completions.create(model="default", messages=messages, tools=[WEATHER],
+                                                  tool_choice="none", max_tokens=8, temperature=0)
+    assert second.choices[0].message.tool_calls is None
+    assert isinstance(second.choices[0].message.content, str)
+
+
+async def test_auto_lets_the_model_answer_in_text(client: openai.AsyncOpenAI) -> None:
+    """``auto`` on a model that does not open with ``<``: a plain text answer, no calls."""
+    completion = await client.chat.completions.create(model="default", messages=ASK, tools=[WEATHER],
+                                                      max_tokens=8, temperature=0)
+    choice = completion.choices[0]
+    if choice.message.tool_calls:  # the model chose a call: it must be a valid one
+        jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments),
+                            WEATHER["function"]["parameters"])
+        assert choice.finish_reason == "tool_calls"
+    else:
+        assert choice.message.content and not choice.message.content.startswith("<")
+
+
+@pytest.mark.parametrize(("body", "param", "message"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+      "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, None, "cannot be enforced"),
+    ({"guided_regex": "a("}, None, "cannot be enforced"),
+    ({"guided_choice": []}, "guided_choice", "non-empty strings"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex", "One constraint"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not among"),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "Two tools"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "letters, digits"),
+    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "one or the other"),
+])
+async def test_bad_constraints_are_refused_before_anything_runs(
+    http: httpx.AsyncClient, jp_serverapp: Any, body: dict[str, Any], param: str | None, message: str,
+) -> None:
+    response = await http.post("chat/completions", json={"messages": ASK, **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and message in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    assert service_of(jp_serverapp).metrics()["requests"]["ok"] == 0
+
+
+async def test_max_tokens_inside_the_object_is_length(client: openai.AsyncOpenAI) -> None:
+    completion = await client.chat.completions.create(
+        model="default", messages=ASK, max_tokens=3, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": City.model_json_schema()}})
+    assert completion.choices[0].finish_reason == "length"
+
+
+async def test_constrained_and_free_rows_share_a_batch(client: openai.AsyncOpenAI, jp_serverapp: Any) -> None:
+    """Constrained rows batch with free ones, and each keeps its own rule."""
+    import asyncio
+
+    free = [client.completions.create(model="default", prompt=f"Say {i}", max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True}) for i in range(3)]
+    bound = [client.chat.completions.parse(model="default", messages=ASK, response_format=City, temperature=1.0,
+                                           seed=i) for i in range(3)]
+    results = await asyncio.gather(*free, *bound)
+    assert all(r.usage.completion_tokens == 12 for r in results[:3])
+    assert all(isinstance(r.choices[0].message.parsed, City) for r in results[3:])
+    sizes = [b["size"] for b in service_of(jp_serverapp).batches()["batches"]]
+    assert max(sizes) > 1
