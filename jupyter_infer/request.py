@@ -214,7 +214,11 @@ SAMPLING_FIELDS = {
     "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "min_tokens", "ignore_eos",
     "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias",
 }
-GENERATE_FIELDS = SAMPLING_FIELDS | {"prompt", "priority", "model"}
+# The fields that constrain an answer (read by ``constraints.spec``): the native API takes
+# them all, the OpenAI routes all but the four short names.
+CONSTRAINT_FIELDS = {"json_schema", "regex", "choice", "grammar", "response_format", "structured_outputs",
+                     "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
+GENERATE_FIELDS = SAMPLING_FIELDS | CONSTRAINT_FIELDS | {"prompt", "priority", "model"}
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:

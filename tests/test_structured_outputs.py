@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from server_helpers import AUTH, TOKEN, service_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -46,6 +46,8 @@ def http(base_url: str, jp_asyncio_loop: Any) -> Any:
 
 
 class City(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # additionalProperties: false, as a strict schema has
+
     name: str = Field(max_length=12)
     population: int = Field(ge=0, le=99)
     kind: Literal["town", "city"]
@@ -207,3 +209,53 @@ async def test_constrained_and_free_rows_share_a_batch(client: openai.AsyncOpenA
     assert all(isinstance(r.choices[0].message.parsed, City) for r in results[3:])
     sizes = [b["size"] for b in service_of(jp_serverapp).batches()["batches"]]
     assert max(sizes) > 1
+
+
+async def test_native_generate_takes_constraints(jp_fetch: Any) -> None:
+    """infer/generate and infer/generate_stream: json_schema, regex, choice, grammar."""
+    import re
+
+    async def generate(**body: Any) -> dict[str, Any]:
+        response = await jp_fetch("infer", "generate", method="POST",
+                                  body=json.dumps({"prompt": "Answer:", "max_tokens": 150, **body}))
+        return json.loads(response.body)
+
+    answer = await generate(json_schema=City.model_json_schema())
+    City.model_validate_json(answer["text"])
+    assert (await generate(choice=["red", "green"]))["text"] in ("red", "green")
+    assert re.fullmatch(r"\d{4}", (await generate(regex=r"\d{4}"))["text"])
+    lark = (await generate(grammar='start: "x" ("y" | "z")'))["text"]
+    gbnf = (await generate(grammar='root ::= "a" [0-9] [0-9]'))["text"]
+    assert lark in ("xy", "xz") and re.fullmatch(r"a\d\d", gbnf)
+    streamed = await jp_fetch("infer", "generate_stream", method="POST",
+                              body=json.dumps({"prompt": "Answer:", "max_tokens": 60, "choice": ["on", "off"]}))
+    assert b'"text": "on"' in streamed.body or b'"text": "off"' in streamed.body
+
+
+def test_client_generate_with_a_schema_returns_the_parsed_object() -> None:
+    from client_helpers import fast_service
+
+    from jupyter_infer import Client
+
+    with Client(embedded=fast_service()) as client:
+        completion = client.generate("Describe a city", schema=City, max_tokens=120)
+        assert isinstance(completion.parsed, City) and completion.finish_reason == "stop"
+        loose = client.generate("Numbers", schema={"type": "array", "items": {"type": "integer", "maximum": 9,
+                                                                               "minimum": 0}, "maxItems": 3})
+        assert isinstance(loose.parsed, list)
+        cut = client.generate("Describe a city", schema=City, max_tokens=2)
+        assert cut.finish_reason == "length" and cut.parsed is None
+
+
+def test_client_schemas_from_pydantic_are_closed() -> None:
+    """A pydantic model that allows extra keys still gets an answer of its own fields only."""
+    from client_helpers import fast_service
+
+    from jupyter_infer import Client
+
+    class Loose(BaseModel):
+        title: str = Field(max_length=8)
+
+    with Client(embedded=fast_service()) as client:
+        completion = client.generate("A title", schema=Loose, max_tokens=60)
+        assert list(json.loads(completion.text)) == ["title"]

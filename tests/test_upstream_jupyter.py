@@ -98,3 +98,32 @@ async def test_an_upstream_killed_mid_stream_is_an_error_event_and_its_return_is
     await eventually(reachable, timeout=30)
     again = await front.post("infer/generate", json={"prompt": "What is batching?", "max_tokens": 4})
     assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] == 4
+
+
+async def test_constraints_and_tools_pass_through_to_the_upstream(front: httpx.AsyncClient) -> None:
+    """response_format, a native regex and tools go upstream as fields; the upstream's streamed
+    tool calls come back as ours (whole and streamed)."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    answer = await front.post("infer/v1/chat/completions", json={
+        "messages": ask, "max_tokens": 40,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "flag", "schema": schema}}})
+    assert answer.status_code == 200, answer.text
+    assert json.loads(answer.json()["choices"][0]["message"]["content"]) in ({"ok": True}, {"ok": False})
+    native = await front.post("infer/generate", json={"prompt": "A code:", "regex": "[A-Z]{3}", "max_tokens": 8})
+    assert native.status_code == 200 and len(native.json()["text"]) == 3 and native.json()["text"].isupper()
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 6}}, "required": ["city"]}}}
+    body = {"messages": ask, "max_tokens": 60, "tools": [tool], "tool_choice": "required"}
+    whole = await front.post("infer/v1/chat/completions", json=body)
+    message = whole.json()["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "get_weather", whole.text
+    assert "city" in json.loads(message["tool_calls"][0]["function"]["arguments"])
+    assert whole.json()["choices"][0]["finish_reason"] == "tool_calls"
+    async with front.stream("POST", "infer/v1/chat/completions", json={**body, "stream": True}) as response:
+        chunks = [json.loads(line[6:]) async for line in response.aiter_lines()
+                  if line.startswith("data: {")]
+    deltas = [d for c in chunks for d in (c["choices"][0]["delta"].get("tool_calls") or [])]
+    assert deltas[0]["function"]["name"] == "get_weather" and deltas[0]["id"].startswith("call_")
+    assert json.loads("".join(d["function"]["arguments"] for d in deltas))["city"] is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -135,17 +136,27 @@ class Client:
     # -- requests --------------------------------------------------------------------------------
     @staticmethod
     def _body(prompt: str, params: dict[str, Any]) -> dict[str, Any]:
+        params, _ = _schema(params)
         body = {"prompt": prompt}
         body.update({k: v for k, v in params.items() if v is not None})
         return body
 
     async def _generate(self, prompt: str, params: dict[str, Any]) -> Completion:
         sent = time.time()
+        params, read = _schema(params)
         data = await self._backend.generate(self._body(prompt, params))
-        return Completion.from_json(data, prompt=prompt, sent_at=sent, received_at=time.time())
+        completion = Completion.from_json(data, prompt=prompt, sent_at=sent, received_at=time.time())
+        if read is not None and completion.finish_reason == "stop":
+            completion.parsed = read(completion.text)
+        return completion
 
     def generate(self, prompt: str, **params: Any) -> Completion:
-        """Complete ``prompt`` (params: max_tokens, temperature, top_p, top_k, seed, stop, priority)."""
+        """Complete ``prompt`` (params: max_tokens, temperature, top_p, top_k, seed, stop, priority).
+
+        Structured answers: ``schema=`` a pydantic model (or a JSON schema dict) makes the answer
+        fit it, and ``.parsed`` the model's instance (or the JSON value); ``json_schema=``,
+        ``regex=``, ``choice=`` (a list of strings) and ``grammar=`` (Lark or GBNF) constrain the
+        text the same way."""
         return self._io.run(self._generate(prompt, params))
 
     async def agenerate(self, prompt: str, **params: Any) -> Completion:
@@ -279,3 +290,27 @@ def default_client() -> Client:
 def set_default_client(client: Client | None) -> None:
     global _default
     _default = client
+
+
+def _schema(params: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any] | None]:
+    """``schema=`` as the ``json_schema`` the server takes, and how to read the answer back."""
+    schema = params.get("schema")
+    if schema is None:
+        return params, None
+    rest = {k: v for k, v in params.items() if k != "schema"}
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):  # a pydantic model
+        return {**rest, "json_schema": _closed(schema.model_json_schema())}, schema.model_validate_json
+    return {**rest, "json_schema": schema}, json.loads
+
+
+def _closed(schema: Any) -> Any:
+    """A pydantic model's schema with no room for keys it does not declare (what the openai
+    SDK's ``parse`` sends too): an answer holds the model's fields, not an endless tail."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out

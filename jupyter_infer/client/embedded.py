@@ -98,9 +98,9 @@ class EmbeddedBackend:
         return service
 
     def _request(self, body: dict[str, Any]) -> Any:
-        from ..request import parse_generate_body
+        from ..constraints.spec import parse_generate
 
-        return parse_generate_body(body, max_new_tokens=self.service.limits.max_new_tokens)
+        return parse_generate(body, max_new_tokens=self.service.limits.max_new_tokens)
 
     async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         service = self._started()

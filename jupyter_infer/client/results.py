@@ -12,7 +12,7 @@ class Completion:
 
     ``sent_at``/``received_at`` are wall-clock epoch seconds seen by the client. A request
     that failed inside a ``burst`` has ``finish_reason == "error"`` and ``error`` set.
-    ``counted_fragments`` is True when the server sent no final result (an older server):
+    ``parsed`` is the answer read as the ``schema`` it was asked to fit. ``counted_fragments`` is True when the server sent no final result (an older server):
     ``completion_tokens`` then counts the text fragments received, which can be fewer than
     the tokens generated, and the timings are the client's own.
     """
@@ -32,6 +32,9 @@ class Completion:
     received_at: float | None = None
     error: str | None = None
     counted_fragments: bool = False
+    # ``generate(..., schema=...)``: the answer parsed (a pydantic model's instance, or the
+    # JSON value); None when it was cut short (``finish_reason == "length"``).
+    parsed: Any = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any], **extra: Any) -> Completion:

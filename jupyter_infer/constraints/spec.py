@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidRequest
-from ..request import Constraint, show
+from ..request import CONSTRAINT_FIELDS, Constraint, Request, parse_generate_body, show
 
 MAX_SPEC_CHARS = 256 * 1024  # a schema, grammar or tool list this long is refused before compiling
 MAX_CHOICES = 10_000
@@ -27,7 +28,7 @@ _VLLM_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "gram
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}
 NATIVE_FIELDS = ("json_schema", "regex", "choice", "grammar")
-CONSTRAINT_FIELDS = {"response_format", "structured_outputs", *_GUIDED}
+OPENAI_FIELDS = CONSTRAINT_FIELDS - set(NATIVE_FIELDS)  # what the OpenAI routes read
 
 
 def _text(value: Any, param: str) -> str:
@@ -131,3 +132,13 @@ def from_body(body: Mapping[str, Any], *, native: bool = False) -> Constraint | 
         names = ", ".join(n for n, _ in found)
         raise InvalidRequest(f"One constraint per request: this one sends {names}.", param=found[1][0])
     return found[0][1] if found else None
+
+
+def parse_generate(body: Any, *, max_new_tokens: int) -> Request:
+    """The body of ``POST infer/generate(_stream)``, its constraint included (the native
+    ``json_schema``, ``regex``, ``choice``, ``grammar``, or any OpenAI or vLLM spelling)."""
+    request = parse_generate_body(body, max_new_tokens=max_new_tokens)
+    constraint = from_body(body, native=True)
+    if constraint is None:
+        return request
+    return replace(request, params=replace(request.params, constraint=constraint))

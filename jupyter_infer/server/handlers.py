@@ -12,9 +12,10 @@ from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from ..constraints.spec import parse_generate
 from ..errors import Forbidden, InvalidRequest, NotFound
 from ..events import coalesce_tokens
-from ..request import parse_generate_body, show
+from ..request import show
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .openai_handlers import (
     ChatCompletionsHandler,
@@ -35,7 +36,7 @@ class GenerateHandler(InferHandler):
     @authorized(GENERATE)
     @answers_errors
     async def post(self) -> None:
-        request = parse_generate_body(self.read_json(), max_new_tokens=self.max_new_tokens)
+        request = parse_generate(self.read_json(), max_new_tokens=self.max_new_tokens)
         result = await self.whole_result(await self.submit(request))
         if result is not None:
             self.finish(result.to_json())
@@ -82,7 +83,7 @@ class GenerateStreamHandler(InferHandler):
             ) from None
 
     async def _generate(self, read: Callable[[], Any]) -> None:
-        request = parse_generate_body(read(), max_new_tokens=self.max_new_tokens)
+        request = parse_generate(read(), max_new_tokens=self.max_new_tokens)
         await self.stream_tokens(await self.submit(request))
 
 

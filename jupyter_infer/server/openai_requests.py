@@ -39,7 +39,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
          "tool": "user", "function": "user"}  # a tool's result is the user's turn, in <tool_response>
 
 # Fields each route acts on, or accepts knowing they change nothing (user, metadata, ...).
-_COMMON = SAMPLING_FIELDS | constraint_spec.CONSTRAINT_FIELDS | {
+_COMMON = SAMPLING_FIELDS | constraint_spec.OPENAI_FIELDS | {
     "model", "stream", "stream_options", "n", "user", "metadata", "store", "service_tier"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix", "max_completion_tokens"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",

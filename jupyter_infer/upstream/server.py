@@ -21,7 +21,7 @@ import httpx
 from ..engine import EngineInfo
 from ..errors import InferError, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from ..metrics import wall
-from .wire import Chunk, http_error, parse_chunk, request_body
+from .wire import CallsAsText, Chunk, http_error, parse_chunk, request_body
 
 if TYPE_CHECKING:
     from ..config import ServiceConfig
@@ -180,8 +180,9 @@ class UpstreamServer:
                         err = UpstreamUnavailable(err.message)  # a proxy in front of it: may pass
                     raise err
                 self._reached()
+                calls = CallsAsText()
                 async for data in _sse_data(response):
-                    chunk = parse_chunk(data)
+                    chunk = parse_chunk(data, calls)
                     if chunk is None:
                         ended = True
                         break

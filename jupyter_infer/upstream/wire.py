@@ -8,8 +8,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..constraints.tools import CLOSE, OPEN
 from ..errors import InferError, InvalidRequest, UpstreamError, UpstreamUnavailable
-from ..request import Request, SamplingParams
+from ..request import Constraint, Request, SamplingParams
 
 # Always sent: the upstream's defaults for these differ between servers (and from ours).
 _ALWAYS = ("max_tokens", "temperature")
@@ -27,7 +28,28 @@ def request_body(request: Request, model: str) -> tuple[str, dict[str, Any]]:
     else:
         path, body["prompt"] = "completions", request.prompt
     body.update(sampling_fields(request.params))
+    if request.params.constraint is not None:
+        body.update(constraint_fields(request.params.constraint))
     return path, body
+
+
+def constraint_fields(constraint: Constraint) -> dict[str, Any]:
+    """A constraint as vLLM, llama.cpp and OpenAI take it: ``response_format`` for JSON,
+    ``structured_outputs`` for a regex, choice or grammar, ``tools`` for tool calls."""
+    value = constraint.value
+    if constraint.kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if constraint.kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": constraint.name or "answer", "schema": value, "strict": True}}}
+    if constraint.kind == "tools":
+        choice = value["choice"]
+        return {
+            "tools": [{"type": "function", "function": tool} for tool in value["tools"]],
+            "tool_choice": choice if choice in ("auto", "required") else {"type": "function", "function": {"name": choice}},
+            "parallel_tool_calls": value["parallel"],
+        }
+    return {"structured_outputs": {constraint.kind: value}}
 
 
 def sampling_fields(params: SamplingParams) -> dict[str, Any]:
@@ -35,7 +57,7 @@ def sampling_fields(params: SamplingParams) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(params):
         value = getattr(params, f.name)
-        if f.name not in _ALWAYS and value == f.default:
+        if f.name not in _ALWAYS and value == f.default or f.name == "constraint":
             continue
         if f.name in _AS_LIST:
             value = list(value)
@@ -59,9 +81,35 @@ class Chunk:
         return self.prompt_tokens is not None or self.completion_tokens is not None
 
 
-def parse_chunk(data: str) -> Chunk | None:
+@dataclass
+class CallsAsText:
+    """An upstream's streamed ``tool_calls`` as the text this server's own tool format writes
+    (``constraints.tools``), so its answers read back into calls like a local model's."""
+
+    open: bool = False
+
+    def text(self, deltas: Any, finished: bool) -> str:
+        out = []
+        for delta in deltas if isinstance(deltas, list) else []:
+            fn = delta.get("function") if isinstance(delta, dict) else None
+            if not isinstance(fn, dict):
+                continue
+            if isinstance(fn.get("name"), str) and fn["name"]:
+                out.append(("}" + CLOSE + "\n" if self.open else "") + OPEN + json.dumps(
+                    {"name": fn["name"]}, separators=(",", ":"))[:-1] + ',"arguments":')
+                self.open = True
+            if isinstance(fn.get("arguments"), str):
+                out.append(fn["arguments"])
+        if finished and self.open:
+            out.append("}" + CLOSE)
+            self.open = False
+        return "".join(out)
+
+
+def parse_chunk(data: str, calls: CallsAsText | None = None) -> Chunk | None:
     """A ``data:`` payload of the upstream's stream; ``None`` for ``[DONE]``. An error in
-    the stream (vLLM and others send ``{"error": ...}`` as a chunk) raises ``UpstreamError``."""
+    the stream (vLLM and others send ``{"error": ...}`` as a chunk) raises ``UpstreamError``.
+    ``calls``: the request's tool calls so far (their deltas come back as text)."""
     if data.strip() == "[DONE]":
         return None
     try:
@@ -80,6 +128,8 @@ def parse_chunk(data: str) -> Chunk | None:
         text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         chunk.text = text if isinstance(text, str) else ""
         chunk.finish_reason = choice.get("finish_reason")
+        if calls is not None and isinstance(delta, dict):
+            chunk.text += calls.text(delta.get("tool_calls"), chunk.finish_reason is not None)
     usage = obj.get("usage")
     if isinstance(usage, dict):
         chunk.prompt_tokens = _count(usage.get("prompt_tokens"))
