@@ -44,8 +44,9 @@ class StepPlan:
     engine) catch up with its tokens, ``num_scheduled[i]`` more of them this step.
     ``prefill``: prompt tokens of ``seqs`` (newcomers, or the next chunk of a long prompt);
     a row whose prompt completes samples its first token and joins the decoding rows.
-    ``decode``: one token for every decoding row; ``seqs`` are exactly those rows, in the
-    order they joined. ``keep``: the ids of the rows already in the engine that stay (rows
+    ``decode``: every decoding row's uncomputed tokens (its last one, or the ones a grammar
+    forced after it), and a token for each; ``seqs`` are exactly those rows, in the order
+    they joined. ``keep``: the ids of the rows already in the engine that stay (rows
     not in it have left, and their KV goes). A chunk's budget may pass its prompt's end (or
     a prefix-cache hit may cover part of it): the engine computes up to the end.
     """
@@ -54,14 +55,15 @@ class StepPlan:
     kind: Literal["prefill", "decode"]
     seqs: list[Sequence]
     keep: list[str] = field(default_factory=list)
-    num_scheduled: list[int] = field(default_factory=list)  # default: every prompt whole, or 1
+    num_scheduled: list[int] = field(default_factory=list)  # default: all of each row's uncomputed tokens
     # A prefill that continues a prompt or stops short of its end (chunked prefill): the
     # tokens it schedules; 0 for whole prompts and decodes. Fixed when planned.
     chunk: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if not self.num_scheduled:
-            self.num_scheduled = [s.num_uncomputed if self.kind == "prefill" else 1 for s in self.seqs]
+            # A decoding row catches up with its last tokens: one, or those a grammar forced.
+            self.num_scheduled = [s.num_uncomputed for s in self.seqs]
         if self.kind == "prefill" and any(
                 s.num_computed or n < s.num_uncomputed for s, n in zip(self.seqs, self.num_scheduled, strict=True)):
             self.chunk = sum(self.num_scheduled)

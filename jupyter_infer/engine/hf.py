@@ -262,6 +262,7 @@ class HFEngine(Engine):
             positions=torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device),
             last=torch.tensor([t[-1] for t in sampled.tokens], dtype=torch.long, device=self.device),
             samplers=samplers,
+            forced={s.id: t for s, t in zip(seqs, sampled.tokens, strict=True) if len(t) > 1},
         )
 
     @torch.inference_mode()
@@ -299,6 +300,7 @@ class HFEngine(Engine):
             # No token to feed yet while the prompt is incomplete: its row is not decoded.
             last=torch.tensor([sampled.tokens[0][-1] if complete else 0], dtype=torch.long, device=self.device),
             samplers=samplers,
+            forced={seq.id: sampled.tokens[0]} if len(sampled.tokens[0]) > 1 else {},
         )
 
     def _cached_prefix(self, seq: Sequence) -> tuple[int, torch.Tensor | None]:
@@ -330,7 +332,8 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
-        """One forward per length bucket; the tokens in the plan's order."""
+        """One forward per length bucket; the tokens in the plan's order. A row whose grammar
+        forced tokens last step feeds them all (the bucket's other rows get a pad column)."""
         parts = [self._decode_bucket(bucket) for bucket in batch]
         if len(parts) == 1 and batch.ids == [s.id for s in seqs]:
             return parts[0]
@@ -344,11 +347,19 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _decode_bucket(self, batch: HFBatch) -> Sampled:
+        """One token for each row of ``batch``: it feeds each row's last token, or where a
+        row's grammar forced more (``batch.forced``) every row's tokens, left-padded."""
         masks = masks_beside(grammar_rows(batch.samplers), self.grammars.vocab)
+        feeds = batch.feeds()
+        if feeds is None:
+            input_ids, block, position_ids = batch.last[:, None], None, batch.positions[:, None]
+        else:
+            input_ids, block = (t.to(self.device) for t in left_pad_rows(feeds, self.pad_token_id))
+            position_ids = batch.positions[:, None] + (block.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
-            input_ids=batch.last[:, None],
-            attention_mask=batch.extend_mask(),
-            position_ids=batch.positions[:, None],
+            input_ids=input_ids,
+            attention_mask=batch.extend_mask(block),
+            position_ids=position_ids,
             cache=batch.cache,
             use_cache=True,
         )
@@ -356,8 +367,8 @@ class HFEngine(Engine):
             masks.result()
         sampled = sample(out.logits[:, -1, :], batch.samplers)
         batch.cache = out.cache
-        batch.positions = batch.positions + 1
-        batch.last = torch.tensor([t[-1] for t in sampled.tokens], dtype=torch.long, device=self.device)
+        batch.positions = batch.positions + (1 if block is None else block.sum(-1))
+        batch.took(sampled.tokens)
         return sampled
 
     def _sampler(self, seq: Sequence) -> RowSampler:

@@ -7,7 +7,7 @@ columns only padding uses are trimmed) are the two operations on it.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -38,6 +38,21 @@ class HFBatch:
     last: torch.Tensor  # [rows] the token to feed next
     samplers: list[RowSampler]  # per row: how it chooses its tokens
     _mask_buf: torch.Tensor | None = None  # ``mask`` is a view of it, with spare columns
+    # Rows that got more than one token last step (a grammar's forced ones), by id: all of
+    # them are fed next step, not just ``last``.
+    forced: dict[str, list[int]] = field(default_factory=dict)
+
+    def took(self, tokens: list[list[int]]) -> None:
+        """The step's tokens per row: the last is fed next; a run of several, all of it."""
+        self.last = torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=self.last.device)
+        self.forced = {i: t for i, t in zip(self.ids, tokens, strict=True) if len(t) > 1}
+
+    def feeds(self) -> list[list[int]] | None:
+        """What each row feeds next when some row has a forced run (``None``: one token each)."""
+        if not self.forced:
+            return None
+        last = self.last.tolist()
+        return [self.forced.get(i, [t]) for i, t in zip(self.ids, last, strict=True)]
 
     def filter(self, ids: list[str]) -> HFBatch | None:
         if not ids:
@@ -54,12 +69,14 @@ class HFBatch:
         self.positions = self.positions[index]
         self.last = self.last[index]
         self.samplers = [self.samplers[i] for i in keep]
+        kept = set(ids)
+        self.forced = {i: t for i, t in self.forced.items() if i in kept}
         return self
 
     def take(self, ids: list[str]) -> HFBatch:
         """A new batch of the rows in ``ids`` (this one unchanged): ``filter`` on a copy."""
         clone = HFBatch(list(self.ids), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
-                        list(self.samplers))
+                        list(self.samplers), forced=dict(self.forced))
         return clone.filter(ids)
 
     def widths(self) -> list[int]:
@@ -77,17 +94,20 @@ class HFBatch:
             positions=torch.cat([self.positions, other.positions]),
             last=torch.cat([self.last, other.last]),
             samplers=self.samplers + other.samplers,
+            forced=self.forced | other.forced,
         )
 
-    def extend_mask(self) -> torch.Tensor:
-        """The mask with one more real-token column, written in place into spare room (a
-        ``torch.cat`` of the whole mask every step would copy it all)."""
+    def extend_mask(self, block: torch.Tensor | None = None) -> torch.Tensor:
+        """The mask with one more real-token column (or ``block``'s columns: several tokens
+        per row, left-padded), written in place into spare room (a ``torch.cat`` of the whole
+        mask every step would copy it all)."""
         rows, length = self.mask.shape
+        width = 1 if block is None else block.shape[1]
         buf = self._mask_buf
-        if buf is None or buf.shape[1] <= length:
-            buf = self.mask.new_zeros((rows, length + 1 + kv_cache.SPARE_COLUMNS))
+        if buf is None or buf.shape[1] < length + width:
+            buf = self.mask.new_zeros((rows, length + width + kv_cache.SPARE_COLUMNS))
             buf[:, :length] = self.mask
             self._mask_buf = buf
-        buf[:, length] = 1
-        self.mask = buf[:, : length + 1]
+        buf[:, length : length + width] = 1 if block is None else block
+        self.mask = buf[:, : length + width]
         return self.mask

@@ -47,6 +47,7 @@ class RowSampler:
     params: SamplingParams
     generator: torch.Generator | None = None
     processors: list[LogitsProcessor] = field(default_factory=list)
+    eos: int | None = None  # what a constrained row appends once its grammar is complete
 
     @classmethod
     def build(
@@ -64,7 +65,23 @@ class RowSampler:
         processors = processors_for(params, prompt_ids, eos_ids)
         if grammar is not None:
             processors.append(grammar.row())
-        return cls(params, generator, processors)
+        return cls(params, generator, processors, min(eos_ids) if eos_ids else None)
+
+    def fast_forward(self) -> list[int]:
+        """The tokens a constrained row appends without sampling after its chosen one: those
+        its grammar allows no alternative to, then EOS once it is complete (so the row does
+        not spend a step on either). None for a row that asks for logprobs (every token it
+        gets has its own)."""
+        grammar = self.grammar
+        if grammar is None or self.params.logprobs is not None:
+            return []
+        forced = grammar.forced()
+        if forced:
+            self.advance(forced)
+            grammar.forwarded += len(forced)
+        if grammar.done and self.eos is not None:
+            forced.append(self.eos)
+        return forced
 
     @property
     def grammar(self) -> GrammarRow | None:
@@ -108,15 +125,19 @@ def sample(logits: torch.Tensor, samplers: Seq[RowSampler]) -> Sampled:
 
     Greedy rows share one ``argmax``; sampled rows draw with their own generator so that a
     request with a seed gets the same tokens whatever batch it lands in. Each row's
-    processors are advanced by its token.
+    processors are advanced by its token; a constrained row may get more than one (its
+    grammar's forced tokens, ``RowSampler.fast_forward``).
     """
     tokens = torch.argmax(logits, dim=-1).tolist()
+    rows = [[t] for t in tokens]
     for row, sampler in enumerate(samplers):
         if not sampler.plain:
             tokens[row] = sampler.choose(logits[row])
+            rows[row] = [tokens[row]]
         if sampler.processors:
             sampler.advance((tokens[row],))
-    sampled = Sampled([[t] for t in tokens])
+            rows[row] += sampler.fast_forward()
+    sampled = Sampled(rows)
     asking = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
     if not asking:
         return sampled

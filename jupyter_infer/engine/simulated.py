@@ -145,16 +145,23 @@ class SimulatedEngine(Engine):
         self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
         return self._sampled(self._tokens(batch, seqs), seqs)
 
-    def _tokens(self, batch: SimulatedBatch, seqs: list[Sequence]) -> list[int]:
+    def _tokens(self, batch: SimulatedBatch, seqs: list[Sequence]) -> list[list[int]]:
+        """Each row's tokens this step: its answer's next, or a constrained row's choice and
+        the tokens its grammar forces after it (then EOS once it is complete)."""
         tokens = []
         for row, seq in enumerate(seqs):
             grammar = batch.grammars[row]
             if grammar is None:
-                tokens.append(_next(batch.answers[row], len(seq.output_ids), seq))
+                tokens.append([_next(batch.answers[row], len(seq.output_ids), seq)])
                 continue
-            token = self._allowed_next(grammar, batch, row)
-            grammar.advance((token,))
-            tokens.append(token)
+            chosen = [self._allowed_next(grammar, batch, row)]
+            grammar.advance(chosen)
+            if seq.params.logprobs is None:
+                forced = grammar.forced()
+                grammar.advance(forced)
+                grammar.forwarded += len(forced)
+                chosen += forced + ([EOS_ID] if grammar.done else [])
+            tokens.append(chosen)
         return tokens
 
     def _allowed_next(self, grammar: GrammarRow, batch: SimulatedBatch, row: int) -> int:
@@ -170,12 +177,12 @@ class SimulatedEngine(Engine):
                 return token
         return int(allowed.nonzero()[0]) if allowed.any() else EOS_ID
 
-    def _sampled(self, tokens: list[int], seqs: list[Sequence]) -> Sampled:
+    def _sampled(self, tokens: list[list[int]], seqs: list[Sequence]) -> Sampled:
         if all(s.params.logprobs is None for s in seqs):
-            return Sampled([[t] for t in tokens])
-        return Sampled([[t] for t in tokens], [
-            None if s.params.logprobs is None else [self._stand_in(t, s.params.logprobs)]
-            for t, s in zip(tokens, seqs, strict=True)
+            return Sampled(tokens)
+        return Sampled(tokens, [
+            None if s.params.logprobs is None else [self._stand_in(t, s.params.logprobs) for t in row]
+            for row, s in zip(tokens, seqs, strict=True)
         ])
 
     def _stand_in(self, token: int, k: int) -> TokenLogprob:

@@ -1,0 +1,78 @@
+"""Constrained rows inside the hf engine's batch: each token is the model's own best among
+those the grammar allows (or one the grammar forced), the KV of forced runs is right, and
+the rows beside them are untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from jupyter_infer.config import ServiceConfig
+from jupyter_infer.constraints.spec import from_body
+from jupyter_infer.request import Request, SamplingParams
+from jupyter_infer.service import InferenceService
+
+SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 6}, "count": {"type": "integer", "minimum": 0, "maximum": 40},
+    "kind": {"enum": ["alpha", "beta", "gamma-ray"]}}, "required": ["title", "count", "kind"],
+    "additionalProperties": False}
+PROMPTS = ["Describe it", "A much longer prompt about the KV cache and batching of many rows", "Go"]
+
+
+def replay(engine, grammar, prompt_ids: list[int], output: list[int]) -> int:
+    """Check ``output`` token by token against a fresh single-row forward over everything
+    before it; the number of tokens the grammar forced."""
+    row, forced, vocab = grammar.row(), 0, engine.grammars.vocab
+    expect: list[int] = []
+    for j, token in enumerate(output):
+        if token in engine.eos_token_ids:
+            assert row.done and j == len(output) - 1
+            break
+        if expect:
+            assert token == expect.pop(0)
+            forced += 1
+        else:
+            with torch.inference_mode():
+                logits = engine.model(torch.tensor([prompt_ids + output[:j]])).logits[0, -1]
+            allowed = row.allowed(vocab)
+            assert allowed[token]
+            assert token == int(torch.argmax(logits.float().masked_fill(~allowed[: logits.shape[-1]], -1e30)))
+        row.advance([token])
+        if not expect:
+            expect = row.forced()
+    return forced
+
+
+@pytest.mark.timeout(120)
+def test_constrained_greedy_rows_are_the_models_best_allowed_tokens(tiny_model_dir: Path) -> None:
+    async def main():
+        service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",
+                                                 num_threads=1, prefix_cache_mb=0))
+        service.start()
+        await service.wait_ready()
+        constraint = from_body({"json_schema": SCHEMA}, native=True)
+        requests = [Request(p, SamplingParams(max_tokens=80, constraint=constraint)) for p in PROMPTS]
+        free = Request("A free row beside them", SamplingParams(max_tokens=30, ignore_eos=True))
+        streams = [await service.submit(r) for r in [*requests, free]]
+        results = [await s.result() for s in streams]
+        engine = service._loop.engine
+        grammar = engine.grammars.compile(constraint)
+        await service.stop()
+        return engine, grammar, results
+
+    engine, grammar, results = asyncio.run(main())
+    forced = 0
+    for result in results[:3]:
+        assert result.finish_reason == "stop"
+        json.loads(result.text)
+        forced += replay(engine, grammar, list(result.prompt_ids), list(result.token_ids))
+    assert forced > 0  # the keys and punctuation came without sampling
+    free = results[3]
+    with torch.inference_mode():
+        alone = engine.model.generate(torch.tensor([list(free.prompt_ids)]), max_new_tokens=30, do_sample=False,
+                                      min_new_tokens=30, pad_token_id=engine.pad_token_id)
+    assert list(free.token_ids) == alone[0, len(free.prompt_ids):].tolist()
