@@ -60,6 +60,8 @@ class ServiceConfig:
     prefix_cache_mb: float = 512.0  # KV of recent prompt prefixes, reused by later prompts; 0: off
     # -- structured outputs ---------------------------------------------------------------------
     grammar_timeout_s: float = 10.0  # a constraint that takes longer to compile is refused (400)
+    # Tokens a grammar allows no alternative to are appended without sampling (a step for many)
+    grammar_fast_forward: bool = True
     # -- records and live events -----------------------------------------------------------------
     keep_records: int = 1000
     max_event_subscribers: int = 64

@@ -215,6 +215,7 @@ class InferenceService:
         snapshot["events"] = self.events.stats()
         snapshot["prefix_cache"] = snap.prefix_cache
         snapshot["kv_cache"] = snap.kv_cache
+        snapshot["structured_outputs"] = snap.status.get("structured_outputs")  # compiles, their times
         return snapshot
 
     def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:

@@ -76,3 +76,46 @@ def test_constrained_greedy_rows_are_the_models_best_allowed_tokens(tiny_model_d
         alone = engine.model.generate(torch.tensor([list(free.prompt_ids)]), max_new_tokens=30, do_sample=False,
                                       min_new_tokens=30, pad_token_id=engine.pad_token_id)
     assert list(free.token_ids) == alone[0, len(free.prompt_ids):].tolist()
+
+
+@pytest.mark.timeout(120)
+def test_a_grammar_that_fails_fails_its_row_alone(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matcher in its library's error state (e.g. out of fuel on a hostile grammar) ends its
+    own request with an error; its batch-mates go on."""
+    from jupyter_infer.constraints import grammar as grammar_module
+    from jupyter_infer.errors import RequestFailed
+
+    real = grammar_module.GrammarRow.error
+
+    def error(self):  # the row of the "doomed" regex breaks after three tokens
+        if getattr(self, "doomed", False) and self.tokens >= 3:
+            return "out of fuel"
+        return real.fget(self)
+
+    monkeypatch.setattr(grammar_module.GrammarRow, "error", property(error))
+    made = grammar_module.Grammar.row
+
+    def row(self):
+        out = made(self)
+        out.doomed = self.constraint.spec == "[a-z]{30}"
+        return out
+
+    monkeypatch.setattr(grammar_module.Grammar, "row", row)
+
+    async def main():
+        service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",
+                                                 num_threads=1))
+        service.start()
+        await service.wait_ready()
+        doomed = Request("x", SamplingParams(max_tokens=40, constraint=from_body({"regex": "[a-z]{30}"}, native=True)))
+        fine = Request("y", SamplingParams(max_tokens=40, constraint=from_body({"json_schema": SCHEMA}, native=True)))
+        free = Request("z", SamplingParams(max_tokens=12, ignore_eos=True))
+        streams = [await service.submit(r) for r in (doomed, fine, free)]
+        outcomes = await asyncio.gather(*(s.result() for s in streams), return_exceptions=True)
+        await service.stop()
+        return outcomes
+
+    doomed, fine, free = asyncio.run(main())
+    assert isinstance(doomed, RequestFailed) and "constraint failed: out of fuel" in doomed.message
+    assert fine.finish_reason == "stop" and json.loads(fine.text)
+    assert free.completion_tokens == 12

@@ -259,3 +259,26 @@ def test_client_schemas_from_pydantic_are_closed() -> None:
     with Client(embedded=fast_service()) as client:
         completion = client.generate("A title", schema=Loose, max_tokens=60)
         assert list(json.loads(completion.text)) == ["title"]
+
+
+@pytest.mark.parametrize("infer_options", [{"grammar_fast_forward": False, "simulated_token_delay_ms": [1.0, 2.0]},
+                                           {"simulated_token_delay_ms": [1.0, 2.0]}])
+async def test_fast_forward_spends_fewer_steps_and_metrics_tell_compiles(
+    http: httpx.AsyncClient, jp_serverapp: Any, infer_options: dict[str, Any],
+) -> None:
+    """The same constrained answer, with and without fast-forward: equally valid; with it, a
+    step yields several tokens. infer/metrics counts the compiles and their times."""
+    schema = {"type": "object", "properties": {"alpha_key": {"enum": ["x", "y"]}, "beta_key": {"type": "boolean"}},
+              "required": ["alpha_key", "beta_key"], "additionalProperties": False}
+    answer = await http.post("chat/completions", json={
+        "messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "k", "schema": schema}}})
+    body = answer.json()
+    jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
+    service = service_of(jp_serverapp)
+    metrics = service.metrics()["structured_outputs"]
+    assert metrics["compiled"] == 1 and metrics["compile_ms_p99"] >= 0
+    assert metrics["fast_forward"] is infer_options.get("grammar_fast_forward", True)
+    [record] = service.batches()["batches"]
+    assert record["tokens"] >= body["usage"]["completion_tokens"]  # EOS counts in the batch, not in usage
+    per_step = record["tokens"] / record["steps"]
+    assert per_step > 2 if metrics["fast_forward"] else per_step <= 1.0

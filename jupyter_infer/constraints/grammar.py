@@ -17,7 +17,8 @@ import asyncio
 import json
 import logging
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -65,12 +66,13 @@ def grammar_text(constraint: Constraint) -> str:
 class Grammar:
     """A compiled grammar: a matcher in its start state, copied for every row that uses it."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, constraint: Constraint) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, constraint: Constraint, compiler: GrammarCompiler) -> None:
         self._matcher = matcher
         self.constraint = constraint
+        self._compiler = compiler
 
     def row(self) -> GrammarRow:
-        return GrammarRow(self._matcher.deep_copy())
+        return GrammarRow(self._matcher.deep_copy(), fast_forward=self._compiler.fast_forward)
 
 
 class GrammarCompiler:
@@ -83,6 +85,8 @@ class GrammarCompiler:
         self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
         self._lock = threading.Lock()  # compiles run on worker threads
         self.compiled = 0
+        self.fast_forward = True  # rows append their grammar's forced tokens (InferApp.grammar_fast_forward)
+        self._compile_ms: deque[float] = deque(maxlen=1000)  # the recent compiles' times
 
     @classmethod
     def for_hf(cls, hf_tokenizer: Any, vocab: int, eos_ids: Seq[int]) -> GrammarCompiler:
@@ -118,11 +122,13 @@ class GrammarCompiler:
             text = grammar_text(constraint)
         except (ValueError, TypeError) as err:
             raise InvalidRequest(f"The {constraint.describe()} constraint is not valid: {err}.") from None
+        started = time.perf_counter()
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
+        self._compile_ms.append((time.perf_counter() - started) * 1000)
         if matcher.is_error():
             raise InvalidRequest(f"The {constraint.describe()} constraint cannot be enforced: "
                                  f"{_first_line(matcher.get_error())}")
-        grammar = Grammar(matcher, constraint)
+        grammar = Grammar(matcher, constraint, self)
         with self._lock:
             self._cache[key] = grammar
             self.compiled += 1
@@ -130,8 +136,16 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return grammar
 
-    def stats(self) -> dict[str, int]:
-        return {"compiled": self.compiled, "cached": len(self._cache)}
+    def stats(self) -> dict[str, Any]:
+        """Compiles so far, grammars cached, and the recent compile times (ms)."""
+        times = sorted(self._compile_ms)
+
+        def at(q: float) -> float | None:
+            return round(times[min(len(times) - 1, int(q * len(times)))], 3) if times else None
+
+        return {"compiled": self.compiled, "cached": len(self._cache), "compile_ms_p50": at(0.5),
+                "compile_ms_p99": at(0.99), "compile_ms_max": round(times[-1], 3) if times else None,
+                "fast_forward": self.fast_forward}
 
 
 def _first_line(message: str) -> str:
@@ -145,8 +159,9 @@ class GrammarRow:
 
     spent = False  # a grammar masks every token of the row, to its end
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, *, fast_forward: bool = True) -> None:
         self.matcher = matcher
+        self.fast_forward = fast_forward
         self._bits: np.ndarray | None = None  # this step's mask, packed (int32 words)
         self.tokens = 0  # tokens consumed so far
         self.forwarded = 0  # of those, tokens appended without sampling (fast-forward)
@@ -186,7 +201,7 @@ class GrammarRow:
 
     def forced(self) -> list[int]:
         """Tokens the grammar allows no alternative to, from here (fast-forward)."""
-        if self.matcher.is_stopped() or self.matcher.is_error():
+        if not self.fast_forward or self.matcher.is_stopped() or self.matcher.is_error():
             return []
         return list(self.matcher.compute_ff_tokens())
 

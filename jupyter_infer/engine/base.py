@@ -80,9 +80,11 @@ class StepPlan:
 @dataclass
 class Sampled:
     """One step's output, per row of the plan: the tokens it yields, in order (one for a
-    decode or a completed prompt; none for a prompt chunk that is not its last; several, one
-    day, for a step that verifies drafts) and, only for the rows whose request asks, their log
-    probabilities (``None`` when no row asked, so the common step carries nothing)."""
+    decode or a completed prompt; none for a prompt chunk that is not its last; several for
+    a constrained row whose grammar forced a run, or, one day, a step that verifies drafts)
+    and, only for the rows whose request asks, their log probabilities (``None`` when no row
+    asked, so the common step carries nothing). ``errors``: why a row failed this step
+    (its grammar could not go on), so that only that row fails."""
 
     tokens: list[list[int]]
     logprobs: list[list[TokenLogprob] | None] | None = None  # per row: one per token
@@ -91,6 +93,7 @@ class Sampled:
     # per row of a prefill: its computed tokens after the step (a prefix-cache hit counts),
     # for rows still short of their prompt's end; None: every prompt is complete
     computed: list[int] | None = None
+    errors: list[str | None] | None = None  # per row: None, or why this row failed
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ class RowSampler:
         if forced:
             self.advance(forced)
             grammar.forwarded += len(forced)
-        if grammar.done and self.eos is not None:
+        if grammar.done and grammar.fast_forward and self.eos is not None:
             forced.append(self.eos)
         return forced
 
@@ -101,7 +101,10 @@ class RowSampler:
         return row
 
     def choose(self, logits: torch.Tensor) -> int:
-        """The token for one row of logits (not a plain row: those share the batch's argmax)."""
+        """The token for one row of logits (not a plain row: those share the batch's argmax).
+        A row whose grammar failed (its library's error state) gets EOS: it fails, alone."""
+        if self.grammar is not None and self.grammar.error:
+            return self.eos if self.eos is not None else 0
         shaped = self.shape(logits) if self.processors else logits.float()
         if self.params.greedy:
             return int(torch.argmax(shaped))
@@ -138,6 +141,8 @@ def sample(logits: torch.Tensor, samplers: Seq[RowSampler]) -> Sampled:
             sampler.advance((tokens[row],))
             rows[row] += sampler.fast_forward()
     sampled = Sampled(rows)
+    if any(s.grammar is not None and s.grammar.error for s in samplers):
+        sampled.errors = [s.grammar.error if s.grammar is not None else None for s in samplers]
     asking = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
     if not asking:
         return sampled

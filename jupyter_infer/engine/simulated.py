@@ -160,7 +160,7 @@ class SimulatedEngine(Engine):
                 forced = grammar.forced()
                 grammar.advance(forced)
                 grammar.forwarded += len(forced)
-                chosen += forced + ([EOS_ID] if grammar.done else [])
+                chosen += forced + ([EOS_ID] if grammar.done and grammar.fast_forward else [])
             tokens.append(chosen)
         return tokens
 

@@ -119,6 +119,8 @@ class EngineLoop(RequestLoop):
             snap.prefix_cache, snap.kv_cache = self.prefix_cache(), self.kv_cache()
             snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.max_token_chars,
                                                                            engine.info.max_context)
+            if engine.grammars is not None:
+                snap.status["structured_outputs"] = engine.grammars.stats()
         return snap
 
     # -- the loop ---------------------------------------------------------------------------
@@ -128,6 +130,8 @@ class EngineLoop(RequestLoop):
         try:
             self.engine = await loop.run_in_executor(self._executor, self._load)
             self.scheduler = Scheduler(self.config, self.engine, self.recorder)
+            if self.engine.grammars is not None:
+                self.engine.grammars.fast_forward = self.config.grammar_fast_forward
             self._state = "ready"
         except Exception as err:
             self._state, self.load_error = "failed", f"{type(err).__name__}: {err}"

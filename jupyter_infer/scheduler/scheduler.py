@@ -222,6 +222,10 @@ class Scheduler:
                     seq.prompt_logprobs = sampled.prompt_logprobs[row]
             else:
                 seq.num_computed += plan.num_scheduled[row]
+            if sampled.errors is not None and sampled.errors[row] is not None:
+                self._retire(seq, "failed", now, error=f"The answer's constraint failed: {sampled.errors[row]}")
+                self.recorder.left(self.running, now)
+                continue
             if tokens:
                 logprobs = sampled.logprobs[row] if sampled.logprobs else None
                 out.append((seq, *self._append(seq, tokens, logprobs, now)))

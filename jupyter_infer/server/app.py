@@ -192,6 +192,11 @@ class InferApp(ExtensionApp):
         D("grammar_timeout_s"), help="""Seconds a structured-output constraint (JSON schema, regex, grammar,
         tools) may take to compile; a slower one is refused with 400. Compiled constraints are cached."""
     ).tag(config=True)
+    grammar_fast_forward = Bool(
+        D("grammar_fast_forward"), help="""Append the tokens a constrained answer's grammar allows no
+        alternative to (a schema's keys and punctuation, a tool's name) without sampling them: several
+        tokens per step. Off: one token per step, as unconstrained rows."""
+    ).tag(config=True)
     max_event_subscribers = Int(
         D("max_event_subscribers"), help="Most live infer/events subscribers at once; more are refused with 429."
     ).tag(config=True)
