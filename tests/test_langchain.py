@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pytest
+from pydantic import BaseModel, Field
 from server_helpers import TOKEN, service_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -52,3 +53,70 @@ async def test_chat_openai_batch(base_url: str, jp_serverapp: Any) -> None:
     streamed = await asyncio.to_thread(lambda: "".join(c.content for c in chat.stream(PROMPTS[0])))
     assert streamed == replies[0].content
     assert service_of(jp_serverapp).metrics()["requests"]["ok"] == 5
+
+
+# -- structured output and tools through LangChain (constrained: valid on a random-weight model) --
+class Weather(BaseModel):
+    """The weather in a city."""
+
+    city: str = Field(max_length=12)
+    degrees: int = Field(ge=-40, le=50)
+    sky: Literal["sun", "rain", "snow"]
+
+
+def get_weather(city: Annotated[str, Field(max_length=10)]) -> str:
+    """The weather in a city.
+
+    Args:
+        city: the city's name
+    """
+    return f"18 C and sunny in {city}"
+
+
+def chat_model(base_url: str, **kwargs: Any) -> Any:
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(base_url=base_url, api_key=TOKEN, model="default", temperature=0, max_retries=0,
+                      max_tokens=120, **kwargs)
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+async def test_with_structured_output_returns_the_model(base_url: str, jp_serverapp: Any, method: str) -> None:
+    """The default method (``json_schema``: response_format) and ``function_calling`` (a named tool)."""
+    chat = chat_model(base_url)
+    # strict: additionalProperties false, else the grammar lets a random model add keys until max_tokens.
+    structured = chat.with_structured_output(Weather) if method == "json_schema" else \
+        chat.with_structured_output(Weather, method=method, strict=True)
+    weather = await asyncio.to_thread(structured.invoke, "What is the weather in Paris?")
+    assert isinstance(weather, Weather) and -40 <= weather.degrees <= 50
+    assert service_of(jp_serverapp).metrics()["requests"]["ok"] == 1
+
+
+@pytest.mark.parametrize(("tool", "tool_choice"), [(get_weather, "required"), (Weather, "Weather")])
+async def test_bind_tools_and_a_tool_message_round_trip(
+    base_url: str, jp_serverapp: Any, tool: Any, tool_choice: str,
+) -> None:
+    """invoke -> an AIMessage with tool_calls -> the ToolMessage appended -> a text answer."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    chat = chat_model(base_url)
+    # strict: no extra keys; one call: a random model would otherwise repeat calls until max_tokens.
+    with_tools = chat.bind_tools([tool], tool_choice=tool_choice, strict=True, parallel_tool_calls=False)
+    messages: list[Any] = [HumanMessage("What is the weather in Paris?")]
+    first = await asyncio.to_thread(with_tools.invoke, messages)
+    assert isinstance(first, AIMessage) and first.tool_calls, first
+    call = first.tool_calls[0]
+    name = tool.__name__
+    assert call["name"] == name and call["id"]
+    result = get_weather(**call["args"]) if tool is get_weather else str(Weather(**call["args"]))
+    messages += [first, ToolMessage(result, tool_call_id=call["id"])]
+    # The same tools, now with tool_choice="none": the prompt renders the call and its result.
+    second = await asyncio.to_thread(chat.bind_tools([tool], tool_choice="none").bind(max_tokens=8).invoke,
+                                     messages)
+    assert isinstance(second, AIMessage) and not second.tool_calls
+    assert isinstance(second.content, str) and second.content
+    # The call and its result are in the prompt: longer than the question alone plus the call.
+    alone = await asyncio.to_thread(chat.bind(max_tokens=1).invoke, messages[:1])
+    assert second.usage_metadata["input_tokens"] > \
+        alone.usage_metadata["input_tokens"] + first.usage_metadata["output_tokens"]
+    assert service_of(jp_serverapp).metrics()["requests"]["ok"] == 3
