@@ -60,6 +60,14 @@ class InternalError(InferError):
     code = "internal_error"
 
 
+class ConstraintFailed(InferError):
+    """The request's own constraint could not go on mid-answer (its grammar ran out of the
+    library's fuel, or allows no way to finish): the request's fault, so a 4xx."""
+
+    status = 400
+    code = "constraint_failed"
+
+
 class RequestFailed(InferError):
     """The engine failed while running this request; other requests go on."""
 

@@ -16,6 +16,7 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
+from .errors import InferError
 from .metrics import RequestRecord
 from .request import Request, RequestResult, SamplingParams, TokenLogprob
 
@@ -48,6 +49,7 @@ class Sequence:
         # The compiled constraint of a structured answer (``constraints.grammar.Grammar``):
         # the engine gives the row its own matcher from it.
         self.grammar: Any = None
+        self.failure: InferError | None = None  # why it failed, when that is not the engine's fault
         self.text = ""  # text released to the caller so far
         self._decoded = ""  # text of all output tokens (may hold back a stop-string prefix)
         self._prefix_offset = 0

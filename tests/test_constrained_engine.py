@@ -83,7 +83,7 @@ def test_a_grammar_that_fails_fails_its_row_alone(tiny_model_dir: Path, monkeypa
     """A matcher in its library's error state (e.g. out of fuel on a hostile grammar) ends its
     own request with an error; its batch-mates go on."""
     from jupyter_infer.constraints import grammar as grammar_module
-    from jupyter_infer.errors import RequestFailed
+    from jupyter_infer.errors import ConstraintFailed
 
     real = grammar_module.GrammarRow.error
 
@@ -116,6 +116,6 @@ def test_a_grammar_that_fails_fails_its_row_alone(tiny_model_dir: Path, monkeypa
         return outcomes
 
     doomed, fine, free = asyncio.run(main())
-    assert isinstance(doomed, RequestFailed) and "constraint failed: out of fuel" in doomed.message
+    assert isinstance(doomed, ConstraintFailed) and doomed.status == 400 and "out of fuel" in doomed.message
     assert fine.finish_reason == "stop" and json.loads(fine.text)
     assert free.completion_tokens == 12

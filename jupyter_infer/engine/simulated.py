@@ -132,7 +132,7 @@ class SimulatedEngine(Engine):
             [s.grammar.row() if s.grammar is not None else None for s in seqs],
             [0] * len(seqs),
         )
-        sampled = self._sampled(self._tokens(batch, seqs), seqs)
+        sampled = self._sampled(self._tokens(batch, seqs), seqs, batch)
         if any(s.params.prompt_logprobs is not None for s in seqs):
             sampled.prompt_logprobs = [
                 None if s.params.prompt_logprobs is None else
@@ -143,7 +143,7 @@ class SimulatedEngine(Engine):
 
     def decode(self, batch: SimulatedBatch, seqs: list[Sequence]) -> Sampled:
         self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
-        return self._sampled(self._tokens(batch, seqs), seqs)
+        return self._sampled(self._tokens(batch, seqs), seqs, batch)
 
     def _tokens(self, batch: SimulatedBatch, seqs: list[Sequence]) -> list[list[int]]:
         """Each row's tokens this step: its answer's next, or a constrained row's choice and
@@ -177,13 +177,16 @@ class SimulatedEngine(Engine):
                 return token
         return int(allowed.nonzero()[0]) if allowed.any() else EOS_ID
 
-    def _sampled(self, tokens: list[list[int]], seqs: list[Sequence]) -> Sampled:
-        if all(s.params.logprobs is None for s in seqs):
-            return Sampled(tokens)
-        return Sampled(tokens, [
-            None if s.params.logprobs is None else [self._stand_in(t, s.params.logprobs) for t in row]
-            for row, s in zip(tokens, seqs, strict=True)
-        ])
+    def _sampled(self, tokens: list[list[int]], seqs: list[Sequence], batch: SimulatedBatch) -> Sampled:
+        sampled = Sampled(tokens)
+        if any(g is not None and g.error for g in batch.grammars):  # that row fails, alone
+            sampled.errors = [g.error if g is not None else None for g in batch.grammars]
+        if any(s.params.logprobs is not None for s in seqs):
+            sampled.logprobs = [
+                None if s.params.logprobs is None else [self._stand_in(t, s.params.logprobs) for t in row]
+                for row, s in zip(tokens, seqs, strict=True)
+            ]
+        return sampled
 
     def _stand_in(self, token: int, k: int) -> TokenLogprob:
         """The documented deterministic logprob of ``token`` and ``k`` alternatives."""

@@ -190,7 +190,7 @@ class RequestLoop(abc.ABC):
         """End the streams of the sequences the core finished: their result, or why they failed."""
         for seq in self.scheduler.pop_finished():
             stream = self._streams.pop(seq.id, None)
-            error = self._errors.pop(seq.id, None)
+            error = self._errors.pop(seq.id, None) or seq.failure
             if stream is None:
                 continue
             rec = seq.record

@@ -25,7 +25,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 from ..engine import Sampled, StepPlan
-from ..errors import QueueFull
+from ..errors import ConstraintFailed, QueueFull
 from ..request import TokenLogprob
 from ..sequence import Sequence, Status
 from .recorder import Recorder
@@ -223,7 +223,10 @@ class Scheduler:
             else:
                 seq.num_computed += plan.num_scheduled[row]
             if sampled.errors is not None and sampled.errors[row] is not None:
-                self._retire(seq, "failed", now, error=f"The answer's constraint failed: {sampled.errors[row]}")
+                message = (f"The answer's constraint could not be followed to its end: {sampled.errors[row]}. "
+                           "Simplify the schema or grammar.")
+                seq.failure = ConstraintFailed(message, param="response_format")
+                self._retire(seq, "failed", now, error=message)
                 self.recorder.left(self.running, now)
                 continue
             if tokens:
