@@ -282,3 +282,15 @@ async def test_fast_forward_spends_fewer_steps_and_metrics_tell_compiles(
     assert record["tokens"] >= body["usage"]["completion_tokens"]  # EOS counts in the batch, not in usage
     per_step = record["tokens"] / record["steps"]
     assert per_step > 2 if metrics["fast_forward"] else per_step <= 1.0
+
+
+async def test_tool_arguments_hold_only_the_declared_keys(client: openai.AsyncOpenAI) -> None:
+    """A tool schema that leaves its object open (LangChain's default) gets calls with the
+    tool's own arguments, not keys the model invents until max_tokens."""
+    open_tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"]}}}
+    completion = await client.chat.completions.create(model="default", messages=ASK, tools=[open_tool],
+                                                      tool_choice="required", parallel_tool_calls=False,
+                                                      temperature=0, max_tokens=100)
+    [call] = completion.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments).keys() == {"unit"}

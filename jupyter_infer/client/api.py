@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..constraints.spec import closed_schema
 from ..errors import EngineUnavailable, InferError
 from .arrivals import arrival_times
 from .backend import Backend
@@ -299,18 +300,6 @@ def _schema(params: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any
         return params, None
     rest = {k: v for k, v in params.items() if k != "schema"}
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):  # a pydantic model
-        return {**rest, "json_schema": _closed(schema.model_json_schema())}, schema.model_validate_json
+        # Closed as the openai SDK's parse closes it: an answer holds the model's fields, not an endless tail.
+        return {**rest, "json_schema": closed_schema(schema.model_json_schema())}, schema.model_validate_json
     return {**rest, "json_schema": schema}, json.loads
-
-
-def _closed(schema: Any) -> Any:
-    """A pydantic model's schema with no room for keys it does not declare (what the openai
-    SDK's ``parse`` sends too): an answer holds the model's fields, not an endless tail."""
-    if isinstance(schema, list):
-        return [_closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _closed(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out

@@ -142,3 +142,17 @@ def parse_generate(body: Any, *, max_new_tokens: int) -> Request:
     if constraint is None:
         return request
     return replace(request, params=replace(request.params, constraint=constraint))
+
+
+def closed_schema(schema: Any) -> Any:
+    """``schema`` with no room for keys it does not declare (``additionalProperties: false``
+    wherever an object lists its ``properties`` and says nothing of others): what OpenAI's
+    strict mode requires, and what a tool call's arguments are meant to be."""
+    if isinstance(schema, list):
+        return [closed_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_schema(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out

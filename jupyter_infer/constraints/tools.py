@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..request import show
-from .spec import MAX_SPEC_CHARS, Constraint
+from .spec import MAX_SPEC_CHARS, Constraint, closed_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'<tool_call>\{"name":"([A-Za-z0-9_.-]{1,64})","arguments":')
@@ -94,9 +94,10 @@ class ToolSet:
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
-    """One call's JSON: the name (this tool's) first, then its arguments. The arguments'
-    ``$defs`` move to the root, where their ``#/$defs/...`` references point."""
-    params = dict(tool.parameters)
+    """One call's JSON: the name (this tool's) first, then its arguments, closed to the keys
+    the tool declares (``closed_schema``: a call names its arguments, it does not invent
+    more). The arguments' ``$defs`` move to the root, where their references point."""
+    params = closed_schema(dict(tool.parameters))
     defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
     return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False,
@@ -180,6 +181,7 @@ class CallParser:
     buffer: str = ""
     mode: str | None = None  # None (undecided), "text", "calls"
     calls: list[dict[str, Any]] = field(default_factory=list)
+    complete: int = 0  # calls whose closing tag came
     _in_call: bool = False
     content: str = ""
 
@@ -218,6 +220,7 @@ class CallParser:
                 return out
             out += self._piece(self.buffer[:end])
             self.buffer, self._in_call = self.buffer[end + 1 + len(CLOSE):], False
+            self.complete += 1
 
     def _piece(self, piece: str) -> list[CallDelta]:
         if not piece:
@@ -226,7 +229,8 @@ class CallParser:
         return [CallDelta(index=len(self.calls) - 1, arguments=piece)]
 
     def finish(self) -> list[CallDelta]:
-        """The rest (a call cut short by ``max_tokens`` keeps what it had)."""
+        """The rest: a call cut short by ``max_tokens`` streams what it had (its arguments
+        are not whole JSON; ``complete`` does not count it)."""
         if self.mode is None and self.buffer:
             self.mode = "text"
             return self.feed("")
@@ -237,10 +241,11 @@ class CallParser:
 
 
 def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """A whole answer: its text content (``None`` when it is calls) and its calls."""
+    """A whole answer: its text content (``None`` when it is calls) and its complete calls
+    (one cut short by ``max_tokens`` is not among them)."""
     parser = CallParser()
     parser.feed(text)
     parser.finish()
     if parser.mode == "calls":
-        return None, parser.calls
+        return None, parser.calls[: parser.complete]
     return parser.content, []

@@ -101,7 +101,7 @@ class Shaper:
                 choice["message"] = {"role": "assistant", "content": result.text}
                 if self.call.tools is not None:
                     content, calls = parse_calls(result.text)
-                    if calls and result.finish_reason != "length":
+                    if calls:  # cut short by max_tokens: the complete calls, and "length"
                         choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                         choice["finish_reason"] = finish_reason(result, called=not self.call.tools.named)
                 if self.call.logprobs is not None:

@@ -1,0 +1,77 @@
+"""The tool-call format: a tool set from a request body, its grammar, and the calls read back
+out of the text, whole or streamed (no server: the pieces the routes are built from)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jupyter_infer.constraints.tools import CallParser, ToolSet, call_text, parse_calls
+from jupyter_infer.errors import InvalidRequest
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TWO = call_text("get_weather", '{"city":"Paris"}') + "\n" + call_text("get_weather", '{"city":"Rome"}')
+
+
+def test_whole_answers_are_calls_or_text() -> None:
+    content, calls = parse_calls(TWO)
+    assert content is None and [json.loads(c["function"]["arguments"]) for c in calls] == [
+        {"city": "Paris"}, {"city": "Rome"}]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
+    assert len({c["id"] for c in calls}) == 2
+    assert parse_calls("Sunny, 18 C.") == ("Sunny, 18 C.", [])
+    assert parse_calls("") == ("", [])
+
+
+def test_a_call_cut_short_is_not_among_the_calls() -> None:
+    content, calls = parse_calls(TWO[: len(TWO) - 9])
+    assert content is None and len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13])
+def test_streamed_pieces_add_up_to_the_whole(size: int) -> None:
+    parser, deltas = CallParser(), []
+    for i in range(0, len(TWO), size):
+        deltas += parser.feed(TWO[i:i + size])
+    deltas += parser.finish()
+    starts = [d for d in deltas if d.id is not None]
+    assert [d.name for d in starts] == ["get_weather", "get_weather"] and [d.index for d in starts] == [0, 1]
+    args = {0: "", 1: ""}
+    for d in deltas:
+        args[d.index] += d.arguments or ""
+    assert args == {0: '{"city":"Paris"}', 1: '{"city":"Rome"}'}
+    assert all(d.content is None for d in deltas)
+
+
+def test_the_grammar_follows_tool_choice() -> None:
+    both = [WEATHER, {"type": "function", "function": {"name": "get_time"}}]
+    required = ToolSet.from_body({"tools": both, "tool_choice": "required"})
+    assert "start: calls\n" in required.lark() and '("\\n" call)*' in required.lark()
+    named = ToolSet.from_body({"tools": both, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    assert named.named and "get_weather" not in named.lark() and '("\\n" call)*' not in named.lark()
+    auto = ToolSet.from_body({"tools": both})
+    assert "TEXT" in auto.lark()
+    assert ToolSet.from_body({"tools": both, "tool_choice": "none"}) is None
+    assert ToolSet.from_body({"tools": both, "parallel_tool_calls": False}).parallel is False
+    # Arguments are closed to the declared keys; a tool with no parameters takes {}.
+    assert '"additionalProperties": false' in required.lark()
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"tools": "x"}, "must be a list"),
+    ({"tools": [{"type": "retrieval"}]}, "only function tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "'tool_choice' must be"),
+    ({"tool_choice": "required"}, "has no 'tools'"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "true or false"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "JSON schema object"),
+])
+def test_bad_tool_sets_are_refused(body: dict, message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        ToolSet.from_body(body)
+
+
+def test_legacy_functions_are_tools_without_parallel_calls() -> None:
+    tools = ToolSet.from_body({"functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}})
+    assert tools.choice == "get_weather" and not tools.parallel
