@@ -51,6 +51,8 @@ class RequestRecord:
     finish_reason: str | None = None
     error: str | None = None
     route: str | None = None  # the router's backend that ran it
+    constraint: str | None = None  # what its answer was held to (a constraint's kind), if anything
+    forced_tokens: int = 0  # of its tokens, those its grammar forced (fast-forward, no sampling)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -70,6 +72,7 @@ class BatchRecord:
     prefill_steps: int = 0
     tokens: int = 0  # generated tokens
     prompt_tokens: int = 0  # tokens prefilled in this batch
+    forced_tokens: int = 0  # of its tokens, those grammars forced (fast-forward)
     # "engine": rows stepped together here; "upstream": requests in flight together on an
     # upstream server (which batches them its own way)
     source: str = "engine"

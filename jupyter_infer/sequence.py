@@ -45,6 +45,8 @@ class Sequence:
             request.id, request.priority, len(prompt_ids) if prompt_tokens is None else prompt_tokens,
             request.arrival,
         )
+        if request.params.constraint is not None:
+            self.record.constraint = request.params.constraint.kind
         self.upstream_tokens: int | None = None  # tokens an upstream server generated for it
         # The compiled constraint of a structured answer (``constraints.grammar.Grammar``):
         # the engine gives the row its own matcher from it.

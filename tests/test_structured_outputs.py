@@ -294,3 +294,16 @@ async def test_tool_arguments_hold_only_the_declared_keys(client: openai.AsyncOp
                                                       temperature=0, max_tokens=100)
     [call] = completion.choices[0].message.tool_calls
     assert json.loads(call.function.arguments).keys() == {"unit"}
+
+
+async def test_records_say_which_rows_were_constrained_and_what_was_forced(http: httpx.AsyncClient,
+                                                                            jp_serverapp: Any) -> None:
+    await http.post("chat/completions", json={"messages": ASK, "max_tokens": 150,
+                                              "response_format": {"type": "json_schema", "json_schema": {
+                                                  "name": "c", "schema": City.model_json_schema()}}})
+    await http.post("completions", json={"prompt": "free", "max_tokens": 4})
+    batches = service_of(jp_serverapp).batches()
+    bound, free = batches["requests"][-2:]
+    assert bound["constraint"] == "json_schema" and 0 < bound["forced_tokens"] < bound["completion_tokens"] + 1
+    assert free["constraint"] is None and free["forced_tokens"] == 0
+    assert sum(b["forced_tokens"] for b in batches["batches"]) == bound["forced_tokens"]

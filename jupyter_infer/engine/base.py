@@ -94,6 +94,7 @@ class Sampled:
     # for rows still short of their prompt's end; None: every prompt is complete
     computed: list[int] | None = None
     errors: list[str | None] | None = None  # per row: None, or why this row failed
+    forced: list[int] | None = None  # per row: how many of its tokens a grammar forced (None: none did)
 
 
 @dataclass(frozen=True)

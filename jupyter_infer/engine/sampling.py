@@ -133,14 +133,19 @@ def sample(logits: torch.Tensor, samplers: Seq[RowSampler]) -> Sampled:
     """
     tokens = torch.argmax(logits, dim=-1).tolist()
     rows = [[t] for t in tokens]
+    forced = None
     for row, sampler in enumerate(samplers):
         if not sampler.plain:
             tokens[row] = sampler.choose(logits[row])
             rows[row] = [tokens[row]]
         if sampler.processors:
             sampler.advance((tokens[row],))
-            rows[row] += sampler.fast_forward()
-    sampled = Sampled(rows)
+            more = sampler.fast_forward()
+            if more:
+                rows[row] += more
+                forced = forced or [0] * len(samplers)
+                forced[row] = len(more)
+    sampled = Sampled(rows, forced=forced)
     if any(s.grammar is not None and s.grammar.error for s in samplers):
         sampled.errors = [s.grammar.error if s.grammar is not None else None for s in samplers]
     asking = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]

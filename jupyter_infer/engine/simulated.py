@@ -179,6 +179,8 @@ class SimulatedEngine(Engine):
 
     def _sampled(self, tokens: list[list[int]], seqs: list[Sequence], batch: SimulatedBatch) -> Sampled:
         sampled = Sampled(tokens)
+        if any(len(t) > 1 for t in tokens):  # only a grammar's forced run gives a row several
+            sampled.forced = [len(t) - 1 for t in tokens]
         if any(g is not None and g.error for g in batch.grammars):  # that row fails, alone
             sampled.errors = [g.error if g is not None else None for g in batch.grammars]
         if any(s.params.logprobs is not None for s in seqs):

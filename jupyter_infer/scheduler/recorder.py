@@ -115,12 +115,14 @@ class Recorder:
         return request_id in self._recent
 
     # -- steps ------------------------------------------------------------------------------
-    def step(self, plan: StepPlan, produced: int, started: float, now: float) -> None:
-        """Count a finished step in the batch that ran it (before rows leave)."""
+    def step(self, plan: StepPlan, produced: int, started: float, now: float, *, forced: int = 0) -> None:
+        """Count a finished step in the batch that ran it (before rows leave); ``forced``: of
+        its ``produced`` tokens, those grammars forced."""
         batch = self.batch
         if batch is not None:
             batch.steps += 1
             batch.tokens += produced
+            batch.forced_tokens += forced
             if plan.kind == "prefill":
                 batch.prefill_steps += 1
                 if not plan.chunk or produced:  # a chunked prompt counts once, when complete
@@ -129,7 +131,7 @@ class Recorder:
         if self.events.has_subscribers:  # the member list is per-step work: only when watched
             self._emit("step", step_id=plan.step_id, kind=plan.kind, chunk=plan.chunk,
                        members=[s.id for s in plan.seqs],
-                       tokens=produced, batch_id=batch.id if batch else None,
+                       tokens=produced, forced=forced, batch_id=batch.id if batch else None,
                        started_at=wall(started), ended_at=wall(now))
 
     def _open_batch(self, members: Seq[Sequence], now: float) -> None:

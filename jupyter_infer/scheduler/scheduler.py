@@ -212,6 +212,7 @@ class Scheduler:
         not kept). A prompt chunk that is not its last yields none; its sequence's
         ``num_computed`` moves on."""
         out: list[tuple[Sequence, list[int], str]] = []
+        forced = 0  # tokens kept that a grammar forced (a row may end inside its forced run)
         for row, (seq, tokens) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
@@ -232,7 +233,11 @@ class Scheduler:
             if tokens:
                 logprobs = sampled.logprobs[row] if sampled.logprobs else None
                 out.append((seq, *self._append(seq, tokens, logprobs, now)))
-        self.recorder.step(plan, sum(len(kept) for _, kept, _ in out), started, now)
+                if sampled.forced is not None:
+                    kept = min(sampled.forced[row], len(out[-1][1]) - 1)
+                    seq.record.forced_tokens += kept
+                    forced += kept
+        self.recorder.step(plan, sum(len(kept) for _, kept, _ in out), started, now, forced=forced)
         done = [seq for seq, _, _ in out if seq.finish_reason is not None]
         for seq in done:
             self._retire(seq, "ok", now)
