@@ -218,7 +218,8 @@ SAMPLING_FIELDS = {
 # them all, the OpenAI routes all but the four short names.
 CONSTRAINT_FIELDS = {"json_schema", "regex", "choice", "grammar", "response_format", "structured_outputs",
                      "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
-GENERATE_FIELDS = SAMPLING_FIELDS | CONSTRAINT_FIELDS | {"prompt", "priority", "model"}
+GENERATE_FIELDS = SAMPLING_FIELDS | CONSTRAINT_FIELDS | {"prompt", "priority", "model", "messages", "tools",
+                                                         "tool_choice", "parallel_tool_calls"}
 
 
 def _number(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:

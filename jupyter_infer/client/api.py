@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..constraints.spec import closed_schema
+from ..constraints.tools import parse_calls
 from ..errors import EngineUnavailable, InferError
 from .arrivals import arrival_times
 from .backend import Backend
@@ -21,6 +22,7 @@ from .loop import IOThread
 from .openai_backend import is_openai_url
 from .results import Completion
 from .streams import AsyncTokenStream, TokenStream
+from .tools import as_tool
 
 if TYPE_CHECKING:
     from ..service import InferenceService
@@ -150,6 +152,33 @@ class Client:
         if read is not None and completion.finish_reason == "stop":
             completion.parsed = read(completion.text)
         return completion
+
+    async def _chat(self, messages: list[dict[str, Any]], tools: list[Any] | None, params: dict[str, Any]) -> Completion:
+        sent = time.time()
+        body = {k: v for k, v in params.items() if v is not None}
+        body["messages"] = messages
+        if tools:
+            body["tools"] = [as_tool(t) for t in tools]
+        data = await self._backend.generate(body)
+        completion = Completion.from_json(data, prompt=None, sent_at=sent, received_at=time.time())
+        if tools:
+            content, calls = parse_calls(completion.text)
+            if calls:  # else the text stays as it came (a call cut short by max_tokens included)
+                completion.tool_calls, completion.text = calls, content or ""
+        return completion
+
+    def chat(self, messages: list[dict[str, Any]], *, tools: list[Any] | None = None, **params: Any) -> Completion:
+        """Answer a chat (OpenAI's message list, tool calls and results included). ``tools``:
+        Python functions (their schema from the signature and docstring) or OpenAI tool
+        dicts; ``tool_choice`` ("auto", "required", "none" or a tool's name as
+        ``{"type": "function", "function": {"name": ...}}``) and ``parallel_tool_calls`` as
+        OpenAI's. The answer's calls are in ``.tool_calls``."""
+        return self._io.run(self._chat(messages, tools, params))
+
+    async def achat(self, messages: list[dict[str, Any]], *, tools: list[Any] | None = None,
+                    **params: Any) -> Completion:
+        """``chat``, awaitable from any event loop."""
+        return await self._io.call(self._chat(messages, tools, params))
 
     def generate(self, prompt: str, **params: Any) -> Completion:
         """Complete ``prompt`` (params: max_tokens, temperature, top_p, top_k, seed, stop, priority).

@@ -98,7 +98,7 @@ class EmbeddedBackend:
         return service
 
     def _request(self, body: dict[str, Any]) -> Any:
-        from ..constraints.spec import parse_generate
+        from ..native import parse_generate
 
         return parse_generate(body, max_new_tokens=self.service.limits.max_new_tokens)
 

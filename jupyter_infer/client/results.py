@@ -35,6 +35,10 @@ class Completion:
     # ``generate(..., schema=...)``: the answer parsed (a pydantic model's instance, or the
     # JSON value); None when it was cut short (``finish_reason == "length"``).
     parsed: Any = None
+    # ``chat(..., tools=...)``: the calls the answer makes (OpenAI's ``tool_calls`` entries:
+    # ``id``, ``type``, ``function.name``, ``function.arguments`` as JSON text); ``text`` is
+    # then the answer's text besides them ("" for an answer that is calls).
+    tool_calls: list[dict[str, Any]] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any], **extra: Any) -> Completion:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidRequest
-from ..request import CONSTRAINT_FIELDS, Constraint, Request, parse_generate_body, show
+from ..request import CONSTRAINT_FIELDS, Constraint, show
 
 MAX_SPEC_CHARS = 256 * 1024  # a schema, grammar or tool list this long is refused before compiling
 MAX_CHOICES = 10_000
@@ -132,16 +131,6 @@ def from_body(body: Mapping[str, Any], *, native: bool = False) -> Constraint | 
         names = ", ".join(n for n, _ in found)
         raise InvalidRequest(f"One constraint per request: this one sends {names}.", param=found[1][0])
     return found[0][1] if found else None
-
-
-def parse_generate(body: Any, *, max_new_tokens: int) -> Request:
-    """The body of ``POST infer/generate(_stream)``, its constraint included (the native
-    ``json_schema``, ``regex``, ``choice``, ``grammar``, or any OpenAI or vLLM spelling)."""
-    request = parse_generate_body(body, max_new_tokens=max_new_tokens)
-    constraint = from_body(body, native=True)
-    if constraint is None:
-        return request
-    return replace(request, params=replace(request.params, constraint=constraint))
 
 
 def closed_schema(schema: Any) -> Any:

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from ..sequence import Sequence
 
 
+SIMULATED_RUN = 12  # answer tokens a constrained row reads into one string (or text) before closing it
+
+
 @dataclass
 class SimulatedBatch:
     """The running rows: their ids, the token ids of the answer each one is reading out, and
@@ -40,6 +43,7 @@ class SimulatedBatch:
     answers: list[list[int]]
     grammars: list[GrammarRow | None] = field(default_factory=list)
     read: list[int] = field(default_factory=list)
+    run: list[int] = field(default_factory=list)  # answer tokens taken since a constrained row last closed
 
     def filter(self, ids: list[str]) -> SimulatedBatch | None:
         if not ids:
@@ -48,12 +52,13 @@ class SimulatedBatch:
         self.answers = [self.answers[row[i]] for i in ids]
         self.grammars = [self.grammars[row[i]] for i in ids]
         self.read = [self.read[row[i]] for i in ids]
+        self.run = [self.run[row[i]] for i in ids]
         self.ids = list(ids)
         return self
 
     def concatenate(self, other: SimulatedBatch) -> SimulatedBatch:
         return SimulatedBatch(self.ids + other.ids, self.answers + other.answers, self.grammars + other.grammars,
-                              self.read + other.read)
+                              self.read + other.read, self.run + other.run)
 
 
 @dataclass
@@ -130,7 +135,7 @@ class SimulatedEngine(Engine):
             [s.id for s in seqs],
             [self.tokenize(compose_answer(s.request.prompt, self._seed_for(s))) for s in seqs],
             [s.grammar.row() if s.grammar is not None else None for s in seqs],
-            [0] * len(seqs),
+            [0] * len(seqs), [0] * len(seqs),
         )
         sampled = self._sampled(self._tokens(batch, seqs), seqs, batch)
         if any(s.params.prompt_logprobs is not None for s in seqs):
@@ -165,15 +170,18 @@ class SimulatedEngine(Engine):
         return tokens
 
     def _allowed_next(self, grammar: GrammarRow, batch: SimulatedBatch, row: int) -> int:
-        """A constrained row's token: its answer's next one where the grammar allows it, else
-        the first closer (EOS, a quote, a brace, a bracket) it allows, else the lowest id."""
+        """A constrained row's token: its answer's next one where the grammar allows it (at
+        most ``SIMULATED_RUN`` in a row: a string or a text stays short), else the first closer
+        (EOS, a quote, a brace, a bracket) it allows, else the lowest id."""
         allowed = grammar.allowed(self.vocab_size)
         answer, read = batch.answers[row], batch.read[row]
-        if read < len(answer) and allowed[answer[read]]:
+        if read < len(answer) and allowed[answer[read]] and batch.run[row] < SIMULATED_RUN:
             batch.read[row] += 1
+            batch.run[row] += 1
             return answer[read]
         for token in self._closers:
             if allowed[token]:
+                batch.run[row] = 0
                 return token
         return int(allowed.nonzero()[0]) if allowed.any() else EOS_ID
 

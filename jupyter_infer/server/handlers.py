@@ -12,9 +12,9 @@ from jupyter_server.auth.decorator import allow_unauthenticated, authorized
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from ..constraints.spec import parse_generate
 from ..errors import Forbidden, InvalidRequest, NotFound
 from ..events import coalesce_tokens
+from ..native import parse_generate
 from ..request import show
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .openai_handlers import (

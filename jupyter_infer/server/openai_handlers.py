@@ -12,6 +12,7 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
+from ..chat import parse_messages
 from ..constraints.tools import CallParser
 from ..errors import InferError, InvalidRequest, NotFound
 from ..metrics import wall
@@ -209,7 +210,7 @@ class TokenizeHandler(OpenAIHandler):
         if not isinstance(body, dict):
             raise InvalidRequest("The request body must be a JSON object with 'prompt' or 'messages'.")
         if "messages" in body:
-            prompt = await self.service.render_chat(openai_requests.parse_messages(body))
+            prompt = await self.service.render_chat(parse_messages(body))
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):

@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..chat import parse_messages, with_tools
 from ..constraints import spec as constraint_spec
-from ..constraints.tools import ToolSet, call_text
+from ..constraints.tools import ToolSet
 from ..engine import EngineInfo
 from ..errors import InvalidRequest
 from ..request import (
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions route
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-         "tool": "user", "function": "user"}  # a tool's result is the user's turn, in <tool_response>
 
 # Fields each route acts on, or accepts knowing they change nothing (user, metadata, ...).
 _COMMON = SAMPLING_FIELDS | constraint_spec.OPENAI_FIELDS | {
@@ -227,73 +226,6 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
                          continuous, n, echo, logprobs, ignored)
 
 
-def _message_text(message: Mapping[str, Any], index: int) -> str:
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(
-                    f"messages[{index}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                    "are supported.", param="messages",
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise InvalidRequest(f"messages[{index}].content must be a string.", param="messages")
-
-
-def _calls_text(calls: Any, index: int) -> list[str]:
-    """An assistant message's ``tool_calls``, as the model wrote them (``tools.call_text``)."""
-    if not isinstance(calls, list):
-        raise InvalidRequest(f"messages[{index}].tool_calls must be a list.", param="messages")
-    out = []
-    for call in calls:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise InvalidRequest(f"messages[{index}].tool_calls: each call needs a function name.", param="messages")
-        arguments = fn.get("arguments") or "{}"
-        if not isinstance(arguments, str):
-            raise InvalidRequest(f"messages[{index}].tool_calls: 'arguments' is a JSON string.", param="messages")
-        out.append(call_text(fn["name"], arguments))
-    return out
-
-
-def _with_tools(chat: list[dict[str, str]], tools: ToolSet) -> list[dict[str, str]]:
-    """The tools described to the model in the system message (built-in format, any model)."""
-    if chat[0]["role"] == "system":
-        return [{"role": "system", "content": chat[0]["content"] + "\n\n" + tools.system_prompt()}, *chat[1:]]
-    return [{"role": "system", "content": tools.system_prompt()}, *chat]
-
-
-def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Chat ``messages`` as ``{role, content}`` text (roles mapped to the template's)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty list of {role, content}.", param="messages")
-    chat = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object with role and content.", param="messages")
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(
-                f"messages[{i}].role is {show(role)}; supported roles: {', '.join(ROLES)}.", param="messages"
-            )
-        text = _message_text(message, i)
-        if role in ("tool", "function"):
-            text = f"<tool_response>\n{text}\n</tool_response>"
-        elif role == "assistant" and message.get("tool_calls"):
-            text = "\n".join([text, *_calls_text(message["tool_calls"], i)]).lstrip("\n")
-        chat.append({"role": ROLES[role], "content": text})
-    if not any(m["content"].strip() for m in chat):
-        raise InvalidRequest("All messages are empty: send some text.", param="messages")
-    return chat
-
-
 def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices: int) -> OpenAIRequest:
     """``POST infer/v1/chat/completions`` → one ``Request`` per choice (the service renders
     the chat with the model's chat template)."""
@@ -309,7 +241,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
                              "outputs): send one or the other.", param="response_format")
     chat = parse_messages(body)
     if tools is not None:
-        chat, constraint = _with_tools(chat, tools), tools.constraint()
+        chat, constraint = with_tools(chat, tools), tools.constraint()
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise InvalidRequest("'logprobs' must be true or false (top_logprobs says how many).", param="logprobs")
