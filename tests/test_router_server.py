@@ -157,3 +157,16 @@ async def test_prometheus_metrics_answer_behind_a_router(jp_fetch: Any) -> None:
     await generate(jp_fetch, {"prompt": "hi", "max_tokens": 2})
     text = (await jp_fetch("metrics")).body.decode()
     assert "jupyter_infer_queue_depth 0.0" in text and "jupyter_infer_running_requests 0.0" in text
+
+
+async def test_constraints_follow_the_route(jp_fetch: Any, upstream: ScriptedUpstream) -> None:
+    """A constrained request routed here is enforced here; routed to the cluster, its
+    constraint goes upstream as a field (the upstream enforces it its own way)."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    here, _ = await generate(jp_fetch, {"prompt": "Is it?", "json_schema": schema, "max_tokens": 20})
+    assert here["route"] == "local" and json.loads(here["text"]) in ({"ok": True}, {"ok": False})
+    there, _ = await generate(jp_fetch, {"prompt": "Is it?", "json_schema": schema, "max_tokens": 4,
+                                         "model": "cluster"})
+    assert there["route"] == "cluster"
+    assert upstream.bodies[-1]["response_format"]["json_schema"]["schema"] == schema
