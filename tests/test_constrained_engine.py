@@ -119,3 +119,29 @@ def test_a_grammar_that_fails_fails_its_row_alone(tiny_model_dir: Path, monkeypa
     assert isinstance(doomed, ConstraintFailed) and doomed.status == 400 and "out of fuel" in doomed.message
     assert fine.finish_reason == "stop" and json.loads(fine.text)
     assert free.completion_tokens == 12
+
+
+def test_a_tokenizer_the_grammar_library_cannot_read_leaves_the_model_served(
+        tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow (Python-only) tokenizer: the model loads and answers; a constrained request is
+    a 400 that says why."""
+    from jupyter_infer.constraints import grammar as grammar_module
+    from jupyter_infer.errors import InvalidRequest
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Only fast tokenizers are supported")
+
+    monkeypatch.setattr(grammar_module.GrammarCompiler, "for_hf", classmethod(refuse))
+
+    async def main():
+        service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",
+                                                 num_threads=1))
+        service.start()
+        await service.wait_ready()
+        plain = await (await service.submit(Request("hi", SamplingParams(max_tokens=3, ignore_eos=True)))).result()
+        with pytest.raises(InvalidRequest, match="cannot constrain"):
+            await service.submit(Request("hi", SamplingParams(constraint=from_body({"regex": "a+"}, native=True))))
+        await service.stop()
+        return plain
+
+    assert asyncio.run(main()).completion_tokens == 3

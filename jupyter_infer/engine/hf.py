@@ -134,7 +134,8 @@ class HFEngine(Engine):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
         self.max_token_chars = longest_token_chars(self.tokenizer)
-        self.grammars = GrammarCompiler.for_hf(self.tokenizer, int(config.vocab_size), self.eos_token_ids)
+        self.logits_width = int(config.vocab_size)  # what a grammar's mask covers
+        self.grammars = _grammars(self.tokenizer, self.logits_width, self.eos_token_ids)
         # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
         # attends to the whole past; sliding-window layers would need their window kept.
         self._reusable = kv_cache.reusable(config)
@@ -227,7 +228,7 @@ class HFEngine(Engine):
         config = self.model.config
         cache = kv_cache.with_past(config, [kv for _, kv in matches], width) if width else kv_cache.new_cache(config)
         samplers = [self._sampler(s) for s in seqs]
-        masks = masks_beside(grammar_rows(samplers), self.grammars.vocab)
+        masks = masks_beside(grammar_rows(samplers), self.logits_width)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -349,7 +350,7 @@ class HFEngine(Engine):
     def _decode_bucket(self, batch: HFBatch) -> Sampled:
         """One token for each row of ``batch``: it feeds each row's last token, or where a
         row's grammar forced more (``batch.forced``) every row's tokens, left-padded."""
-        masks = masks_beside(grammar_rows(batch.samplers), self.grammars.vocab)
+        masks = masks_beside(grammar_rows(batch.samplers), self.logits_width)
         feeds = batch.feeds()
         if feeds is None:
             input_ids, block, position_ids = batch.last[:, None], None, batch.positions[:, None]
@@ -373,6 +374,18 @@ class HFEngine(Engine):
 
     def _sampler(self, seq: Sequence) -> RowSampler:
         return RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device, seq.grammar)
+
+
+def _grammars(tokenizer: Any, vocab: int, eos_ids: frozenset[int]) -> GrammarCompiler | None:
+    """The grammar compiler for this tokenizer; ``None`` (structured outputs refused with a
+    400 that says why, the model still served) where the library cannot read it (a slow,
+    Python-only tokenizer)."""
+    try:
+        return GrammarCompiler.for_hf(tokenizer, vocab, eos_ids)
+    except Exception as err:
+        log.warning("jupyter_infer: structured outputs are off for this model: its tokenizer cannot be "
+                    "read by the grammar library (%s: %s)", type(err).__name__, err)
+        return None
 
 
 # Normalizers that never make a text shorter; any other one might (NFC composes "e" and a
