@@ -77,6 +77,28 @@ JSON = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=4) | st.diction
                     max_leaves=12)
 
 
+# Constraints: small real schemas, regexes and grammars, mutated, beside anything at all.
+SCHEMA = st.sampled_from([{"type": "object", "properties": {"a": {"type": "integer", "maximum": 3}},
+                           "required": ["a"]}, {"enum": ["x", "y"]}, {"type": "string", "maxLength": 3}, {},
+                          {"$ref": "#/nope"}, {"type": "wat"}, {"anyOf": []}, True, False]) | JSON
+TOOL = st.fixed_dictionaries({"type": st.just("function") | TEXT, "function": st.fixed_dictionaries(
+    {"name": st.sampled_from(["f", "get_weather"]) | TEXT}, optional={"parameters": SCHEMA, "description": TEXT})})
+CONSTRAINTS = {
+    "json_schema": SCHEMA, "guided_json": SCHEMA,
+    "regex": st.sampled_from(["[a-z]{2}", "a(", "(a+)+b", ".*", "\\d{3}"]) | TEXT, "guided_regex": TEXT,
+    "choice": st.lists(TEXT, max_size=4), "guided_choice": st.lists(TEXT, max_size=4),
+    "grammar": st.sampled_from(['start: "a" | "b"', 'root ::= "x" [0-9]', "start: ((", ""]) | TEXT,
+    "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema"]) | TEXT},
+                                             optional={"json_schema": st.fixed_dictionaries(
+                                                 {"name": TEXT, "schema": SCHEMA})}),
+    "structured_outputs": st.dictionaries(st.sampled_from(["json", "regex", "choice", "grammar"]) | TEXT,
+                                          SCHEMA | TEXT, max_size=2),
+    "tools": st.lists(TOOL, max_size=3),
+    "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}])
+    | JSON,
+}
+
+
 def field_values(name: str) -> st.SearchStrategy[Any]:
     """Near-valid values for a known field, and anything at all."""
     sane = {
@@ -89,6 +111,7 @@ def field_values(name: str) -> st.SearchStrategy[Any]:
         "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(
             ["user", "system", "assistant", "developer", "tool", ""]) | TEXT, "content": TEXT | JSON}), max_size=3),
         "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | LEAF}),
+        **CONSTRAINTS,
     }.get(name)
     return JSON if sane is None else sane | JSON
 
