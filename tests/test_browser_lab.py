@@ -105,6 +105,13 @@ class LabProcess:
         news = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
         news.parent.mkdir(parents=True, exist_ok=True)
         news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        # Serve this checkout's build (jupyter_infer/labextension), not whatever copy an earlier
+        # install left in the environment: JUPYTER_PATH comes first on the data path.
+        served = home / "path" / "labextensions" / "jupyter-infer"
+        served.parent.mkdir(parents=True, exist_ok=True)
+        if not served.exists():
+            served.symlink_to(ROOT / "jupyter_infer" / "labextension", target_is_directory=True)
+        self.env["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(home / "path"), os.environ.get("JUPYTER_PATH")]))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -170,20 +177,24 @@ def page(lab: Lab) -> Iterator[Any]:
 class Burst:
     """``n`` streaming requests sent from outside the browser, each on its own thread."""
 
-    def __init__(self, lab: Lab, prompts: list[str], max_tokens: int | list[int], *, ignore_eos: bool = False) -> None:
+    def __init__(self, lab: Lab, prompts: list[str], max_tokens: int | list[int], *, ignore_eos: bool = False,
+                 extra: list[dict[str, Any]] | None = None) -> None:
         self.ids: queue.Queue[str] = queue.Queue()
         self.results: dict[str, dict[str, Any]] = {}
+        self.bodies: dict[str, dict[str, Any]] = {}  # what each request sent, by id
         self._pool = ThreadPoolExecutor(len(prompts))
         lengths = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
-        self._futures = [self._pool.submit(self._one, lab, p, n, ignore_eos)
-                         for p, n in zip(prompts, lengths, strict=True)]
+        extra = extra or [{}] * len(prompts)  # more of each request's body: a constraint
+        self._futures = [self._pool.submit(self._one, lab, p, n, ignore_eos, more)
+                         for p, n, more in zip(prompts, lengths, extra, strict=True)]
 
-    def _one(self, lab: Lab, prompt: str, max_tokens: int, ignore_eos: bool) -> None:
-        body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": ignore_eos}
+    def _one(self, lab: Lab, prompt: str, max_tokens: int, ignore_eos: bool, extra: dict[str, Any]) -> None:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": ignore_eos, **extra}
         with httpx.stream("POST", f"{lab.url}/infer/generate_stream", json=body,
                           headers=lab.headers, timeout=60) as response:
             response.raise_for_status()
             rid = response.headers["X-Request-Id"]
+            self.bodies[rid] = body
             self.ids.put(rid)
             event = ""
             for line in response.iter_lines():
@@ -362,6 +373,77 @@ def test_dark_theme_and_long_history(lab: Lab, page: Any) -> None:
     assert not errors, errors
 
 
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}},
+          "required": ["answer", "confidence"], "additionalProperties": False}
+PICK = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"], "additionalProperties": False}
+
+
+def test_constrained_rows_and_fast_forwarded_steps(lab: Lab, page: Any) -> None:
+    """Constrained requests among free ones: their rows get a badge and an outline, their
+    tooltip the kind and "N of M tokens fast-forwarded"; steps that forced tokens are ticked
+    on the batch track. Screenshots of the wide view and the panel for a person to judge."""
+    page, errors = page
+    _run_command(page, "Open the Inference Timeline")
+    wide = page.locator(".ji-timeline-widget")
+    expect(wide).to_be_visible()
+    requests = [
+        ("Explain dynamic batching.", 90, {}),
+        ("Answer in JSON: what is a KV cache?", 60, {"json_schema": ANSWER}),
+        ("Explain paged attention.", 140, {}),
+        ("x", 20, {"json_schema": PICK}),
+        ("Is prefix caching worth it?", 8, {"choice": ["yes", "no", "it depends"]}),
+        ("Explain speculative decoding.", 60, {}),
+        ("A phone number, please.", 20, {"regex": "[0-9]{3}-[0-9]{3}-[0-9]{4}"}),
+        ("Answer in JSON: what is quantization?", 60, {"response_format": {"type": "json_object"}}),
+    ]
+    burst = Burst(lab, [p for p, _, _ in requests], max_tokens=[n for _, n, _ in requests], ignore_eos=True,
+                  extra=[x for _, _, x in requests])
+    ids = burst.take(len(requests))
+    burst.wait()
+    kinds = {"json_schema": 2, "choice": 1, "regex": 1, "json_object": 1}
+    for kind, n in kinds.items():
+        expect(wide.locator(f'g.ji-row[data-constraint="{kind}"] .ji-constraint-badge')).to_have_count(n)
+    expect(wide.locator("g.ji-row.ji-constrained")).to_have_count(5)
+    expect(wide.locator("g.ji-row:not(.ji-constrained) .ji-constraint-badge")).to_have_count(0)
+    expect(wide.locator(".ji-tl-head .ji-ff-tick").first).to_be_attached()
+    expect(wide.locator(".ji-legend")).to_contain_text("constrained: JSON schema")
+    expect(wide.locator(".ji-legend")).to_contain_text("fast-forwarded")
+    # The records have been merged in: the tooltip says how many tokens the grammar forced.
+    row = wide.locator('g.ji-row[data-constraint="json_schema"]').first
+    row.locator("rect.ji-part").last.hover()
+    expect(wide.locator(".ji-tl-tip")).to_contain_text(
+        re.compile(r"constrained: JSON schema · \d+ of \d+ tokens fast-forwarded"))
+    _shot(wide, "lab-timeline-constrained.png")
+    panel = page.locator(PANEL)
+    if not panel.is_visible():
+        _run_command(page, "Open the Inference Panel")
+    _widen_right_sidebar(page, 460)
+    expect(panel.locator("g.ji-row.ji-constrained")).to_have_count(5)
+    _shot(panel, "lab-panel-constrained.png")
+    # The notebook's timeline (the same renderer, bundled) draws the server's records alike.
+    from jupyter_infer.widgets.timeline import timeline_data
+
+    kind_of = {"json_schema", "choice", "regex", "response_format"}
+    labels = {rid: f"{body['prompt']} ({next((k for k in body if k in kind_of), 'free text')})"
+              for rid, body in burst.bodies.items()}
+    rows, batches = timeline_data(lab.get("infer/batches"), ids, labels=labels)
+    _draw_with_bundle(page, rows, batches, "Constrained and free requests")
+    drawn = page.locator("#ji-long-history")
+    expect(drawn.locator("g.ji-row.ji-constrained .ji-constraint-badge")).to_have_count(5)
+    expect(drawn.locator(".ji-legend")).to_contain_text("fast-forwarded")
+    _shot(drawn, "timeline-constrained-notebook.png")
+    page.evaluate("document.getElementById('ji-long-history').remove()")
+    _run_command(page, "Use Theme: JupyterLab Dark")
+    expect(page.locator('body[data-jp-theme-light="false"]')).to_have_count(1)
+    expect(page.locator("#jupyterlab-splash")).to_have_count(0)  # the theme change's splash is gone
+    row.locator("rect.ji-part").last.hover()
+    expect(wide.locator(".ji-tl-tip")).to_be_visible()
+    _shot(wide, "lab-timeline-constrained-dark.png")
+    _run_command(page, "Use Theme: JupyterLab Light")  # the lab's settings outlive this test
+    expect(page.locator('body[data-jp-theme-light="true"]')).to_have_count(1)
+    assert not errors, errors
+
+
 def _long_history_payload() -> dict[str, Any]:
     """An ``infer/batches`` answer like the issue's: 63 requests in 7 bursts over ~150 s,
     continuous batching (a new span whenever a row joins or leaves)."""
@@ -402,13 +484,19 @@ def _long_history_payload() -> dict[str, Any]:
 
 
 def _draw_long_history(page: Any) -> None:
-    """Draw a long history with the notebook widget's own bundle (static/timeline.js, the same
-    renderer as the panel) inside the page, so that it gets JupyterLab's theme variables."""
+    """Draw a long history with the notebook widget's own bundle."""
     from jupyter_infer.widgets.timeline import timeline_data
 
     payload = _long_history_payload()
     labels = {r["id"]: f"#{i + 1} {q}" for i, (r, q) in enumerate(zip(payload["requests"], _questions(), strict=False))}
     rows, batches = timeline_data(payload, labels=labels)
+    _draw_with_bundle(page, rows, batches, "Last 30 batches of the server")
+    expect(page.locator("#ji-long-history g.ji-row")).to_have_count(63)
+
+
+def _draw_with_bundle(page: Any, rows: list[dict[str, Any]], batches: list[dict[str, Any]], title: str) -> None:
+    """Draw rows with the notebook widget's own bundle (static/timeline.js, the same renderer
+    as the panel) inside the page, so that it gets JupyterLab's theme variables."""
     static = ROOT / "jupyter_infer" / "widgets" / "static"
     page.evaluate(
         """([js, css, state]) => {
@@ -429,9 +517,8 @@ def _draw_long_history(page: Any) -> None:
             });
         }""",
         [(static / "timeline.js").read_text(), (static / "timeline.css").read_text(),
-         {"requests": rows, "batches": batches, "now": None, "title": "Last 30 batches of the server"}],
+         {"requests": rows, "batches": batches, "now": None, "title": title}],
     )
-    expect(page.locator("#ji-long-history g.ji-row")).to_have_count(63)
 
 
 def _questions() -> Iterator[str]:

@@ -20,7 +20,14 @@ import pytest
 from jupyter_infer import Client
 from jupyter_infer.config import ServiceConfig
 from jupyter_infer.service import InferenceService
-from jupyter_infer.widgets import BatchTimeline, InferPanel, RunSummary, percentile, timeline_data
+from jupyter_infer.widgets import (
+    BatchTimeline,
+    InferPanel,
+    RunSummary,
+    RunView,
+    percentile,
+    timeline_data,
+)
 from jupyter_infer.widgets import panel as panel_module
 
 STATIC = Path(__file__).resolve().parent.parent / "jupyter_infer" / "widgets" / "static"
@@ -82,6 +89,51 @@ def test_summary_numbers() -> None:
     assert "TTFT p50 50 ms" in str(summary) and "steps by batch size" in summary.to_html()
 
 
+SCHEMA = {"type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"], "additionalProperties": False}
+
+
+def test_timeline_data_and_summary_carry_constraints() -> None:
+    payload = {
+        "batches": [{**PAYLOAD["batches"][1], "forced_tokens": 6}],
+        "requests": [{**PAYLOAD["requests"][0], "constraint": "json_schema", "forced_tokens": 6},
+                     {**PAYLOAD["requests"][1], "constraint": None, "forced_tokens": 0}],
+    }
+    rows, batches = timeline_data(payload, ["a", "b"])
+    assert [(r["constraint"], r["forced_tokens"]) for r in rows] == [("json_schema", 6), (None, 0)]
+    assert batches[0]["forced_tokens"] == 6
+    summary = RunSummary.from_timeline(rows, batches)
+    assert (summary.constrained, summary.constraint_kinds, summary.forced_tokens) == (1, {"json_schema": 1}, 6)
+    assert summary.forced_share == 0.25  # 6 of 24 tokens
+    assert "1 constrained (1 JSON schema), 6 of 24 tokens fast-forwarded (25%)" in str(summary)
+    assert "fast-forwarded" in summary.to_html() and "25%" in summary.to_html()
+    # A run with nothing constrained says nothing of it.
+    plain = RunSummary.from_timeline(*timeline_data(PAYLOAD, ["a", "b"]))
+    assert plain.constrained == 0 and "constrained" not in str(plain) + plain.to_html()
+
+
+def test_constrained_requests_in_the_timeline_and_summary(client: Client) -> None:
+    """Through the real service: a JSON-schema request, a choice and a free one."""
+    schema = client.generate("x", json_schema=SCHEMA)
+    choice = client.generate("Is a KV cache useful?", choice=["yes", "no"])
+    free = client.generate("What is a KV cache?", max_tokens=12)
+    view = RunView()
+    for key, result in (("#1", schema), ("#2", choice), ("#3", free)):
+        view.record_completion(key, result)
+    view.refresh(client)
+    rows = {r["id"]: r for r in view.timeline.requests}
+    assert rows[schema.id]["constraint"] == "json_schema" and rows[choice.id]["constraint"] == "choice"
+    assert rows[free.id]["constraint"] is None and rows[free.id]["forced_tokens"] == 0
+    forced = rows[schema.id]["forced_tokens"] + rows[choice.id]["forced_tokens"]
+    assert 0 < rows[schema.id]["forced_tokens"] <= rows[schema.id]["tokens"]
+    assert sum(b["forced_tokens"] for b in view.timeline.batches) == forced
+    summary = view.summary
+    assert (summary.constrained, summary.forced_tokens) == (2, forced)
+    assert summary.forced_share == round(forced / summary.tokens, 3)
+    assert "2 constrained (1 JSON schema, 1 choice)" in view.text
+    assert f"{forced} of {summary.tokens} tokens fast-forwarded" in view.text
+    assert ">constrained<" in view.summary_html.value and ">fast-forwarded<" in view.summary_html.value
+
+
 def test_timeline_widget_from_a_past_run() -> None:
     widget = BatchTimeline.from_batches(PAYLOAD, title="past")
     assert widget.request_ids == ["a", "b"] and widget.batch_ids == [1, 2, 3]
@@ -124,6 +176,21 @@ async def test_panel_run(client: Client, monkeypatch: pytest.MonkeyPatch) -> Non
     assert "mean batch size" in panel.run_view.summary_html.value
     assert len(redraws) < 80  # throttled: not one redraw per token (5 × 16 tokens)
     assert not panel.running and not panel.send_button.disabled
+
+
+@pytest.mark.asyncio
+async def test_panel_run_with_constrained_answers(client: Client) -> None:
+    """"answer as" JSON schema: every answer fits it, the summary counts them constrained."""
+    panel = InferPanel(client, prompts=["What is RAG?", "What is attention?", "What is a KV cache?"])
+    panel.max_tokens.value = 40
+    panel.answer_format.label = "JSON schema {answer, confidence}"
+    await panel.send()
+    assert panel._states == ["done"] * 3
+    rows = panel.timeline.requests
+    assert {r["constraint"] for r in rows} == {"json_schema"} and all(r["forced_tokens"] > 0 for r in rows)
+    summary = panel.run_view.summary
+    assert summary.constrained == 3 and 0 < summary.forced_share < 1
+    assert "constrained" in panel.run_view.summary_html.value
 
 
 @pytest.mark.asyncio

@@ -25,6 +25,16 @@ REDRAW_S = 0.2  # widget updates at most 5 times a second
 SERVER_REFRESH_S = 1.0  # fetch the server's batch records at most once a second
 IN_FLIGHT = ("waiting", "queued", "streaming")
 TAIL_CHARS = 240  # a streaming answer shows its newest text
+# What the answers are held to ("answer as"): free text, or a constraint the server's grammar
+# enforces (the timeline marks those rows, the summary counts them and their forced tokens).
+ANSWER_FORMATS: list[tuple[str, dict[str, Any]]] = [
+    ("text", {}),
+    ("JSON", {"response_format": {"type": "json_object"}}),
+    ("JSON schema {answer, confidence}", {"json_schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}, "confidence": {"type": "number"}},
+        "required": ["answer", "confidence"], "additionalProperties": False}}),
+    ("yes / no", {"choice": ["yes", "no"]}),
+]
 
 # Theme variables (light and dark), with fallbacks for front ends that have none.
 _COLOURS = {
@@ -64,6 +74,8 @@ class InferPanel(widgets.VBox):
     ``panel.fill(8)`` loads sample prompts; ``await panel.send()`` runs them (a button
     click does the same without waiting); ``panel.cancel()`` stops a run, and
     ``panel.cancel_request(i)`` (a prompt's ✕ during a run) stops one request of it.
+    ``panel.answer_format`` ("answer as") holds the answers to JSON, a JSON schema or a choice
+    (``ANSWER_FORMATS``); the timeline marks those rows and the summary counts them.
     """
 
     def __init__(self, client: Client | None = None, prompts: list[str] | None = None, **kwargs: Any) -> None:
@@ -90,6 +102,9 @@ class InferPanel(widgets.VBox):
         self.temperature = widgets.BoundedFloatText(
             0.0, min=0.0, max=2.0, step=0.1, description="temperature", style=style,
             layout=widgets.Layout(width="150px"))
+        self.answer_format = widgets.Dropdown(
+            options=ANSWER_FORMATS, value=ANSWER_FORMATS[0][1], description="answer as", style=style,
+            layout=widgets.Layout(width="250px"))
         self.send_button = widgets.Button(description="Send", button_style="primary", icon="play")
         self.cancel_button = widgets.Button(description="Cancel", button_style="warning", icon="stop", disabled=True)
         self.send_button.on_click(lambda _: self.send())
@@ -104,7 +119,7 @@ class InferPanel(widgets.VBox):
 
         rows = [
             widgets.HBox([add, fill, self.fill_count, clear], **wrap),
-            widgets.HBox([self.concurrency, self.rate, self.max_tokens, self.temperature], **wrap),
+            widgets.HBox([self.concurrency, self.rate, self.max_tokens, self.temperature, self.answer_format], **wrap),
             widgets.HBox([self.send_button, self.cancel_button, self.status], **wrap),
         ]
         for row in rows:
@@ -228,7 +243,8 @@ class InferPanel(widgets.VBox):
             self.status.value = "Add a prompt first."
             return
         prompts = [_textarea(row).value for row in rows]
-        params = {"max_tokens": self.max_tokens.value, "temperature": self.temperature.value}
+        params = {"max_tokens": self.max_tokens.value, "temperature": self.temperature.value,
+                  **self.answer_format.value}
         n = len(prompts)
         self._run_rows = rows
         self._texts, self._states, self._tokens = [""] * n, ["waiting"] * n, [0] * n

@@ -1,4 +1,5 @@
-"""The numbers under a timeline: TTFT and latency p50/p95, tokens/s, batch sizes.
+"""The numbers under a timeline: TTFT and latency p50/p95, tokens/s, batch sizes, and how many
+requests were constrained (structured outputs) with the share of tokens fast-forwarded.
 
 Mid-run, each figure is computed from what is known so far and says how many requests it
 covers: a row still waiting for its first token has no TTFT yet (how long it has waited is
@@ -37,6 +38,10 @@ class RunSummary:
     batches: int = 0
     mean_batch_size: float | None = None  # over engine steps, as the server's metric
     batch_size_histogram: dict[int, int] = field(default_factory=dict)  # size -> steps
+    constrained: int = 0  # requests held to a constraint (JSON schema, regex, choice, grammar, tools)
+    constraint_kinds: dict[str, int] = field(default_factory=dict)  # kind -> requests
+    forced_tokens: int = 0  # tokens grammars forced (fast-forwarded, not sampled)
+    forced_share: float | None = None  # forced_tokens over all tokens
 
     @classmethod
     def from_timeline(
@@ -60,6 +65,8 @@ class RunSummary:
         for b in batches:
             histogram[int(b.get("size") or len(b.get("members", [])))] += max(int(b.get("steps") or 0), 1)
         steps = sum(histogram.values())
+        kinds = Counter(str(r["constraint"]) for r in rows if r.get("constraint"))
+        forced = sum(int(r.get("forced_tokens") or 0) for r in rows)
         return cls(
             requests=len(rows),
             ok=outcomes["ok"],
@@ -78,6 +85,10 @@ class RunSummary:
             batches=len(batches),
             mean_batch_size=_round(sum(k * v for k, v in histogram.items()) / steps, 2) if steps else None,
             batch_size_histogram=dict(sorted(histogram.items())),
+            constrained=sum(kinds.values()),
+            constraint_kinds=dict(kinds.most_common()),
+            forced_tokens=forced,
+            forced_share=_round(forced / tokens, 3) if tokens else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +106,16 @@ class RunSummary:
             f"{self.tokens} tokens, {_num(self.tokens_per_s)} tokens/s · "
             f"{self.batches} batches, mean size {_num(self.mean_batch_size)} · "
             f"steps by batch size {{{hist}}}"
+            + (f" · {self.constrained} constrained ({self._kinds()}), {self._forced()}" if self.constrained else "")
         )
+
+    def _kinds(self) -> str:
+        return ", ".join(f"{n} {KIND_NAMES.get(k, k)}" for k, n in self.constraint_kinds.items())
+
+    def _forced(self) -> str:
+        """Like "8 of 42 tokens fast-forwarded (19%)"."""
+        share = f" ({self.forced_share:.0%})" if self.forced_share is not None else ""
+        return f"{self.forced_tokens} of {self.tokens} tokens fast-forwarded{share}"
 
     def _covers(self, known: int) -> str:
         """Say how many requests a figure covers ("5 of 8") when that is not all of them."""
@@ -114,6 +134,10 @@ class RunSummary:
             ("tokens/s", f"{_num(self.tokens_per_s)} <small>({self.tokens} tokens in {_num(self.wall_s)} s)</small>"),
             ("mean batch size", f"{_num(self.mean_batch_size)} <small>({self.batches} batches)</small>"),
         ]
+        if self.constrained:  # structured outputs in this run: how many, and what the grammar forced
+            cells.append(("constrained", f"{self.constrained} <small>({html.escape(self._kinds())})</small>"))
+            cells.append(("fast-forwarded", f"{_share(self.forced_share)} "
+                          f"<small>({self.forced_tokens} of {self.tokens} tokens)</small>"))
         stats = "".join(
             f'<div style="min-width:110px"><div style="color:var(--jp-ui-font-color2,#777)">{html.escape(name)}</div>'
             f'<div style="font-size:15px;font-weight:600">{value}</div></div>'
@@ -146,6 +170,15 @@ class RunSummary:
 
     def _repr_html_(self) -> str:
         return self.to_html()
+
+
+# How a constraint's kind reads (as the timeline's tooltips name it).
+KIND_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
+              "grammar": "grammar", "tools": "tool calls"}
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:

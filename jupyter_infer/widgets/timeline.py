@@ -6,7 +6,10 @@ batch, so that one sees at a glance who ran with whom and how newcomers joined.
 view's job: ``static/timeline.js`` (shipped in the package, no CDN) is built from
 ``labextension/src/timeline/``, the same renderer as the JupyterLab side panel's timeline
 (labextension/README.md). It extends running rows to ``now``, cuts idle gaps out of long
-histories and colours decoding by batch size.
+histories and colours decoding by batch size. A constrained request (JSON schema, regex,
+choice, grammar, tool calls) gets a badge and an outline, and its tooltip says how many of its
+tokens were fast-forwarded (forced by the grammar, not sampled); a batch says how many of its
+tokens were.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ def timeline_data(
             "batch_ids": batch_ids,
             "outcome": _outcome(record.get("outcome"), seen.get("outcome")),
             "tokens": record.get("completion_tokens") or seen.get("tokens") or 0,
+            "constraint": record.get("constraint"),  # its kind ("json_schema", "tools", ...) or None
+            "forced_tokens": record.get("forced_tokens") or 0,
         }
         if row["admitted_at"] is None and spans:
             row["admitted_at"] = min(s for s, _ in map(_span, spans) if s is not None)
@@ -97,6 +102,7 @@ def timeline_data(
             "members": list(b.get("members", [])),
             "steps": b.get("steps", 0),
             "tokens": b.get("tokens", 0),
+            "forced_tokens": b.get("forced_tokens", 0),
         }
         for b in batches
     ]

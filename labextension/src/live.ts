@@ -6,26 +6,37 @@
 // prompt_tokens, at}, admitted {id, batch_id, at}, token {id, index, text}, finished {id,
 // outcome, finish_reason, completion_tokens, at, error}, batch {state: open|closed, and the
 // batch record: id, mode, members, size, started_at, ended_at, steps, prefill_steps, tokens,
-// prompt_tokens, source}, step {step_id, kind, chunk, members, tokens, batch_id, started_at,
-// ended_at}. shutdown {} comes from the server extension as it stops (server/app.py).
+// prompt_tokens, forced_tokens, source}, step {step_id, kind, chunk, members, tokens, forced,
+// batch_id, started_at, ended_at}. shutdown {} comes from the server extension as it stops
+// (server/app.py).
+//
+// A request's constraint and its forced tokens are in its record (`infer/batches`), not in
+// these events (a `constraint` on queued or a `forced_tokens` on finished is taken if a server
+// sends one): the rows that lack them are `wanted`, and the model merges their records in.
 
 import type { IBatchesAnswer } from './api';
 import { isLive } from './timeline/layout';
-import { ITimelineBatch, ITimelineRow, ITimelineState } from './timeline/types';
+import { ITimelineBatch, ITimelineRow, ITimelineState, ITimelineStep } from './timeline/types';
 
 /** One `infer/events` event: its `type` and the fields listed above. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 export type ServerEvent = { type: string } & Record<string, any>;
 
 const MAX_ROWS = 400;
+const MAX_STEPS = 2000;
 
 export class LiveTimeline {
   readonly rows = new Map<string, ITimelineRow>();
   readonly batches = new Map<number, ITimelineBatch>();
+  /** Steps that fast-forwarded tokens, oldest first. */
+  readonly steps: ITimelineStep[] = [];
   /** Labels for requests this page knows more about (its own prompts). */
   readonly labels = new Map<string, string>();
   /** Server clock minus this page's clock, in seconds. */
   offset = 0;
+  /** Rows whose record should be merged in: constraint not known yet, or constrained and
+   * still running (its forced count grows), or ended with its last count not known. */
+  private _wanted = new Set<string>();
 
   constructor(private _clock: () => number = () => Date.now() / 1000) {}
 
@@ -37,6 +48,8 @@ export class LiveTimeline {
   clear(): void {
     this.rows.clear();
     this.batches.clear();
+    this.steps.length = 0;
+    this._wanted.clear();
   }
 
   /** Start over from an `infer/batches` answer (at connect and after a reconnect). */
@@ -58,8 +71,47 @@ export class LiveTimeline {
         batch_ids: [...(r.batch_ids || [])],
         outcome: r.outcome ?? null,
         tokens: r.completion_tokens ?? r.tokens ?? 0,
-        prompt_tokens: r.prompt_tokens ?? null
+        prompt_tokens: r.prompt_tokens ?? null,
+        constraint: r.constraint ?? null,
+        forced_tokens: r.forced_tokens ?? 0
       });
+      this._want(this.rows.get(r.id)!);
+    }
+  }
+
+  /** How many rows want their record merged in (`merge`); 0: none. */
+  get wanted(): number {
+    return this._wanted.size;
+  }
+
+  /** How many of the newest request records to ask `infer/batches` for, to cover them. */
+  recordsToAsk(): number {
+    return Math.min(MAX_ROWS, this._wanted.size + this.running + this.queued + 8);
+  }
+
+  /** Take what the events do not say from an `infer/batches` answer: each known row's
+   * constraint and forced tokens. An ended row its answer does not hold is not asked again. */
+  merge(answer: IBatchesAnswer): void {
+    const seen = new Set<string>();
+    for (const r of answer.requests || []) {
+      const row = this.rows.get(r.id);
+      if (!row) {
+        continue;
+      }
+      seen.add(r.id);
+      row.constraint = r.constraint ?? null;
+      if (typeof r.forced_tokens === 'number') {
+        row.forced_tokens = r.forced_tokens;
+      }
+    }
+    for (const id of [...this._wanted]) {
+      const row = this.rows.get(id);
+      if (!row || (!seen.has(id) && !isLive(row))) {
+        this._wanted.delete(id);
+      } else if (seen.has(id)) {
+        this._wanted.delete(id);
+        this._want(row);
+      }
     }
   }
 
@@ -77,8 +129,10 @@ export class LiveTimeline {
           batch_ids: [],
           outcome: 'queued',
           tokens: 0,
-          prompt_tokens: event.prompt_tokens ?? null
+          prompt_tokens: event.prompt_tokens ?? null,
+          ...('constraint' in event ? { constraint: event.constraint ?? null, forced_tokens: 0 } : {})
         });
+        this._want(this.rows.get(event.id)!);
         this._cap();
         return true;
       case 'admitted':
@@ -108,6 +162,7 @@ export class LiveTimeline {
             r.first_token_at = event.ended_at;
           }
         }
+        this._forcedStep(event);
         return true;
       case 'token':
         if (row && typeof event.index === 'number') {
@@ -121,6 +176,12 @@ export class LiveTimeline {
         row.finished_at = event.at;
         row.outcome = event.outcome;
         row.tokens = event.completion_tokens ?? row.tokens;
+        if (typeof event.forced_tokens === 'number') {
+          row.forced_tokens = event.forced_tokens;
+          this._wanted.delete(row.id);
+        } else if (row.constraint !== null) {
+          this._wanted.add(row.id); // its last forced count (or its constraint) is in its record
+        }
         return true;
       default:
         return false;
@@ -134,8 +195,11 @@ export class LiveTimeline {
       if (!isLive(r) && (r.finished_at ?? r.queued_at ?? 0) < horizon) {
         this.rows.delete(id);
         this.labels.delete(id);
+        this._wanted.delete(id);
       }
     }
+    const old = this.steps.findIndex(s => s.at >= horizon);
+    this.steps.splice(0, old < 0 ? this.steps.length : old);
     for (const [id, b] of this.batches) {
       if (b.ended_at != null && b.ended_at < horizon) {
         this.batches.delete(id);
@@ -161,7 +225,32 @@ export class LiveTimeline {
 
   state(): ITimelineState {
     const rows = [...this.rows.values()].map(r => ({ ...r, label: this.labels.get(r.id) ?? r.id }));
-    return { rows, batches: [...this.batches.values()], now: this.now() };
+    return { rows, batches: [...this.batches.values()], steps: [...this.steps], now: this.now() };
+  }
+
+  /** Does the timeline still need this row's record? Its constraint is not known, or it is
+   * constrained and its forced count may still change. */
+  private _want(row: ITimelineRow): void {
+    if (row.constraint === undefined || (row.constraint && (isLive(row) || row.forced_tokens == null))) {
+      this._wanted.add(row.id);
+    }
+  }
+
+  /** A step that forced tokens: kept for its tick, and counted in its open batch at once (the
+   * batch's closing record then brings the server's own total). */
+  private _forcedStep(event: ServerEvent): void {
+    const forced = Number(event.forced) || 0;
+    if (forced <= 0 || typeof event.ended_at !== 'number') {
+      return;
+    }
+    this.steps.push({ batch_id: event.batch_id ?? null, at: event.ended_at, tokens: event.tokens, forced });
+    if (this.steps.length > MAX_STEPS) {
+      this.steps.splice(0, this.steps.length - MAX_STEPS);
+    }
+    const batch = typeof event.batch_id === 'number' ? this.batches.get(event.batch_id) : undefined;
+    if (batch && batch.ended_at == null) {
+      batch.forced_tokens = (batch.forced_tokens ?? 0) + forced;
+    }
   }
 
   private _join(row: ITimelineRow, batchId: number | null | undefined): void {
@@ -185,6 +274,7 @@ export class LiveTimeline {
       }
       if (!isLive(r)) {
         this.rows.delete(id);
+        this._wanted.delete(id);
       }
     }
   }

@@ -17,6 +17,8 @@ export interface IModelSettings {
 }
 
 export const DEFAULT_SETTINGS: IModelSettings = { refreshInterval: 500, timeWindow: 60 };
+/** Request records (constraints, forced tokens) are fetched at most this often (ms). */
+const RECORDS_MS = 1000;
 
 const sleep = (ms: number, signal: AbortSignal): Promise<void> =>
   new Promise(resolve => {
@@ -41,6 +43,7 @@ export class InferenceModel implements IDisposable {
   private _stop = new AbortController();
   private _stream: AbortController | null = null;
   private _started = false;
+  private _recordsAt = 0;
 
   constructor(api?: InferApi) {
     this.api = api ?? new InferApi();
@@ -158,6 +161,16 @@ export class InferenceModel implements IDisposable {
     }
   }
 
+  /** The records of the rows the live timeline wants them for (what the events do not say:
+   * constraints, forced tokens): the newest few, at most once a second, only when wanted. */
+  private async _mergeRecords(): Promise<void> {
+    if (!this.live.wanted || Date.now() - this._recordsAt < RECORDS_MS) {
+      return;
+    }
+    this._recordsAt = Date.now();
+    this.live.merge(await this.api.batches(1, this.live.recordsToAsk()));
+  }
+
   /** Metrics every refresh interval; status too while it may still change by itself. */
   private async _poll(): Promise<void> {
     const stop = this._stop.signal;
@@ -167,6 +180,7 @@ export class InferenceModel implements IDisposable {
         try {
           this.metrics = await this.api.metrics();
           this.live.prune(this.settings.timeWindow);
+          await this._mergeRecords();
         } catch (err) {
           this.error = (err as Error).message;
         }

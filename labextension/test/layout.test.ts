@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { formatTick, layoutTimeline, sizeBins, truncate } from '../src/timeline/layout';
+import { describeBatch, describeRow, formatTick, layoutTimeline, sizeBins, truncate } from '../src/timeline/layout';
 import { longHistory } from './fixtures';
 
 const W = 800;
@@ -132,6 +132,83 @@ describe('layoutTimeline', () => {
       { width: W }
     );
     expect(layout.rows.map(r => r.marker?.kind)).toEqual(['cancelled', 'failed']);
+  });
+});
+
+describe('constrained rows and fast-forwarded tokens', () => {
+  const state = {
+    rows: [
+      { id: 'free', label: 'What is a KV cache and why does it matter?', queued_at: 0, admitted_at: 0, first_token_at: 0.1, finished_at: 1, batch_ids: [1], outcome: 'ok', tokens: 20, constraint: null },
+      { id: 'json', label: 'What is a KV cache and why does it matter?', queued_at: 0, admitted_at: 0, first_token_at: 0.1, finished_at: 0.6, batch_ids: [1], outcome: 'ok', tokens: 9, constraint: 'json_schema', forced_tokens: 8 },
+      { id: 'tool', queued_at: 0.2, admitted_at: 0.2, first_token_at: 0.3, batch_ids: [1], outcome: 'running', tokens: 4, constraint: 'tools', forced_tokens: 2 }
+    ],
+    batches: [{ id: 1, size: 3, started_at: 0, ended_at: null, steps: 12, tokens: 33, forced_tokens: 10 }],
+    steps: [
+      { batch_id: 1, at: 0.1, tokens: 3, forced: 6 },
+      { batch_id: 1, at: 0.1004, tokens: 3, forced: 2 }, // a pixel from the one before: one tick
+      { batch_id: 1, at: 0.5, tokens: 3, forced: 2 },
+      { batch_id: 1, at: 0.7, tokens: 3, forced: 0 }
+    ],
+    now: 1.2
+  };
+
+  it('gives a constrained row a badge with its kind and outlines its bar', () => {
+    const layout = layoutTimeline(state, { width: W, compress: false });
+    const [free, json, tool] = layout.rows;
+    expect(free.constraint).toBeNull();
+    expect(json.constraint).toMatchObject({ kind: 'json_schema', name: 'JSON schema', badge: '{}' });
+    expect(tool.constraint).toMatchObject({ name: 'tool calls' });
+    // The badge ends the label column; the label gives up that room.
+    expect(json.constraint!.x + 18).toBeLessThanOrEqual(layout.plotLeft);
+    expect(json.label.length).toBeLessThan(free.label.length);
+    // One outline round the whole bar, from its first part to its last.
+    const first = json.parts[0];
+    const last = json.parts[json.parts.length - 1];
+    expect(json.constraint!.outline).toHaveLength(1);
+    expect(json.constraint!.outline[0].x).toBeCloseTo(first.x);
+    expect(json.constraint!.outline[0].w).toBeCloseTo(last.x + last.w - first.x);
+    expect([...layout.constraints].sort()).toEqual(['json_schema', 'tools']);
+    expect(layout.fastForwarded).toBe(true);
+  });
+
+  it('ticks the steps that fast-forwarded tokens and counts them in the band label', () => {
+    const layout = layoutTimeline(state, { width: W, compress: false });
+    expect(layout.forcedTicks.map(t => [t.forced, t.steps])).toEqual([
+      [8, 2],
+      [2, 1]
+    ]);
+    expect(layout.forcedTicks[0].x).toBeCloseTo(layout.x(0.1), 0);
+    expect(layout.bands[0].forced).toBe(10);
+    expect(layout.bands[0].label).toBe('#1 ×3 »10');
+    // A narrow band keeps the count before the id.
+    const narrow = layoutTimeline(
+      {
+        rows: [],
+        batches: [
+          { id: 123, size: 3, started_at: 0, ended_at: 0.17, forced_tokens: 10 },
+          { id: 124, size: 1, started_at: 0.17, ended_at: 2 }
+        ]
+      },
+      { width: W, compress: false }
+    );
+    expect(narrow.bands.map(b => b.label)).toEqual(['×3 »10', '#124 ×1']);
+  });
+
+  it('says the kind and "N of M tokens fast-forwarded" on hover', () => {
+    const batches = new Map([[1, state.batches[0]]]);
+    expect(describeRow(state.rows[1], batches, null)).toContain('constrained: JSON schema · 8 of 9 tokens fast-forwarded');
+    expect(describeRow(state.rows[2], batches, 1.2)).toContain('constrained: tool calls · 2 of 4 tokens fast-forwarded so far');
+    expect(describeRow(state.rows[0], batches, null).join(' ')).not.toContain('constrained');
+    expect(describeRow({ id: 'x', constraint: 'regex' }, batches, null)).toContain('constrained: regex');
+    expect(describeBatch(state.batches[0], 1.2)).toContain('33 tokens, 10 fast-forwarded');
+  });
+
+  it('draws nothing extra for free rows', () => {
+    const layout = layoutTimeline(longHistory(), { width: W });
+    expect(layout.rows.every(r => r.constraint === null)).toBe(true);
+    expect(layout.forcedTicks).toEqual([]);
+    expect(layout.fastForwarded).toBe(false);
+    expect(layout.bands.every(b => !b.label?.includes('»'))).toBe(true);
   });
 });
 

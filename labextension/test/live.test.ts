@@ -45,4 +45,44 @@ describe('LiveTimeline', () => {
     live.prune(30);
     expect([...live.rows.keys()]).toEqual(['slow']);
   });
+
+  it('keeps the steps that fast-forwarded tokens and merges in what the events do not say', () => {
+    const clock = 1000;
+    const live = new LiveTimeline(() => clock);
+    live.seed({ batches: [], requests: [], running: [], waiting: [], mode: 'continuous', now: 1000 });
+    for (const e of [
+      { type: 'queued', id: 'json', prompt_tokens: 1, at: 1000.0 },
+      { type: 'queued', id: 'free', prompt_tokens: 3, at: 1000.0 },
+      { type: 'admitted', id: 'json', batch_id: 1, at: 1000.01 },
+      { type: 'admitted', id: 'free', batch_id: 1, at: 1000.01 },
+      { type: 'batch', state: 'open', id: 1, members: ['json', 'free'], size: 2, started_at: 1000.01, ended_at: null, forced_tokens: 0 },
+      { type: 'step', kind: 'prefill', members: ['json', 'free'], tokens: 7, forced: 5, batch_id: 1, started_at: 1000.01, ended_at: 1000.02 },
+      { type: 'step', kind: 'decode', members: ['json', 'free'], tokens: 2, forced: 0, batch_id: 1, started_at: 1000.02, ended_at: 1000.03 }
+    ]) {
+      live.apply(e);
+    }
+    expect(live.steps).toEqual([{ batch_id: 1, at: 1000.02, tokens: 7, forced: 5 }]);
+    expect(live.batches.get(1)!.forced_tokens).toBe(5); // counted while the batch is open
+    // The events do not name a constraint: both rows want their record.
+    expect(live.wanted).toBe(2);
+    const record = (id: string, constraint: string | null, forced: number) => ({ id, constraint, forced_tokens: forced, queued_at: 1000 });
+    live.merge({ batches: [], requests: [record('json', 'json_schema', 5), record('free', null, 0)], running: [], waiting: [], mode: 'continuous', now: 1000 });
+    expect(live.rows.get('json')).toMatchObject({ constraint: 'json_schema', forced_tokens: 5 });
+    expect(live.rows.get('free')!.constraint).toBeNull();
+    expect(live.wanted).toBe(1); // the constrained row, still running: its count grows
+    live.apply({ type: 'finished', id: 'json', outcome: 'ok', completion_tokens: 9, at: 1000.05 });
+    live.apply({ type: 'finished', id: 'free', outcome: 'ok', completion_tokens: 4, at: 1000.05 });
+    live.apply({ type: 'batch', state: 'closed', id: 1, members: ['json', 'free'], size: 2, started_at: 1000.01, ended_at: 1000.05, forced_tokens: 8 });
+    expect(live.batches.get(1)!.forced_tokens).toBe(8); // the server's total
+    expect(live.wanted).toBe(1); // its last count
+    live.merge({ batches: [], requests: [record('json', 'json_schema', 8)], running: [], waiting: [], mode: 'continuous', now: 1000 });
+    expect(live.rows.get('json')!.forced_tokens).toBe(8);
+    expect(live.wanted).toBe(0);
+    expect(live.state().steps).toHaveLength(1);
+    // A server whose events carry them needs no records.
+    live.apply({ type: 'queued', id: 'r', at: 1001, constraint: 'choice' });
+    live.apply({ type: 'finished', id: 'r', outcome: 'ok', at: 1001.1, forced_tokens: 3 });
+    expect(live.rows.get('r')).toMatchObject({ constraint: 'choice', forced_tokens: 3 });
+    expect(live.wanted).toBe(0);
+  });
 });

@@ -90,6 +90,50 @@ describe('TimelineView', () => {
   });
 });
 
+describe('constraint and fast-forward marks', () => {
+  const constrained: ITimelineState = {
+    rows: [
+      STATE.rows[0],
+      { id: 'req-j', label: 'Answer in JSON', queued_at: 100.2, admitted_at: 100.25, first_token_at: 100.3, finished_at: 100.5, batch_ids: [1], outcome: 'ok', tokens: 9, constraint: 'json_schema', forced_tokens: 8 }
+    ],
+    batches: [{ ...STATE.batches[0], forced_tokens: 8 }],
+    steps: [{ batch_id: 1, at: 100.3, tokens: 2, forced: 8 }],
+    now: 101.5
+  };
+
+  it('badges and outlines a constrained row, ticks its forced steps, keys both in the legend', () => {
+    const host = document.createElement('div');
+    document.body.appendChild(host);
+    const v = new TimelineView(host);
+    v.update(constrained);
+    v.draw();
+    const rows = host.querySelectorAll('g.ji-row');
+    expect(rows[0].querySelector('.ji-constraint-badge')).toBeNull();
+    const row = host.querySelector('g.ji-row[data-constraint="json_schema"]')!;
+    expect(row.getAttribute('class')).toContain('ji-constrained');
+    expect(row.getAttribute('aria-label')).toBe('Answer in JSON: ok, JSON schema');
+    expect(row.querySelector('.ji-constraint-badge text')!.textContent).toBe('{}');
+    expect(row.querySelectorAll('rect.ji-constraint-outline')).toHaveLength(1);
+    expect(host.querySelectorAll('.ji-tl-head .ji-ff-tick')).toHaveLength(1);
+    expect(host.querySelector('.ji-tl-head rect.ji-band')!.getAttribute('class')).toContain('ji-ff-band');
+    const legend = host.querySelector('.ji-legend')!.textContent!;
+    expect(legend).toContain('constrained: JSON schema');
+    expect(legend).toContain('fast-forwarded');
+    // Hover: the row says its kind and share, the tick its count.
+    row.querySelector('rect.ji-part')!.dispatchEvent(new MouseEvent('mousemove', { bubbles: true, clientX: 300, clientY: 60 }));
+    const tip = host.querySelector('.ji-tl-tip') as HTMLElement;
+    expect(tip.textContent).toContain('constrained: JSON schema · 8 of 9 tokens fast-forwarded');
+    host.querySelector('.ji-tl-head .ji-ff-tick')!.dispatchEvent(new MouseEvent('mousemove', { bubbles: true, clientX: 300, clientY: 20 }));
+    expect(tip.textContent).toBe('a step fast-forwarded 8 tokens (forced by a grammar, not sampled)');
+  });
+
+  it('leaves a run without constraints as it was', () => {
+    const { host } = view();
+    expect(host.querySelectorAll('.ji-constraint-badge, .ji-constraint-outline, .ji-ff-tick')).toHaveLength(0);
+    expect(host.querySelector('.ji-legend')!.textContent).not.toContain('constrained');
+  });
+});
+
 describe('the anywidget view', () => {
   it('draws the model, redraws on change, and cleans up', () => {
     const handlers = new Map<string, () => void>();

@@ -22,6 +22,7 @@ function formatMs(ms) {
 
 // src/timeline/layout.ts
 var CUT_W = 14;
+var BADGE_W = 18;
 var MIN_LIVE_S = 3;
 var MIN_TICK_PX = 72;
 var CHAR_W = 6.2;
@@ -86,6 +87,28 @@ var isNum = (v) => typeof v === "number" && Number.isFinite(v);
 var LIVE = /* @__PURE__ */ new Set(["queued", "running"]);
 function isLive(row) {
   return !isNum(row.finished_at) && (row.outcome == null || LIVE.has(row.outcome));
+}
+var CONSTRAINTS = {
+  json_schema: ["JSON schema", "{}"],
+  json_object: ["JSON object", "{}"],
+  regex: ["regex", ".*"],
+  choice: ["choice", "a|b"],
+  grammar: ["grammar", "::="],
+  tools: ["tool calls", "\u0192()"]
+};
+function constraintKind(kind) {
+  if (!kind) {
+    return null;
+  }
+  const [name, badge] = CONSTRAINTS[kind] ?? [kind.replace(/_/g, " "), "{}"];
+  return { kind, name, badge };
+}
+function forcedText(forced, tokens) {
+  if (!isNum(forced)) {
+    return null;
+  }
+  const total = Math.max(forced, isNum(tokens) ? tokens : 0);
+  return `${forced} of ${total} token${total === 1 ? "" : "s"} fast-forwarded`;
 }
 function rowStart(row) {
   for (const t of [row.queued_at, row.admitted_at, row.first_token_at, row.finished_at]) {
@@ -274,6 +297,11 @@ function axisTicks(axis, live, t0, t1, plotRight) {
   });
   return ticks;
 }
+function bandLabel(b, size, forced, room, charW) {
+  const ff = forced > 0 ? ` \xBB${forced}` : "";
+  const candidates = ff ? [`#${b.id} \xD7${size}${ff}`, `\xD7${size}${ff}`, `\xD7${size}`] : [`#${b.id} \xD7${size}`, `\xD7${size}`];
+  return candidates.find((text) => text.length * charW <= room) ?? null;
+}
 function layoutBands(batches, at) {
   const { t0, t1 } = at;
   const charW = at.frame.charW;
@@ -284,15 +312,28 @@ function layoutBands(batches, at) {
       continue;
     }
     const size = batchSize(b);
+    const forced = isNum(b.forced_tokens) ? b.forced_tokens : 0;
     for (const p of pieces(at.axis, b.started_at, end)) {
-      const long = `#${b.id} \xD7${size}`;
-      const short = `\xD7${size}`;
-      const room = p.w - 6;
-      const label = long.length * charW <= room ? long : short.length * charW <= room ? short : null;
-      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, at.bins), label });
+      const label = bandLabel(b, size, forced, p.w - 6, charW);
+      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, at.bins), label, forced });
     }
   }
   return bands;
+}
+function forcedTicks(steps, at) {
+  const ticks = [];
+  const shown = steps.filter((s) => isNum(s.at) && s.forced > 0 && s.at >= at.t0 && s.at <= at.t1).filter((s) => at.axis.segments.some((seg) => s.at >= seg.a && s.at <= seg.b)).sort((p, q) => p.at - q.at);
+  for (const s of shown) {
+    const x = at.axis.x(s.at);
+    const last = ticks[ticks.length - 1];
+    if (last && x - last.x < 3) {
+      last.forced += s.forced;
+      last.steps += 1;
+    } else {
+      ticks.push({ x, forced: s.forced, steps: 1 });
+    }
+  }
+  return ticks;
 }
 function waitingParts(row, end, add) {
   const { queued_at: q, admitted_at: a, first_token_at: f } = row;
@@ -353,17 +394,40 @@ function rowMarker(row, end, at) {
   const x = Math.min(at.axis.x(Math.min(end, at.t1)) + 2, at.frame.plotRight - 8);
   return { x, kind: failed ? "failed" : "cancelled" };
 }
+function barRuns(parts) {
+  const runs = [];
+  for (const p of [...parts].sort((a, b) => a.x - b.x)) {
+    const last = runs[runs.length - 1];
+    if (last && p.x <= last.x + last.w + 0.5) {
+      last.w = Math.max(last.w, p.x + p.w - last.x);
+    } else {
+      runs.push({ x: p.x, w: p.w });
+    }
+  }
+  return runs;
+}
+function constraintMark(row, parts, at) {
+  const kind = constraintKind(row.constraint);
+  if (!kind) {
+    return null;
+  }
+  return { ...kind, x: at.frame.labelWidth - BADGE_W - 4, outline: barRuns(parts) };
+}
 function layoutRow(row, index, end, maxChars, at) {
   const full = row.label || row.id;
+  const parts = rowParts(row, end, at);
+  const constraint = constraintMark(row, parts, at);
+  const chars = constraint ? Math.max(3, maxChars - Math.ceil((BADGE_W + 2) / at.frame.charW)) : maxChars;
   return {
     row,
     y: index * (at.frame.rowHeight + at.frame.rowGap),
-    label: truncate(full, maxChars),
+    label: truncate(full, chars),
     fullLabel: full,
     live: isLive(row),
     end,
-    parts: rowParts(row, end, at),
-    marker: rowMarker(row, end, at)
+    parts,
+    marker: rowMarker(row, end, at),
+    constraint
   };
 }
 function layoutTimeline(state, options) {
@@ -384,6 +448,8 @@ function layoutTimeline(state, options) {
     const end = Math.max(endOf(row), rowStart(row));
     return layoutRow(row, i, end, maxChars, at);
   });
+  const bands = layoutBands(batches, at);
+  const ticks = forcedTicks(state.steps || [], at);
   return {
     width: frame.width,
     labelWidth: frame.labelWidth,
@@ -397,10 +463,13 @@ function layoutTimeline(state, options) {
     rowsHeight: rowLayouts.length * (rowHeight + rowGap),
     ticks: axisTicks(axis, live, t0, t1, frame.plotRight),
     cuts: axis.cuts,
-    bands: layoutBands(batches, at),
+    bands,
     rows: rowLayouts,
     bins,
     kinds: new Set(rowLayouts.flatMap((r) => r.parts.map((p) => p.kind))),
+    forcedTicks: ticks,
+    constraints: new Set(rowLayouts.flatMap((r) => r.constraint ? [r.constraint.kind] : [])),
+    fastForwarded: ticks.length > 0 || bands.some((b) => b.forced > 0) || rowLayouts.some((r) => (r.row.forced_tokens ?? 0) > 0),
     shownS: axis.shownS,
     cutS,
     x: axis.x
@@ -413,6 +482,11 @@ function describeRow(row, batches, now) {
   }
   const outcome = row.outcome || (isLive(row) ? "running" : "done");
   lines.push(`${row.id} \xB7 ${outcome} \xB7 ${row.tokens ?? 0} tokens out${isNum(row.prompt_tokens) ? `, ${row.prompt_tokens} in` : ""}`);
+  const kind = constraintKind(row.constraint);
+  if (kind) {
+    const forced = forcedText(row.forced_tokens, row.tokens);
+    lines.push(`constrained: ${kind.name}${forced ? ` \xB7 ${forced}${isLive(row) ? " so far" : ""}` : ""}`);
+  }
   const q = row.queued_at;
   const end = isNum(row.finished_at) ? row.finished_at : now;
   const timing = [];
@@ -444,7 +518,12 @@ function describeBatch(batch, now) {
   const end = isNum(batch.ended_at) ? batch.ended_at : now;
   const size = batch.size ?? batch.members?.length ?? 0;
   const span = isNum(batch.started_at) && isNum(end) ? ` \xB7 ${formatMs((end - batch.started_at) * 1e3)}${isNum(batch.ended_at) ? "" : " so far"}` : "";
-  return `batch #${batch.id} \xB7 ${size} row${size === 1 ? "" : "s"} \xB7 ${batch.steps ?? 0} steps \xB7 ${batch.tokens ?? 0} tokens${span}`;
+  const forced = batch.forced_tokens ? `, ${batch.forced_tokens} fast-forwarded` : "";
+  return `batch #${batch.id} \xB7 ${size} row${size === 1 ? "" : "s"} \xB7 ${batch.steps ?? 0} steps \xB7 ${batch.tokens ?? 0} tokens${forced}${span}`;
+}
+function describeForcedTick(tick) {
+  const steps = tick.steps === 1 ? "a step" : `${tick.steps} steps`;
+  return `${steps} fast-forwarded ${tick.forced} token${tick.forced === 1 ? "" : "s"} (forced by a grammar, not sampled)`;
 }
 
 // src/timeline/render.ts
@@ -497,6 +576,16 @@ function contrast(l1, l2) {
   const [hi, lo] = l1 > l2 ? [l1, l2] : [l2, l1];
   return (hi + 0.05) / (lo + 0.05);
 }
+var ACCENT = "var(--jp-accent-color1, #388e3c)";
+var MARK_STYLE = {
+  outline: `fill: none; stroke: ${ACCENT}; stroke-width: 1.5px; pointer-events: none`,
+  badge: `fill: var(--jp-layout-color1, #ffffff); stroke: ${ACCENT}; stroke-width: 1px`,
+  badgeText: `fill: ${ACCENT}; font-size: 9px; font-weight: 700; font-family: var(--jp-code-font-family, monospace); pointer-events: none`,
+  tick: `fill: ${ACCENT}; stroke: var(--jp-layout-color1, #ffffff); stroke-width: 0.75px`,
+  tickHit: "fill: transparent",
+  legendBadge: `display: inline-block; padding: 0 2px; border: 1px solid ${ACCENT}; border-radius: 2px; color: ${ACCENT}; font: 700 9px var(--jp-code-font-family, monospace); line-height: 11px`,
+  legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`
+};
 var KIND_LABEL = {
   queued: "queued",
   waiting: "sent, awaiting first token",
@@ -522,7 +611,7 @@ var TimelineView = class {
         return;
       }
       const box = this._box.getBoundingClientRect();
-      const key = target.kind === "row" ? layout.rows[target.index]?.row.id : String(layout.bands[target.index]?.batch.id);
+      const key = target.kind === "row" ? layout.rows[target.index]?.row.id : target.kind === "tick" ? layout.forcedTicks[target.index] && String(target.index) : layout.bands[target.index] && String(layout.bands[target.index].batch.id);
       if (key === void 0) {
         this._onLeave();
         return;
@@ -657,6 +746,25 @@ var TimelineView = class {
           text.setAttribute("style", `fill: ${ink}`);
         }
       }
+      if (band.forced > 0) {
+        rect.classList.add("ji-ff-band");
+      }
+    });
+    this._drawForcedTicks(svg, layout);
+  }
+  /** A tick under the batch track per step that fast-forwarded tokens: a small wedge
+   * pointing up at its batch, clear of the band's label. */
+  _drawForcedTicks(svg, layout) {
+    if (!layout.forcedTicks.length) {
+      return;
+    }
+    const g = svgEl("g", { class: "ji-ff-ticks" }, svg);
+    const top = AXIS_H + TRACK_H - 2;
+    layout.forcedTicks.forEach((tick, i) => {
+      svgEl("rect", { x: tick.x - 3, y: AXIS_H + TRACK_H / 2, width: 6, height: HEAD_H - AXIS_H - TRACK_H / 2, style: MARK_STYLE.tickHit, "data-tick": i }, g);
+      const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
+      const mark = svgEl("polygon", { points, class: "ji-ff-tick", style: MARK_STYLE.tick, "data-tick": i }, g);
+      mark.setAttribute("aria-label", describeForcedTick(tick));
     });
   }
   _drawCuts(svg, layout, y, h, labelled) {
@@ -705,9 +813,10 @@ var TimelineView = class {
     layout.rows.forEach((r, i) => {
       const clickable = !!(opts.onRowClick && opts.clickable?.(r.row));
       const ended = r.marker ? ` ji-ended-${r.marker.kind}` : "";
-      const g = svgEl("g", { class: `ji-row${clickable ? " ji-clickable" : ""}${r.live ? " ji-live" : ""}${ended}`, "data-row": i }, svg);
+      const constrained = r.constraint ? " ji-constrained" : "";
+      const g = svgEl("g", { class: `ji-row${clickable ? " ji-clickable" : ""}${r.live ? " ji-live" : ""}${ended}${constrained}`, "data-row": i }, svg);
       g.setAttribute("data-id", r.row.id);
-      g.setAttribute("aria-label", `${r.fullLabel}: ${r.row.outcome ?? "running"}`);
+      g.setAttribute("aria-label", `${r.fullLabel}: ${r.row.outcome ?? "running"}${r.constraint ? `, ${r.constraint.name}` : ""}`);
       svgEl("rect", { x: 0, y: r.y - 1, width: layout.width, height: h + 2, class: "ji-row-bg" }, g);
       svgEl("text", { x: 4, y: r.y + h - 4, class: "ji-row-label" }, g).textContent = r.label;
       for (const p of r.parts) {
@@ -721,11 +830,26 @@ var TimelineView = class {
         }
         svgEl("rect", attrs, g);
       }
+      if (r.constraint) {
+        this._drawConstraint(g, r, h);
+      }
       if (r.marker) {
         const m = svgEl("text", { x: r.marker.x, y: r.y + h - 4, class: `ji-marker ji-${r.marker.kind}` }, g);
         m.textContent = r.marker.kind === "cancelled" ? "\u2298" : "\u2715";
       }
     });
+  }
+  /** A constrained row: its bar outlined, a badge with the kind's glyph ending its label. */
+  _drawConstraint(g, r, h) {
+    const mark = r.constraint;
+    g.setAttribute("data-constraint", mark.kind);
+    for (const box of mark.outline) {
+      svgEl("rect", { x: box.x - 0.75, y: r.y - 0.75, width: box.w + 1.5, height: h + 1.5, class: "ji-constraint-outline", style: MARK_STYLE.outline }, g);
+    }
+    const badge = svgEl("g", { class: "ji-constraint-badge" }, g);
+    svgEl("rect", { x: mark.x, y: r.y + 1.5, width: BADGE_W, height: h - 3, rx: 2, style: MARK_STYLE.badge }, badge);
+    const text = svgEl("text", { x: mark.x + BADGE_W / 2, y: r.y + h / 2 + 3, "text-anchor": "middle", style: MARK_STYLE.badgeText }, badge);
+    text.textContent = mark.badge;
   }
   _drawLegend(layout) {
     const legend = this._legend;
@@ -756,6 +880,7 @@ var TimelineView = class {
     if (layout.kinds.has("decode-unknown")) {
       item("ji-swatch-decode-unknown", "batch not recorded yet");
     }
+    this._drawMarksKey(legend, layout);
     const outcomes = new Set(layout.rows.map((r) => r.marker?.kind).filter(Boolean));
     if (outcomes.has("cancelled")) {
       htmlEl("span", "ji-legend-item ji-marker-key ji-cancelled", legend).textContent = "\u2298 cancelled";
@@ -767,6 +892,28 @@ var TimelineView = class {
     const summary = htmlEl("span", "ji-legend-item ji-legend-summary", legend);
     const span = layout.live ? `last ${formatMs((layout.t1 - layout.t0) * 1e3)}` : formatMs((layout.t1 - layout.t0) * 1e3) + (layout.cutS > 0 ? ` (${formatMs(layout.cutS * 1e3)} idle cut)` : "");
     summary.textContent = `${layout.rows.length} requests \xB7 ${batchIds.size} batches \xB7 ${span}`;
+  }
+  /** The legend's keys to the constraint badge and the fast-forward marks, when drawn. */
+  _drawMarksKey(legend, layout) {
+    if (layout.constraints.size) {
+      const names = new Map(layout.rows.flatMap((r) => r.constraint ? [[r.constraint.kind, r.constraint]] : []));
+      const span = htmlEl("span", "ji-legend-item ji-constraint-key", legend);
+      const badges = [...new Set([...names.values()].map((c) => c.badge))];
+      for (const glyph of badges) {
+        const chip = htmlEl("span", "ji-constraint-chip", span);
+        chip.setAttribute("style", MARK_STYLE.legendBadge);
+        chip.textContent = glyph;
+      }
+      span.appendChild(document.createTextNode(`constrained: ${[...names.values()].map((c) => c.name).join(", ")}`));
+    }
+    if (layout.fastForwarded) {
+      const span = htmlEl("span", "ji-legend-item ji-ff-key", legend);
+      if (layout.forcedTicks.length) {
+        htmlEl("span", "ji-ff-chip", span).setAttribute("style", MARK_STYLE.legendTick);
+      }
+      span.appendChild(document.createTextNode("\xBB fast-forwarded: tokens a grammar forced, not sampled"));
+      span.title = "Where a grammar allows one token only, the server appends it without sampling: one step can emit several tokens.";
+    }
   }
   /** The theme's text colour that reads best on bin `bin`'s fill (null when unknown). */
   _ink(bin) {
@@ -797,13 +944,17 @@ var TimelineView = class {
   }
   // -- hover and click -----------------------------------------------------------------------
   _target(event) {
-    const el = event.target?.closest?.("[data-row],[data-band]");
+    const el = event.target?.closest?.("[data-row],[data-band],[data-tick]");
     if (!el) {
       return null;
     }
     const row = el.getAttribute("data-row");
     if (row !== null) {
       return { kind: "row", index: Number(row) };
+    }
+    const tick = el.getAttribute("data-tick");
+    if (tick !== null) {
+      return { kind: "tick", index: Number(tick) };
     }
     return { kind: "band", index: Number(el.getAttribute("data-band")) };
   }
@@ -823,6 +974,11 @@ var TimelineView = class {
         if (this._options.onRowClick && this._options.clickable?.(r.row) && this._options.clickHint) {
           lines.push(this._options.clickHint);
         }
+      }
+    } else if (hover.kind === "tick") {
+      const tick = layout.forcedTicks[Number(hover.key)];
+      if (tick) {
+        lines = [describeForcedTick(tick)];
       }
     } else {
       const b = this._batches.get(Number(hover.key));

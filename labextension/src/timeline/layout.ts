@@ -3,7 +3,7 @@
 // No DOM here, so the layout is unit-tested directly; `render.ts` turns it into SVG.
 
 import { formatMs } from '../format';
-import { ITimelineBatch, ITimelineRow, ITimelineState } from './types';
+import { ITimelineBatch, ITimelineRow, ITimelineState, ITimelineStep } from './types';
 
 export interface ILayoutOptions {
   /** Width of the whole drawing in px. */
@@ -36,6 +36,14 @@ export interface IPart {
   batchId?: number;
 }
 
+/** A constrained row's mark: a badge at the end of its label, an outline round its bar. */
+export interface IConstraintMark extends IConstraintKind {
+  /** x of the badge (its left edge, in the label column). */
+  x: number;
+  /** The bar's outline: one box per run of adjacent parts (a cut splits it). */
+  outline: { x: number; w: number }[];
+}
+
 export interface IRowLayout {
   row: ITimelineRow;
   y: number;
@@ -46,6 +54,7 @@ export interface IRowLayout {
   end: number;
   parts: IPart[];
   marker: { x: number; kind: 'cancelled' | 'failed' } | null;
+  constraint: IConstraintMark | null;
 }
 
 export interface IBandLayout {
@@ -54,6 +63,17 @@ export interface IBandLayout {
   w: number;
   bin: number;
   label: string | null;
+  /** Tokens grammars forced in this batch (0: none, or not recorded). */
+  forced: number;
+}
+
+/** Steps that fast-forwarded tokens, as ticks on the batch track (steps a pixel or two apart
+ * share one tick). */
+export interface IForcedTick {
+  x: number;
+  /** Forced tokens and steps the tick stands for. */
+  forced: number;
+  steps: number;
 }
 
 export interface ITick {
@@ -93,6 +113,10 @@ export interface ITimelineLayout {
   rows: IRowLayout[];
   bins: ISizeBin[];
   kinds: Set<PartKind>;
+  forcedTicks: IForcedTick[];
+  /** The constraint kinds of the rows shown, and whether anything shown was fast-forwarded. */
+  constraints: Set<string>;
+  fastForwarded: boolean;
   /** Seconds the axis shows, and idle seconds cut out of it. */
   shownS: number;
   cutS: number;
@@ -101,6 +125,8 @@ export interface ITimelineLayout {
 }
 
 export const CUT_W = 14;
+/** Width of a constrained row's badge (px), at the end of its label. */
+export const BADGE_W = 18;
 /** The shortest span the live timeline shows (s). */
 const MIN_LIVE_S = 3;
 const MIN_TICK_PX = 72;
@@ -184,6 +210,41 @@ const LIVE = new Set(['queued', 'running']);
 /** Is the row still queued or running (so it extends to "now")? */
 export function isLive(row: ITimelineRow): boolean {
   return !isNum(row.finished_at) && (row.outcome == null || LIVE.has(row.outcome));
+}
+
+export interface IConstraintKind {
+  kind: string;
+  /** How tooltips and the legend name it: "JSON schema", "tool calls". */
+  name: string;
+  /** The badge's text, a glyph or two. */
+  badge: string;
+}
+
+const CONSTRAINTS: Record<string, [string, string]> = {
+  json_schema: ['JSON schema', '{}'],
+  json_object: ['JSON object', '{}'],
+  regex: ['regex', '.*'],
+  choice: ['choice', 'a|b'],
+  grammar: ['grammar', '::='],
+  tools: ['tool calls', 'ƒ()']
+};
+
+/** A constraint kind as the timeline shows it (null: the row was free text). */
+export function constraintKind(kind: string | null | undefined): IConstraintKind | null {
+  if (!kind) {
+    return null;
+  }
+  const [name, badge] = CONSTRAINTS[kind] ?? [kind.replace(/_/g, ' '), '{}'];
+  return { kind, name, badge };
+}
+
+/** "8 of 9 tokens fast-forwarded" (null when the count is not known). */
+export function forcedText(forced: number | null | undefined, tokens: number | null | undefined): string | null {
+  if (!isNum(forced)) {
+    return null;
+  }
+  const total = Math.max(forced, isNum(tokens) ? tokens : 0);
+  return `${forced} of ${total} token${total === 1 ? '' : 's'} fast-forwarded`;
 }
 
 function rowStart(row: ITimelineRow): number | null {
@@ -437,8 +498,16 @@ interface IPlacement {
   bins: ISizeBin[];
 }
 
+/** A band's label, the longest that fits: "#id ×size", then "×size"; with "»N" after the
+ * size where grammars forced N of its tokens (kept before the id, which the tooltip has). */
+function bandLabel(b: ITimelineBatch, size: number, forced: number, room: number, charW: number): string | null {
+  const ff = forced > 0 ? ` »${forced}` : '';
+  const candidates = ff ? [`#${b.id} ×${size}${ff}`, `×${size}${ff}`, `×${size}`] : [`#${b.id} ×${size}`, `×${size}`];
+  return candidates.find(text => text.length * charW <= room) ?? null;
+}
+
 /** The batch track: a band per batch (per axis segment it spans), in start order, labelled
- * "#id ×size" where that fits, else "×size", else not at all. */
+ * as `bandLabel` says where that fits, else not at all. */
 function layoutBands(batches: ITimelineBatch[], at: IPlacement): IBandLayout[] {
   const { t0, t1 } = at;
   const charW = at.frame.charW;
@@ -449,15 +518,34 @@ function layoutBands(batches: ITimelineBatch[], at: IPlacement): IBandLayout[] {
       continue;
     }
     const size = batchSize(b);
+    const forced = isNum(b.forced_tokens) ? b.forced_tokens : 0;
     for (const p of pieces(at.axis, b.started_at as number, end)) {
-      const long = `#${b.id} ×${size}`;
-      const short = `×${size}`;
-      const room = p.w - 6;
-      const label = long.length * charW <= room ? long : short.length * charW <= room ? short : null;
-      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, at.bins), label });
+      const label = bandLabel(b, size, forced, p.w - 6, charW);
+      bands.push({ batch: b, x: p.x, w: p.w, bin: binOf(size, at.bins), label, forced });
     }
   }
   return bands;
+}
+
+/** A tick on the batch track per step that forced tokens, inside [t0, t1] and off the cuts;
+ * ticks under 3 px apart merge, so a burst of steps reads as one mark with their sum. */
+function forcedTicks(steps: ITimelineStep[], at: IPlacement): IForcedTick[] {
+  const ticks: IForcedTick[] = [];
+  const shown = steps
+    .filter(s => isNum(s.at) && s.forced > 0 && s.at >= at.t0 && s.at <= at.t1)
+    .filter(s => at.axis.segments.some(seg => s.at >= seg.a && s.at <= seg.b))
+    .sort((p, q) => p.at - q.at);
+  for (const s of shown) {
+    const x = at.axis.x(s.at);
+    const last = ticks[ticks.length - 1];
+    if (last && x - last.x < 3) {
+      last.forced += s.forced;
+      last.steps += 1;
+    } else {
+      ticks.push({ x, forced: s.forced, steps: 1 });
+    }
+  }
+  return ticks;
 }
 
 /** Adds the pieces of one part of a row over [start, stop], clipped to the axis. */
@@ -535,22 +623,50 @@ function rowMarker(row: ITimelineRow, end: number, at: IPlacement): IRowLayout['
   return { x, kind: failed ? 'failed' : 'cancelled' };
 }
 
+/** Runs of adjacent parts, as boxes (a cut between two parts ends a run). */
+function barRuns(parts: IPart[]): { x: number; w: number }[] {
+  const runs: { x: number; w: number }[] = [];
+  for (const p of [...parts].sort((a, b) => a.x - b.x)) {
+    const last = runs[runs.length - 1];
+    if (last && p.x <= last.x + last.w + 0.5) {
+      last.w = Math.max(last.w, p.x + p.w - last.x);
+    } else {
+      runs.push({ x: p.x, w: p.w });
+    }
+  }
+  return runs;
+}
+
+/** A constrained row's mark: its badge right-aligned in the label column, its bar outlined. */
+function constraintMark(row: ITimelineRow, parts: IPart[], at: IPlacement): IConstraintMark | null {
+  const kind = constraintKind(row.constraint);
+  if (!kind) {
+    return null;
+  }
+  return { ...kind, x: at.frame.labelWidth - BADGE_W - 4, outline: barRuns(parts) };
+}
+
 function layoutRow(row: ITimelineRow, index: number, end: number, maxChars: number, at: IPlacement): IRowLayout {
   const full = row.label || row.id;
+  const parts = rowParts(row, end, at);
+  const constraint = constraintMark(row, parts, at);
+  // A badge takes the end of the label column: the label gives up that room.
+  const chars = constraint ? Math.max(3, maxChars - Math.ceil((BADGE_W + 2) / at.frame.charW)) : maxChars;
   return {
     row,
     y: index * (at.frame.rowHeight + at.frame.rowGap),
-    label: truncate(full, maxChars),
+    label: truncate(full, chars),
     fullLabel: full,
     live: isLive(row),
     end,
-    parts: rowParts(row, end, at),
-    marker: rowMarker(row, end, at)
+    parts,
+    marker: rowMarker(row, end, at),
+    constraint
   };
 }
 
 /** The whole layout, in order: the time span, the rows it shows, the axis (idle gaps cut),
- * its ticks, the colour bins, the batch bands and the request rows. */
+ * its ticks, the colour bins, the batch bands, the fast-forward ticks and the request rows. */
 export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): ITimelineLayout {
   const frame = frameOf(options);
   const { live, rowHeight, rowGap } = frame;
@@ -573,6 +689,8 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
     const end = Math.max(endOf(row), rowStart(row) as number);
     return layoutRow(row, i, end, maxChars, at);
   });
+  const bands = layoutBands(batches, at);
+  const ticks = forcedTicks(state.steps || [], at);
   return {
     width: frame.width,
     labelWidth: frame.labelWidth,
@@ -586,10 +704,14 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
     rowsHeight: rowLayouts.length * (rowHeight + rowGap),
     ticks: axisTicks(axis, live, t0, t1, frame.plotRight),
     cuts: axis.cuts,
-    bands: layoutBands(batches, at),
+    bands,
     rows: rowLayouts,
     bins,
     kinds: new Set(rowLayouts.flatMap(r => r.parts.map(p => p.kind))),
+    forcedTicks: ticks,
+    constraints: new Set(rowLayouts.flatMap(r => (r.constraint ? [r.constraint.kind] : []))),
+    fastForwarded:
+      ticks.length > 0 || bands.some(b => b.forced > 0) || rowLayouts.some(r => (r.row.forced_tokens ?? 0) > 0),
     shownS: axis.shownS,
     cutS,
     x: axis.x
@@ -604,6 +726,11 @@ export function describeRow(row: ITimelineRow, batches: Map<number, ITimelineBat
   }
   const outcome = row.outcome || (isLive(row) ? 'running' : 'done');
   lines.push(`${row.id} · ${outcome} · ${row.tokens ?? 0} tokens out${isNum(row.prompt_tokens) ? `, ${row.prompt_tokens} in` : ''}`);
+  const kind = constraintKind(row.constraint);
+  if (kind) {
+    const forced = forcedText(row.forced_tokens, row.tokens);
+    lines.push(`constrained: ${kind.name}${forced ? ` · ${forced}${isLive(row) ? ' so far' : ''}` : ''}`);
+  }
   const q = row.queued_at;
   const end = isNum(row.finished_at) ? row.finished_at : now;
   const timing: string[] = [];
@@ -640,5 +767,12 @@ export function describeBatch(batch: ITimelineBatch, now: number | null): string
     isNum(batch.started_at) && isNum(end)
       ? ` · ${formatMs((end - batch.started_at) * 1000)}${isNum(batch.ended_at) ? '' : ' so far'}`
       : '';
-  return `batch #${batch.id} · ${size} row${size === 1 ? '' : 's'} · ${batch.steps ?? 0} steps · ${batch.tokens ?? 0} tokens${span}`;
+  const forced = batch.forced_tokens ? `, ${batch.forced_tokens} fast-forwarded` : '';
+  return `batch #${batch.id} · ${size} row${size === 1 ? '' : 's'} · ${batch.steps ?? 0} steps · ${batch.tokens ?? 0} tokens${forced}${span}`;
+}
+
+/** What hovering a fast-forward tick shows. */
+export function describeForcedTick(tick: IForcedTick): string {
+  const steps = tick.steps === 1 ? 'a step' : `${tick.steps} steps`;
+  return `${steps} fast-forwarded ${tick.forced} token${tick.forced === 1 ? '' : 's'} (forced by a grammar, not sampled)`;
 }

@@ -2,7 +2,16 @@
 // notebook's anywidget (`widget.ts`). It draws a `layoutTimeline` result; colours come from
 // CSS classes (`style/timeline.css`) built on JupyterLab's theme variables.
 
-import { describeBatch, describeRow, IRowLayout, ITimelineLayout, layoutTimeline, PartKind } from './layout';
+import {
+  BADGE_W,
+  describeBatch,
+  describeForcedTick,
+  describeRow,
+  IRowLayout,
+  ITimelineLayout,
+  layoutTimeline,
+  PartKind
+} from './layout';
 import { ITimelineBatch, ITimelineRow, ITimelineState } from './types';
 import { formatMs } from '../format';
 
@@ -81,6 +90,23 @@ export function contrast(l1: number, l2: number): number {
   return (hi + 0.05) / (lo + 0.05);
 }
 
+/** The constraint and fast-forward marks, in the accent colour (green in JupyterLab's themes;
+ * the decoding blues, prefill orange and error red stay theirs). Inline, so that the marks
+ * need nothing from the stylesheet; their classes (ji-constraint-*, ji-ff-*) let a theme
+ * restyle them. */
+const ACCENT = 'var(--jp-accent-color1, #388e3c)';
+const MARK_STYLE = {
+  outline: `fill: none; stroke: ${ACCENT}; stroke-width: 1.5px; pointer-events: none`,
+  badge: `fill: var(--jp-layout-color1, #ffffff); stroke: ${ACCENT}; stroke-width: 1px`,
+  badgeText: `fill: ${ACCENT}; font-size: 9px; font-weight: 700; font-family: var(--jp-code-font-family, monospace); pointer-events: none`,
+  tick: `fill: ${ACCENT}; stroke: var(--jp-layout-color1, #ffffff); stroke-width: 0.75px`,
+  tickHit: 'fill: transparent',
+  legendBadge:
+    `display: inline-block; padding: 0 2px; border: 1px solid ${ACCENT}; border-radius: 2px; color: ${ACCENT}; ` +
+    'font: 700 9px var(--jp-code-font-family, monospace); line-height: 11px',
+  legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`
+};
+
 const KIND_LABEL: Record<PartKind, string> = {
   queued: 'queued',
   waiting: 'sent, awaiting first token',
@@ -100,7 +126,7 @@ export class TimelineView {
   private _uid: string;
   private _frame = 0;
   private _drawnWidth = 0;
-  private _hover: { kind: 'row' | 'band'; key: string; x: number; y: number } | null = null;
+  private _hover: { kind: 'row' | 'band' | 'tick'; key: string; x: number; y: number } | null = null;
   private _observer: ResizeObserver | null = null;
   private _title: HTMLDivElement;
   private _box: HTMLDivElement;
@@ -236,6 +262,26 @@ export class TimelineView {
           text.setAttribute('style', `fill: ${ink}`);
         }
       }
+      if (band.forced > 0) {
+        rect.classList.add('ji-ff-band');
+      }
+    });
+    this._drawForcedTicks(svg, layout);
+  }
+
+  /** A tick under the batch track per step that fast-forwarded tokens: a small wedge
+   * pointing up at its batch, clear of the band's label. */
+  private _drawForcedTicks(svg: SVGSVGElement, layout: ITimelineLayout): void {
+    if (!layout.forcedTicks.length) {
+      return;
+    }
+    const g = svgEl('g', { class: 'ji-ff-ticks' }, svg);
+    const top = AXIS_H + TRACK_H - 2;
+    layout.forcedTicks.forEach((tick, i) => {
+      svgEl('rect', { x: tick.x - 3, y: AXIS_H + TRACK_H / 2, width: 6, height: HEAD_H - AXIS_H - TRACK_H / 2, style: MARK_STYLE.tickHit, 'data-tick': i }, g);
+      const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
+      const mark = svgEl('polygon', { points, class: 'ji-ff-tick', style: MARK_STYLE.tick, 'data-tick': i }, g);
+      mark.setAttribute('aria-label', describeForcedTick(tick));
     });
   }
 
@@ -287,9 +333,10 @@ export class TimelineView {
     layout.rows.forEach((r, i) => {
       const clickable = !!(opts.onRowClick && opts.clickable?.(r.row));
       const ended = r.marker ? ` ji-ended-${r.marker.kind}` : '';
-      const g = svgEl('g', { class: `ji-row${clickable ? ' ji-clickable' : ''}${r.live ? ' ji-live' : ''}${ended}`, 'data-row': i }, svg);
+      const constrained = r.constraint ? ' ji-constrained' : '';
+      const g = svgEl('g', { class: `ji-row${clickable ? ' ji-clickable' : ''}${r.live ? ' ji-live' : ''}${ended}${constrained}`, 'data-row': i }, svg);
       g.setAttribute('data-id', r.row.id);
-      g.setAttribute('aria-label', `${r.fullLabel}: ${r.row.outcome ?? 'running'}`);
+      g.setAttribute('aria-label', `${r.fullLabel}: ${r.row.outcome ?? 'running'}${r.constraint ? `, ${r.constraint.name}` : ''}`);
       svgEl('rect', { x: 0, y: r.y - 1, width: layout.width, height: h + 2, class: 'ji-row-bg' }, g);
       svgEl('text', { x: 4, y: r.y + h - 4, class: 'ji-row-label' }, g).textContent = r.label;
       for (const p of r.parts) {
@@ -303,11 +350,27 @@ export class TimelineView {
         }
         svgEl('rect', attrs, g);
       }
+      if (r.constraint) {
+        this._drawConstraint(g, r, h);
+      }
       if (r.marker) {
         const m = svgEl('text', { x: r.marker.x, y: r.y + h - 4, class: `ji-marker ji-${r.marker.kind}` }, g);
         m.textContent = r.marker.kind === 'cancelled' ? '⊘' : '✕';
       }
     });
+  }
+
+  /** A constrained row: its bar outlined, a badge with the kind's glyph ending its label. */
+  private _drawConstraint(g: SVGGElement, r: IRowLayout, h: number): void {
+    const mark = r.constraint!;
+    g.setAttribute('data-constraint', mark.kind);
+    for (const box of mark.outline) {
+      svgEl('rect', { x: box.x - 0.75, y: r.y - 0.75, width: box.w + 1.5, height: h + 1.5, class: 'ji-constraint-outline', style: MARK_STYLE.outline }, g);
+    }
+    const badge = svgEl('g', { class: 'ji-constraint-badge' }, g);
+    svgEl('rect', { x: mark.x, y: r.y + 1.5, width: BADGE_W, height: h - 3, rx: 2, style: MARK_STYLE.badge }, badge);
+    const text = svgEl('text', { x: mark.x + BADGE_W / 2, y: r.y + h / 2 + 3, 'text-anchor': 'middle', style: MARK_STYLE.badgeText }, badge);
+    text.textContent = mark.badge;
   }
 
   private _drawLegend(layout: ITimelineLayout): void {
@@ -339,6 +402,7 @@ export class TimelineView {
     if (layout.kinds.has('decode-unknown')) {
       item('ji-swatch-decode-unknown', 'batch not recorded yet');
     }
+    this._drawMarksKey(legend, layout);
     const outcomes = new Set(layout.rows.map(r => r.marker?.kind).filter(Boolean));
     if (outcomes.has('cancelled')) {
       htmlEl('span', 'ji-legend-item ji-marker-key ji-cancelled', legend).textContent = '⊘ cancelled';
@@ -352,6 +416,29 @@ export class TimelineView {
       ? `last ${formatMs((layout.t1 - layout.t0) * 1000)}`
       : formatMs((layout.t1 - layout.t0) * 1000) + (layout.cutS > 0 ? ` (${formatMs(layout.cutS * 1000)} idle cut)` : '');
     summary.textContent = `${layout.rows.length} requests · ${batchIds.size} batches · ${span}`;
+  }
+
+  /** The legend's keys to the constraint badge and the fast-forward marks, when drawn. */
+  private _drawMarksKey(legend: HTMLDivElement, layout: ITimelineLayout): void {
+    if (layout.constraints.size) {
+      const names = new Map(layout.rows.flatMap(r => (r.constraint ? [[r.constraint.kind, r.constraint] as const] : [])));
+      const span = htmlEl('span', 'ji-legend-item ji-constraint-key', legend);
+      const badges = [...new Set([...names.values()].map(c => c.badge))];
+      for (const glyph of badges) {
+        const chip = htmlEl('span', 'ji-constraint-chip', span);
+        chip.setAttribute('style', MARK_STYLE.legendBadge);
+        chip.textContent = glyph;
+      }
+      span.appendChild(document.createTextNode(`constrained: ${[...names.values()].map(c => c.name).join(', ')}`));
+    }
+    if (layout.fastForwarded) {
+      const span = htmlEl('span', 'ji-legend-item ji-ff-key', legend);
+      if (layout.forcedTicks.length) {
+        htmlEl('span', 'ji-ff-chip', span).setAttribute('style', MARK_STYLE.legendTick);
+      }
+      span.appendChild(document.createTextNode('» fast-forwarded: tokens a grammar forced, not sampled'));
+      span.title = 'Where a grammar allows one token only, the server appends it without sampling: one step can emit several tokens.';
+    }
   }
 
   /** The theme's text colour that reads best on bin `bin`'s fill (null when unknown). */
@@ -384,14 +471,18 @@ export class TimelineView {
   }
 
   // -- hover and click -----------------------------------------------------------------------
-  private _target(event: Event): { kind: 'row' | 'band'; index: number } | null {
-    const el = (event.target as Element | null)?.closest?.('[data-row],[data-band]');
+  private _target(event: Event): { kind: 'row' | 'band' | 'tick'; index: number } | null {
+    const el = (event.target as Element | null)?.closest?.('[data-row],[data-band],[data-tick]');
     if (!el) {
       return null;
     }
     const row = el.getAttribute('data-row');
     if (row !== null) {
       return { kind: 'row', index: Number(row) };
+    }
+    const tick = el.getAttribute('data-tick');
+    if (tick !== null) {
+      return { kind: 'tick', index: Number(tick) };
     }
     return { kind: 'band', index: Number(el.getAttribute('data-band')) };
   }
@@ -404,7 +495,12 @@ export class TimelineView {
       return;
     }
     const box = this._box.getBoundingClientRect();
-    const key = target.kind === 'row' ? layout.rows[target.index]?.row.id : String(layout.bands[target.index]?.batch.id);
+    const key =
+      target.kind === 'row'
+        ? layout.rows[target.index]?.row.id
+        : target.kind === 'tick'
+          ? layout.forcedTicks[target.index] && String(target.index)
+          : layout.bands[target.index] && String(layout.bands[target.index].batch.id);
     if (key === undefined) {
       this._onLeave();
       return;
@@ -446,6 +542,11 @@ export class TimelineView {
         if (this._options.onRowClick && this._options.clickable?.(r.row) && this._options.clickHint) {
           lines.push(this._options.clickHint);
         }
+      }
+    } else if (hover.kind === 'tick') {
+      const tick = layout.forcedTicks[Number(hover.key)];
+      if (tick) {
+        lines = [describeForcedTick(tick)];
       }
     } else {
       const b = this._batches.get(Number(hover.key));

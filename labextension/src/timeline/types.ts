@@ -16,6 +16,11 @@ export interface ITimelineRow {
   outcome?: string | null;
   tokens?: number | null;
   prompt_tokens?: number | null;
+  /** What the answer was held to: null, or the constraint's kind (json_object, json_schema,
+   * regex, choice, grammar, tools). */
+  constraint?: string | null;
+  /** Of its `tokens`, those its grammar forced (fast-forwarded, not sampled). */
+  forced_tokens?: number | null;
 }
 
 /** One batch span: constant membership from `started_at` to `ended_at` (null: still open). */
@@ -27,12 +32,25 @@ export interface ITimelineBatch {
   ended_at?: number | null;
   steps?: number;
   tokens?: number;
+  /** Of its tokens, those grammars forced (fast-forward). */
+  forced_tokens?: number;
   mode?: string | null;
+}
+
+/** A step that emitted forced tokens (live `step` events with `forced` > 0). */
+export interface ITimelineStep {
+  batch_id?: number | null;
+  /** When the step ended (epoch s). */
+  at: number;
+  tokens?: number;
+  forced: number;
 }
 
 export interface ITimelineState {
   rows: ITimelineRow[];
   batches: ITimelineBatch[];
+  /** Steps that fast-forwarded tokens, where known (the live stream; records keep counts only). */
+  steps?: ITimelineStep[];
   /** Where running rows and open batches end (epoch s); null for a finished run. */
   now?: number | null;
   title?: string;
