@@ -307,3 +307,16 @@ async def test_records_say_which_rows_were_constrained_and_what_was_forced(http:
     assert bound["constraint"] == "json_schema" and 0 < bound["forced_tokens"] < bound["completion_tokens"] + 1
     assert free["constraint"] is None and free["forced_tokens"] == 0
     assert sum(b["forced_tokens"] for b in batches["batches"]) == bound["forced_tokens"]
+
+
+async def test_live_events_carry_the_constraint_and_forced_tokens(jp_serverapp: Any, http: httpx.AsyncClient) -> None:
+    service = service_of(jp_serverapp)
+    subscription = service.subscribe()
+    await http.post("completions", json={"prompt": "x", "max_tokens": 40, "guided_json": {"enum": ["alpha", "beta"]}})
+    events = []
+    while (event := await subscription.get(timeout=0.1)) is not None:
+        events.append(event)
+    subscription.close()
+    queued = next(e for e in events if e["type"] == "queued")
+    finished = next(e for e in events if e["type"] == "finished")
+    assert queued["constraint"] == "json_schema" and finished["forced_tokens"] >= 1

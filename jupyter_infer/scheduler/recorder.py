@@ -56,7 +56,7 @@ class Recorder:
         rec.route = self.route
         self.metrics.queued(rec, depth)
         self._emit("queued", id=rec.id, priority=rec.priority, prompt_tokens=rec.prompt_tokens,
-                   at=wall(rec.queued_at))
+                   at=wall(rec.queued_at), constraint=rec.constraint)
 
     def rejected(self, reason: str, outcome: str = "rejected") -> None:
         self.metrics.rejected(reason, outcome)
@@ -109,7 +109,8 @@ class Recorder:
         rec.completion_tokens = seq.num_output_tokens
         self.metrics.finished(rec)
         self._emit("finished", id=rec.id, outcome=rec.outcome, finish_reason=rec.finish_reason,
-                   completion_tokens=rec.completion_tokens, at=wall(rec.finished_at), error=rec.error)
+                   completion_tokens=rec.completion_tokens, at=wall(rec.finished_at), error=rec.error,
+                   forced_tokens=rec.forced_tokens)
 
     def finished_recently(self, request_id: str) -> bool:
         return request_id in self._recent
