@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from jupyter_infer.bench import cpu
+from jupyter_infer.bench import cpu, structured
 from jupyter_infer.bench import workloads as wl
 from jupyter_infer.bench.report import evaluate_targets, format_tables, format_targets
 from jupyter_infer.cli import main
@@ -90,6 +91,7 @@ def test_targets_are_ratios_within_the_run() -> None:
 # A stand-in for llama.cpp's convert_hf_to_gguf.py: the two places our models trip it up.
 FAKE_BASE = """
 import json
+import re
 from pathlib import Path
 
 class ModelBase:
@@ -199,5 +201,69 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     assert quality["f32"]["agreement"] >= 0.99 and quality["int8" if "int8" in quality else "f32"]["agreement"] >= 0.9
     assert "greedy agreement" in out
     earlier = [t for t in results["targets"] if not t["workload"].startswith("cpu_")]
-    assert len(earlier) == 14 and all(t["ratio"] is not None for t in earlier)
+    assert len(earlier) == 18 and all(t["ratio"] is not None for t in earlier)
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_structured_pieces_rename_validate_and_pick_finished_answers() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a"], "additionalProperties": False}
+    fresh = structured.renamed(schema, 7)
+    assert list(fresh["properties"]) == ["a_7", "b"] and fresh["required"] == ["a_7"]
+    assert structured.renamed({"type": "integer"}, 7) != {"type": "integer"}  # no properties: a title
+    assert structured.validates('{"a":1}', schema) and not structured.validates('{"a":"x"}', schema)
+    assert not structured.validates('{"a":1', schema)  # not JSON
+    dt = {"type": "string", "format": "date-time"}
+    assert structured.validates('"2026-12-01T10:11:12Z"', dt) and not structured.validates('"2026-12-01T10:11:60Z"', dt)
+    names = [n for n, _ in structured.corpus()]
+    answers = [structured.Answer(n, "stop" if i % 2 else "length", "{}", 10 + i, 1.0, 2.0) for i, n in enumerate(names[:6])]
+    burst, chosen = structured.burst_workload(answers, [f"p{i}" for i in range(6)], 4)
+    assert [n for n, _ in chosen] == [names[1], names[3], names[5], names[1]]  # finished ones, cycled
+    assert [a.max_tokens for a in burst.arrivals] == [11, 13, 15, 11] and burst.arrivals[0].prompt == "p1"
+
+
+# An llguidance looseness, not the bench's: its date-time format lets the seconds be 60 at any
+# minute, which jsonschema's checker and pydantic's datetime refuse (RFC 3339 allows 60 only for
+# a leap second). Fixed where the constraint is compiled (constraints/grammar.py), this goes.
+LEAP_SECOND = re.compile(r"[Tt ]\d\d:\d\d:60")
+
+
+@pytest.mark.slow
+def test_bench_quick_structured(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "bench"
+    code = main(["bench", "--quick", "--only", "structured", "--model", str(tiny_model_dir), "--out", str(out_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "[i] structured, validity" in out and "[i] structured, 16 streams" in out
+    workloads = json.loads((out_dir / "results.json").read_text())["workloads"]
+    assert set(workloads) == {"structured_corpus", "structured_burst", "structured_alone"}
+    corpus = workloads["structured_corpus"]
+    median = corpus["contenders"]["corpus"]["median"]
+    assert median["answers"] == len(structured.corpus()) == len(corpus["answers"])
+    assert median["finished"] + median["length"] + median["refused"] == median["answers"]
+    assert median["finished"] >= 16 and median["refused"] == 0
+    burst = workloads["structured_burst"]["contenders"]
+    assert set(burst) == {"unconstrained_mean", "unconstrained", "no_ff", "ff"}
+    for key, entry in burst.items():
+        m = entry["median"]
+        assert m["tokens_per_s"] > 0 and m["tokens"] > 0 and m["steps"] > 0, key
+        if key in ("no_ff", "ff"):  # every constrained stream ends with its grammar
+            assert m["finished"] == 16, key
+    assert burst["ff"]["median"]["forced_share"] > 0 and burst["no_ff"]["median"]["forced_share"] == 0
+    assert burst["ff"]["median"]["steps"] < burst["no_ff"]["median"]["steps"]
+    assert burst["unconstrained"]["median"]["tokens"] == workloads["structured_burst"]["total_new_tokens"]
+    alone = workloads["structured_alone"]["contenders"]
+    assert {"unconstrained", "new_schema"} == set(alone)
+    assert alone["new_schema"]["median"]["compiled"] > median["answers"]  # a new compile each
+    assert alone["new_schema"]["median"]["compile_ms_p50"] > 0
+    # Validity: every finished answer parses and validates against its schema.
+    schemas = dict(structured.corpus())
+    invalid = [a for a in corpus["answers"] if a["finish_reason"] == "stop" and not a["valid"]]
+    for a in corpus["answers"]:
+        if a["finish_reason"] == "stop":
+            assert a["valid"] == structured.validates(a["text"], schemas[a["schema"]]), a
+    unexplained = [a for a in invalid if not LEAP_SECOND.search(a["text"])]
+    assert not unexplained, unexplained
+    if invalid:
+        pytest.xfail(f"{len(invalid)} finished answers have a date-time with 60 seconds: "
+                     + ", ".join(a["schema"] for a in invalid))

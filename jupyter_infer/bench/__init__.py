@@ -9,7 +9,9 @@ lengths, (c) open-loop Poisson arrivals at ~70 % of capacity, (d) the burst over
 (e) agents sharing a system prompt (with and without our prefix cache), (f) a long prompt
 arriving while streams run (with and without chunked prefill), (g) the CPU forward pass:
 our servers by linear kernels and precision against ``llama-server`` by GGUF type, a burst
-and one request at a time, with each variant's greedy agreement and perplexity. Each is warmed up, then
+and one request at a time, with each variant's greedy agreement and perplexity, (i) structured outputs:
+schema-constrained answers' validity over a corpus of JSON schemas, their throughput against
+unconstrained (fast-forward off and on), and a new schema's TTFT. Each is warmed up, then
 repeated (median of ``--repeats``); the tables, ratios and the issues' targets are printed,
 and written as JSON and a PNG chart.
 
@@ -38,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the models run (default cpu; the HTTP contender follows)")
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="batch capacity for every batching contender (default 32)")
-    parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "agents", "interference", "lengths", "http", "cpu"),
+    parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "agents", "interference", "lengths",
+                                                   "structured", "http", "cpu"),
                         help="run only these workloads (the burst always runs when open or http do)")
     parser.add_argument("--gguf", help="llama-server's GGUF of the model (default: MODEL/model.gguf); the "
                         "llama-server contender runs when this file exists and llama-server is on PATH")

@@ -10,11 +10,14 @@ from typing import Any
 
 ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "apart", "hf_cb", "ceiling",
          "http", "http_openai", "hf_serve", "llama_server",
-         "f32_eager", "f32", "bf16", "int8", "llama_f32", "llama_f16", "llama_q8_0")
+         "f32_eager", "f32", "bf16", "int8", "llama_f32", "llama_f16", "llama_q8_0",
+         "corpus", "unconstrained_mean", "unconstrained", "no_ff", "ff", "new_schema")
 TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
           "agents": "[e] agents", "interference": "[f] interference", "lengths": "[h] mixed lengths",
           "cpu_burst": "[g] CPU, burst",
-          "cpu_alone": "[g] CPU, one at a time"}
+          "cpu_alone": "[g] CPU, one at a time",
+          "structured_corpus": "[i] structured, validity", "structured_burst": "[i] structured, 16 streams",
+          "structured_alone": "[i] structured, one at a time"}
 # Columns of a second table, for the workloads that measure more than throughput and TTFT.
 EXTRA_COLUMNS = {
     "agents": (("wall s", "wall_s", ".2f"), ("reused tok", "prefix_reused_tokens", ".0f"), ("hits", "prefix_hits", ".0f")),
@@ -22,6 +25,14 @@ EXTRA_COLUMNS = {
                      ("ITL p99", "itl_p99_ms", ".1f"), ("long TTFT", "long_ttft_ms", ".1f")),
     "lengths": (("wall s", "wall_s", ".2f"), ("KV MB", "kv_peak_mb", ".1f"), ("needed", "kv_peak_needed_mb", ".1f"),
                 ("KV max MB", "kv_max_mb", ".1f")),
+    "structured_corpus": (("answers", "answers", ".0f"), ("finished", "finished", ".0f"), ("valid", "valid", ".0f"),
+                          ("length", "length", ".0f"), ("refused", "refused", ".0f"), ("tok/answer", "tokens_per_answer", ".1f"),
+                          ("ff share", "forced_share", ".2f")),
+    "structured_burst": (("tok/answer", "tokens_per_answer", ".1f"), ("steps", "steps", ".0f"),
+                         ("ff share", "forced_share", ".2f"), ("finished", "finished", ".0f"),
+                         ("valid", "valid", ".0f"), ("busy s", "engine_busy_s", ".2f")),
+    "structured_alone": (("compiles", "compiled", ".0f"), ("compile p50", "compile_ms_p50", ".2f"),
+                         ("compile p99", "compile_ms_p99", ".2f")),
 }
 
 
@@ -74,6 +85,15 @@ TARGETS = (
                                                                                    ("bf16", "llama_f16"))),
     Target("cpu_burst", "burst: int8 >= 1.3 x our f32 (tok/s)", "int8", "f32", "tokens_per_s", ">=", 1.3),
     Target("cpu_alone", "alone: int8 >= 1.3 x our f32 (tok/s)", "int8", "f32", "tokens_per_s", ">=", 1.3),
+    # issue 19
+    Target("structured_corpus", "structured: every finished answer valid against its schema (valid / finished)",
+           "corpus", "corpus", "valid", ">=", 1.0, "finished"),
+    Target("structured_burst", "structured: constrained, no fast-forward >= 0.9 x unconstrained (tok/s)", "no_ff",
+           "unconstrained", "tokens_per_s", ">=", 0.9),
+    Target("structured_burst", "structured: constrained + fast-forward >= 1.0 x unconstrained (tok/s)", "ff",
+           "unconstrained", "tokens_per_s", ">=", 1.0),
+    Target("structured_alone", "structured: TTFT p50 of a new schema <= 1.2 x unconstrained", "new_schema",
+           "unconstrained", "ttft_p50_ms", "<=", 1.2),
 )
 
 
@@ -141,7 +161,7 @@ def format_tables(results: dict[str, Any]) -> str:
         columns = EXTRA_COLUMNS.get(name)
         if columns:
             lines.append(f"{'':<36}" + "".join(f"{title:>12}" for title, _, _ in columns)
-                         + ("   (ms)" if name == "interference" else ""))
+                         + ("   (ms)" if name in ("interference", "structured_alone") else ""))
             for key in _in_order(contenders):
                 m = contenders[key]["median"]
                 lines.append(f"{_label(contenders, name, key):<36}"
@@ -152,10 +172,12 @@ def format_tables(results: dict[str, Any]) -> str:
         if ceiling.get("bare_loop_tokens_per_s"):
             lines.append(f"  (ceiling = bare decode steps only, {ceiling['decode_step_ms']:.1f} ms/step; the same "
                          f"bare loop with its prefill: {ceiling['bare_loop_tokens_per_s']:.1f} tok/s)")
-        ours = {"http": "http", "cpu_burst": "f32", "cpu_alone": "f32"}.get(name, "continuous")
+        ours = {"http": "http", "cpu_burst": "f32", "cpu_alone": "f32", "structured_burst": "ff",
+                "structured_alone": "new_schema"}.get(name, "continuous")
         others = [k for k in contenders if k != ours]
         metric, what = {"open": ("ttft_p50_ms", "TTFT p50"), "agents": ("ttft_p50_ms", "TTFT p50"),
-                        "interference": ("worst_gap_ms", "worst gap")}.get(name, ("tokens_per_s", "throughput"))
+                        "interference": ("worst_gap_ms", "worst gap"),
+                        "structured_alone": ("ttft_p50_ms", "TTFT p50")}.get(name, ("tokens_per_s", "throughput"))
         parts = [f"{contenders[k]['label']} {_fmt(ratio(results, name, ours, k, metric), '.2f')}x" for k in others]
         if parts and ours in contenders:
             lines.append(f"  {contenders[ours]['label']} {what} vs: " + ", ".join(parts))
@@ -163,7 +185,7 @@ def format_tables(results: dict[str, Any]) -> str:
 
 
 def format_targets(results: dict[str, Any]) -> str:
-    lines = ["", "Targets (issues 4, 12, 14 and 18; ratios within this run):"]
+    lines = ["", "Targets (issues 4, 12, 14, 18 and 19; ratios within this run):"]
     for t in evaluate_targets(results):
         if t["ratio"] is None:
             lines.append(f"  [ n/a ] {t['target']}: not measured")
@@ -179,7 +201,8 @@ def write_json(results: dict[str, Any], path: Path) -> None:
 
 def write_chart(results: dict[str, Any], path: Path) -> None:
     """One panel per workload: throughput (burst, mixed, HTTP), TTFT p50/p99 (open loop,
-    agents), worst stall and long-prompt TTFT (interference), KV memory (lengths); one PNG."""
+    agents, a new schema), worst stall and long-prompt TTFT (interference), KV memory
+    (lengths), constrained throughput (structured); one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -203,7 +226,9 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
                          ("held", "needed")),
              "http": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "cpu_burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
-             "cpu_alone": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None)}
+             "cpu_alone": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
+             "structured_burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
+             "structured_alone": ("TTFT p50 / p99", "ms", "ttft_p50_ms", "ttft_p99_ms", ("p50", "p99"))}
     panels = [(name, *kinds[name]) for name in kinds if "contenders" in workloads.get(name, {})]
     cols = min(3, max(len(panels), 1))
     rows_n = max(1, -(-len(panels) // cols))

@@ -33,6 +33,7 @@ class Setup:
     threads: int
     count: Callable[[str], int]  # tokens in a text, by the engine's tokenizer
     burst: wl.Workload  # workload (a): the open loop and the HTTP section build on it
+    eos_token_ids: frozenset[int] = frozenset()  # the model's own EOS (the engine's is emptied)
 
 
 class Suite:
@@ -60,6 +61,7 @@ class Suite:
             ({"agents"}, self._measure_agents),
             ({"interference"}, self._measure_interference),
             ({"lengths"}, self._measure_lengths),
+            ({"structured"}, self._measure_structured),
             ({"http"}, self._measure_http),
             ({"cpu"}, self._measure_cpu),
         )
@@ -82,13 +84,14 @@ class Suite:
         threads = cfg.num_threads or default_num_threads()
         # Nothing runs torch on the main thread: see in_fresh_thread.
         engine = in_fresh_thread(lambda: HFEngine(model_dir, device=cfg.device, dtype=cfg.dtype, num_threads=threads))
-        # Every contender generates exactly the tokens asked for: EOS must not end a row early.
-        engine.eos_token_ids = frozenset()
+        # Every contender generates exactly the tokens asked for: EOS must not end a row early
+        # ([i] gives it back: a constrained answer ends at EOS).
+        eos, engine.eos_token_ids = engine.eos_token_ids, frozenset()
 
         def count(text: str) -> int:
             return len(engine.tokenize(text))
 
-        return Setup(model_dir, engine, threads, count, wl.burst(count, *cfg.sizes["burst"]))
+        return Setup(model_dir, engine, threads, count, wl.burst(count, *cfg.sizes["burst"]), eos)
 
     def _describe(self, setup: Setup) -> None:
         """The run's ``meta``: the model, the machine, the versions, the method; and its log line."""
@@ -203,6 +206,15 @@ class Suite:
             OurScheduler(setup.engine, "continuous", cfg.max_batch_size, prefix_cache_mb=0),
             LengthsApart(setup.engine, cfg.max_batch_size),
         ])
+
+    def _measure_structured(self, setup: Setup) -> None:
+        """[i] structured outputs (issue 19): validity over the schema corpus, constrained
+        throughput against unconstrained (fast-forward off and on), a new schema's TTFT."""
+        from . import structured
+
+        self.results["workloads"].update(structured.measure(
+            setup.engine, setup.eos_token_ids, setup.count, self.config.sizes["structured"], self.config.repeats,
+            self.log))
 
     def _measure_http(self, setup: Setup) -> None:
         """[d] the burst over HTTP: our server (SSE and OpenAI completions) and the other servers."""
