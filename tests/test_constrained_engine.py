@@ -145,3 +145,66 @@ def test_a_tokenizer_the_grammar_library_cannot_read_leaves_the_model_served(
         return plain
 
     assert asyncio.run(main()).completion_tokens == 3
+
+
+def test_date_times_fit_the_validators_clients_use(tiny_model_dir: Path) -> None:
+    """llguidance's date-time allows seconds 60 at any minute; jsonschema and pydantic refuse
+    them, so the compiled grammar keeps a time's seconds below 60 (found by bench [i])."""
+    from jupyter_infer.engine.hf import HFEngine
+
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    for fmt, good, bad in [("date-time", "2024-02-28T14:32:59-19:33", "2024-02-28T14:32:60-19:33"),
+                           ("time", "14:32:59Z", "14:32:60Z")]:
+        grammar = engine.grammars.compile(from_body({"json_schema": {"type": "string", "format": fmt}}, native=True))
+        for text, fits in [(good, True), (bad, False)]:
+            row = grammar.row()
+            ids = engine.tokenize(json.dumps(text))
+            assert (row.matcher.consume_tokens(ids) and row.matcher.is_accepting()) is fits, (fmt, text)
+
+
+@pytest.mark.timeout(120)
+def test_rows_in_other_buckets_keep_their_errors_and_forced_counts(tiny_model_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of very different lengths decode in separate buckets; a constrained row's error and
+    forced tokens still reach the scheduler (found in review: they were dropped there)."""
+    from jupyter_infer.constraints import grammar as grammar_module
+    from jupyter_infer.engine import hf
+    from jupyter_infer.errors import ConstraintFailed
+
+    real = grammar_module.GrammarRow.error
+    monkeypatch.setattr(grammar_module.GrammarRow, "error", property(
+        lambda self: "out of fuel" if self.doomed and self.tokens >= 3 else real.fget(self)))
+    made = grammar_module.Grammar.row
+
+    def row(self):
+        out = made(self)
+        out.doomed = self.constraint.spec == "[a-z]{30}"
+        return out
+
+    monkeypatch.setattr(grammar_module.Grammar, "row", row)
+    seen = []
+    decode = hf.HFEngine.decode
+    monkeypatch.setattr(hf.HFEngine, "decode", lambda self, batch, seqs: seen.append(len(batch.buckets)) or
+                        decode(self, batch, seqs))
+
+    async def main():
+        service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",
+                                                 num_threads=1, prefix_cache_mb=0, prefill_chunk_tokens=0))
+        service.start()
+        await service.wait_ready()
+        engine = service._loop.engine
+        engine.weight_bytes = 50 * engine.kv_bytes_per_token  # a forward costs what 50 padded columns do
+        long = Request("batching " * 180, SamplingParams(max_tokens=30, ignore_eos=True))
+        doomed = Request("x", SamplingParams(max_tokens=40, constraint=from_body({"regex": "[a-z]{30}"}, native=True)))
+        fine = Request("y", SamplingParams(max_tokens=60, constraint=from_body({"json_schema": SCHEMA}, native=True)))
+        streams = [await service.submit(r) for r in (long, doomed, fine)]
+        outcomes = await asyncio.gather(*(s.result() for s in streams), return_exceptions=True)
+        records = {r["id"]: r for r in service.batches()["requests"]}
+        await service.stop()
+        return outcomes, records
+
+    (long, doomed, fine), records = asyncio.run(main())
+    assert max(seen) > 1  # the long row decoded in a bucket of its own
+    assert isinstance(doomed, ConstraintFailed)
+    assert fine.finish_reason == "stop" and json.loads(fine.text) and records[fine.id]["forced_tokens"] > 0
+    assert long.completion_tokens == 30

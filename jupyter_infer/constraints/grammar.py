@@ -47,7 +47,8 @@ def grammar_text(constraint: Constraint) -> str:
     if kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(_seconds_below_60(json.loads(spec)),
+                                                             defaults=JSON_OPTIONS)
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec)
     if kind == "choice":
@@ -61,6 +62,24 @@ def grammar_text(constraint: Constraint) -> str:
 
         return llguidance.LLMatcher.grammar_from_lark(ToolSet.from_constraint(constraint).lark())
     raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+# RFC 3339 allows a leap second (:60); llguidance's formats allow it at any minute, and the
+# validators clients use (jsonschema, pydantic) refuse it. A time's seconds stay below 60.
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+_FORMAT_PATTERNS = {"date-time": "^.*T" + _TIME, "time": "^" + _TIME}
+
+
+def _seconds_below_60(schema: Any) -> Any:
+    """``schema`` with a pattern beside every ``date-time`` or ``time`` format that has none."""
+    if isinstance(schema, list):
+        return [_seconds_below_60(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _seconds_below_60(v) for k, v in schema.items()}
+    if out.get("format") in _FORMAT_PATTERNS and "pattern" not in out:
+        out["pattern"] = _FORMAT_PATTERNS[out["format"]]
+    return out
 
 
 class Grammar:
@@ -110,14 +129,21 @@ class GrammarCompiler:
         wrapper = llguidance.TokenizerWrapper(_Tokens())
         return cls(llguidance.LLTokenizer(wrapper, n_vocab=len(tokens)), len(tokens))
 
+    def cached(self, constraint: Constraint) -> Grammar | None:
+        """The grammar of ``constraint`` if it is compiled already (``None``: compile it)."""
+        with self._lock:
+            grammar = self._cache.get((constraint.kind, constraint.spec))
+            if grammar is not None:
+                self._cache.move_to_end((constraint.kind, constraint.spec))
+            return grammar
+
     def compile(self, constraint: Constraint) -> Grammar:
         """The grammar of ``constraint`` (cached); ``InvalidRequest`` naming the constraint's
         field when it does not compile. Runs the library's compiler (GIL released)."""
         key = (constraint.kind, constraint.spec)
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
+        grammar = self.cached(constraint)
+        if grammar is not None:
+            return grammar
         try:
             text = grammar_text(constraint)
         except (ValueError, TypeError) as err:
@@ -242,6 +268,9 @@ async def compile_in_time(compiler: GrammarCompiler, constraint: Constraint, tim
     """``compiler.compile(constraint)`` on a worker thread, never on the event loop; a 400
     when it takes longer than ``timeout`` seconds (its thread finishes on its own, bounded
     by the library's fuel limits, and the result is cached for the next request)."""
+    cached = compiler.cached(constraint)
+    if cached is not None:  # no thread hop for a grammar compiled already
+        return cached
     future = asyncio.get_running_loop().run_in_executor(_compiling, compiler.compile, constraint)
     try:
         return await asyncio.wait_for(asyncio.shield(future), timeout)

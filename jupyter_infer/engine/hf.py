@@ -333,18 +333,24 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
-        """One forward per length bucket; the tokens in the plan's order. A row whose grammar
-        forced tokens last step feeds them all (the bucket's other rows get a pad column)."""
+        """One forward per length bucket; every row's output in the plan's order. A row whose
+        grammar forced tokens last step feeds them all (its bucket's other rows get as many
+        pad columns)."""
         parts = [self._decode_bucket(bucket) for bucket in batch]
         if len(parts) == 1 and batch.ids == [s.id for s in seqs]:
             return parts[0]
-        tokens, logprobs = {}, {}
-        for bucket, part in zip(batch, parts, strict=True):
-            for row, row_id in enumerate(bucket.ids):
-                tokens[row_id] = part.tokens[row]
-                logprobs[row_id] = part.logprobs[row] if part.logprobs else None
-        asked = any(part.logprobs for part in parts)
-        return Sampled([tokens[s.id] for s in seqs], [logprobs[s.id] for s in seqs] if asked else None)
+        rows = {row_id: (part, row) for bucket, part in zip(batch, parts, strict=True)
+                for row, row_id in enumerate(bucket.ids)}
+        order = [rows[s.id] for s in seqs]
+
+        def per_row(name: str) -> list | None:  # an optional per-row field, in the plan's order
+            if not any(getattr(part, name) for part in parts):
+                return None
+            return [getattr(part, name)[row] if getattr(part, name) else None for part, row in order]
+
+        forced = per_row("forced")
+        return Sampled([part.tokens[row] for part, row in order], per_row("logprobs"), errors=per_row("errors"),
+                       forced=None if forced is None else [n or 0 for n in forced])
 
     @torch.inference_mode()
     def _decode_bucket(self, batch: HFBatch) -> Sampled:
