@@ -68,11 +68,14 @@ class Constraint:
     """The answer must match ``spec``: a JSON schema (JSON text, its keys in the order sent,
     which is the order the answer's keys come in; ``{}`` for any object), a regex, a JSON
     list of choices, a grammar (Lark or GBNF) or a tool set (JSON: ``tools``, ``choice``,
-    ``parallel``). ``name`` is the schema's name, as sent."""
+    ``parallel``). ``name`` is the schema's name and ``strict`` its flag, as sent (an upstream
+    gets them back); ``param`` is the request field it came in (errors name it)."""
 
     kind: ConstraintKind
     spec: str
     name: str | None = None
+    strict: bool | None = None
+    param: str | None = field(default=None, compare=False)
 
     @property
     def value(self) -> Any:
@@ -80,9 +83,9 @@ class Constraint:
         return self.spec if self.kind in ("regex", "grammar") else json.loads(self.spec)
 
     def describe(self) -> str:
-        """What it asks for, in words (error messages)."""
-        return {"json_object": "a JSON object", "json_schema": "JSON matching a schema", "regex": "a regex",
-                "choice": "one of the choices", "grammar": "a grammar", "tools": "tool calls"}[self.kind]
+        """Its kind as a noun, for error messages ("The JSON schema constraint ...")."""
+        return {"json_object": "JSON object", "json_schema": "JSON schema", "regex": "regex",
+                "choice": "choice", "grammar": "grammar", "tools": "tools"}[self.kind]
 
 
 @dataclass(frozen=True)

@@ -167,8 +167,14 @@ async def test_auto_lets_the_model_answer_in_text(client: openai.AsyncOpenAI) ->
 
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
-      "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, None, "cannot be enforced"),
-    ({"guided_regex": "a("}, None, "cannot be enforced"),
+      "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}, "response_format", "cannot be enforced"),
+    ({"guided_regex": "a("}, "guided_regex", "cannot be enforced"),
+    ({"guided_grammar": 'root ::= "a'}, "guided_grammar", "not valid"),
+    ({"guided_grammar": "root ::= missing"}, "guided_grammar", "not valid"),
+    ({"structured_outputs": {"structural_tag": {"x": 1}}}, "structured_outputs", "Unsupported"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}}, "tool_choice",
+     "'tool_choice' must be"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": ["x"]}}, "tool_choice", "must be"),
     ({"guided_choice": []}, "guided_choice", "non-empty strings"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex", "One constraint"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",

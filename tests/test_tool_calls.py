@@ -75,3 +75,22 @@ def test_bad_tool_sets_are_refused(body: dict, message: str) -> None:
 def test_legacy_functions_are_tools_without_parallel_calls() -> None:
     tools = ToolSet.from_body({"functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}})
     assert tools.choice == "get_weather" and not tools.parallel
+
+
+def test_null_means_the_default() -> None:
+    assert ToolSet.from_body({"tools": [WEATHER], "parallel_tool_calls": None, "tool_choice": None}).parallel
+
+
+def test_an_upstream_gets_the_schema_as_sent() -> None:
+    """Name and strict go upstream as the client sent them (strict only when it said so)."""
+    from jupyter_infer.constraints.spec import from_body
+    from jupyter_infer.upstream.wire import constraint_fields
+
+    loose = constraint_fields(from_body({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}}}}))
+    assert loose == {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                 "schema": {"type": "object"}}}}
+    strict = constraint_fields(from_body({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}, "strict": True}}}))
+    assert strict["response_format"]["json_schema"]["strict"] is True
+    assert constraint_fields(from_body({"guided_regex": "a+"})) == {"structured_outputs": {"regex": "a+"}}

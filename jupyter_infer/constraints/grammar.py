@@ -146,14 +146,15 @@ class GrammarCompiler:
             return grammar
         try:
             text = grammar_text(constraint)
-        except (ValueError, TypeError) as err:
-            raise InvalidRequest(f"The {constraint.describe()} constraint is not valid: {err}.") from None
+        except Exception as err:  # a GBNF that does not convert, a schema too deep to walk: the request's fault
+            raise InvalidRequest(f"The {constraint.describe()} constraint is not valid: {_first_line(str(err))}.",
+                                 param=constraint.param) from None
         started = time.perf_counter()
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
         self._compile_ms.append((time.perf_counter() - started) * 1000)
         if matcher.is_error():
             raise InvalidRequest(f"The {constraint.describe()} constraint cannot be enforced: "
-                                 f"{_first_line(matcher.get_error())}")
+                                 f"{_first_line(matcher.get_error())}", param=constraint.param)
         grammar = Grammar(matcher, constraint, self)
         with self._lock:
             self._cache[key] = grammar
@@ -277,4 +278,4 @@ async def compile_in_time(compiler: GrammarCompiler, constraint: Constraint, tim
     except asyncio.TimeoutError:
         raise InvalidRequest(
             f"The {constraint.describe()} constraint did not compile within {timeout:g} s "
-            "(InferApp.grammar_timeout_s); simplify it.") from None
+            "(InferApp.grammar_timeout_s); simplify it.", param=constraint.param) from None

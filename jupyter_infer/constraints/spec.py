@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidRequest
@@ -91,10 +92,13 @@ def response_format(value: Any) -> Constraint | None:
         if not isinstance(spec, dict) or "schema" not in spec and "name" not in spec:
             raise InvalidRequest("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}.",
                                  param="response_format")
-        name = spec.get("name")
+        name, strict = spec.get("name"), spec.get("strict")
         if name is not None and not isinstance(name, str):
             raise InvalidRequest("'response_format.json_schema.name' must be a string.", param="response_format")
-        return schema_constraint(spec.get("schema", {}), "response_format.json_schema.schema", name)
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequest("'response_format.json_schema.strict' must be true or false.", param="response_format")
+        return replace(schema_constraint(spec.get("schema", {}), "response_format.json_schema.schema", name),
+                       strict=strict)
     raise InvalidRequest(
         f"Unsupported response_format {show(value)}: use {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
         "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}.", param="response_format",
@@ -116,8 +120,10 @@ def from_body(body: Mapping[str, Any], *, native: bool = False) -> Constraint | 
         for key, value in so.items():
             if key in _VLLM_KEYS and value is not None:
                 found.append((f"structured_outputs.{key}", _of_kind(_VLLM_KEYS[key], value, f"structured_outputs.{key}")))
-            elif key not in ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern",
-                             "backend", "structural_tag") and value is not None:
+            elif key in ("disable_any_whitespace", "backend"):
+                pass  # how vLLM builds the grammar: ours is compact JSON, llguidance's, whatever they say
+            elif value is not None and value is not False:
+                # e.g. structural_tag, whitespace_pattern: not enforced here, so refused, never dropped
                 raise InvalidRequest(f"Unsupported structured_outputs field {show(key)}: use json, regex, choice, "
                                      "grammar or json_object.", param="structured_outputs")
     for key, kind in _GUIDED.items():
@@ -130,7 +136,7 @@ def from_body(body: Mapping[str, Any], *, native: bool = False) -> Constraint | 
     if len(found) > 1:
         names = ", ".join(n for n, _ in found)
         raise InvalidRequest(f"One constraint per request: this one sends {names}.", param=found[1][0])
-    return found[0][1] if found else None
+    return replace(found[0][1], param=found[0][0].split(".")[0]) if found else None
 
 
 def closed_schema(schema: Any) -> Any:

@@ -58,7 +58,8 @@ class ToolSet:
         choice = _choice(choice, {t.name for t in tools}, legacy)
         if choice == "none":
             return None
-        parallel = body.get("parallel_tool_calls", True)
+        parallel = body.get("parallel_tool_calls")
+        parallel = True if parallel is None else parallel
         if not isinstance(parallel, bool):
             raise InvalidRequest("'parallel_tool_calls' must be true or false.", param="parallel_tool_calls")
         return cls(tools, choice, parallel and not legacy)
@@ -70,7 +71,7 @@ class ToolSet:
 
     def constraint(self) -> Constraint:
         spec = {"tools": [t.__dict__ for t in self.tools], "choice": self.choice, "parallel": self.parallel}
-        return Constraint("tools", json.dumps(spec))
+        return Constraint("tools", json.dumps(spec), param="tools")
 
     @property
     def named(self) -> bool:
@@ -141,7 +142,8 @@ def _choice(choice: Any, names: set[str], legacy: bool) -> str:
         return choice
     name = None
     if isinstance(choice, dict):
-        name = choice.get("name") if legacy else (choice.get("function") or {}).get("name")
+        fn = choice if legacy else choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
     if not isinstance(name, str):
         raise InvalidRequest(f"'{param}' must be 'none', 'auto', 'required' or {{\"type\": \"function\", "
                              f"\"function\": {{\"name\": ...}}}}; got {show(choice)}.", param=param)

@@ -226,7 +226,7 @@ class Scheduler:
             if sampled.errors is not None and sampled.errors[row] is not None:
                 message = (f"The answer's constraint could not be followed to its end: {sampled.errors[row]}. "
                            "Simplify the schema or grammar.")
-                seq.failure = ConstraintFailed(message, param="response_format")
+                seq.failure = ConstraintFailed(message, param=seq.params.constraint.param)
                 self._retire(seq, "failed", now, error=message)
                 self.recorder.left(self.running, now)
                 continue

@@ -40,8 +40,10 @@ def constraint_fields(constraint: Constraint) -> dict[str, Any]:
     if constraint.kind == "json_object":
         return {"response_format": {"type": "json_object"}}
     if constraint.kind == "json_schema":
-        return {"response_format": {"type": "json_schema", "json_schema": {
-            "name": constraint.name or "answer", "schema": value, "strict": True}}}
+        spec = {"name": constraint.name or "answer", "schema": value}
+        if constraint.strict is not None:
+            spec["strict"] = constraint.strict
+        return {"response_format": {"type": "json_schema", "json_schema": spec}}
     if constraint.kind == "tools":
         choice = value["choice"]
         return {
