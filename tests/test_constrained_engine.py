@@ -38,7 +38,7 @@ def replay(engine, grammar, prompt_ids: list[int], output: list[int]) -> int:
         else:
             with torch.inference_mode():
                 logits = engine.model(torch.tensor([prompt_ids + output[:j]])).logits[0, -1]
-            allowed = row.allowed(vocab)
+            allowed = torch.from_numpy(row.allowed(vocab))
             assert allowed[token]
             assert token == int(torch.argmax(logits.float().masked_fill(~allowed[: logits.shape[-1]], -1e30)))
         row.advance([token])
@@ -208,3 +208,59 @@ def test_rows_in_other_buckets_keep_their_errors_and_forced_counts(tiny_model_di
     assert isinstance(doomed, ConstraintFailed)
     assert fine.finish_reason == "stop" and json.loads(fine.text) and records[fine.id]["forced_tokens"] > 0
     assert long.completion_tokens == 30
+
+
+def test_the_service_and_the_simulated_engine_need_no_torch() -> None:
+    """Structured outputs did not make torch a need of the service or of the simulated engine
+    (the fallback where torch is missing): a constrained answer comes from a process without it."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("no torch here")
+sys.meta_path.insert(0, Block())
+import asyncio, json
+from jupyter_infer.config import ServiceConfig
+from jupyter_infer.constraints.spec import from_body
+from jupyter_infer.request import Request, SamplingParams
+from jupyter_infer.service import InferenceService
+async def main():
+    service = InferenceService(ServiceConfig(engine="simulated", simulated_token_delay_ms=(0.0, 0.0)))
+    service.start()
+    await service.wait_ready()
+    c = from_body({"choice": ["yes", "no"]}, native=True)
+    r = await (await service.submit(Request("Is it?", SamplingParams(max_tokens=8, constraint=c)))).result()
+    await service.stop()
+    print(json.dumps([r.text, "torch" in sys.modules]))
+asyncio.run(main())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    text, torch_loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert text in ("yes", "no") and not torch_loaded
+
+
+def test_a_long_forced_run_is_fed_over_several_steps(tiny_model_dir: Path) -> None:
+    """A choice of one long string: the grammar forces all of it, a step takes at most
+    FORCED_PER_STEP of it (a run as wide as the answer would stall the batch)."""
+    from jupyter_infer.constraints.grammar import FORCED_PER_STEP
+
+    text = "the quick brown fox jumps over the lazy dog " * 12
+
+    async def main():
+        service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",
+                                                 num_threads=1))
+        service.start()
+        await service.wait_ready()
+        c = from_body({"choice": [text]}, native=True)
+        result = await (await service.submit(Request("x", SamplingParams(max_tokens=300, constraint=c)))).result()
+        [batch] = service.batches()["batches"]
+        await service.stop()
+        return result, batch
+
+    result, batch = asyncio.run(main())
+    assert result.text == text and result.finish_reason == "stop"
+    assert batch["steps"] >= result.completion_tokens / (FORCED_PER_STEP + 1)

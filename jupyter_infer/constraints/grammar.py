@@ -25,7 +25,6 @@ from typing import Any
 
 import llguidance
 import numpy as np
-import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from ..errors import InvalidRequest
@@ -33,6 +32,7 @@ from .spec import Constraint
 
 log = logging.getLogger(__name__)
 CACHE_SIZE = 256  # compiled grammars kept (by kind and spec)
+FORCED_PER_STEP = 32  # forced tokens a row appends in one step (the rest come in the next ones)
 # Compact JSON (no free whitespace): fewer tokens, and a random model cannot pad forever.
 JSON_OPTIONS = {"whitespace_flexible": False}
 # Bounds on the work one grammar may cost (llguidance's own fuel), below its defaults so
@@ -207,15 +207,18 @@ class GrammarRow:
         self.matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
         self._bits = bits
 
-    def allowed(self, vocab: int) -> torch.Tensor:
-        """The tokens the grammar allows next (a bool tensor of ``vocab``)."""
+    def allowed(self, vocab: int) -> np.ndarray:
+        """The tokens the grammar allows next (a bool array of ``vocab``)."""
         if self._bits is None:
             self.fill((vocab + 31) // 32)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab]
-        return torch.from_numpy(bits.astype(bool))
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:vocab].astype(bool)
 
-    def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        allowed = self.allowed(logits.shape[-1]).to(logits.device)
+    def mask(self, logits: Any) -> Any:
+        """Disallowed tokens to -inf in one row of logits (a torch tensor; torch is the
+        engine's, imported here only when a row is masked, so the service loads without it)."""
+        import torch
+
+        allowed = torch.from_numpy(self.allowed(logits.shape[-1])).to(logits.device)
         return logits.masked_fill_(~allowed, float("-inf"))
 
     def advance(self, tokens: Seq[int]) -> None:
@@ -227,10 +230,12 @@ class GrammarRow:
         self.tokens += len(tokens)
 
     def forced(self) -> list[int]:
-        """Tokens the grammar allows no alternative to, from here (fast-forward)."""
+        """Tokens the grammar allows no alternative to, from here (fast-forward), at most
+        ``FORCED_PER_STEP``: a long forced run (a long ``const``) is fed over several steps,
+        as a long prompt is chunked, not in one wide step that stalls the batch."""
         if not self.fast_forward or self.matcher.is_stopped() or self.matcher.is_error():
             return []
-        return list(self.matcher.compute_ff_tokens())
+        return list(self.matcher.compute_ff_tokens())[:FORCED_PER_STEP]
 
 
 _executor: llguidance.LLExecutor | None = None

@@ -354,8 +354,9 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _decode_bucket(self, batch: HFBatch) -> Sampled:
-        """One token for each row of ``batch``: it feeds each row's last token, or where a
-        row's grammar forced more (``batch.forced``) every row's tokens, left-padded."""
+        """The next tokens of each row of ``batch`` (one, or more where a grammar forces
+        them): it feeds each row's last token, or where a row's grammar forced more
+        (``batch.forced``) every row's uncomputed tokens, left-padded."""
         masks = masks_beside(grammar_rows(batch.samplers), self.logits_width)
         feeds = batch.feeds()
         if feeds is None:
@@ -369,6 +370,7 @@ class HFEngine(Engine):
             position_ids=position_ids,
             cache=batch.cache,
             use_cache=True,
+            logits_to_keep=1,  # a forced run needs its last position's only
         )
         if masks is not None:
             masks.result()

@@ -21,6 +21,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..constraints.grammar import GrammarCompiler, GrammarRow
 from ..request import TokenLogprob
 from .base import Engine, EngineInfo, Sampled
@@ -183,7 +185,7 @@ class SimulatedEngine(Engine):
             if allowed[token]:
                 batch.run[row] = 0
                 return token
-        return int(allowed.nonzero()[0]) if allowed.any() else EOS_ID
+        return int(np.flatnonzero(allowed)[0]) if allowed.any() else EOS_ID
 
     def _sampled(self, tokens: list[list[int]], seqs: list[Sequence], batch: SimulatedBatch) -> Sampled:
         sampled = Sampled(tokens)
