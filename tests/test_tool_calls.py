@@ -94,3 +94,52 @@ def test_an_upstream_gets_the_schema_as_sent() -> None:
         "name": "x", "schema": {"type": "object"}, "strict": True}}}))
     assert strict["response_format"]["json_schema"]["strict"] is True
     assert constraint_fields(from_body({"guided_regex": "a+"})) == {"structured_outputs": {"regex": "a+"}}
+
+
+@pytest.mark.parametrize("size", [1, 3, 100])
+def test_arguments_that_hold_the_closing_tag_in_a_string_stay_whole(size: int) -> None:
+    """Found in review: '}</tool_call>' inside a string ended the call there."""
+    tricky = json.dumps({"s": 'x}</tool_call>y \\ " }', "n": [{"a": "]"}]}, separators=(",", ":"))
+    text = call_text("get_weather", tricky)
+    parser = CallParser()
+    for i in range(0, len(text), size):
+        parser.feed(text[i:i + size])
+    parser.finish()
+    assert parser.complete == 1 and json.loads(parser.calls[0]["function"]["arguments"]) == json.loads(tricky)
+
+
+def test_references_in_tool_parameters_resolve_where_they_were_written(tiny_model_dir) -> None:
+    """Found in review: a tool's "#"-relative $ref resolved against the call wrapper."""
+    from jupyter_infer.engine.hf import HFEngine
+
+    tree = {"type": "function", "function": {"name": "tree", "parameters": {
+        "type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"},
+                                                                             "maxItems": 2}},
+        "required": ["v"], "$defs": {"unused": {"type": "null"}}}}}
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    grammar = engine.grammars.compile(ToolSet.from_body({"tools": [tree], "tool_choice": "required"}).constraint())
+
+    def fits(arguments: str) -> bool:
+        row = grammar.row()
+        return row.matcher.consume_tokens(engine.tokenize(call_text("tree", arguments))) and row.matcher.is_accepting()
+
+    assert fits('{"v":1,"kids":[{"v":2,"kids":[]}]}')
+    assert not fits('{"v":1,"kids":[{"name":"tree","arguments":{"v":2}}]}')
+
+
+def test_closing_a_schema_walks_subschemas_only() -> None:
+    """Found in review: allOf branches were closed (refusing each other's keys) and a const
+    value with a "properties" key was rewritten."""
+    from jupyter_infer.constraints.spec import closed_schema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "c": {"const": {"properties": 1}},
+        "m": {"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]},
+        "l": {"type": "array", "items": {"properties": {"y": {}}}}}}
+    out = closed_schema(schema)
+    assert out["additionalProperties"] is False and out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["c"] == {"const": {"properties": 1}}
+    assert all("additionalProperties" not in b for b in out["properties"]["m"]["allOf"])
+    assert out["properties"]["l"]["items"]["additionalProperties"] is False
+    assert schema["properties"]["a"] == {"type": "object", "properties": {"x": {"type": "integer"}}}  # not changed

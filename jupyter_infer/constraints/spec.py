@@ -139,15 +139,35 @@ def from_body(body: Mapping[str, Any], *, native: bool = False) -> Constraint | 
     return replace(found[0][1], param=found[0][0].split(".")[0]) if found else None
 
 
-def closed_schema(schema: Any) -> Any:
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties")
+
+
+def closed_schema(schema: Any, *, close: bool = True) -> Any:
     """``schema`` with no room for keys it does not declare (``additionalProperties: false``
     wherever an object lists its ``properties`` and says nothing of others): what OpenAI's
-    strict mode requires, and what a tool call's arguments are meant to be."""
-    if isinstance(schema, list):
-        return [closed_schema(s) for s in schema]
+    strict mode requires, and what a tool call's arguments are meant to be. Only subschemas
+    are walked (a ``const`` or ``enum`` value stays as it is); an object that takes keys from
+    ``allOf``, ``$ref`` or a union stays open, and so do ``allOf``'s branches (closing one
+    would refuse the keys of the others)."""
     if not isinstance(schema, dict):
         return schema
-    out = {k: closed_schema(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_schema(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_schema(sub) for sub in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed_schema(sub, close=False) for sub in out["allOf"]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_schema(out[key])
+    if isinstance(out.get("items"), list):
+        out["items"] = [closed_schema(sub) for sub in out["items"]]
+    merged = any(k in out for k in ("allOf", "anyOf", "oneOf", "$ref"))
+    if close and "properties" in out and "additionalProperties" not in out and not merged:
         out["additionalProperties"] = False
     return out

@@ -80,7 +80,10 @@ class ToolSet:
     def lark(self) -> str:
         """The grammar of this set's answers (llguidance's Lark, with ``%json`` schemas)."""
         tools = [t for t in self.tools if not self.named or t.name == self.choice]
-        rules = [f"t{i}: %json{json.dumps(_call_schema(t))}" for i, t in enumerate(tools)]
+        # The call object is literal text around each tool's arguments, which are their own
+        # schema's root (so its "#" and "#/$defs/..." references resolve where they were written).
+        rules = [rule for i, t in enumerate(tools) for rule in (
+            f't{i}: {json.dumps(call_head(t.name))} a{i} "}}"', f"a{i}: %json{json.dumps(_arguments_schema(t))}")]
         call = f'call: "{OPEN}" ({" | ".join(f"t{i}" for i in range(len(tools)))}) "{CLOSE}"'
         calls = 'calls: call ("\\n" call)*' if self.parallel and not self.named else "calls: call"
         start = "start: calls | TEXT\nTEXT: /[^<](.|\\n)*/" if self.choice == "auto" else "start: calls"
@@ -94,15 +97,15 @@ class ToolSet:
                 f"{CLOSE}, one per call, and nothing else.")
 
 
-def _call_schema(tool: Tool) -> dict[str, Any]:
-    """One call's JSON: the name (this tool's) first, then its arguments, closed to the keys
-    the tool declares (``closed_schema``: a call names its arguments, it does not invent
-    more). The arguments' ``$defs`` move to the root, where their references point."""
-    params = closed_schema(dict(tool.parameters))
-    defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
-    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False,
-            "x-guidance": {"whitespace_flexible": False}, **defs}
+def call_head(name: str) -> str:
+    """A call's JSON up to its arguments: the name first (a stream names the call at once)."""
+    return '{"name":' + json.dumps(name) + ',"arguments":'
+
+
+def _arguments_schema(tool: Tool) -> dict[str, Any]:
+    """A tool's arguments: its parameters' schema, closed to the keys it declares
+    (``closed_schema``: a call names its arguments, it does not invent more), compact."""
+    return {**closed_schema(dict(tool.parameters)), "x-guidance": {"whitespace_flexible": False}}
 
 
 def _tools(raw: Any, legacy: bool) -> list[Tool]:
@@ -156,7 +159,7 @@ def _choice(choice: Any, names: set[str], legacy: bool) -> str:
 # -- the calls back out ------------------------------------------------------------------------
 def call_text(name: str, arguments: str) -> str:
     """One call as the model writes it (an assistant message's ``tool_calls`` rendered back)."""
-    return f'{OPEN}{{"name":"{name}","arguments":{arguments or "{}"}}}{CLOSE}'
+    return f"{OPEN}{call_head(name)}{arguments or '{}'}}}{CLOSE}"
 
 
 def new_call_id() -> str:
@@ -185,6 +188,10 @@ class CallParser:
     calls: list[dict[str, Any]] = field(default_factory=list)
     complete: int = 0  # calls whose closing tag came
     _in_call: bool = False
+    _done: bool = False  # the current call's arguments are whole (its closing tag is next)
+    _depth: int = 0  # where the arguments' JSON is: nesting, inside a string, after a backslash
+    _in_str: bool = False
+    _esc: bool = False
     content: str = ""
 
     def feed(self, text: str) -> list[CallDelta]:
@@ -212,17 +219,40 @@ class CallParser:
                 call = {"id": new_call_id(), "type": "function", "function": {"name": head.group(1), "arguments": ""}}
                 self.calls.append(call)
                 out.append(CallDelta(index=len(self.calls) - 1, id=call["id"], name=head.group(1), arguments=""))
-                self.buffer, self._in_call = self.buffer[head.end():], True
-            end = self.buffer.find("}" + CLOSE)
-            if end < 0:  # hold back what may be the end of the call
-                keep = len(CLOSE) + 1
-                if len(self.buffer) > keep:
-                    out += self._piece(self.buffer[:-keep])
-                    self.buffer = self.buffer[-keep:]
+                self.buffer, self._in_call, self._done = self.buffer[head.end():], True, False
+                self._depth, self._in_str, self._esc = 0, False, False
+            if not self._done:
+                end = self._arguments_end()
+                out += self._piece(self.buffer if end < 0 else self.buffer[:end])
+                self.buffer = "" if end < 0 else self.buffer[end:]
+                if end < 0:
+                    return out
+                self._done = True
+            if len(self.buffer) < 1 + len(CLOSE):  # the call's "}</tool_call>" is still coming
                 return out
-            out += self._piece(self.buffer[:end])
-            self.buffer, self._in_call = self.buffer[end + 1 + len(CLOSE):], False
+            self.buffer, self._in_call = self.buffer[1 + len(CLOSE):], False
             self.complete += 1
+
+    def _arguments_end(self) -> int:
+        """Where in ``buffer`` the arguments' JSON ends (the call object's own ``}``), or -1:
+        read as JSON, so a ``}</tool_call>`` inside a string does not end them."""
+        for i, ch in enumerate(self.buffer):
+            if self._in_str:
+                if self._esc:
+                    self._esc = False
+                elif ch == "\\":
+                    self._esc = True
+                elif ch == '"':
+                    self._in_str = False
+            elif ch == '"':
+                self._in_str = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                if self._depth == 0:
+                    return i
+                self._depth -= 1
+        return -1
 
     def _piece(self, piece: str) -> list[CallDelta]:
         if not piece:

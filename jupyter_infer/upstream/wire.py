@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..constraints.tools import CLOSE, OPEN
+from ..constraints.tools import CLOSE, OPEN, call_head
 from ..errors import InferError, InvalidRequest, UpstreamError, UpstreamUnavailable
 from ..request import Constraint, Request, SamplingParams
 
@@ -97,8 +97,7 @@ class CallsAsText:
             if not isinstance(fn, dict):
                 continue
             if isinstance(fn.get("name"), str) and fn["name"]:
-                out.append(("}" + CLOSE + "\n" if self.open else "") + OPEN + json.dumps(
-                    {"name": fn["name"]}, separators=(",", ":"))[:-1] + ',"arguments":')
+                out.append(("}" + CLOSE + "\n" if self.open else "") + OPEN + call_head(fn["name"]))
                 self.open = True
             if isinstance(fn.get("arguments"), str):
                 out.append(fn["arguments"])
