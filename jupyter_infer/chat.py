@@ -74,6 +74,11 @@ def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
         text = _message_text(message, i)
         if role in ("tool", "function"):
             text = f"<tool_response>\n{text}\n</tool_response>"
+            if chat and chat[-1]["content"].endswith("</tool_response>"):
+                # Parallel calls' results are one user turn: templates that insist on
+                # alternating roles refuse two user turns in a row.
+                chat[-1]["content"] += "\n" + text
+                continue
         elif role == "assistant" and message.get("tool_calls"):
             text = "\n".join([text, *_calls_text(message["tool_calls"], i)]).lstrip("\n")
         chat.append({"role": ROLES[role], "content": text})

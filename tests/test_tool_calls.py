@@ -26,7 +26,7 @@ def test_whole_answers_are_calls_or_text() -> None:
 
 
 def test_a_call_cut_short_is_not_among_the_calls() -> None:
-    content, calls = parse_calls(TWO[: len(TWO) - 9])
+    content, calls = parse_calls(TWO[: len(TWO) - 16])
     assert content is None and len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
 
 
@@ -143,3 +143,25 @@ def test_closing_a_schema_walks_subschemas_only() -> None:
     assert all("additionalProperties" not in b for b in out["properties"]["m"]["allOf"])
     assert out["properties"]["l"]["items"]["additionalProperties"] is False
     assert schema["properties"]["a"] == {"type": "object", "properties": {"x": {"type": "integer"}}}  # not changed
+
+
+def test_parallel_results_are_one_user_turn() -> None:
+    from jupyter_infer.chat import parse_messages
+
+    chat = parse_messages({"messages": [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+            {"id": "b", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "18 C"},
+        {"role": "tool", "tool_call_id": "b", "content": "21 C"}]})
+    assert [m["role"] for m in chat] == ["user", "assistant", "user"]
+    assert chat[1]["content"] == TWO
+    assert chat[2]["content"] == "<tool_response>\n18 C\n</tool_response>\n<tool_response>\n21 C\n</tool_response>"
+
+
+def test_a_cut_call_is_kept_when_asked() -> None:
+    content, calls = parse_calls(TWO[: len(TWO) - 16], cut=True)
+    assert content is None and len(calls) == 2 and calls[1]["function"]["arguments"] == '{"city":"Rom'
+    # Cut in the closing tag only: the arguments are whole, and so is the call.
+    assert len(parse_calls(TWO[: len(TWO) - 9])[1]) == 2

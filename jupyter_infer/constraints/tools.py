@@ -266,18 +266,23 @@ class CallParser:
         if self.mode is None and self.buffer:
             self.mode = "text"
             return self.feed("")
-        if self.mode == "calls" and self._in_call and self.buffer:
+        if self.mode == "calls" and self._in_call:
+            if self._done:  # whole arguments, only the closing tag missing: a whole call
+                self.buffer, self._in_call = "", False
+                self.complete += 1
+                return []
             rest, self.buffer = self.buffer, ""
             return self._piece(rest)
         return []
 
 
-def parse_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """A whole answer: its text content (``None`` when it is calls) and its complete calls
-    (one cut short by ``max_tokens`` is not among them)."""
+def parse_calls(text: str, *, cut: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
+    """A whole answer: its text content (``None`` when it is calls) and its complete calls;
+    ``cut``: a call cut short by ``max_tokens`` too, with the arguments it had (as OpenAI
+    answers one; they are not whole JSON)."""
     parser = CallParser()
     parser.feed(text)
     parser.finish()
     if parser.mode == "calls":
-        return None, parser.calls[: parser.complete]
+        return None, parser.calls if cut else parser.calls[: parser.complete]
     return parser.content, []

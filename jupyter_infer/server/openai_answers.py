@@ -100,9 +100,11 @@ class Shaper:
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": result.text}
                 if self.call.tools is not None:
-                    content, calls = parse_calls(result.text)
-                    if calls:  # cut short by max_tokens: the complete calls, and "length"
-                        choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                    # Cut short by max_tokens: the calls so far (the last one's arguments as far
+                    # as they got) and "length", as the stream sends them.
+                    content, calls = parse_calls(result.text, cut=True)
+                    if content is None:
+                        choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls or None}
                         choice["finish_reason"] = finish_reason(result, called=not self.call.tools.named)
                 if self.call.logprobs is not None:
                     choice["logprobs"] = self.chat_logprobs(result.logprobs or ())
