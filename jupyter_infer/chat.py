@@ -9,7 +9,7 @@ from typing import Any
 
 from .constraints.tools import ToolSet, call_text
 from .errors import InvalidRequest
-from .request import show
+from .request import Constraint, show
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "user", "function": "user"}  # a tool's result is the user's turn, in <tool_response>
@@ -85,3 +85,21 @@ def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     if not any(m["content"].strip() for m in chat):
         raise InvalidRequest("All messages are empty: send some text.", param="messages")
     return chat
+
+
+def parse_chat(body: Mapping[str, Any], constraint: Constraint | None) -> tuple[
+        list[dict[str, str]], list[dict[str, Any]] | None, Constraint | None]:
+    """A chat body's messages and tools: the chat as the template reads it (tools described
+    in the system message), the messages as sent where tools are involved (an upstream
+    server gets those and the ``tools`` field, and renders them its own way; ``None``
+    otherwise), and the answer's constraint (the tool set's, or ``constraint``)."""
+    tools = ToolSet.from_body(body)
+    chat = parse_messages(body)
+    if tools is None:
+        involved = any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") in ("tool", "function"))
+                       for m in body["messages"])
+        return chat, [dict(m) for m in body["messages"]] if involved else None, constraint
+    if constraint is not None:
+        raise InvalidRequest("A request with tools cannot also constrain its text (response_format, structured "
+                             "outputs): send one or the other.", param=constraint.param or "response_format")
+    return with_tools(chat, tools), [dict(m) for m in body["messages"]], tools.constraint()

@@ -144,6 +144,9 @@ class Request:
     prompt: str
     params: SamplingParams = field(default_factory=SamplingParams)
     messages: list[dict[str, str]] | None = None
+    # The chat as the client sent it, where tools are involved (calls, results, ``tools``):
+    # what an upstream server gets, to render its own way; ``messages`` is this server's.
+    wire_messages: list[dict[str, Any]] | None = None
     # Token ids to run instead of tokenizing ``prompt`` (OpenAI's token-array prompts);
     # the service then fills ``prompt`` with their text.
     prompt_ids: list[int] | None = None

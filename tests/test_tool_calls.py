@@ -165,3 +165,21 @@ def test_a_cut_call_is_kept_when_asked() -> None:
     assert content is None and len(calls) == 2 and calls[1]["function"]["arguments"] == '{"city":"Rom'
     # Cut in the closing tag only: the arguments are whole, and so is the call.
     assert len(parse_calls(TWO[: len(TWO) - 9])[1]) == 2
+
+
+def test_an_upstream_gets_the_conversation_as_sent() -> None:
+    """Found in review: an upstream got our tool prompt and flattened history besides the
+    tools field; it gets the client's messages and renders them its own way."""
+    from jupyter_infer.native import parse_generate
+    from jupyter_infer.upstream.wire import request_body
+
+    sent = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"P"}'}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "18 C"}]
+    request = parse_generate({"messages": sent, "tools": [WEATHER]}, max_new_tokens=64)
+    assert request.messages[0]["role"] == "system" and "<tool_call>" in request.messages[2]["content"]
+    _, body = request_body(request, "m")
+    assert body["messages"] == sent and body["tools"][0]["function"]["name"] == "get_weather"
+    plain = parse_generate({"messages": [{"role": "user", "content": "hi"}]}, max_new_tokens=64)
+    assert request_body(plain, "m")[1]["messages"] == [{"role": "user", "content": "hi"}]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..chat import parse_messages, with_tools
+from ..chat import parse_chat as chat_messages
 from ..constraints import spec as constraint_spec
 from ..constraints.tools import ToolSet
 from ..engine import EngineInfo
@@ -234,14 +234,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     model = _check_model(body, info)
     stream, include_usage, continuous = _check_stream(body)
     n = _check_n(body, max_choices)
-    constraint = constraint_spec.from_body(body)
-    tools = ToolSet.from_body(body)
-    if tools is not None and constraint is not None:
-        raise InvalidRequest("A call with tools cannot also constrain its text (response_format, structured "
-                             "outputs): send one or the other.", param="response_format")
-    chat = parse_messages(body)
-    if tools is not None:
-        chat, constraint = with_tools(chat, tools), tools.constraint()
+    chat, wire, constraint = chat_messages(body, constraint_spec.from_body(body))
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise InvalidRequest("'logprobs' must be true or false (top_logprobs says how many).", param="logprobs")
@@ -258,7 +251,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     params = replace(params, logprobs=top if logprobs else None, constraint=constraint)
 
     def make(messages: list[dict[str, str]], p: SamplingParams) -> Request:
-        return _requested(Request(prompt="", messages=[dict(m) for m in messages], params=p), body)
+        return _requested(Request(prompt="", messages=[dict(m) for m in messages], params=p, wire_messages=wire), body)
 
     return OpenAIRequest(_choices([chat], n, params, make, max_choices), model, stream, include_usage,
-                         continuous, n, False, top if logprobs else None, ignored, tools)
+                         continuous, n, False, top if logprobs else None, ignored, ToolSet.from_body(body))

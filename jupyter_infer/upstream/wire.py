@@ -24,7 +24,7 @@ def request_body(request: Request, model: str) -> tuple[str, dict[str, Any]]:
     A chat goes upstream as a chat (the upstream applies its own chat template)."""
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if request.messages is not None:
-        path, body["messages"] = "chat/completions", request.messages
+        path, body["messages"] = "chat/completions", request.wire_messages or request.messages
     else:
         path, body["prompt"] = "completions", request.prompt
     body.update(sampling_fields(request.params))
