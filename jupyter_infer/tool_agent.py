@@ -5,7 +5,8 @@ the model calls tools, they run, their results go back, the model answers.
     run                      # in a notebook: each call, its arguments, its result, the answer
 
 The calls are grammar-constrained on this server (a declared tool, arguments that fit its
-signature), so they parse whatever the model. The first turn's ``tool_choice`` is
+signature), so they parse whatever the model; from an upstream that does not constrain its
+calls, a call that names no such tool or whose arguments are not JSON gets that as its result. The first turn's ``tool_choice`` is
 ``first`` ("required" by default: the agent starts by using a tool), later turns "auto",
 and the last turn "none" so that a run always ends in an answer.
 """
@@ -61,8 +62,22 @@ class ToolRun:
         return f"{self.question}\n  calls: {calls or 'none'}\n  answer: {self.answer}"
 
 
-async def _run(tool: Callable[..., Any], arguments: dict[str, Any]) -> tuple[str, bool]:
+def _arguments(call: dict[str, Any]) -> dict[str, Any] | None:
+    """A call's arguments (``None``: not a JSON object, e.g. from an upstream that does not
+    constrain its calls)."""
+    try:
+        value = json.loads(call["function"]["arguments"] or "{}")
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def _run(tool: Callable[..., Any] | None, arguments: dict[str, Any] | None) -> tuple[str, bool]:
     """A tool's result as text (an error is a result too: the model sees what went wrong)."""
+    if tool is None:
+        return "No such tool.", True
+    if arguments is None:
+        return "The arguments are not a JSON object.", True
     try:
         value = tool(**arguments)
         if inspect.isawaitable(value):
@@ -93,10 +108,10 @@ async def run_tool_agent(
         run.messages.append({"role": "assistant", "content": completion.text or None,
                              "tool_calls": completion.tool_calls})
         calls = completion.tool_calls
-        arguments = [json.loads(c["function"]["arguments"]) for c in calls]
-        results = await asyncio.gather(*(_run(by_name[c["function"]["name"]], a) for c, a in zip(calls, arguments,
-                                                                                                  strict=True)))
+        arguments = [_arguments(c) for c in calls]
+        results = await asyncio.gather(*(_run(by_name.get(c["function"]["name"]), a)
+                                         for c, a in zip(calls, arguments, strict=True)))
         for call, args, (result, failed) in zip(calls, arguments, results, strict=True):
-            run.steps.append(ToolStep(call["function"]["name"], args, result, failed))
+            run.steps.append(ToolStep(call["function"]["name"], args or {}, result, failed))
             run.messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
     return run

@@ -264,3 +264,20 @@ def test_a_long_forced_run_is_fed_over_several_steps(tiny_model_dir: Path) -> No
     result, batch = asyncio.run(main())
     assert result.text == text and result.finish_reason == "stop"
     assert batch["steps"] >= result.completion_tokens / (FORCED_PER_STEP + 1)
+
+
+def test_a_burst_of_one_new_schema_compiles_it_once(tiny_model_dir: Path) -> None:
+    async def main():
+        service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",
+                                                 num_threads=1))
+        service.start()
+        await service.wait_ready()
+        c = from_body({"json_schema": SCHEMA}, native=True)
+        streams = await asyncio.gather(*(service.submit(Request(f"p{i}", SamplingParams(max_tokens=60, constraint=c)))
+                                         for i in range(8)))
+        await asyncio.gather(*(s.result() for s in streams))
+        stats = service.metrics()["structured_outputs"]
+        await service.stop()
+        return stats
+
+    assert asyncio.run(main())["compiled"] == 1

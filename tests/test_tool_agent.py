@@ -90,3 +90,15 @@ def test_the_agent_on_a_real_model(tiny_model_dir: Path) -> None:
         run = asyncio.run(run_tool_agent(client, "Weather?", [forecast], max_tokens=60))
     assert run.steps and all(s.name == "forecast" and "sun in" in s.result for s in run.steps)
     assert isinstance(run.answer, str) and len(run.completions) >= 2
+
+
+def test_calls_an_unconstrained_upstream_might_make_become_error_results() -> None:
+    """Found in review: behind an upstream that does not constrain its calls, a call to an
+    unknown tool or with arguments that are not JSON raised out of the agent."""
+    from jupyter_infer.tool_agent import _arguments, _run
+
+    assert _arguments({"function": {"arguments": "{not json"}}) is None
+    assert _arguments({"function": {"arguments": "[1]"}}) is None
+    assert asyncio.run(_run(None, {})) == ("No such tool.", True)
+    assert asyncio.run(_run(get_weather, None))[1] is True
+    assert asyncio.run(_run(get_weather, {"city": "Paris"})) == ("18 c, sunny in Paris", False)

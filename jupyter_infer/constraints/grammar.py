@@ -91,7 +91,7 @@ class Grammar:
         self._compiler = compiler
 
     def row(self) -> GrammarRow:
-        return GrammarRow(self._matcher.deep_copy(), fast_forward=self._compiler.fast_forward)
+        return GrammarRow(self._matcher.deep_copy(), forwarding=self._compiler.fast_forward)
 
 
 class GrammarCompiler:
@@ -186,12 +186,11 @@ class GrammarRow:
 
     spent = False  # a grammar masks every token of the row, to its end
 
-    def __init__(self, matcher: llguidance.LLMatcher, *, fast_forward: bool = True) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, *, forwarding: bool = True) -> None:
         self.matcher = matcher
-        self.fast_forward = fast_forward
+        self.forwarding = forwarding  # fast-forward on (InferApp.grammar_fast_forward)
         self._bits: np.ndarray | None = None  # this step's mask, packed (int32 words)
         self.tokens = 0  # tokens consumed so far
-        self.forwarded = 0  # of those, tokens appended without sampling (fast-forward)
 
     @property
     def error(self) -> str | None:
@@ -233,9 +232,18 @@ class GrammarRow:
         """Tokens the grammar allows no alternative to, from here (fast-forward), at most
         ``FORCED_PER_STEP``: a long forced run (a long ``const``) is fed over several steps,
         as a long prompt is chunked, not in one wide step that stalls the batch."""
-        if not self.fast_forward or self.matcher.is_stopped() or self.matcher.is_error():
+        if not self.forwarding or self.matcher.is_stopped() or self.matcher.is_error():
             return []
         return list(self.matcher.compute_ff_tokens())[:FORCED_PER_STEP]
+
+    def fast_forward(self, eos: int | None) -> list[int]:
+        """The tokens that follow the row's chosen one without sampling, consumed: the forced
+        run, then ``eos`` once the grammar is complete (so the row spends no step on either)."""
+        run = self.forced()
+        self.advance(run)
+        if self.forwarding and eos is not None and self.done:
+            run.append(eos)
+        return run
 
 
 _executor: llguidance.LLExecutor | None = None
@@ -268,6 +276,7 @@ def masks_beside(rows: Seq[GrammarRow], vocab: int) -> Future | None:
 
 
 _compiling = ThreadPoolExecutor(max_workers=2, thread_name_prefix="jupyter-infer-grammar")
+_in_flight: dict[tuple[int, str, str], asyncio.Future] = {}  # compiles running, by compiler and spec
 
 
 async def compile_in_time(compiler: GrammarCompiler, constraint: Constraint, timeout: float) -> Grammar:
@@ -277,7 +286,12 @@ async def compile_in_time(compiler: GrammarCompiler, constraint: Constraint, tim
     cached = compiler.cached(constraint)
     if cached is not None:  # no thread hop for a grammar compiled already
         return cached
-    future = asyncio.get_running_loop().run_in_executor(_compiling, compiler.compile, constraint)
+    key = (id(compiler), constraint.kind, constraint.spec)
+    future = _in_flight.get(key)
+    if future is None:  # a burst of one new spec compiles it once
+        future = asyncio.get_running_loop().run_in_executor(_compiling, compiler.compile, constraint)
+        _in_flight[key] = future
+        future.add_done_callback(lambda _: _in_flight.pop(key, None))
     try:
         return await asyncio.wait_for(asyncio.shield(future), timeout)
     except asyncio.TimeoutError:

@@ -75,13 +75,12 @@ class RowSampler:
         grammar = self.grammar
         if grammar is None or self.params.logprobs is not None:
             return []
-        forced = grammar.forced()
-        if forced:
-            self.advance(forced)
-            grammar.forwarded += len(forced)
-        if grammar.done and grammar.fast_forward and self.eos is not None:
-            forced.append(self.eos)
-        return forced
+        run = grammar.fast_forward(self.eos)
+        if run and len(self.processors) > 1:  # the penalties see the run too
+            for processor in self.processors[:-1]:
+                processor.advance(run)
+            self.processors = [p for p in self.processors if not p.spent]
+        return run
 
     @property
     def grammar(self) -> GrammarRow | None:

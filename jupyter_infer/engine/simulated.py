@@ -164,10 +164,7 @@ class SimulatedEngine(Engine):
             chosen = [self._allowed_next(grammar, batch, row)]
             grammar.advance(chosen)
             if seq.params.logprobs is None:
-                forced = grammar.forced()
-                grammar.advance(forced)
-                grammar.forwarded += len(forced)
-                chosen += forced + ([EOS_ID] if grammar.done and grammar.fast_forward else [])
+                chosen += grammar.fast_forward(EOS_ID)
             tokens.append(chosen)
         return tokens
 
