@@ -14,7 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
+# openai_fixtures: base_url, client, http for the OpenAI routes (a module that defines its own wins).
+pytest_plugins = ["pytest_jupyter.jupyter_server", "openai_fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -24,11 +24,6 @@ def infer_options(request: pytest.FixtureRequest, tiny_model_dir: Path) -> dict[
     return {}
 
 
-@pytest.fixture
-def base_url(jp_fetch: Any, jp_http_port: int, jp_base_url: str) -> str:
-    return f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1"
-
-
 class Forecast(BaseModel):
     degrees: int = Field(ge=0, le=40)
     sunny: bool

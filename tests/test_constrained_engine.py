@@ -47,6 +47,23 @@ def replay(engine, grammar, prompt_ids: list[int], output: list[int]) -> int:
     return forced
 
 
+def doom_the_regex(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows of the regex ``[a-z]{30}`` have their matcher fail (as out of the library's
+    fuel) after three tokens; every other row is as it is."""
+    from jupyter_infer.constraints import grammar as grammar_module
+
+    real, made = grammar_module.GrammarRow.error, grammar_module.Grammar.row
+
+    def row(self):
+        out = made(self)
+        out.doomed = self.constraint.spec == "[a-z]{30}"
+        return out
+
+    monkeypatch.setattr(grammar_module.GrammarRow, "error", property(
+        lambda self: "out of fuel" if getattr(self, "doomed", False) and self.tokens >= 3 else real.fget(self)))
+    monkeypatch.setattr(grammar_module.Grammar, "row", row)
+
+
 @pytest.mark.timeout(120)
 def test_constrained_greedy_rows_are_the_models_best_allowed_tokens(tiny_model_dir: Path) -> None:
     async def main():
@@ -82,25 +99,9 @@ def test_constrained_greedy_rows_are_the_models_best_allowed_tokens(tiny_model_d
 def test_a_grammar_that_fails_fails_its_row_alone(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A matcher in its library's error state (e.g. out of fuel on a hostile grammar) ends its
     own request with an error; its batch-mates go on."""
-    from jupyter_infer.constraints import grammar as grammar_module
     from jupyter_infer.errors import ConstraintFailed
 
-    real = grammar_module.GrammarRow.error
-
-    def error(self):  # the row of the "doomed" regex breaks after three tokens
-        if getattr(self, "doomed", False) and self.tokens >= 3:
-            return "out of fuel"
-        return real.fget(self)
-
-    monkeypatch.setattr(grammar_module.GrammarRow, "error", property(error))
-    made = grammar_module.Grammar.row
-
-    def row(self):
-        out = made(self)
-        out.doomed = self.constraint.spec == "[a-z]{30}"
-        return out
-
-    monkeypatch.setattr(grammar_module.Grammar, "row", row)
+    doom_the_regex(monkeypatch)
 
     async def main():
         service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",
@@ -167,21 +168,10 @@ def test_rows_in_other_buckets_keep_their_errors_and_forced_counts(tiny_model_di
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Rows of very different lengths decode in separate buckets; a constrained row's error and
     forced tokens still reach the scheduler (found in review: they were dropped there)."""
-    from jupyter_infer.constraints import grammar as grammar_module
     from jupyter_infer.engine import hf
     from jupyter_infer.errors import ConstraintFailed
 
-    real = grammar_module.GrammarRow.error
-    monkeypatch.setattr(grammar_module.GrammarRow, "error", property(
-        lambda self: "out of fuel" if self.doomed and self.tokens >= 3 else real.fget(self)))
-    made = grammar_module.Grammar.row
-
-    def row(self):
-        out = made(self)
-        out.doomed = self.constraint.spec == "[a-z]{30}"
-        return out
-
-    monkeypatch.setattr(grammar_module.Grammar, "row", row)
+    doom_the_regex(monkeypatch)
     seen = []
     decode = hf.HFEngine.decode
     monkeypatch.setattr(hf.HFEngine, "decode", lambda self, batch, seqs: seen.append(len(batch.buckets)) or

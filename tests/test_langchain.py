@@ -20,11 +20,6 @@ def infer_options(request: pytest.FixtureRequest, tiny_model_dir: Path) -> dict[
     return {}
 
 
-@pytest.fixture
-def base_url(jp_fetch: Any, jp_http_port: int, jp_base_url: str) -> str:
-    return f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1"
-
-
 PROMPTS = ["What is attention?", "Explain the KV cache", "Why batch requests?", "What is a token?"]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from server_helpers import AUTH, POISON, TOKEN, service_of
+from server_helpers import POISON, service_of
 
 pytestmark = pytest.mark.timeout(180)
 ENGINES = ["simulated", "hf"]
@@ -23,26 +23,6 @@ def infer_options(request: pytest.FixtureRequest, tiny_model_dir: Path) -> dict[
         return {"engine": "hf", "model": str(tiny_model_dir), "dtype": "float32", "num_threads": 1,
                 "max_new_tokens": 64}
     return {"max_new_tokens": 64}
-
-
-@pytest.fixture
-def base_url(jp_fetch: Any, jp_http_port: int, jp_base_url: str) -> str:
-    return f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1"
-
-
-@pytest.fixture
-def client(base_url: str, jp_asyncio_loop: Any) -> Any:
-    """The official client, with the Jupyter token as its API key."""
-    api = openai.AsyncOpenAI(base_url=base_url, api_key=TOKEN, max_retries=0, timeout=60)
-    yield api
-    jp_asyncio_loop.run_until_complete(api.close())
-
-
-@pytest.fixture
-def http(base_url: str, jp_asyncio_loop: Any) -> Any:
-    client = httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60)
-    yield client
-    jp_asyncio_loop.run_until_complete(client.aclose())
 
 
 async def served(client: openai.AsyncOpenAI) -> str:

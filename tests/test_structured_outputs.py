@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
-from server_helpers import AUTH, TOKEN, service_of
+from server_helpers import service_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,25 +24,6 @@ def infer_options(request: pytest.FixtureRequest, tiny_model_dir: Path) -> dict[
         return {"engine": "hf", "model": str(tiny_model_dir), "dtype": "float32", "num_threads": 1,
                 "max_new_tokens": 160}
     return {"max_new_tokens": 160, "simulated_token_delay_ms": [1.0, 2.0]}
-
-
-@pytest.fixture
-def base_url(jp_fetch: Any, jp_http_port: int, jp_base_url: str) -> str:
-    return f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1"
-
-
-@pytest.fixture
-def client(base_url: str, jp_asyncio_loop: Any) -> Any:
-    api = openai.AsyncOpenAI(base_url=base_url, api_key=TOKEN, max_retries=0, timeout=60)
-    yield api
-    jp_asyncio_loop.run_until_complete(api.close())
-
-
-@pytest.fixture
-def http(base_url: str, jp_asyncio_loop: Any) -> Any:
-    client = httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60)
-    yield client
-    jp_asyncio_loop.run_until_complete(client.aclose())
 
 
 class City(BaseModel):
