@@ -425,7 +425,7 @@ async def test_an_unexpected_error_is_a_json_500_without_internals_and_counted(
     message = assert_error_shape(response, 500, openai=openai)
     assert "secret" not in response.text and "KeyError" not in response.text
     assert "log" in message
-    monkeypatch.setattr(handlers, "parse_generate_body", broken)
+    monkeypatch.setattr(handlers, "parse_generate", broken)
     monkeypatch.setattr(openai_requests, "parse_completion", broken)
     response = await client.post(path, json={"prompt": "hi"})
     assert_error_shape(response, 500, openai=openai)
