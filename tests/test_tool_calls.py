@@ -183,3 +183,13 @@ def test_an_upstream_gets_the_conversation_as_sent() -> None:
     assert body["messages"] == sent and body["tools"][0]["function"]["name"] == "get_weather"
     plain = parse_generate({"messages": [{"role": "user", "content": "hi"}]}, max_new_tokens=64)
     assert request_body(plain, "m")[1]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_tool_arguments_keep_seconds_below_60_and_const_values_stay() -> None:
+    from jupyter_infer.constraints.spec import seconds_below_60
+
+    tools = ToolSet.from_body({"tools": [{"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"at": {"type": "string", "format": "date-time"}}}}}],
+        "tool_choice": "required"})
+    assert "[0-5][0-9]:[0-5][0-9]" in tools.lark()
+    assert seconds_below_60({"const": {"format": "time"}}) == {"const": {"format": "time"}}

@@ -28,7 +28,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from ..errors import InvalidRequest
-from .spec import Constraint
+from .spec import Constraint, seconds_below_60
 
 log = logging.getLogger(__name__)
 CACHE_SIZE = 256  # compiled grammars kept (by kind and spec)
@@ -47,7 +47,7 @@ def grammar_text(constraint: Constraint) -> str:
     if kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if kind == "json_schema":
-        return llguidance.LLMatcher.grammar_from_json_schema(_seconds_below_60(json.loads(spec)),
+        return llguidance.LLMatcher.grammar_from_json_schema(seconds_below_60(json.loads(spec)),
                                                              defaults=JSON_OPTIONS)
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec)
@@ -62,24 +62,6 @@ def grammar_text(constraint: Constraint) -> str:
 
         return llguidance.LLMatcher.grammar_from_lark(ToolSet.from_constraint(constraint).lark())
     raise ValueError(f"unknown constraint kind {kind!r}")
-
-
-# RFC 3339 allows a leap second (:60); llguidance's formats allow it at any minute, and the
-# validators clients use (jsonschema, pydantic) refuse it. A time's seconds stay below 60.
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
-_FORMAT_PATTERNS = {"date-time": "^.*T" + _TIME, "time": "^" + _TIME}
-
-
-def _seconds_below_60(schema: Any) -> Any:
-    """``schema`` with a pattern beside every ``date-time`` or ``time`` format that has none."""
-    if isinstance(schema, list):
-        return [_seconds_below_60(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _seconds_below_60(v) for k, v in schema.items()}
-    if out.get("format") in _FORMAT_PATTERNS and "pattern" not in out:
-        out["pattern"] = _FORMAT_PATTERNS[out["format"]]
-    return out
 
 
 class Grammar:

@@ -153,21 +153,43 @@ def closed_schema(schema: Any, *, close: bool = True) -> Any:
     would refuse the keys of the others)."""
     if not isinstance(schema, dict):
         return schema
-    out = dict(schema)
-    for key in _SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: closed_schema(sub) for name, sub in out[key].items()}
-    for key in _SCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [closed_schema(sub) for sub in out[key]]
-    if isinstance(out.get("allOf"), list):
-        out["allOf"] = [closed_schema(sub, close=False) for sub in out["allOf"]]
-    for key in _SCHEMA_ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = closed_schema(out[key])
-    if isinstance(out.get("items"), list):
-        out["items"] = [closed_schema(sub) for sub in out["items"]]
+    out = _subschemas(schema, closed_schema, lambda sub: closed_schema(sub, close=False))
     merged = any(k in out for k in ("allOf", "anyOf", "oneOf", "$ref"))
     if close and "properties" in out and "additionalProperties" not in out and not merged:
         out["additionalProperties"] = False
+    return out
+
+
+# RFC 3339 allows a leap second (:60); llguidance's formats allow it at any minute, and the
+# validators clients use (jsonschema, pydantic) refuse it. A time's seconds stay below 60.
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+_FORMAT_PATTERNS = {"date-time": "^.*T" + _TIME, "time": "^" + _TIME}
+
+
+def seconds_below_60(schema: Any) -> Any:
+    """``schema`` with a pattern beside every ``date-time`` or ``time`` format that has none
+    (subschemas only: a ``const`` or ``enum`` value stays as it is)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = _subschemas(schema, seconds_below_60)
+    if out.get("format") in _FORMAT_PATTERNS and "pattern" not in out:
+        out["pattern"] = _FORMAT_PATTERNS[out["format"]]
+    return out
+
+
+def _subschemas(schema: dict[str, Any], fn: Any, branches: Any = None) -> dict[str, Any]:
+    """A copy of ``schema`` with ``fn`` applied to each of its direct subschemas (``branches``
+    instead for those of ``allOf``)."""
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: fn(sub) for name, sub in out[key].items()}
+    for key in (*_SCHEMA_LISTS, "allOf"):
+        if isinstance(out.get(key), list):
+            out[key] = [(branches or fn)(sub) if key == "allOf" else fn(sub) for sub in out[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = fn(out[key])
+    if isinstance(out.get("items"), list):
+        out["items"] = [fn(sub) for sub in out["items"]]
     return out

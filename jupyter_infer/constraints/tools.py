@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..request import show
-from .spec import MAX_SPEC_CHARS, Constraint, closed_schema
+from .spec import MAX_SPEC_CHARS, Constraint, closed_schema, seconds_below_60
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'<tool_call>\{"name":"([A-Za-z0-9_.-]{1,64})","arguments":')
@@ -105,7 +105,7 @@ def call_head(name: str) -> str:
 def _arguments_schema(tool: Tool) -> dict[str, Any]:
     """A tool's arguments: its parameters' schema, closed to the keys it declares
     (``closed_schema``: a call names its arguments, it does not invent more), compact."""
-    return {**closed_schema(dict(tool.parameters)), "x-guidance": {"whitespace_flexible": False}}
+    return {**seconds_below_60(closed_schema(dict(tool.parameters))), "x-guidance": {"whitespace_flexible": False}}
 
 
 def _tools(raw: Any, legacy: bool) -> list[Tool]:
