@@ -4,6 +4,7 @@ A plugin of the suite (``conftest.py``): any test module may use them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,3 +31,11 @@ def http(base_url: str, jp_asyncio_loop: Any) -> Any:
     client = httpx.AsyncClient(base_url=base_url, headers=AUTH, timeout=60)
     yield client
     jp_asyncio_loop.run_until_complete(client.aclose())
+
+
+def engine_options(engine: str, model_dir: Path, **hf: Any) -> dict[str, Any]:
+    """``infer_options`` for a test run on ``engine``: the simulated one as configured by
+    default, or hf on the locally built tiny model (``hf``: more of its options)."""
+    if engine == "hf":
+        return {"engine": "hf", "model": str(model_dir), "dtype": "float32", "num_threads": 1, **hf}
+    return {}

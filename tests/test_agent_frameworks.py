@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import httpx2
 import pytest
+from openai_fixtures import engine_options
 from pydantic import BaseModel, Field
 from server_helpers import TOKEN, service_of
 
@@ -19,9 +20,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(params=["simulated", "hf"])
 def infer_options(request: pytest.FixtureRequest, tiny_model_dir: Path) -> dict[str, Any]:
-    if request.param == "hf":
-        return {"engine": "hf", "model": str(tiny_model_dir), "dtype": "float32", "num_threads": 1}
-    return {}
+    return engine_options(request.param, tiny_model_dir)
 
 
 class Forecast(BaseModel):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
+from openai_fixtures import engine_options
 from pydantic import BaseModel, Field
 from server_helpers import TOKEN, service_of
 
@@ -15,9 +16,7 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(params=["simulated", "hf"])
 def infer_options(request: pytest.FixtureRequest, tiny_model_dir: Path) -> dict[str, Any]:
-    if request.param == "hf":
-        return {"engine": "hf", "model": str(tiny_model_dir), "dtype": "float32", "num_threads": 1}
-    return {}
+    return engine_options(request.param, tiny_model_dir)
 
 
 PROMPTS = ["What is attention?", "Explain the KV cache", "Why batch requests?", "What is a token?"]

@@ -307,3 +307,14 @@ async def test_live_events_carry_the_constraint_and_forced_tokens(jp_serverapp: 
     queued = next(e for e in events if e["type"] == "queued")
     finished = next(e for e in events if e["type"] == "finished")
     assert queued["constraint"] == "json_schema" and finished["forced_tokens"] >= 1
+
+
+async def test_streamed_tool_answers_keep_their_logprobs(http: httpx.AsyncClient) -> None:
+    """Found in review: a streamed chat with tools computed each chunk's logprobs and sent none."""
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60, "stream": True, "temperature": 0,
+            "logprobs": True, "top_logprobs": 1}
+    async with http.stream("POST", "chat/completions", json=body) as response:
+        chunks = [json.loads(line[6:]) async for line in response.aiter_lines() if line.startswith("data: {")]
+    records = [r for c in chunks for ch in c["choices"] if ch.get("logprobs") for r in ch["logprobs"]["content"]]
+    whole = (await http.post("chat/completions", json={**body, "stream": False})).json()
+    assert len(records) == len(whole["choices"][0]["logprobs"]["content"]) > 0

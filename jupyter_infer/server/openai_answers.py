@@ -185,9 +185,11 @@ class Shaper:
             out["usage"] = usage
         return out
 
-    def call_chunks(self, index: int, deltas: list[CallDelta], usage: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    def call_chunks(self, index: int, deltas: list[CallDelta], usage: dict[str, int] | None = None,
+                    logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Stream chunks for the pieces of a tool-set answer: text as ``content``; a call's
-        first delta with its ``index``, ``id``, ``type`` and ``name``, then ``arguments`` pieces."""
+        first delta with its ``index``, ``id``, ``type`` and ``name``, then ``arguments`` pieces.
+        ``logprobs`` (the tokens' since the last chunk) ride on the first chunk, or an empty one."""
         chunks = []
         for d in deltas:
             if d.content is not None:
@@ -200,6 +202,10 @@ class Shaper:
             chunk = self.chunk(index, None, usage=usage)
             chunk["choices"][0]["delta"]["tool_calls"] = [entry]
             chunks.append(chunk)
+        if logprobs is not None:
+            if not chunks:  # the text is held back (it may open a call), the logprobs are not
+                chunks.append(self.chunk(index, None, usage=usage))
+            chunks[0]["choices"][0]["logprobs"] = logprobs
         return chunks
 
     def event_logprobs(self, records: tuple[TokenLogprob, ...], offset: int = 0) -> dict[str, Any] | None:

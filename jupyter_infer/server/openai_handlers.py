@@ -122,7 +122,7 @@ class OpenAIHandler(InferHandler):
                 lp = shape.event_logprobs(event.logprobs, chars[i])
                 chars[i] += len(event.text)
                 if parsers is not None:
-                    return text + "".join(map(data, shape.call_chunks(i, parsers[i].feed(event.text), usage(i))))
+                    return text + "".join(map(data, shape.call_chunks(i, parsers[i].feed(event.text), usage(i), lp)))
                 if event.text or lp is not None:
                     text += data(shape.chunk(i, event.text, logprobs=lp, usage=usage(i)))
                 return text
