@@ -183,7 +183,7 @@ def test_rows_in_other_buckets_keep_their_errors_and_forced_counts(tiny_model_di
         service.start()
         await service.wait_ready()
         engine = service._loop.engine
-        engine.weight_bytes = 50 * engine.kv_bytes_per_token  # a forward costs what 50 padded columns do
+        engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
         long = Request("batching " * 180, SamplingParams(max_tokens=30, ignore_eos=True))
         doomed = Request("x", SamplingParams(max_tokens=40, constraint=from_body({"regex": "[a-z]{30}"}, native=True)))
         fine = Request("y", SamplingParams(max_tokens=60, constraint=from_body({"json_schema": SCHEMA}, native=True)))

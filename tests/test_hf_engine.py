@@ -264,10 +264,22 @@ def test_prefix_cache_reuses_blocks_and_stays_within_its_budget(tiny_model_dir: 
     assert stats["used_mb"] == pytest.approx(stats["blocks"] * block_mb, rel=0.01)
 
 
-def _real_kv(batch, row: int) -> list[torch.Tensor]:
-    """One row's keys and values in its real (unmasked) columns, every layer."""
-    cols = batch.mask[row].bool()
-    return [t[row][:, cols] for layer in batch.cache.layers for t in (layer.keys, layer.values)]
+def _real_kv(buckets, row_id: str) -> list[torch.Tensor]:
+    """One row's keys and values in its real (unmasked) columns, every layer: the shared
+    prefix it starts with (if any), then its own."""
+    bucket = next(b for b in buckets if row_id in b.ids)
+    row, kv = bucket.ids.index(row_id), []
+    cols = bucket.mask[row].bool()
+    for i, layer in enumerate(bucket.cache.layers):
+        own = (layer.keys[row][:, cols], layer.values[row][:, cols])
+        shared = bucket.shared.layer(i) if bucket.shared is not None else None
+        kv += own if shared is None else [torch.cat([s[0], t], dim=1) for s, t in zip(shared, own, strict=True)]
+    return kv
+
+
+def _position(buckets, row_id: str) -> int:
+    bucket = next(b for b in buckets if row_id in b.ids)
+    return int(bucket.positions[bucket.ids.index(row_id)])
 
 
 @pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
@@ -277,24 +289,88 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     prompt, short = SYSTEM + AGENT_TASKS[1], "agents"
-    cold_tokens, cold = prefill(engine, [_seq(engine, prompt, 1), _seq(engine, short, 1)])
+    cold_seqs = [_seq(engine, prompt, 1), _seq(engine, short, 1)]
+    cold_tokens, cold = engine.step(StepPlan(0, "prefill", cold_seqs), None)
     engine.configure_prefix_cache(64)
-    prefill(engine, [_seq(engine, SYSTEM + AGENT_TASKS[0], 1)])  # the shared system prompt, cached
-    hot_tokens, hot = prefill(engine, [_seq(engine, prompt, 1), _seq(engine, short, 1)])
+    # The system prompt, cached, and still running: the rows below share it with this one.
+    _, running = engine.step(StepPlan(0, "prefill", [_seq(engine, SYSTEM + AGENT_TASKS[0], 1)]), None)
+    hot_seqs = [_seq(engine, prompt, 1), _seq(engine, short, 1)]
+    hot_tokens, hot = engine.step(StepPlan(0, "prefill", hot_seqs), None)
     assert engine.prefix_cache_stats()["reused_tokens"] >= 32
     seq, rows, first = _seq(engine, prompt, 1), None, Sampled([[]])
     while not first.tokens[0]:  # 16 tokens a step, continuing the row, until the prompt is in
         first, rows = engine.step(StepPlan(1, "prefill", [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
         seq.num_computed = first.computed[0] if first.computed else seq.num_prompt_tokens
-    row = dense(rows.decoding)
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
     assert hot_tokens.tokens == cold_tokens.tokens and first.tokens == cold_tokens.tokens[:1]
-    assert hot.positions.tolist() == cold.positions.tolist() and row.positions.tolist() == cold.positions.tolist()[:1]
-    for r in (0, 1):
-        for a, b in zip(_real_kv(hot, r), _real_kv(cold, r), strict=True):
+    # The cached start is shared, not copied: the hot row and the chunked one refer to one prefix.
+    [hot_prefix] = {id(b.shared) for b in hot.decoding if b.shared is not None}
+    assert [id(b.shared) for b in rows.decoding] == [hot_prefix]
+    pairs = [(hot.decoding, h.id, c.id) for h, c in zip(hot_seqs, cold_seqs, strict=True)]
+    for buckets, row_id, cold_id in [*pairs, (rows.decoding, seq.id, cold_seqs[0].id)]:
+        assert _position(buckets, row_id) == _position(cold.decoding, cold_id)
+        for a, b in zip(_real_kv(buckets, row_id), _real_kv(cold.decoding, cold_id), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    for a, b in zip(_real_kv(row, 0), _real_kv(cold, 0), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+def test_rows_after_a_cached_system_prompt_hold_it_once_and_decode_exactly(request, model_fixture: str) -> None:
+    """Agents whose prompts start with a cached system prompt that a running row holds refer
+    to one copy of it (the KV held counts it once); their greedy tokens are generate's,
+    joining late and leaving included (GPT-2, and Llama's grouped-query heads)."""
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    engine.configure_prefix_cache(64)
+    first = _seq(engine, SYSTEM * 2 + "Begin.", 16)
+    batch = step(engine, StepPlan(0, "prefill", [first]), None)  # caches the system prompt, and runs
+    agents = [_seq(engine, SYSTEM * 2 + task, 8) for task in AGENT_TASKS]
+    plain = _seq(engine, PROMPTS[0], 8)
+    batch = step(engine, StepPlan(1, "prefill", [agents[0], plain, agents[1]], [first.id]), batch)
+    everyone = [first, agents[0], plain, agents[1]]
+    batch = step(engine, StepPlan(2, "decode", everyone, ids(everyone)), batch)
+    batch = step(engine, StepPlan(3, "prefill", [agents[2]], ids(everyone)), batch)  # joins late
+    everyone.append(agents[2])
+    [prefix] = {b.shared.root for b in batch if b.shared is not None}
+    assert {i for b in batch if b.shared is not None for i in b.ids} == set(ids(agents))
+    usage = engine.kv_usage(Rows(batch))
+    own = sum(int(b.mask.sum()) for b in batch)
+    assert usage.tokens_held == prefix.length + own  # the prefix counted once, not three times
+    spare = len(batch.buckets) * kv_cache.SPARE_COLUMNS * len(everyone)
+    assert usage.bytes_held <= (prefix.length + own + spare) * usage.bytes_per_token
+    for n in range(4, 8):
+        batch = step(engine, StepPlan(n, "decode", everyone, ids(everyone)), batch)
+    batch = batch.filter(ids(everyone[2:]))  # the first row and the first agent leave
+    for n in range(8, 10):
+        batch = step(engine, StepPlan(n, "decode", everyone[2:], ids(everyone[2:])), batch)
+    for seq in everyone:
+        assert seq.output_ids == reference(model_dir, seq.request.prompt, len(seq.output_ids)), seq.request.prompt
+
+
+@pytest.mark.asyncio
+async def test_agents_sending_one_system_prompt_at_once_hold_it_once_in_the_service(tiny_model_dir: Path) -> None:
+    """Through the service: while the first agent runs, the others' rows refer to its cached
+    system prompt; ``kv_cache`` says how many tokens are held once for several rows, and every
+    answer is still generate's."""
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, prefix_cache_mb=64)
+    engine.eos_token_ids = frozenset()
+    s = await started(engine, idle_admit_delay_ms=0)
+    prompts = [SYSTEM * 2 + task for task in AGENT_TASKS]
+    first = await s.submit(Request(prompts[0], SamplingParams(max_tokens=60)))
+    for _ in range(400):  # until the first agent decodes (its prompt is cached by then)
+        if s.collector.ttft_ms.count:
+            break
+        await asyncio.sleep(0.005)
+    others = [await s.submit(Request(p, SamplingParams(max_tokens=12))) for p in prompts[1:]]
+    shared = []
+    while not all(st.done for st in others):
+        usage = s.kv_cache()
+        shared.append(usage["shared_tokens"] if usage else 0)
+        await asyncio.sleep(0.002)
+    results = [await st.result() for st in [first, *others]]
+    await s.stop()
+    assert max(shared) >= 64  # the system prompt's whole blocks, once for both late agents
+    for prompt, result in zip(prompts, results, strict=True):
+        assert list(result.token_ids) == reference(tiny_model_dir, prompt, len(result.token_ids))
 
 
 def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir: Path) -> None:
@@ -402,11 +478,11 @@ def test_the_engine_reports_the_kv_memory_its_rows_hold(tiny_model_dir: Path) ->
 @pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
 def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(request, model_fixture: str) -> None:
     """Short prompts joining a long one (or the other way round) get a bucket of their own
-    when padding them to its length costs more than a second read of the weights; the
+    when padding them to its length costs more than a bucket does; the
     greedy tokens are still generate's, and the KV held is what the rows need, about."""
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
-    engine.weight_bytes = 50 * engine.kv_bytes_per_token  # a forward costs what 50 padded columns do
+    engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     long_, shorts = _seq(engine, SYSTEM * 3, 6), [_seq(engine, p, 6) for p in PROMPTS[:3]]
     batch = step(engine, StepPlan(1, "prefill", [long_]), None)
     batch = step(engine, StepPlan(2, "prefill", shorts, [long_.id]), batch)
@@ -416,8 +492,12 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     # One dense batch would hold every short row at the long one's length (and spare room).
     padded = len(everyone) * (long_.num_prompt_tokens + kv_cache.SPARE_COLUMNS) * usage.bytes_per_token
     assert usage.bytes_held < 0.6 * padded
+    forwards = []
+    hook = engine.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     for n in range(3, 8):  # the plan's order is the order they joined; the answers come back in it
         batch = step(engine, StepPlan(n, "decode", everyone, ids(everyone)), batch)
+    hook.remove()
+    assert len(forwards) == 5  # one forward a step, whatever the buckets: the weights are read once
     for seq in everyone:
         assert seq.output_ids[:6] == reference(model_dir, seq.request.prompt, 6), seq.request.prompt
     # The long row leaves: the short ones are one bucket, as they were.
@@ -435,12 +515,12 @@ def test_equal_prompts_and_late_joiners_of_similar_length_share_one_bucket(tiny_
 
 def test_buckets_merge_when_the_rows_that_kept_them_apart_leave(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    weights, engine.weight_bytes = engine.weight_bytes, 50 * engine.kv_bytes_per_token
+    overhead, engine.bucket_bytes = engine.bucket_bytes, 50 * engine.kv_bytes_per_token
     long_, short, other = _seq(engine, SYSTEM * 3, 8), _seq(engine, PROMPTS[0], 8), _seq(engine, PROMPTS[1], 8)
     batch = step(engine, StepPlan(1, "prefill", [long_, other]), None)  # padded together: one bucket
     batch = step(engine, StepPlan(2, "prefill", [short], ids([long_, other])), batch)
     assert len(batch.buckets) == 2
-    batch.weight_bytes = weights  # now a second read of the weights costs what it does
+    batch.bucket_bytes = overhead  # now a bucket costs what it does
     engine_rows = batch.filter(ids([other, short]))  # the long row leaves: its padding goes
     assert [b.ids for b in engine_rows.buckets] == [ids([other, short])]
 
@@ -448,7 +528,7 @@ def test_buckets_merge_when_the_rows_that_kept_them_apart_leave(tiny_model_dir: 
 def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_model_dir: Path) -> None:
     """Buckets hold rows out of the order they joined; a step answers in the plan's order."""
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    engine.weight_bytes = 50 * engine.kv_bytes_per_token  # a forward costs what 50 padded columns do
+    engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     a, long_, c = _seq(engine, PROMPTS[0], 6), _seq(engine, SYSTEM * 3, 6), _seq(engine, PROMPTS[1], 6)
     batch = step(engine, StepPlan(1, "prefill", [a]), None)
     batch = step(engine, StepPlan(2, "prefill", [long_], [a.id]), batch)

@@ -267,28 +267,43 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps() -> None:
     assert plan.kind == "decode" and plan.seqs == [a, b]
 
 
-def test_an_idle_engine_runs_the_chunks_back_to_back() -> None:
+def test_an_idle_engine_prefills_a_long_prompt_whole_and_the_rest_of_one_whose_streams_ended() -> None:
     s = chunking_core(prefill_chunk_tokens=4)
     b = seq(n_prompt=9)
     s.add(b, 0.0)
-    chunk_step(s, 0.0, last=False)
-    chunk_step(s, 0.01, last=False)
-    chunk_step(s, 0.02, last=True)
-    assert s.running == [b] and not b.prefilling
+    plan = run_step(s, 0.0)  # nothing decodes: no stream for a chunk to protect
+    assert plan.num_scheduled == [9] and not plan.chunk and s.running == [b] and not b.prefilling
+    s = chunking_core(prefill_chunk_tokens=4)
+    a, c = seq(n_prompt=3, max_tokens=3), seq(n_prompt=10)
+    s.add(a, 0.0)
+    run_step(s, 0.0)
+    s.add(c, 0.01)
+    assert run_step(s, 0.01).kind == "decode"
+    chunk_step(s, 0.02, last=False)  # admitted while a decodes: chunked
+    assert run_step(s, 0.03).kind == "decode"  # a's last token: it finishes
+    assert [x.id for x in s.pop_finished()] == [a.id]
+    plan, _ = s.schedule(0.04)
+    assert plan.seqs == [c] and plan.num_scheduled == [6]  # the rest, at once
 
 
 def test_while_a_prompt_is_chunked_others_wait_and_running_rows_bound_group_prefills() -> None:
     s = chunking_core(prefill_chunk_tokens=8, max_batch_size=8)
+    first = seq(n_prompt=3, max_tokens=50)
+    s.add(first, 0.0)
+    run_step(s, 0.0)
     long_, shorts = seq(n_prompt=20), [seq(n_prompt=3) for _ in range(5)]
     s.add(long_, 0.0)
     for x in shorts:
         s.add(x, 0.0)
     # The long prompt came first: it goes alone, and the short ones wait for its last chunk.
-    assert chunk_step(s, 0.0, last=False).seqs == [long_]
+    assert run_step(s, 0.001).kind == "decode"
+    assert chunk_step(s, 0.002, last=False).seqs == [long_]
+    assert run_step(s, 0.003).kind == "decode"
     assert chunk_step(s, 0.01, last=False).seqs == [long_]
+    assert run_step(s, 0.011).kind == "decode"
     chunk_step(s, 0.02, last=True)
     assert run_step(s, 0.03).kind == "decode"
-    # With a row running, a group prefill holds at most a chunk of padded tokens: 2 x 3 <= 8.
+    # With rows running, a group prefill holds at most a chunk of padded tokens: 2 x 3 <= 8.
     plan = run_step(s, 0.04)
     assert plan.kind == "prefill" and plan.seqs == shorts[:2] and not plan.chunk
 

@@ -200,12 +200,21 @@ class Suite:
         """[h] mixed lengths: a long prompt beside short ones, against their parts alone; the
         KV memory held against what the tokens need (issue 18)."""
         cfg = self.config
+        engine = setup.engine
         lengths = wl.lengths(setup.count, *cfg.sizes["lengths"])
         self.log(f"\n[h] lengths: {lengths.description}")
-        self._measure(lengths, [
-            OurScheduler(setup.engine, "continuous", cfg.max_batch_size, prefix_cache_mb=0),
-            LengthsApart(setup.engine, cfg.max_batch_size),
-        ])
+        longest = max(setup.count(a.prompt) for a in lengths.arrivals) + cfg.sizes["lengths"][2]
+        # transformers' own answer to mixed lengths: its paged cache, ragged batches.
+        hf_cb = in_fresh_thread(lambda: TransformersContinuous(
+            setup.model_dir, engine.tokenize, engine.model.dtype, cfg.max_batch_size, longest, device=engine.device))
+        try:
+            self._measure(lengths, [
+                OurScheduler(engine, "continuous", cfg.max_batch_size, prefix_cache_mb=0),
+                LengthsApart(engine, cfg.max_batch_size),
+                hf_cb,
+            ])
+        finally:
+            hf_cb.close()
 
     def _measure_structured(self, setup: Setup) -> None:
         """[i] structured outputs (issue 19): validity over the schema corpus, constrained

@@ -96,17 +96,30 @@ class Sampled:
     errors: list[str | None] | None = None  # per row: None, or why this row failed
     forced: list[int] | None = None  # per row: how many of its tokens a grammar forced (None: none did)
 
+    def reorder(self, order: list[int]) -> Sampled:
+        """The rows ``order`` names, in that order (an engine's rows into the plan's order)."""
+        if order == list(range(len(self.tokens))):
+            return self
+
+        def pick(rows: list | None) -> list | None:
+            return None if rows is None else [rows[i] for i in order]
+
+        return Sampled([self.tokens[i] for i in order], pick(self.logprobs), pick(self.prompt_logprobs),
+                       pick(self.computed), pick(self.errors), pick(self.forced))
+
 
 @dataclass(frozen=True)
 class KVUsage:
     """What an engine's rows hold in KV memory now: the bytes allocated for their keys and
     values (padding and spare room included), the real tokens in them, and one token's
     keys and values over every layer. ``waste_ratio`` is 1.0 when each row costs what it
-    holds."""
+    holds. ``shared_tokens``: tokens of prompt prefixes held once for several rows (counted
+    once in ``tokens_held``)."""
 
     bytes_held: int
     tokens_held: int
     bytes_per_token: int
+    shared_tokens: int = 0
 
     @property
     def waste_ratio(self) -> float | None:
@@ -116,7 +129,8 @@ class KVUsage:
     def to_json(self) -> dict[str, Any]:
         ratio = self.waste_ratio
         return {"bytes_held": self.bytes_held, "tokens_held": self.tokens_held,
-                "bytes_per_token": self.bytes_per_token, "waste_ratio": None if ratio is None else round(ratio, 3)}
+                "bytes_per_token": self.bytes_per_token, "waste_ratio": None if ratio is None else round(ratio, 3),
+                "shared_tokens": self.shared_tokens}
 
 
 class Batch(Protocol):

@@ -2,18 +2,20 @@
 
 One dense left-padded batch makes every row as long as the longest: a 900-token prompt among
 ~20-token ones has every short row hold, and read at every step, ~900 columns of padding. Here
-the decoding rows are one or more ``HFBatch`` buckets, each dense (TGI's layout) and decoded by
-its own forward. The rule is a cost: a decode step of a bucket reads every weight once and
-the keys and values of its rows (rows × width × bytes per token), and both are memory reads
-on a CPU (and mostly on a GPU). When rows join or leave, the rows sorted by length are cut
-into the runs whose steps read least (a small dynamic program), and the buckets are regrouped
-so when what that saves per step repays the copy soon: a long prompt among short ones gets a
-bucket of its own once the padding it makes the others carry costs more than a second read of
-the weights, and buckets merge again when the rows that kept them apart leave. Rows grow by a
-column a step together, so the padding between two buckets stays what it was: the decision
-changes only when rows join or leave.
+the decoding rows are one or more ``HFBatch`` buckets, each dense (TGI's layout); one forward
+runs them all (``ragged.py``: the linears over every row's tokens, attention bucket by bucket).
+The rule is a cost, in bytes read per decode step: a bucket costs its rows' keys and values
+(rows × width × bytes per token) and an overhead of its own (``bucket_bytes``: its attention
+calls; a second read of every weight for a model that needs a forward per bucket). When rows
+join or leave, the rows sorted by length are cut into the runs whose steps cost least (a small
+dynamic program), and the buckets are regrouped so when what that saves per step repays the
+copy soon: a long prompt among short ones gets a bucket of its own once the padding it makes
+the others carry costs more than a bucket, and buckets merge again when the rows that kept
+them apart leave. Rows grow by a column a step together, so the padding between two buckets
+stays what it was: the decision changes only when rows join or leave.
 
-Equal prompts (a burst) stay one bucket: the same forward as a single dense batch.
+Equal prompts (a burst) stay one bucket. Rows that start with a shared prefix (held once,
+``shared_prefix.py``) are bucketed among themselves.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class Buckets:
     joined: ``decode`` answers in the plan's order)."""
 
     buckets: list[HFBatch]
-    weight_bytes: int  # what one forward reads of the weights
+    bucket_bytes: int  # what one more bucket costs a step, in bytes read (HFEngine.bucket_bytes)
     kv_bytes_per_token: int  # one token's keys and values over every layer
 
     @property
@@ -64,26 +66,31 @@ class Buckets:
 
     # -- the rule -----------------------------------------------------------------------------
     def step_cost(self, rows: int, width: int) -> int:
-        """Bytes one decode step of a bucket reads: the weights, and its rows' KV."""
-        return self.weight_bytes + rows * width * self.kv_bytes_per_token
+        """Bytes one decode step of a bucket costs: its own overhead, and its rows' KV."""
+        return self.bucket_bytes + rows * width * self.kv_bytes_per_token
 
     def rebalance(self) -> None:
         """Regroup the rows into the buckets whose steps read least (rows joined or left),
         when what that saves per step repays the copy within ``REPAY_STEPS``."""
-        if len(self.buckets) == 1 and self.step_cost(*self.buckets[0].mask.shape) <= self.weight_bytes * 2:
-            return  # one bucket whose padding cannot pay for a second forward: the common case
-        rows = sorted((w, row_id) for b in self.buckets for row_id, w in zip(b.ids, b.widths(), strict=True))
-        groups = self._cheapest_groups([w for w, _ in rows])
+        if len(self.buckets) == 1 and self.step_cost(*self.buckets[0].mask.shape) <= self.bucket_bytes * 2:
+            return  # one bucket whose padding cannot pay for a second one: the common case
+        # Rows after different shared prefixes never share a dense cache: cut each lot apart.
+        lots: dict[int, list[tuple[int, str]]] = {}
+        for bucket in self.buckets:
+            lots.setdefault(id(bucket.shared), []).extend(zip(bucket.widths(), bucket.ids, strict=True))
+        wanted: list[tuple[frozenset[str], int]] = []  # the cheapest buckets and each one's step cost
+        for rows in lots.values():
+            rows.sort()
+            for g in self._cheapest_groups([w for w, _ in rows]):
+                wanted.append((frozenset(rows[k][1] for k in g), self.step_cost(len(g), rows[g[-1]][0])))
         now = sum(self.step_cost(*b.mask.shape) for b in self.buckets)
-        best = sum(self.step_cost(len(g), rows[g[-1]][0]) for g in groups)
-        wanted = [frozenset(rows[k][1] for k in g) for g in groups]
+        best = sum(cost for _, cost in wanted)
         have = {frozenset(b.ids) for b in self.buckets}
         # What regrouping copies: the KV of the buckets that are new.
-        moved = sum(self.step_cost(len(g), rows[g[-1]][0]) - self.weight_bytes
-                    for g, w in zip(groups, wanted, strict=True) if w not in have)
-        if set(wanted) == have or now - best <= 0 or moved > (now - best) * REPAY_STEPS:
+        moved = sum(cost - self.bucket_bytes for ids, cost in wanted if ids not in have)
+        if {ids for ids, _ in wanted} == have or now - best <= 0 or moved > (now - best) * REPAY_STEPS:
             return
-        self.buckets = [self._gather(w) for w in wanted]
+        self.buckets = [self._gather(ids) for ids, _ in wanted]
 
     def _cheapest_groups(self, widths: list[int]) -> list[list[int]]:
         """The partition of rows sorted by width into runs whose steps read least (dynamic

@@ -8,7 +8,9 @@ columns that only padding uses are trimmed). Per-row sampling state (each row's
 A long prompt prefilled in chunks is a one-row batch of its own until its last chunk, when it
 joins the decoding rows. Every row keeps its own attention mask and
 explicit ``position_ids``, so left padding never shifts a row's positions: that is what keeps
-GPT-2's learned positions and Llama's RoPE exact.
+GPT-2's learned positions and Llama's RoPE exact. The decoding rows are length buckets of
+such batches (``buckets.py``), all run by one forward (``ragged.py``), and rows that start with
+a prefix another running row starts with hold it once (``shared_prefix.py``).
 """
 
 from __future__ import annotations
@@ -25,18 +27,23 @@ from transformers.utils import logging as hf_logging
 
 from ..constraints.grammar import GrammarCompiler, masks_beside
 from ..errors import InvalidRequest
-from . import kv_cache
+from . import kv_cache, ragged
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
 from .buckets import Buckets
 from .cpu_linear import QUANTIZE, LinearReport, cpu_flags, int8_available, swap_linears
 from .hf_batch import HFBatch, left_pad_rows
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
+from .shared_prefix import Claim, SharedPrefix, SharedPrefixes
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
 
 log = logging.getLogger(__name__)
+
+# Where a row starts: the shared prefix it refers to, its cached prompt tokens (shared ones
+# included), the KV of the cached ones after the shared prefix.
+Start = tuple["SharedPrefix | None", int, "torch.Tensor | None"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -139,12 +146,22 @@ class HFEngine(Engine):
         # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
         # attends to the whole past; sliding-window layers would need their window kept.
         self._reusable = kv_cache.reusable(config)
+        # One forward over every length bucket (ragged.py) where rows can continue from their
+        # own KV; otherwise a forward per bucket, through the model's own attention.
+        self._ragged = self._reusable and ragged.install(self.model)
         # On a CPU, 64-token chunks keep a running stream's worst stall near 0.15x of an
         # 800-token prefill for 1.5x its TTFT (docs/engine.md); a GPU prefills so fast that
         # small chunks would only add steps.
         self.prefill_chunk_tokens = (64 if self.device == "cpu" else 512) if self._reusable else 0
         self.configure_prefix_cache(prefix_cache_mb)
         self.kv_bytes_per_token = kv_cache.bytes_per_token(config, torch_dtype)
+        # What one more length bucket costs a decode step, in bytes read (buckets.py). With one
+        # forward over all of them: its attention calls, ~90 us a layer on the 2-core CPU
+        # machine, what reading ~1 MB of KV takes there; on a GPU a launch is worth far more
+        # bytes (~20 us at ~3 TB/s: ~64 MB; an estimate, no GPU measured). With a forward
+        # each: a second read of every weight.
+        per_layer = 2**20 if self.device == "cpu" else 64 * 2**20
+        self.bucket_bytes = config.num_hidden_layers * per_layer if self._ragged else self.weight_bytes
         max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
         self.info = EngineInfo(
             engine="hf",
@@ -188,83 +205,113 @@ class HFEngine(Engine):
     # -- steps ------------------------------------------------------------------------------
     def prefill(
         self, seqs: list[Sequence], num_scheduled: list[int], partial: dict[str, HFBatch],
-    ) -> tuple[Sampled, HFBatch | None, dict[str, HFBatch]]:
-        """Whole prompts in one left-padded forward; a long prompt (scheduled alone) one
-        chunk at a time, continuing its row in ``partial``."""
+    ) -> tuple[Sampled, Buckets | None, dict[str, HFBatch]]:
+        """Whole prompts in one forward; a long prompt (scheduled alone) one chunk at a time,
+        continuing its row in ``partial``."""
         seq = seqs[0]
         if len(seqs) == 1 and (seq.id in partial or num_scheduled[0] < seq.num_uncomputed):
             sampled, row = self._prefill_chunk(seq, partial.get(seq.id), num_scheduled[0])
             rest = {i: r for i, r in partial.items() if i != seq.id}
             if sampled.tokens[0]:
-                return sampled, self._buckets(row), rest
+                return sampled, self._buckets([row]), rest
             return sampled, None, {**rest, seq.id: row}
-        sampled, batch = self._prefill_whole(seqs)
-        return sampled, self._buckets(batch), partial
+        sampled, batches = self._prefill_whole(seqs)
+        return sampled, self._buckets(batches), partial
 
-    def _buckets(self, batch: HFBatch) -> Buckets:
+    def _buckets(self, batches: list[HFBatch]) -> Buckets:
         """Newly complete rows, as the decoding rows hold them: a group of very different
         lengths is split already (``concatenate`` regroups them with the rows running)."""
-        buckets = Buckets([batch], self.weight_bytes, self.kv_bytes_per_token)
+        buckets = Buckets(batches, self.bucket_bytes, self.kv_bytes_per_token)
         buckets.rebalance()
         return buckets
 
     @torch.inference_mode()
-    def _prefill_whole(self, seqs: list[Sequence]) -> tuple[Sampled, HFBatch]:
-        """The newcomers' prompts in one left-padded forward. A row whose prompt starts with
-        a cached prefix starts from that KV: its row reads ``[pad | cached | pad | rest]``,
-        the mask hides both pads and ``position_ids`` continue from the cached length."""
-        echo = [i for i, s in enumerate(seqs) if s.params.prompt_logprobs is not None]
-        matches = [self._cached_prefix(s) for s in seqs]
-        cached = [n for n, _ in matches]
-        input_ids, new_mask = left_pad_rows([s.prompt_ids[n:] for s, n in zip(seqs, cached, strict=True)],
-                                            self.pad_token_id)
-        width = max(cached)
-        past_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, n in enumerate(cached):
-            past_mask[row, width - n :] = 1
-        mask = torch.cat([past_mask, new_mask], dim=1)
-        position_ids = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(cached)[:, None]
-        input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
-        config = self.model.config
-        cache = kv_cache.with_past(config, [kv for _, kv in matches], width) if width else kv_cache.new_cache(config)
-        samplers = [self._sampler(s) for s in seqs]
+    def _prefill_whole(self, seqs: list[Sequence]) -> tuple[Sampled, list[HFBatch]]:
+        """The newcomers' prompts in one forward: a block per shared prefix they start with
+        (or none). A row whose prompt starts with a cached prefix starts from that KV, shared
+        or copied: its row reads ``[pad | cached | pad | rest]``, the mask hides both pads and
+        ``position_ids`` continue from the cached length."""
+        starts = [self._cached_start(s) for s in seqs]
+        lots: dict[int, list[int]] = {}  # the rows after each shared prefix, in the plan's order
+        for i, (shared, _, _) in enumerate(starts):
+            lots.setdefault(id(shared), []).append(i)
+        order = [i for rows in lots.values() for i in rows]
+        blocks = [self._prompt_block([seqs[i] for i in rows], [starts[i] for i in rows]) for rows in lots.values()]
+        samplers = [self._sampler(seqs[i]) for i in order]
         masks = masks_beside(grammar_rows(samplers), self.logits_width)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=True,
-            # Logits of every position only when a row asks for its prompt's logprobs.
-            logits_to_keep=0 if echo else 1,
-        )
-        if self.prefix_cache is not None:
-            total = mask.shape[1]
-            for row, (seq, n) in enumerate(zip(seqs, cached, strict=True)):
-                rest = len(seq.prompt_ids) - n
-                # Token j sits in column width - n + j (cached part) or total - rest + j - n.
-                self.prefix_cache.insert(seq.prompt_ids, len(seq.prompt_ids), lambda a, b, row=row, n=n, rest=rest: (
-                    kv_cache.row_kv(out.cache, row, width - n + a, width - n + b) if b <= n
-                    else kv_cache.row_kv(out.cache, row, total - rest + a - n, total - rest + b - n)))
+        # Logits of every position only when a row asks for its prompt's logprobs.
+        echo = any(s.params.prompt_logprobs is not None for s in seqs)
+        logits = self._forward(blocks, every=echo)
+        every, logits = (logits, logits[ragged.last_columns(blocks)]) if echo else (None, logits)
+        echoed: dict[int, list] = {}  # row in the plan -> its prompt's logprobs
+        first = 0
+        for rows, block in zip(lots.values(), blocks, strict=True):
+            for row, i in enumerate(rows):
+                self._remember(seqs[i].prompt_ids, starts[i], block, row)
+                prompt = seqs[i].prompt_ids
+                if every is not None and seqs[i].params.prompt_logprobs is not None:
+                    own = every[first : first + block.tokens].unflatten(0, block.ids.shape)[row, -len(prompt):]
+                    echoed[i] = prompt_logprobs(own, prompt, seqs[i].params.prompt_logprobs)
+            first += block.tokens
         if masks is not None:
             masks.result()
-        sampled = sample(out.logits[:, -1, :], samplers)
+        sampled = sample(logits, samplers)
+        batches, at = [], 0
+        for rows, block in zip(lots.values(), blocks, strict=True):
+            tokens = sampled.tokens[at : at + len(rows)]
+            at += len(rows)
+            batches.append(HFBatch(
+                ids=[seqs[i].id for i in rows],
+                cache=block.cache,
+                mask=block.mask,
+                positions=torch.tensor([len(seqs[i].prompt_ids) for i in rows], device=self.device),
+                last=torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=self.device),
+                samplers=samplers[at - len(rows) : at],
+                forced={seqs[i].id: t for i, t in zip(rows, tokens, strict=True) if len(t) > 1},
+                shared=block.shared,
+                claims=[self._claim(seqs[i]) for i in rows],
+            ))
+        sampled = sampled.reorder([order.index(i) for i in range(len(seqs))])
         if echo:
-            sampled.prompt_logprobs = [None] * len(seqs)
-            for i in echo:
-                prompt = seqs[i].prompt_ids
-                sampled.prompt_logprobs[i] = prompt_logprobs(
-                    out.logits[i, -len(prompt):], prompt, seqs[i].params.prompt_logprobs
-                )
-        return sampled, HFBatch(
-            ids=[s.id for s in seqs],
-            cache=out.cache,
-            mask=mask,
-            positions=torch.tensor([len(s.prompt_ids) for s in seqs], device=self.device),
-            last=torch.tensor([t[-1] for t in sampled.tokens], dtype=torch.long, device=self.device),
-            samplers=samplers,
-            forced={s.id: t for s, t in zip(seqs, sampled.tokens, strict=True) if len(t) > 1},
-        )
+            sampled.prompt_logprobs = [echoed.get(i) for i in range(len(seqs))]
+        return sampled, batches
+
+    def _prompt_block(self, seqs: list[Sequence], starts: list[Start]) -> ragged.Block:
+        """The prompts of rows after one shared prefix (or none) as one left-padded block: each
+        row's cached part after that prefix, padding, the rest of its prompt."""
+        shared = starts[0][0]
+        offset = shared.length if shared is not None else 0
+        own = [n - offset for _, n, _ in starts]  # cached columns in the row's own cache
+        input_ids, new_mask = left_pad_rows([s.prompt_ids[n:] for s, (_, n, _) in zip(seqs, starts, strict=True)],
+                                            self.pad_token_id)
+        width = max(own)
+        past_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, n in enumerate(own):
+            past_mask[row, width - n :] = 1
+        mask = torch.cat([past_mask, new_mask], dim=1)
+        position_ids = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor([n for _, n, _ in starts])[:, None]
+        config = self.model.config
+        cache = kv_cache.with_past(config, [kv for _, _, kv in starts], width) if width else kv_cache.new_cache(config)
+        return ragged.Block(cache, *(t.to(self.device) for t in (input_ids, mask, position_ids)), shared)
+
+    def _remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
+        """Put the full blocks of a row's prompt, just prefilled in ``block``, in the prefix
+        cache (those it lacks: a shared or cached start is there already)."""
+        if self.prefix_cache is None:
+            return
+        shared, n, _ = start
+        offset = shared.length if shared is not None else 0
+        columns, rest = block.mask.shape[1], len(prompt) - n
+        past = columns - block.ids.shape[1]  # the block's cached columns, before its new ones
+
+        def kv_of(a: int, b: int) -> torch.Tensor:  # blocks never straddle a region: all are whole blocks
+            if b <= offset:
+                return shared.kv[:, :, :, a:b]
+            if b <= n:  # cached token j (after the shared prefix) sits in column past - n + j
+                return kv_cache.row_kv(block.cache, row, past - n + a, past - n + b)
+            return kv_cache.row_kv(block.cache, row, columns - rest + a - n, columns - rest + b - n)
+
+        self.prefix_cache.insert(prompt, len(prompt), kv_of)
 
     @torch.inference_mode()
     def _prefill_chunk(self, seq: Sequence, partial: HFBatch | None, budget: int) -> tuple[Sampled, HFBatch]:
@@ -275,34 +322,51 @@ class HFEngine(Engine):
         prompt = seq.prompt_ids
         samplers = partial.samplers if partial is not None else [self._sampler(seq)]
         if partial is None:
-            done, kv = self._cached_prefix(seq)
-            cache = kv_cache.with_past(self.model.config, [kv], done) if done else kv_cache.new_cache(self.model.config)
+            shared, done, kv = self._cached_start(seq)
+            offset = shared.length if shared is not None else 0
+            config = self.model.config
+            cache = kv_cache.with_past(config, [kv], done - offset) if done > offset else kv_cache.new_cache(config)
             for layer in cache.layers:  # room for the whole prompt at once, not a copy per chunk
-                layer.reserve = len(prompt) + kv_cache.SPARE_COLUMNS
+                layer.reserve = len(prompt) - offset + kv_cache.SPARE_COLUMNS
         else:
-            done, cache = partial.mask.shape[1], partial.cache
+            shared, cache = partial.shared, partial.cache
+            offset = shared.length if shared is not None else 0
+            done = offset + partial.mask.shape[1]
         end = min(len(prompt), done + budget)
-        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
-        out = self.model(
-            input_ids=torch.tensor([prompt[done:end]], dtype=torch.long, device=self.device),
-            attention_mask=mask,
-            position_ids=torch.arange(done, end, device=self.device)[None],
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        block = ragged.Block(cache, torch.tensor([prompt[done:end]], dtype=torch.long, device=self.device),
+                             torch.ones((1, end - offset), dtype=torch.long, device=self.device),
+                             torch.arange(done, end, device=self.device)[None], shared)
+        logits = self._forward([block])
         if self.prefix_cache is not None:  # blocks complete so far: a prompt arriving now reuses them
-            self.prefix_cache.insert(prompt, end, lambda a, b: kv_cache.row_kv(out.cache, 0, a, b))
+            self.prefix_cache.insert(prompt, end, lambda a, b: shared.kv[:, :, :, a:b] if b <= offset
+                                     else kv_cache.row_kv(cache, 0, a - offset, b - offset))
         complete = end == len(prompt)
-        sampled = sample(out.logits[:, -1, :], samplers) if complete else Sampled([[]], computed=[end])
+        sampled = sample(logits, samplers) if complete else Sampled([[]], computed=[end])
         return sampled, HFBatch(
-            ids=[seq.id], cache=out.cache, mask=mask,
+            ids=[seq.id], cache=cache, mask=block.mask,
             positions=torch.tensor([end], device=self.device),
             # No token to feed yet while the prompt is incomplete: its row is not decoded.
             last=torch.tensor([sampled.tokens[0][-1] if complete else 0], dtype=torch.long, device=self.device),
             samplers=samplers,
             forced={seq.id: sampled.tokens[0]} if len(sampled.tokens[0]) > 1 else {},
+            shared=shared,
+            claims=partial.claims if partial is not None else [self._claim(seq)],
         )
+
+    def _cached_start(self, seq: Sequence) -> Start:
+        """Where ``seq``'s row starts: the shared prefix it refers to (held once: ``None`` if
+        none, or where the model runs no blocks), how many prompt tokens are cached (shared
+        ones included) and the KV of the cached ones after the shared prefix, for the row's own
+        cache (``None``: none)."""
+        n, kv = self._cached_prefix(seq)
+        shared = self._shared.share(seq.prompt_ids, n, kv) if n and self._shared is not None else None
+        if shared is None:
+            return None, n, kv
+        return shared, n, kv[:, :, :, shared.length :].contiguous() if shared.length < n else None
+
+    def _claim(self, seq: Sequence) -> Claim | None:
+        """The row's claim on its prompt's blocks, which newcomers may share while it runs."""
+        return self._shared.claim(seq.prompt_ids) if self._shared is not None else None
 
     def _cached_prefix(self, seq: Sequence) -> tuple[int, torch.Tensor | None]:
         """The longest cached prefix of ``seq``'s prompt (0 and ``None`` without a cache, or
@@ -312,17 +376,24 @@ class HFEngine(Engine):
         return self.prefix_cache.match(seq.prompt_ids)
 
     def configure_prefix_cache(self, megabytes: float) -> None:
-        """A fresh, empty prefix cache of ``megabytes`` (0: none)."""
+        """A fresh, empty prefix cache of ``megabytes`` (0: none); running rows start from its
+        blocks by reference to one shared copy where the model runs blocks (``ragged``)."""
         self.prefix_cache = None
+        self._shared: SharedPrefixes | None = None
         if megabytes > 0 and self._reusable:
             self.prefix_cache = PrefixCache(int(megabytes * 2**20))
+            if self._ragged:
+                self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
 
     def kv_usage(self, rows: Rows | None) -> KVUsage:
         batches = [] if rows is None else [*(rows.decoding or ()), *rows.prefilling.values()]
+        # A shared prefix counts once, however many rows start with it.
+        shared = {id(b.shared.root): b.shared.root for b in batches if b.shared is not None}.values()
         return KVUsage(
-            bytes_held=sum(kv_cache.bytes_held(b.cache) for b in batches),
-            tokens_held=sum(int(b.mask.sum()) for b in batches),
+            bytes_held=sum(kv_cache.bytes_held(b.cache) for b in batches) + sum(s.nbytes for s in shared),
+            tokens_held=sum(int(b.mask.sum()) for b in batches) + sum(s.length for s in shared),
             bytes_per_token=self.kv_bytes_per_token,
+            shared_tokens=sum(s.length for s in shared),
         )
 
     def prefix_cache_stats(self) -> dict[str, Any] | None:
@@ -333,52 +404,36 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
-        """One forward per length bucket; every row's output in the plan's order. A row whose
-        grammar forced tokens last step feeds them all (its bucket's other rows get as many
-        pad columns)."""
-        parts = [self._decode_bucket(bucket) for bucket in batch]
-        if len(parts) == 1 and batch.ids == [s.id for s in seqs]:
-            return parts[0]
-        rows = {row_id: (part, row) for bucket, part in zip(batch, parts, strict=True)
-                for row, row_id in enumerate(bucket.ids)}
-        order = [rows[s.id] for s in seqs]
-
-        def per_row(name: str) -> list | None:  # an optional per-row field, in the plan's order
-            if not any(getattr(part, name) for part in parts):
-                return None
-            return [getattr(part, name)[row] if getattr(part, name) else None for part, row in order]
-
-        forced = per_row("forced")
-        return Sampled([part.tokens[row] for part, row in order], per_row("logprobs"), errors=per_row("errors"),
-                       forced=None if forced is None else [n or 0 for n in forced])
-
-    @torch.inference_mode()
-    def _decode_bucket(self, batch: HFBatch) -> Sampled:
-        """The next tokens of each row of ``batch`` (one, or more where a grammar forces
-        them): it feeds each row's last token, or where a row's grammar forced more
-        (``batch.forced``) every row's uncomputed tokens, left-padded."""
-        masks = masks_beside(grammar_rows(batch.samplers), self.logits_width)
-        feeds = batch.feeds()
-        if feeds is None:
-            input_ids, block, position_ids = batch.last[:, None], None, batch.positions[:, None]
-        else:
-            input_ids, block = (t.to(self.device) for t in left_pad_rows(feeds, self.pad_token_id))
-            position_ids = batch.positions[:, None] + (block.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=batch.extend_mask(block),
-            position_ids=position_ids,
-            cache=batch.cache,
-            use_cache=True,
-            logits_to_keep=1,  # a forced run needs its last position's only
-        )
+        """The next tokens of every row, length bucket by length bucket in one forward
+        (``_forward``), answered in the plan's order. A row whose grammar forced tokens last
+        step feeds them all (its bucket's other rows get as many pad columns)."""
+        buckets = list(batch)
+        samplers = [s for bucket in buckets for s in bucket.samplers]
+        masks = masks_beside(grammar_rows(samplers), self.logits_width)
+        blocks = [bucket.next_block(self.pad_token_id) for bucket in buckets]
+        logits = self._forward(blocks)
         if masks is not None:
             masks.result()
-        sampled = sample(out.logits[:, -1, :], batch.samplers)
-        batch.cache = out.cache
-        batch.positions = batch.positions + (1 if block is None else block.sum(-1))
-        batch.took(sampled.tokens)
-        return sampled
+        sampled = sample(logits, samplers)
+        start = 0
+        for bucket, block in zip(buckets, blocks, strict=True):
+            bucket.advance(block, sampled.tokens[start : start + len(bucket.ids)])
+            start += len(bucket.ids)
+        row = {row_id: i for i, row_id in enumerate(batch.ids)}
+        return sampled.reorder([row[s.id] for s in seqs])
+
+    def _forward(self, blocks: list[ragged.Block], every: bool = False) -> torch.Tensor:
+        """The model over ``blocks``: logits of each row's last column, block after block
+        (``[rows, vocab]``), or with ``every`` of every column (``[tokens, vocab]``). One forward
+        (``ragged.forward``) where the model allows it; else one per block."""
+        if self._ragged:
+            return ragged.forward(self.model, blocks, every)
+        logits = []
+        for block in blocks:
+            out = self.model(input_ids=block.ids, attention_mask=block.mask, position_ids=block.positions,
+                             cache=block.cache, use_cache=True, logits_to_keep=0 if every else 1)
+            logits.append(out.logits.flatten(0, 1))
+        return torch.cat(logits)
 
     def _sampler(self, seq: Sequence) -> RowSampler:
         return RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device, seq.grammar)

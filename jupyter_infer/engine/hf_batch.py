@@ -13,7 +13,9 @@ import torch
 from transformers import DynamicCache
 
 from . import kv_cache
+from .ragged import Block
 from .sampling import RowSampler
+from .shared_prefix import Claim, SharedPrefix
 
 
 def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,6 +43,11 @@ class HFBatch:
     # Rows that got more than one token last step (a grammar's forced ones), by id: all of
     # them are fed next step, not just ``last``.
     forced: dict[str, list[int]] = field(default_factory=dict)
+    # The prompt prefix every row starts with, held once (shared_prefix.py); the cache and
+    # mask are the columns after it.
+    shared: SharedPrefix | None = None
+    # Per row: its claim on its prompt's blocks, which newcomers may share (shared_prefix.py).
+    claims: list[Claim | None] = field(default_factory=list)
 
     def took(self, tokens: list[list[int]]) -> None:
         """The step's tokens per row: the last is fed next; a run of several, all of it."""
@@ -53,6 +60,23 @@ class HFBatch:
             return None
         last = self.last.tolist()
         return [self.forced.get(i, [t]) for i, t in zip(self.ids, last, strict=True)]
+
+    def next_block(self, pad_id: int) -> Block:
+        """The next decode step's input: each row's last token, or where a grammar forced a
+        run, every row's uncomputed tokens left-padded (positions per row); the mask grows by
+        as many columns."""
+        feeds = self.feeds()
+        if feeds is None:
+            return Block(self.cache, self.last[:, None], self.extend_mask(), self.positions[:, None], self.shared)
+        ids, new = (t.to(self.last.device) for t in left_pad_rows(feeds, pad_id))
+        positions = self.positions[:, None] + (new.cumsum(-1) - 1).clamp(min=0)
+        return Block(self.cache, ids, self.extend_mask(new), positions, self.shared)
+
+    def advance(self, block: Block, tokens: list[list[int]]) -> None:
+        """After ``block`` ran: positions move past what it fed, ``tokens`` are fed next."""
+        width = block.ids.shape[1]
+        self.positions = self.positions + (1 if width == 1 else block.mask[:, -width:].sum(-1))
+        self.took(tokens)
 
     def filter(self, ids: list[str]) -> HFBatch | None:
         if not ids:
@@ -69,6 +93,7 @@ class HFBatch:
         self.positions = self.positions[index]
         self.last = self.last[index]
         self.samplers = [self.samplers[i] for i in keep]
+        self.claims = [self.claims[i] for i in keep] if self.claims else []
         kept = set(ids)
         self.forced = {i: t for i, t in self.forced.items() if i in kept}
         return self
@@ -76,7 +101,8 @@ class HFBatch:
     def take(self, ids: list[str]) -> HFBatch:
         """A new batch of the rows in ``ids`` (this one unchanged): ``filter`` on a copy."""
         clone = HFBatch(list(self.ids), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
-                        list(self.samplers), forced=dict(self.forced))
+                        list(self.samplers), forced=dict(self.forced), shared=self.shared,
+                        claims=list(self.claims))
         return clone.filter(ids)
 
     def widths(self) -> list[int]:
@@ -85,7 +111,10 @@ class HFBatch:
         return (self.mask.shape[1] - first).tolist()
 
     def concatenate(self, other: HFBatch) -> HFBatch:
-        """Rows of ``other`` after these, both left-padded to one cache length."""
+        """Rows of ``other`` after these, both left-padded to one cache length (rows that
+        start with the same shared prefix, or none)."""
+        if self.shared is not other.shared:
+            raise ValueError("rows after different shared prefixes cannot share a dense cache")
         width = max(self.mask.shape[1], other.mask.shape[1])
         return HFBatch(
             ids=self.ids + other.ids,
@@ -95,6 +124,8 @@ class HFBatch:
             last=torch.cat([self.last, other.last]),
             samplers=self.samplers + other.samplers,
             forced=self.forced | other.forced,
+            shared=self.shared,
+            claims=(self.claims or [None] * len(self.ids)) + (other.claims or [None] * len(other.ids)),
         )
 
     def extend_mask(self, block: torch.Tensor | None = None) -> torch.Tensor:

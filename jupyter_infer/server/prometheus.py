@@ -124,7 +124,8 @@ class ServiceCollector:
     # The running rows' KV memory; exported for an engine that keeps KV here.
     KV_GAUGES = (("bytes_held", "bytes", "KV memory the running rows hold (padding and spare room included)."),
                  ("tokens_held", "tokens", "Real tokens in the running rows' KV."),
-                 ("waste_ratio", "waste_ratio", "KV bytes held over what the tokens need (1.0: no waste)."))
+                 ("waste_ratio", "waste_ratio", "KV bytes held over what the tokens need (1.0: no waste)."),
+                 ("shared_tokens", "shared_tokens", "Tokens of prompt prefixes held once for several running rows."))
 
     def __init__(self, service: Service, registry: CollectorRegistry = REGISTRY) -> None:
         self.service = service

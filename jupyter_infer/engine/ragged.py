@@ -1,0 +1,165 @@
+"""One forward over several dense blocks of rows: the linears see every row's new tokens at
+once, attention runs block by block over each block's own KV.
+
+A ``Block`` is what TGI's batch is (rows left-padded to one width, a dense KV cache, a mask),
+and the model sees the blocks' new tokens flattened into one sequence ``[1, tokens]``, as vLLM
+runs a ragged batch: each row's positions are its own, the embeddings, norms, MLPs and
+projections run once over all of them (the weights are read once a step, whatever the blocks'
+lengths), and ``block_attention`` (registered with transformers' ``AttentionInterface``, so
+the model classes stay transformers' own) cuts the flattened queries, keys and values back
+into blocks, appends each block's keys and values to its cache and runs SDPA over that
+block's rows and columns only. A long prompt's row therefore makes no short row attend over
+its length, and a row that feeds several tokens (a grammar's forced run, a prompt's chunk)
+sits beside rows that feed one.
+
+A block's rows may also start with one ``SharedPrefix`` (a prompt prefix held once for all of
+them): their attention then runs over that prefix's keys and values, read once for the
+block, and their own columns after it (``_attend_past_shared``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from .shared_prefix import SharedPrefix
+
+ATTENTION = "jupyter_infer_blocks"
+# transformers passes a 4-D mask through to attention untouched instead of building one; the
+# blocks bring their own masks, so ``forward`` hands it this placeholder.
+_OWN_MASKS = torch.ones((1, 1, 1, 1), dtype=torch.bool)
+
+
+@dataclass
+class Block:
+    """Rows that share one dense cache: ``ids`` ``[rows, width]`` of new tokens (left-padded),
+    ``mask`` ``[rows, cache columns + width]`` after them, ``positions`` ``[rows, width]``;
+    ``shared``: the prefix every row starts with, before its cache's columns."""
+
+    cache: DynamicCache
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    shared: SharedPrefix | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.ids.numel()
+
+
+class Step:
+    """A forward's blocks, as ``block_attention`` reads them: where each block's tokens sit
+    in the flattened sequence and its 4-D mask (built once, used by every layer)."""
+
+    def __init__(self, blocks: Seq[Block]) -> None:
+        self.blocks = list(blocks)
+        self.starts: list[int] = []
+        self.masks: list[torch.Tensor] = []
+        start = 0
+        for block in self.blocks:
+            self.starts.append(start)
+            start += block.tokens
+            self.masks.append(_attention_mask(block.mask, block.ids.shape[1]))
+        self.tokens = start
+
+
+def _attention_mask(mask: torch.Tensor, width: int) -> torch.Tensor | None:
+    """``[rows, 1, width, columns]``: query j of a row sees the row's real columns up to its own
+    (the last ``width`` columns are the new tokens, in order). ``None`` where that is every
+    column (one new token, no padding) or plain causal attention (a whole unpadded prompt):
+    SDPA's kernels are faster told so than given the mask."""
+    columns = mask.shape[1]
+    if (width == 1 or width == columns) and bool(mask.all()):
+        return None
+    real = mask.bool()[:, None, None, :]
+    if width == 1:
+        return real
+    causal = torch.ones((width, columns), dtype=torch.bool, device=mask.device).tril(columns - width)
+    return real & causal[None, None]
+
+
+def forward(model: torch.nn.Module, blocks: Seq[Block], every: bool = False) -> torch.Tensor:
+    """The model over ``blocks`` in one forward: the logits of every row's last column, block
+    after block (``[rows, vocab]``), or with ``every`` of every column (``[tokens, vocab]``,
+    each block's ``rows × width`` flattened)."""
+    input_ids = torch.cat([b.ids.reshape(-1) for b in blocks])[None]
+    position_ids = torch.cat([b.positions.reshape(-1) for b in blocks])[None]
+    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=_OWN_MASKS, use_cache=False,
+                logits_to_keep=0 if every else last_columns(blocks), jupyter_infer_step=Step(blocks))
+    return out.logits[0]
+
+
+def last_columns(blocks: Seq[Block]) -> torch.Tensor:
+    """The flattened index of every row's last column, block after block."""
+    index, start = [], 0
+    for block in blocks:
+        rows, width = block.ids.shape
+        index.append(torch.arange(rows) * width + (start + width - 1))
+        start += rows * width
+    return torch.cat(index).to(blocks[0].ids.device)
+
+
+def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    jupyter_infer_step: Step | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention block by block over each block's cache (SDPA, transformers' own call); a
+    forward that is not ``forward``'s (the model called as usual) is plain SDPA."""
+    step = jupyter_infer_step
+    if step is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    heads, dim = query.shape[1], query.shape[3]
+    out = query.new_empty((1, step.tokens, heads, dim))
+    for block, start, mask in zip(step.blocks, step.starts, step.masks, strict=True):
+        rows, width = block.ids.shape
+        span = slice(start, start + rows * width)
+        q, k, v = (t[0, :, span].unflatten(1, (rows, width)).transpose(0, 1) for t in (query, key, value))
+        keys, values = block.cache.layers[module.layer_idx].update(k, v)
+        if block.shared is None:
+            o, _ = sdpa_attention_forward(module, q, keys, values, mask, dropout=0.0, scaling=scaling,
+                                          is_causal=mask is None and width > 1)
+        else:
+            o = _attend_past_shared(q, keys, values, mask, *block.shared.layer(module.layer_idx), scaling)
+        out[0, span] = o.reshape(rows * width, heads, dim)
+    return out, None
+
+
+def _attend_past_shared(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                        shared_keys: torch.Tensor, shared_values: torch.Tensor,
+                        scaling: float | None) -> torch.Tensor:
+    """Attention over a shared prefix (``[1, kv heads, P, dim]``, every row sees all of it) and
+    each row's own columns (``[rows, kv heads, W, dim]`` under ``mask``), without copying the
+    prefix per row: one softmax over both parts' scores. Returns ``[rows, width, heads, dim]``."""
+    rows, heads, width, dim = query.shape
+    kv_heads = keys.shape[1]
+    groups = heads // kv_heads
+    scale = dim**-0.5 if scaling is None else scaling
+    # Grouped-query heads side by side on the query axis: [rows, kv heads, groups * width, dim].
+    q = query.reshape(rows, kv_heads, groups * width, dim)
+    prefix = torch.matmul(q, shared_keys.transpose(-1, -2))  # the prefix broadcast over the rows
+    own = torch.matmul(q, keys.transpose(-1, -2))
+    if mask is None and width > 1:  # a whole unpadded prompt after the prefix: causal
+        mask = torch.ones((width, keys.shape[2]), dtype=torch.bool, device=q.device).tril(keys.shape[2] - width)
+        mask = mask[None, None]
+    if mask is not None:
+        own = own.masked_fill(~mask.repeat(1, 1, groups, 1), float("-inf"))
+    weights = torch.softmax(torch.cat([prefix, own], dim=-1).float() * scale, dim=-1).to(q.dtype)
+    split = shared_keys.shape[2]
+    out = torch.matmul(weights[..., :split], shared_values) + torch.matmul(weights[..., split:], values)
+    return out.reshape(rows, heads, width, dim).transpose(1, 2)
+
+
+def install(model: torch.nn.Module) -> bool:
+    """Have ``model``'s attention layers call ``block_attention`` (registered with
+    transformers' ``AttentionInterface``); ``False`` where the model class cannot switch (it
+    does not call attention through that interface). Called as usual, the model builds SDPA's
+    masks and runs SDPA."""
+    AttentionInterface.register(ATTENTION, block_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ATTENTION)
+    return model.config._attn_implementation == ATTENTION
