@@ -200,7 +200,7 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     assert quality["f32"]["agreement"] >= 0.99 and quality["int8" if "int8" in quality else "f32"]["agreement"] >= 0.9
     assert "greedy agreement" in out
     earlier = [t for t in results["targets"] if not t["workload"].startswith("cpu_")]
-    assert len(earlier) == 18 and all(t["ratio"] is not None for t in earlier)
+    assert len(earlier) == 19 and all(t["ratio"] is not None for t in earlier)
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
