@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.config import ServiceConfig
-from jupyter_infer.engine import cpu_linear, hf
+from jupyter_infer.engine import cpu_linear, hf_device
 from jupyter_infer.engine.cpu_linear import Int8Linear, PackedLinear, swap_linears
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.model_builder import CORPUS
@@ -70,11 +70,11 @@ def test_the_engine_says_which_kernels_it_runs(tiny_model_dir: Path) -> None:
 
 
 def test_int8_is_refused_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hf, "int8_available", lambda: False)
+    monkeypatch.setattr(hf_device, "int8_available", lambda: False)
     with pytest.raises(ValueError, match="quantized kernels"):
         HFEngine(str(tiny_model_dir), quantize="int8")
     with pytest.raises(ValueError, match="CPU weight format"):
-        hf.check_quantize("int8", "cuda")
+        hf_device.check_quantize("int8", "cuda")
     with pytest.raises(ValueError, match="InferApp.quantize"):
         ServiceConfig(quantize="int4")
 

@@ -47,7 +47,7 @@ class Variant:
     def missing(self) -> str | None:
         """Why this CPU cannot run it, or None."""
         from ..engine.cpu_linear import int8_available
-        from ..engine.hf import cpu_has_native_bf16
+        from ..engine.hf_device import cpu_has_native_bf16
 
         if self.needs_bf16 and not cpu_has_native_bf16():
             return "this CPU has no bf16 instructions"

@@ -77,7 +77,8 @@ class Suite:
         return str(ensure_model(size))
 
     def _setup(self) -> Setup:
-        from ..engine.hf import HFEngine, default_num_threads
+        from ..engine.hf import HFEngine
+        from ..engine.hf_device import default_num_threads
 
         cfg = self.config
         model_dir = self._model_dir()

@@ -113,7 +113,10 @@ def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if step is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    heads, dim = query.shape[1], query.shape[3]
+    for name in ("softcap", "sliding_window", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:  # install() refuses such models: never silently drop it
+            raise NotImplementedError(f"block_attention does not implement {name}")
+    heads, dim = query.shape[1], value.shape[3]
     out = query.new_empty((1, step.tokens, heads, dim))
     for block, start, mask in zip(step.blocks, step.starts, step.masks, strict=True):
         rows, width = block.ids.shape
@@ -129,36 +132,59 @@ def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return out, None
 
 
+QUERY_TILE = 128  # query columns a shared-prefix attention scores at once (bounds its memory)
+
+
 def _attend_past_shared(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
                         shared_keys: torch.Tensor, shared_values: torch.Tensor,
                         scaling: float | None) -> torch.Tensor:
     """Attention over a shared prefix (``[1, kv heads, P, dim]``, every row sees all of it) and
     each row's own columns (``[rows, kv heads, W, dim]`` under ``mask``), without copying the
-    prefix per row: one softmax over both parts' scores. Returns ``[rows, width, heads, dim]``."""
+    prefix per row: one softmax over both parts' scores, in float32 as SDPA keeps them, a tile
+    of ``QUERY_TILE`` query columns at a time. Returns ``[rows, width, heads, dim]``."""
+    width, columns = query.shape[2], keys.shape[2]
+    if mask is None and width > 1:  # a whole unpadded prompt after the prefix: causal
+        mask = torch.ones((width, columns), dtype=torch.bool, device=query.device).tril(columns - width)[None, None]
+    if width > QUERY_TILE:
+        return torch.cat([
+            _attend_tile(query[:, :, i : i + QUERY_TILE], keys, values,
+                         None if mask is None else mask[:, :, i : i + QUERY_TILE], shared_keys, shared_values, scaling)
+            for i in range(0, width, QUERY_TILE)], dim=1)
+    return _attend_tile(query, keys, values, mask, shared_keys, shared_values, scaling)
+
+
+def _attend_tile(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                 shared_keys: torch.Tensor, shared_values: torch.Tensor, scaling: float | None) -> torch.Tensor:
     rows, heads, width, dim = query.shape
     kv_heads = keys.shape[1]
     groups = heads // kv_heads
     scale = dim**-0.5 if scaling is None else scaling
     # Grouped-query heads side by side on the query axis: [rows, kv heads, groups * width, dim].
-    q = query.reshape(rows, kv_heads, groups * width, dim)
-    prefix = torch.matmul(q, shared_keys.transpose(-1, -2))  # the prefix broadcast over the rows
-    own = torch.matmul(q, keys.transpose(-1, -2))
-    if mask is None and width > 1:  # a whole unpadded prompt after the prefix: causal
-        mask = torch.ones((width, keys.shape[2]), dtype=torch.bool, device=q.device).tril(keys.shape[2] - width)
-        mask = mask[None, None]
+    q = query.reshape(rows, kv_heads, groups * width, dim).float()
+    prefix = torch.matmul(q, shared_keys.float().transpose(-1, -2))  # the prefix broadcast over the rows
+    own = torch.matmul(q, keys.float().transpose(-1, -2))
     if mask is not None:
         own = own.masked_fill(~mask.repeat(1, 1, groups, 1), float("-inf"))
-    weights = torch.softmax(torch.cat([prefix, own], dim=-1).float() * scale, dim=-1).to(q.dtype)
+    weights = torch.softmax(torch.cat([prefix, own], dim=-1) * scale, dim=-1)
     split = shared_keys.shape[2]
-    out = torch.matmul(weights[..., :split], shared_values) + torch.matmul(weights[..., split:], values)
-    return out.reshape(rows, heads, width, dim).transpose(1, 2)
+    out = torch.matmul(weights[..., :split], shared_values.float()) + torch.matmul(weights[..., split:], values.float())
+    return out.to(query.dtype).reshape(rows, heads, width, -1).transpose(1, 2)
+
+
+# Attention features ``block_attention`` does not implement: a model that needs one keeps a
+# forward per bucket through its own attention (``install`` refuses it).
+_UNSUPPORTED = ("attn_logit_softcapping", "v_head_dim", "sliding_window", "use_sliding_window")
 
 
 def install(model: torch.nn.Module) -> bool:
     """Have ``model``'s attention layers call ``block_attention`` (registered with
     transformers' ``AttentionInterface``); ``False`` where the model class cannot switch (it
-    does not call attention through that interface). Called as usual, the model builds SDPA's
-    masks and runs SDPA."""
+    does not call attention through that interface, or needs what ``block_attention`` lacks:
+    logit soft-capping, a sliding window, value heads of another size). Called as usual, the
+    model builds SDPA's masks and runs SDPA."""
+    config = model.config
+    if any(getattr(config, name, None) for name in _UNSUPPORTED):
+        return False
     AttentionInterface.register(ATTENTION, block_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
     model.set_attn_implementation(ATTENTION)

@@ -27,8 +27,13 @@ class SharedPrefix:
 
     def __init__(self, kv: torch.Tensor, root: SharedPrefix | None = None) -> None:
         self.kv = kv
-        self.root = root or self
+        self._root = root  # not ``self`` for a root: a cycle would outlive its last row until a GC pass
         self._heads: weakref.WeakValueDictionary[int, SharedPrefix] = weakref.WeakValueDictionary()
+
+    @property
+    def root(self) -> SharedPrefix:
+        """The segment whose memory this is (itself, or the one it is a head of)."""
+        return self._root or self
 
     @property
     def length(self) -> int:
