@@ -89,7 +89,9 @@ async def test_the_kv_memory_of_the_running_rows_shows_in_status_metrics_and_pro
     await eventually(lambda: (service.kv_cache() or {}).get("tokens_held", 0) > 0)
     held = json.loads((await jp_fetch("infer", "metrics")).body)["kv_cache"]
     assert held["bytes_held"] >= held["tokens_held"] * held["bytes_per_token"] and held["waste_ratio"] >= 1
+    assert held["shared_tokens"] == 0  # one request: nothing to share
     prometheus = (await jp_fetch("metrics")).body.decode()
     assert "jupyter_infer_kv_cache_bytes " in prometheus and "jupyter_infer_kv_cache_waste_ratio " in prometheus
+    assert "jupyter_infer_kv_cache_shared_tokens 0.0" in prometheus
     await running
     await eventually(lambda: service.kv_cache()["bytes_held"] == 0)
