@@ -374,6 +374,27 @@ async def test_agents_sending_one_system_prompt_at_once_hold_it_once_in_the_serv
         assert list(result.token_ids) == reference(tiny_model_dir, prompt, len(result.token_ids))
 
 
+def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_model_dir: Path) -> None:
+    """Spare columns are allocated ahead so that a decode step writes in place; a row that can
+    generate 5 more tokens gets room for 5, not 64 (the agents' KV overhead), and still equals
+    generate when it grows past it."""
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    few, many = _seq(engine, PROMPTS[0], 5), _seq(engine, PROMPTS[1], 100)
+    batch = step(engine, StepPlan(1, "prefill", [few]), None)
+    layer = dense(batch).cache.layers[0]
+    assert layer._key_buf.shape[2] - layer.keys.shape[2] <= 5
+    batch = step(engine, StepPlan(2, "prefill", [many], [few.id]), batch)  # joins: room for the most
+    layer = dense(batch).cache.layers[0]
+    assert layer._key_buf.shape[2] - layer.keys.shape[2] == kv_cache.SPARE_COLUMNS
+    for n in range(3, 7):
+        batch = step(engine, StepPlan(n, "decode", [few, many], ids([few, many])), batch)
+    batch = batch.filter([many.id])
+    for n in range(7, 80):  # past the first allocation's room: it grows, and stays exact
+        batch = step(engine, StepPlan(n, "decode", [many], [many.id]), batch)
+    for seq in (few, many):
+        assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
+
+
 def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])

@@ -30,7 +30,7 @@ from . import kv_cache, ragged
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
 from .buckets import Buckets
 from .cpu_linear import LinearReport, swap_linears
-from .hf_batch import HFBatch, left_pad_rows
+from .hf_batch import HFBatch, left_pad_rows, row_ends, spare_columns
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
@@ -212,6 +212,7 @@ class HFEngine(Engine):
                 cache=block.cache,
                 mask=block.mask,
                 positions=torch.tensor([len(seqs[i].prompt_ids) for i in rows], device=self.device),
+                ends=row_ends([(len(seqs[i].prompt_ids), seqs[i].params.max_tokens) for i in rows], self.device),
                 last=torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=self.device),
                 samplers=samplers[at - len(rows) : at],
                 forced={seqs[i].id: t for i, t in zip(rows, tokens, strict=True) if len(t) > 1},
@@ -239,6 +240,7 @@ class HFEngine(Engine):
         position_ids = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor([n for _, n, _ in starts])[:, None]
         config = self.model.config
         cache = kv_cache.with_past(config, [kv for _, _, kv in starts], width) if width else kv_cache.new_cache(config)
+        kv_cache.set_spare(cache, spare_columns([s.params.max_tokens for s in seqs]))
         return ragged.Block(cache, *(t.to(self.device) for t in (input_ids, mask, position_ids)), shared)
 
     def _remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
@@ -274,7 +276,7 @@ class HFEngine(Engine):
             config = self.model.config
             cache = kv_cache.with_past(config, [kv], done - offset) if done > offset else kv_cache.new_cache(config)
             for layer in cache.layers:  # room for the whole prompt at once, not a copy per chunk
-                layer.reserve = len(prompt) - offset + kv_cache.SPARE_COLUMNS
+                layer.reserve = len(prompt) - offset + spare_columns([seq.params.max_tokens])
         else:
             shared, cache = partial.shared, partial.cache
             offset = shared.length if shared is not None else 0
@@ -292,6 +294,7 @@ class HFEngine(Engine):
         return sampled, HFBatch(
             ids=[seq.id], cache=cache, mask=block.mask,
             positions=torch.tensor([end], device=self.device),
+            ends=row_ends([(len(prompt), seq.params.max_tokens)], self.device),
             # No token to feed yet while the prompt is incomplete: its row is not decoded.
             last=torch.tensor([sampled.tokens[0][-1] if complete else 0], dtype=torch.long, device=self.device),
             samplers=samplers,

@@ -29,6 +29,19 @@ def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+def spare_columns(max_tokens: Seq[int | None]) -> int:
+    """Columns worth allocating past new rows' prompts: what they can generate (a 32-token
+    answer needs 32, not 64), ``SPARE_COLUMNS`` at most, or where unknown."""
+    most = max(kv_cache.SPARE_COLUMNS if n is None else n for n in max_tokens)
+    return max(1, min(kv_cache.SPARE_COLUMNS, most))
+
+
+def row_ends(rows: Seq[tuple[int, int | None]], device: str) -> torch.Tensor:
+    """Each row's position once it has all its tokens: ``(prompt length, max_tokens)`` per row
+    (no ``max_tokens``: as far as positions go)."""
+    return torch.tensor([n + (2**31 if m is None else m) for n, m in rows], device=device)
+
+
 @dataclass
 class HFBatch:
     """The running rows: ids, KV cache, attention mask, next positions, last tokens, samplers."""
@@ -48,6 +61,14 @@ class HFBatch:
     shared: SharedPrefix | None = None
     # Per row: its claim on its prompt's blocks, which newcomers may share (shared_prefix.py).
     claims: list[Claim | None] = field(default_factory=list)
+    # Per row: the position at which it has all its tokens (prompt + max_tokens); None: unknown.
+    ends: torch.Tensor | None = None
+
+    def spare(self) -> int:
+        """Room worth allocating ahead: what the rows can still use, at most ``SPARE_COLUMNS``."""
+        if self.ends is None:
+            return kv_cache.SPARE_COLUMNS
+        return max(1, min(kv_cache.SPARE_COLUMNS, int((self.ends - self.positions).max())))
 
     def took(self, tokens: list[list[int]]) -> None:
         """The step's tokens per row: the last is fed next; a run of several, all of it."""
@@ -65,6 +86,7 @@ class HFBatch:
         """The next decode step's input: each row's last token, or where a grammar forced a
         run, every row's uncomputed tokens left-padded (positions per row); the mask grows by
         as many columns."""
+        kv_cache.set_spare(self.cache, self.spare())
         feeds = self.feeds()
         if feeds is None:
             return Block(self.cache, self.last[:, None], self.extend_mask(), self.positions[:, None], self.shared)
@@ -87,10 +109,11 @@ class HFBatch:
         mask = self.mask[index]
         # Columns that only departed rows used are pure padding now: trim them.
         start = int(mask.any(dim=0).nonzero()[0])
-        kv_cache.select_rows(self.cache, index, start)
+        self.positions = self.positions[index]
+        self.ends = None if self.ends is None else self.ends[index]
+        kv_cache.select_rows(self.cache, index, start, self.spare())
         self.ids = list(ids)
         self.mask, self._mask_buf = mask[:, start:], None
-        self.positions = self.positions[index]
         self.last = self.last[index]
         self.samplers = [self.samplers[i] for i in keep]
         self.claims = [self.claims[i] for i in keep] if self.claims else []
@@ -102,7 +125,7 @@ class HFBatch:
         """A new batch of the rows in ``ids`` (this one unchanged): ``filter`` on a copy."""
         clone = HFBatch(list(self.ids), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
                         list(self.samplers), forced=dict(self.forced), shared=self.shared,
-                        claims=list(self.claims))
+                        claims=list(self.claims), ends=self.ends)
         return clone.filter(ids)
 
     def widths(self) -> list[int]:
@@ -116,9 +139,10 @@ class HFBatch:
         if self.shared is not other.shared:
             raise ValueError("rows after different shared prefixes cannot share a dense cache")
         width = max(self.mask.shape[1], other.mask.shape[1])
+        spare = max(self.spare(), other.spare())
         return HFBatch(
             ids=self.ids + other.ids,
-            cache=kv_cache.merge(self.cache, other.cache, width),
+            cache=kv_cache.merge(self.cache, other.cache, width, spare),
             mask=torch.cat([kv_cache.left_pad(self.mask, width, 1), kv_cache.left_pad(other.mask, width, 1)]),
             positions=torch.cat([self.positions, other.positions]),
             last=torch.cat([self.last, other.last]),
@@ -126,6 +150,7 @@ class HFBatch:
             forced=self.forced | other.forced,
             shared=self.shared,
             claims=(self.claims or [None] * len(self.ids)) + (other.claims or [None] * len(other.ids)),
+            ends=None if self.ends is None or other.ends is None else torch.cat([self.ends, other.ends]),
         )
 
     def extend_mask(self, block: torch.Tensor | None = None) -> torch.Tensor:

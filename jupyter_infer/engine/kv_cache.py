@@ -22,6 +22,7 @@ SPARE_COLUMNS = 64  # room added whenever the buffer is full: one reallocation p
 
 class GrowingLayer(DynamicLayer):
     reserve = 0  # columns the next allocation makes room for at least (a chunked prompt's length)
+    spare = SPARE_COLUMNS  # room an allocation adds past what is needed (``set_spare``)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -35,7 +36,7 @@ class GrowingLayer(DynamicLayer):
         needed = length + key_states.shape[-2]
         buf = self._key_buf
         if buf is None or buf.shape[-2] < needed or buf.shape[0] != key_states.shape[0]:
-            self._reallocate(key_states, value_states, length, max(needed + SPARE_COLUMNS, self.reserve))
+            self._reallocate(key_states, value_states, length, max(needed + self.spare, self.reserve))
         self._key_buf[:, :, length:needed] = key_states
         self._value_buf[:, :, length:needed] = value_states
         self.keys = self._key_buf[:, :, :needed]
@@ -142,12 +143,22 @@ def _set(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
         layer.keys, layer.values = keys, values
 
 
-def _buffer(like: torch.Tensor, rows: int, length: int) -> torch.Tensor:
-    return like.new_empty((rows, like.shape[1], length + SPARE_COLUMNS, like.shape[3]))
+def _buffer(like: torch.Tensor, rows: int, length: int, spare: int) -> torch.Tensor:
+    return like.new_empty((rows, like.shape[1], length + spare, like.shape[3]))
 
 
-def merge(running: DynamicCache, newcomers: DynamicCache, width: int) -> DynamicCache:
-    """Rows of ``newcomers`` after those of ``running``, both left-padded to ``width``."""
+def set_spare(cache: DynamicCache, spare: int) -> None:
+    """The room the cache's next allocations add past what they need: no more than its rows
+    can still use (rows near their ``max_tokens`` need few more columns), ``SPARE_COLUMNS``
+    at most."""
+    for layer in cache.layers:
+        if isinstance(layer, GrowingLayer):
+            layer.spare = spare
+
+
+def merge(running: DynamicCache, newcomers: DynamicCache, width: int, spare: int = SPARE_COLUMNS) -> DynamicCache:
+    """Rows of ``newcomers`` after those of ``running``, both left-padded to ``width``, with
+    ``spare`` columns of room."""
     for old, new in zip(running.layers, newcomers.layers, strict=True):
         if not isinstance(old, GrowingLayer):
             _set(old, torch.cat([left_pad(old.keys, width, 2), left_pad(new.keys, width, 2)]),
@@ -155,13 +166,14 @@ def merge(running: DynamicCache, newcomers: DynamicCache, width: int) -> Dynamic
             continue
         buffers = []
         for a, b in ((old.keys, new.keys), (old.values, new.values)):
-            buf = _buffer(a, a.shape[0] + b.shape[0], width)
+            buf = _buffer(a, a.shape[0] + b.shape[0], width, spare)
             for rows, part in ((buf[: a.shape[0]], a), (buf[a.shape[0] :], b)):
                 pad = width - part.shape[2]
                 rows[:, :, :pad].zero_()  # masked, but must be finite: 0 x NaN would poison attention
                 rows[:, :, pad:width] = part
             buffers.append(buf)
         old.adopt(*buffers, width)
+        old.spare = spare
     return running
 
 
@@ -172,8 +184,8 @@ def shallow_copy(cache: DynamicCache) -> DynamicCache:
     return clone
 
 
-def select_rows(cache: DynamicCache, index: torch.Tensor, start: int) -> None:
-    """Keep the rows in ``index`` and the columns from ``start`` on."""
+def select_rows(cache: DynamicCache, index: torch.Tensor, start: int, spare: int = SPARE_COLUMNS) -> None:
+    """Keep the rows in ``index`` and the columns from ``start`` on (``spare`` columns of room)."""
     for layer in cache.layers:
         if not isinstance(layer, GrowingLayer):
             _set(layer, layer.keys[index, :, start:], layer.values[index, :, start:])
@@ -181,7 +193,8 @@ def select_rows(cache: DynamicCache, index: torch.Tensor, start: int) -> None:
         length = layer.keys.shape[2] - start
         buffers = []
         for t in (layer.keys, layer.values):
-            buf = _buffer(t, len(index), length)
+            buf = _buffer(t, len(index), length, spare)
             torch.index_select(t[:, :, start:], 0, index, out=buf[:, :, :length])
             buffers.append(buf)
         layer.adopt(*buffers, length)
+        layer.spare = spare
