@@ -76,7 +76,7 @@ class HFEngine(Engine):
         # What one forward reads of the weights (int8 keeps a quarter of float32's): the cost
         # of one more length bucket's decode step (buckets.py).
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.weight_bytes = weight_bytes // 4 if quantize != "none" else weight_bytes
+        weight_bytes = weight_bytes // 4 if quantize != "none" else weight_bytes
         linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
         if self.device == "cpu":
             linears = swap_linears(self.model, prepack=prepack_weights, quantize=quantize)
@@ -108,7 +108,7 @@ class HFEngine(Engine):
         # bytes (~20 us at ~3 TB/s: ~64 MB; an estimate, no GPU measured). With a forward
         # each: a second read of every weight.
         per_layer = 2**20 if self.device == "cpu" else 64 * 2**20
-        self.bucket_bytes = config.num_hidden_layers * per_layer if self._ragged else self.weight_bytes
+        self.bucket_bytes = config.num_hidden_layers * per_layer if self._ragged else weight_bytes
         max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
         self.info = EngineInfo(
             engine="hf",

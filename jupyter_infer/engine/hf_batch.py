@@ -52,6 +52,8 @@ class HFBatch:
     positions: torch.Tensor  # [rows] position id of the next token
     last: torch.Tensor  # [rows] the token to feed next
     samplers: list[RowSampler]  # per row: how it chooses its tokens
+    ends: torch.Tensor  # [rows] the position at which a row has all its tokens (prompt + max_tokens)
+    claims: list[Claim | None]  # per row: its claim on its prompt's blocks, which newcomers may share
     _mask_buf: torch.Tensor | None = None  # ``mask`` is a view of it, with spare columns
     # Rows that got more than one token last step (a grammar's forced ones), by id: all of
     # them are fed next step, not just ``last``.
@@ -59,16 +61,14 @@ class HFBatch:
     # The prompt prefix every row starts with, held once (shared_prefix.py); the cache and
     # mask are the columns after it.
     shared: SharedPrefix | None = None
-    # Per row: its claim on its prompt's blocks, which newcomers may share (shared_prefix.py).
-    claims: list[Claim | None] = field(default_factory=list)
-    # Per row: the position at which it has all its tokens (prompt + max_tokens); None: unknown.
-    ends: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        # Decided when rows join (a batch is made) or leave (``filter``), not every step.
+        kv_cache.set_spare(self.cache, self.spare())
 
     def spare(self) -> int:
         """Room worth allocating ahead: what the rows can still use, at most ``SPARE_COLUMNS``."""
-        if self.ends is None:
-            return kv_cache.SPARE_COLUMNS
-        return max(1, min(kv_cache.SPARE_COLUMNS, int((self.ends - self.positions).max())))
+        return spare_columns([int((self.ends - self.positions).max())])
 
     def took(self, tokens: list[list[int]]) -> None:
         """The step's tokens per row: the last is fed next; a run of several, all of it."""
@@ -86,7 +86,6 @@ class HFBatch:
         """The next decode step's input: each row's last token, or where a grammar forced a
         run, every row's uncomputed tokens left-padded (positions per row); the mask grows by
         as many columns."""
-        kv_cache.set_spare(self.cache, self.spare())
         feeds = self.feeds()
         if feeds is None:
             return Block(self.cache, self.last[:, None], self.extend_mask(), self.positions[:, None], self.shared)
@@ -110,13 +109,13 @@ class HFBatch:
         # Columns that only departed rows used are pure padding now: trim them.
         start = int(mask.any(dim=0).nonzero()[0])
         self.positions = self.positions[index]
-        self.ends = None if self.ends is None else self.ends[index]
+        self.ends = self.ends[index]
         kv_cache.select_rows(self.cache, index, start, self.spare())
         self.ids = list(ids)
         self.mask, self._mask_buf = mask[:, start:], None
         self.last = self.last[index]
         self.samplers = [self.samplers[i] for i in keep]
-        self.claims = [self.claims[i] for i in keep] if self.claims else []
+        self.claims = [self.claims[i] for i in keep]
         kept = set(ids)
         self.forced = {i: t for i, t in self.forced.items() if i in kept}
         return self
@@ -124,8 +123,8 @@ class HFBatch:
     def take(self, ids: list[str]) -> HFBatch:
         """A new batch of the rows in ``ids`` (this one unchanged): ``filter`` on a copy."""
         clone = HFBatch(list(self.ids), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
-                        list(self.samplers), forced=dict(self.forced), shared=self.shared,
-                        claims=list(self.claims), ends=self.ends)
+                        list(self.samplers), self.ends, list(self.claims), forced=dict(self.forced),
+                        shared=self.shared)
         return clone.filter(ids)
 
     def widths(self) -> list[int]:
@@ -149,8 +148,8 @@ class HFBatch:
             samplers=self.samplers + other.samplers,
             forced=self.forced | other.forced,
             shared=self.shared,
-            claims=(self.claims or [None] * len(self.ids)) + (other.claims or [None] * len(other.ids)),
-            ends=None if self.ends is None or other.ends is None else torch.cat([self.ends, other.ends]),
+            claims=self.claims + other.claims,
+            ends=torch.cat([self.ends, other.ends]),
         )
 
     def extend_mask(self, block: torch.Tensor | None = None) -> torch.Tensor:

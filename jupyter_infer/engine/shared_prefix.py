@@ -110,6 +110,3 @@ class SharedPrefixes:
                     self._by_key[key] = segment
                 return segment
         return None
-
-    def __len__(self) -> int:
-        return len({id(s) for s in self._by_key.values()})
