@@ -56,6 +56,14 @@ class ServiceConfig:
     # running rows (continuous mode); 0 prefills every prompt whole; None: the engine's own
     # choice (hf: 64 on a CPU, measured in docs/engine.md; 512 on a GPU).
     prefill_chunk_tokens: int | None = None
+    # -- many users: fair share and per-owner limits (an owner is the Jupyter or hub user) -------
+    fair_share: bool = True  # rows shared between owners (fair.py); False: priority + FIFO for all
+    # Weights of owners against each other: "alice": 2, or "group:staff": 4 (a hub group); default 1
+    fair_share_weights: Mapping[str, float] = field(default_factory=dict, hash=False)
+    owner_max_running: int = 0  # rows one owner holds at once (the rest of its requests wait); 0: no cap
+    owner_max_queued: int = 0  # requests one owner may have waiting (more: 429); 0: only max_queue_size
+    owner_tokens_per_minute: int = 0  # prompt + generated tokens per owner per minute (more: 429); 0: none
+    admin_users: tuple[str, ...] = ()  # see everyone's requests in full (as do hub admins)
     # -- the engine's prefix cache --------------------------------------------------------------
     prefix_cache_mb: float = 512.0  # KV of recent prompt prefixes, reused by later prompts; 0: off
     # -- structured outputs ---------------------------------------------------------------------
@@ -98,6 +106,8 @@ class ServiceConfig:
         _set(self, "router_backends", {str(k): dict(v) if isinstance(v, Mapping) else v
                                        for k, v in dict(self.router_backends).items()})
         _set(self, "router_fallback", dict(self.router_fallback))
+        _set(self, "fair_share_weights", {str(k): v for k, v in dict(self.fair_share_weights).items()})
+        _set(self, "admin_users", tuple(self.admin_users))
         if self.engine not in ENGINES:
             fail("engine", f"one of {', '.join(ENGINES)}")
         if self.mode not in MODES:
@@ -114,6 +124,12 @@ class ServiceConfig:
                      "keep_records", "max_event_subscribers", "event_buffer"):
             if getattr(self, name) < 1:
                 fail(name, "at least 1")
+        for name in ("owner_max_running", "owner_max_queued", "owner_tokens_per_minute"):
+            if getattr(self, name) < 0:
+                fail(name, "0 (no limit) or more")
+        for key, weight in self.fair_share_weights.items():
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+                raise ValueError(f"InferApp.fair_share_weights[{key!r}] must be a number above 0; got {weight!r}.")
         if self.max_batch_size < 0:
             fail("max_batch_size", "0 (pick for the mode) or more")
         if self.num_threads < 0:

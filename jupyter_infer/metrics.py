@@ -40,6 +40,7 @@ class RequestRecord:
     priority: int
     prompt_tokens: int
     queued_at: float
+    owner: str = "local"  # who sent it (views show it only to them, and to admins)
     admitted_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -53,6 +54,7 @@ class RequestRecord:
     route: str | None = None  # the router's backend that ran it
     constraint: str | None = None  # what its answer was held to (a constraint's kind), if anything
     forced_tokens: int = 0  # of its tokens, those its grammar forced (fast-forward, no sampling)
+    parked: int = 0  # times it sat out for another owner's request (fair share)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -67,6 +69,7 @@ class BatchRecord:
     mode: str
     members: list[str]
     started_at: float
+    owners: list[str] = field(default_factory=list)  # each member's owner (views hide others')
     ended_at: float | None = None
     steps: int = 0
     prefill_steps: int = 0
@@ -143,6 +146,9 @@ class MetricsCollector:
         self.completion_tokens = 0
         self.busy_s = 0.0  # engine time spent in steps
         self.max_queue_depth = 0
+        self.parked_rows = 0  # rows that sat out for another owner's (fair share)
+        # Per owner: finished requests by outcome, their tokens, times parked (never prompts).
+        self.owners: dict[str, Counter[str]] = {}
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for the last 10 s
         self.started_at = time.monotonic()
         # Called with each finished RequestRecord / closed BatchRecord (e.g. Prometheus).
@@ -188,6 +194,11 @@ class MetricsCollector:
             return
         self.outcomes[record.outcome] += 1
         self.completion_tokens += record.completion_tokens
+        counts = self.owners.setdefault(record.owner, Counter())
+        counts[record.outcome] += 1
+        counts["prompt_tokens"] += record.prompt_tokens if record.first_token_at is not None else 0
+        counts["completion_tokens"] += record.completion_tokens
+        counts["parked"] += record.parked
         if record.outcome == "ok":
             self.latency_ms.add((record.finished_at - record.queued_at) * 1000)
         self.finished_records.append(record)
@@ -206,6 +217,11 @@ class MetricsCollector:
             self._recent.popleft()
         if self.parent:
             self.parent.step(kind, rows, tokens, seconds, at)
+
+    def parked(self) -> None:
+        self.parked_rows += 1
+        if self.parent:
+            self.parent.parked()
 
     def busy(self, seconds: float) -> None:
         """Time the engine worked outside steps (an upstream with requests in flight)."""
@@ -253,4 +269,7 @@ class MetricsCollector:
             "queue_depth": queue_depth,
             "max_queue_depth": self.max_queue_depth,
             "uptime_s": round(now - self.started_at, 3),
+            "parked_rows": self.parked_rows,
+            # finished requests per owner; the live ones are added by the service
+            "owners": {owner: dict(counts) for owner, counts in self.owners.items()},
         }

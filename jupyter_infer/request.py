@@ -155,6 +155,7 @@ class Request:
     # Who sent it: the Jupyter (or JupyterHub) user the handler authenticated; "local" in a
     # kernel. What fair sharing and per-user views go by.
     owner: str = "local"
+    owner_weight: float = 1.0  # its owner's share of the rows against others' (fair_share_weights)
     id: str = field(default_factory=new_request_id)
     arrival: float = field(default_factory=time.monotonic)
     # FIFO tie-break within a priority, immune to equal timestamps.

@@ -24,6 +24,7 @@ from .request import Request, RequestResult, SamplingParams, TokenLogprob
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"  # admitted: being prefilled (num_computed short of the prompt) or decoding
+    PARKED = "parked"  # admitted, decoding, sitting out while another owner has its row (fair share)
     FINISHED = "finished"
 
 
@@ -43,7 +44,7 @@ class Sequence:
         self.alone = False  # prefill it on its own: a group prefill it was in failed
         self.record = RequestRecord(
             request.id, request.priority, len(prompt_ids) if prompt_tokens is None else prompt_tokens,
-            request.arrival,
+            request.arrival, owner=request.owner,
         )
         if request.params.constraint is not None:
             self.record.constraint = request.params.constraint.kind

@@ -22,7 +22,8 @@ from .errors import InferError, refusal_reason
 from .events import EventBus, Subscription
 from .limits import check_token_ids
 from .loops import make_loop
-from .metrics import MetricsCollector, wall
+from .metrics import MetricsCollector, RequestRecord, wall
+from .owner_budget import OwnerBudget
 from .request import Request, check_text
 from .stream import RequestStream
 from .tokenizing import off_loop, text_size
@@ -56,6 +57,8 @@ class InferenceService:
         self._loop = make_loop(cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
                                batch_ids=batch_ids, upstream=upstream)
         self.limits = self._loop.limits
+        self.budget = OwnerBudget(cfg.owner_tokens_per_minute)
+        self.collector.on_request_finished.append(self._settle)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -96,15 +99,24 @@ class InferenceService:
         try:
             info = await self._loop.wait_ready()
             seq = await self._loop.prepare(request)
+            self.budget.reserve(request.owner, seq.id, seq.num_prompt_tokens + seq.params.max_tokens, time.monotonic())
         except InferError as err:
             self._loop.recorder.rejected(refusal_reason(err.status))
             raise
         except Exception:  # a bug: the caller answers it; it still counts
             self._loop.recorder.rejected("error", "failed")
             raise
-        stream = self._loop.submit(seq)
+        try:
+            stream = self._loop.submit(seq)
+        except InferError:
+            self.budget.settle(seq.id, 0)  # not queued: it cost nothing
+            raise
         stream.model, stream.route = info.model, self.route
         return stream
+
+    def _settle(self, record: RequestRecord) -> None:
+        self.budget.settle(record.id, (record.prompt_tokens if record.first_token_at is not None else 0)
+                           + record.completion_tokens)
 
     def knows(self, request_id: str) -> bool:
         """Whether ``request_id`` is queued, running, or among the recently finished (an
@@ -114,6 +126,10 @@ class InferenceService:
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request; False if no such request is live."""
         return self._loop.cancel(request_id)
+
+    def owner_of(self, request_id: str) -> str | None:
+        """Who sent a queued or running request (``None``: no such live request)."""
+        return self._loop.owner_of(request_id)
 
     # -- the tokenizer ----------------------------------------------------------------------
     @property
@@ -213,6 +229,8 @@ class InferenceService:
         snap = self._loop.snapshot()
         snapshot = self.collector.snapshot(queue_depth=len(snap.waiting), running=len(snap.running))
         snapshot["events"] = self.events.stats()
+        for owner, live in self._loop.owner_counts().items():
+            snapshot["owners"][owner] = {**snapshot["owners"].get(owner, {}), **live}
         snapshot["prefix_cache"] = snap.prefix_cache
         snapshot["kv_cache"] = snap.kv_cache
         snapshot["structured_outputs"] = snap.status.get("structured_outputs")  # compiles, their times

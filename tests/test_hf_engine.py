@@ -560,3 +560,32 @@ def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_mode
         batch = step(engine, StepPlan(n, "decode", [a, long_, c], ids([a, long_, c])), batch)
     for seq in (a, long_, c):
         assert seq.output_ids[:6] == reference(tiny_model_dir, seq.request.prompt, 6), seq.request.prompt
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+async def test_rows_parked_for_another_users_request_resume_exactly(request, model_fixture: str) -> None:
+    """Fair share: alice's rows fill the batch; bob's requests park some of them (their KV set
+    aside) and they resume later. Every answer equals ``generate``, and a seeded sampled row
+    parked on the way gives the text it gives alone."""
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    engine.eos_token_ids = frozenset()
+    s = await started(engine, max_batch_size=3)
+    seeded = SamplingParams(max_tokens=24, temperature=0.9, top_k=50, seed=7)
+    alone = await (await s.submit(Request("sampling test", seeded, owner="alice"))).result()
+    alice = [await s.submit(Request(p, SamplingParams(max_tokens=n), owner="alice"))
+             for p, n in zip(PROMPTS[:2], (40, 36), strict=True)]
+    alice.append(await s.submit(Request("sampling test", seeded, owner="alice")))
+    for _ in range(200):  # until alice's rows decode
+        if s.collector.ttft_ms.count == 4:
+            break
+        await asyncio.sleep(0.005)
+    bob = [await s.submit(Request(p, SamplingParams(max_tokens=n), owner="bob"))
+           for p, n in zip(PROMPTS[2:4], (6, 5), strict=True)]
+    results = await asyncio.gather(*(st.result() for st in alice + bob))
+    await s.stop()
+    assert s.collector.parked_rows >= 1
+    for result, prompt, n in zip(results[:2] + results[3:], PROMPTS[:4], (40, 36, 6, 5), strict=True):
+        assert list(result.token_ids) == reference(model_dir, prompt, n), prompt
+    assert results[2].text == alone.text

@@ -56,6 +56,10 @@ class StepPlan:
     seqs: list[Sequence]
     keep: list[str] = field(default_factory=list)
     num_scheduled: list[int] = field(default_factory=list)  # default: all of each row's uncomputed tokens
+    # Fair share: decoding rows that sit out from this step on (their state kept aside), and
+    # parked rows that rejoin the decoding rows (after them, in this order), before it runs.
+    park: list[str] = field(default_factory=list)
+    resume: list[str] = field(default_factory=list)
     # A prefill that continues a prompt or stops short of its end (chunked prefill): the
     # tokens it schedules; 0 for whole prompts and decodes. Fixed when planned.
     chunk: int = field(init=False, default=0)
@@ -143,6 +147,9 @@ class Batch(Protocol):
         """Keep only the rows in ``ids`` (in that order, a subsequence of ``self.ids``);
         ``None`` when none is left."""
 
+    def take(self, ids: list[str]) -> Batch:
+        """A new batch of the rows in ``ids`` (a subsequence of ``self.ids``); ``self`` unchanged."""
+
     def concatenate(self, other: Batch) -> Batch:
         """The rows of ``self``, then those of ``other``."""
 
@@ -150,14 +157,16 @@ class Batch(Protocol):
 @dataclass
 class Rows:
     """All an engine holds for the loop between steps: the decoding rows as one ``Batch``,
-    and the row of each prompt still being prefilled (its KV so far), by request id."""
+    the row of each prompt still being prefilled (its KV so far), and each parked row (fair
+    share: a decoding row sitting out, as a batch of its own), by request id."""
 
     decoding: Batch | None = None
     prefilling: dict[str, Any] = field(default_factory=dict)
+    parked: dict[str, Batch] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[str]:
-        return (self.decoding.ids if self.decoding is not None else []) + list(self.prefilling)
+        return (self.decoding.ids if self.decoding is not None else []) + list(self.prefilling) + list(self.parked)
 
     def keep(self, ids: list[str]) -> Rows:
         """Only the rows in ``ids`` stay (the rest left: their KV is dropped)."""
@@ -168,7 +177,20 @@ class Rows:
         if decoding is not None:
             kept = [i for i in decoding.ids if i in wanted]
             decoding = decoding.filter(kept) if kept != decoding.ids else decoding
-        return Rows(decoding, {i: row for i, row in self.prefilling.items() if i in wanted})
+        return Rows(decoding, {i: row for i, row in self.prefilling.items() if i in wanted},
+                    {i: row for i, row in self.parked.items() if i in wanted})
+
+    def move(self, park: list[str], resume: list[str]) -> None:
+        """Set the rows in ``park`` aside, and put those in ``resume`` back after the decoding rows."""
+        if park:
+            if self.decoding is None:
+                raise RuntimeError("only decoding rows can be parked")
+            for row_id in park:
+                self.parked[row_id] = self.decoding.take([row_id])
+            aside = set(park)
+            self.decoding = self.decoding.filter([i for i in self.decoding.ids if i not in aside])
+        for row_id in resume:
+            self.join(self.parked.pop(row_id))
 
     def join(self, newcomers: Batch | None) -> None:
         if newcomers is not None:
@@ -226,10 +248,20 @@ class Engine(abc.ABC):
         """Run ``plan`` on the engine's ``rows``: the plan's tokens, and the rows after the
         step. Rows that left are dropped first."""
         rows = (rows or Rows()).keep(plan.keep)
+        rows.move(plan.park, plan.resume)
         if plan.kind == "decode":
-            if rows.decoding is None:
+            batch = rows.decoding
+            if batch is None:
                 raise RuntimeError("a decode step needs decoding rows")
-            return self.decode(rows.decoding, plan.seqs), rows
+            order = [s.id for s in plan.seqs]
+            if batch.ids == order:
+                return self.decode(batch, plan.seqs), rows
+            # Rows resumed while a prompt was part-way stand after it in the plan: the
+            # batch's order is the engine's, the answer comes in the plan's.
+            by_id = {s.id: s for s in plan.seqs}
+            sampled = self.decode(batch, [by_id[i] for i in batch.ids])
+            at = {row_id: i for i, row_id in enumerate(batch.ids)}
+            return sampled.reorder([at[i] for i in order]), rows
         sampled, complete, rows.prefilling = self.prefill(plan.seqs, plan.num_scheduled, rows.prefilling)
         rows.join(complete)
         return sampled, rows

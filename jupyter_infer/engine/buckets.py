@@ -59,6 +59,11 @@ class Buckets:
         self.rebalance()
         return self
 
+    def take(self, ids: list[str]) -> Buckets:
+        wanted = set(ids)
+        taken = [b.take(rows) for b in self.buckets if (rows := [i for i in b.ids if i in wanted])]
+        return Buckets(taken, self.bucket_bytes, self.kv_bytes_per_token)
+
     def concatenate(self, other: Buckets) -> Buckets:
         self.buckets += other.buckets
         self.rebalance()

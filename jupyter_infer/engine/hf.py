@@ -336,7 +336,8 @@ class HFEngine(Engine):
                 self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
 
     def kv_usage(self, rows: Rows | None) -> KVUsage:
-        batches = [] if rows is None else [*(rows.decoding or ()), *rows.prefilling.values()]
+        batches = [] if rows is None else [*(rows.decoding or ()), *rows.prefilling.values(),
+                                           *(b for parked in rows.parked.values() for b in parked)]
         # A shared prefix counts once, however many rows start with it.
         shared = {id(b.shared.root): b.shared.root for b in batches if b.shared is not None}.values()
         return KVUsage(

@@ -58,6 +58,10 @@ class SimulatedBatch:
         self.ids = list(ids)
         return self
 
+    def take(self, ids: list[str]) -> SimulatedBatch:
+        copy = SimulatedBatch(list(self.ids), self.answers, self.grammars, self.read, self.run)
+        return copy.filter(ids)
+
     def concatenate(self, other: SimulatedBatch) -> SimulatedBatch:
         return SimulatedBatch(self.ids + other.ids, self.answers + other.answers, self.grammars + other.grammars,
                               self.read + other.read, self.run + other.run)

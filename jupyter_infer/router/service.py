@@ -215,6 +215,10 @@ class RouterService:
             return True
         return False
 
+    def owner_of(self, request_id: str) -> str | None:
+        route = self._live.get(request_id)
+        return None if route is None else self.backends[route].owner_of(request_id)
+
     def reject(self, reason: str, *, outcome: str = "rejected") -> None:
         self.collector.rejected(reason, outcome)
 

@@ -184,7 +184,7 @@ class EngineLoop(RequestLoop):
         rows = self._rows
         if rows is None:
             return
-        if not self.scheduler.running:
+        if not self.scheduler.running and not self.scheduler.parked:
             self._rows = None
         elif rows.prefilling:
             live = {s.id for s in self.scheduler.running}

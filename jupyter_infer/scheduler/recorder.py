@@ -55,7 +55,7 @@ class Recorder:
         rec = seq.record
         rec.route = self.route
         self.metrics.queued(rec, depth)
-        self._emit("queued", id=rec.id, priority=rec.priority, prompt_tokens=rec.prompt_tokens,
+        self._emit("queued", id=rec.id, owner=rec.owner, priority=rec.priority, prompt_tokens=rec.prompt_tokens,
                    at=wall(rec.queued_at), constraint=rec.constraint)
 
     def rejected(self, reason: str, outcome: str = "rejected") -> None:
@@ -70,13 +70,25 @@ class Recorder:
             rec.admitted_at, rec.outcome = now, "running"
             rec.batch_id, rec.batch_size = self.batch.id, len(members)
             self.metrics.admitted(rec)
-            self._emit("admitted", id=rec.id, batch_id=rec.batch_id, at=wall(now))
+            self._emit("admitted", id=rec.id, owner=rec.owner, batch_id=rec.batch_id, at=wall(now))
+
+    def parked(self, seq: Sequence, running: Seq[Sequence], now: float) -> None:
+        """``seq`` sits out (fair share), ``running`` stay: a new span without it."""
+        self.metrics.parked()
+        self._emit("parked", id=seq.id, owner=seq.request.owner, at=wall(now))
+        self.left(running, now)
+
+    def resumed(self, seq: Sequence, running: Seq[Sequence], now: float) -> None:
+        """``seq`` is back among ``running`` (where it is now)."""
+        self._emit("resumed", id=seq.id, owner=seq.request.owner, at=wall(now))
+        if self.mode == "continuous":
+            self._open_batch(running, now)
 
     def token(self, seq: Sequence, fragment: str, first: bool) -> None:
         if first:
             self.metrics.first_token(seq.record)
         if fragment and self.events.has_subscribers:
-            self._emit("token", id=seq.id, index=seq.num_output_tokens, text=fragment)
+            self._emit("token", id=seq.id, owner=seq.request.owner, index=seq.num_output_tokens, text=fragment)
 
     def streamed(self, seq: Sequence, fragment: str, first: bool, in_flight: int, now: float) -> None:
         """A chunk of an upstream request arrived (no steps upstream: each chunk counts as a
@@ -108,7 +120,7 @@ class Recorder:
         rec = seq.record
         rec.completion_tokens = seq.num_output_tokens
         self.metrics.finished(rec)
-        self._emit("finished", id=rec.id, outcome=rec.outcome, finish_reason=rec.finish_reason,
+        self._emit("finished", id=rec.id, owner=rec.owner, outcome=rec.outcome, finish_reason=rec.finish_reason,
                    completion_tokens=rec.completion_tokens, at=wall(rec.finished_at), error=rec.error,
                    forced_tokens=rec.forced_tokens)
 
@@ -131,14 +143,14 @@ class Recorder:
         self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now)
         if self.events.has_subscribers:  # the member list is per-step work: only when watched
             self._emit("step", step_id=plan.step_id, kind=plan.kind, chunk=plan.chunk,
-                       members=[s.id for s in plan.seqs],
+                       members=[s.id for s in plan.seqs], owners=[s.request.owner for s in plan.seqs],
                        tokens=produced, forced=forced, batch_id=batch.id if batch else None,
                        started_at=wall(started), ended_at=wall(now))
 
     def _open_batch(self, members: Seq[Sequence], now: float) -> None:
         self._close_batch(now)
         self.batch = BatchRecord(next(self._batch_ids), self.mode, [s.id for s in members], now,
-                                 source=self.source, route=self.route)
+                                 [s.request.owner for s in members], source=self.source, route=self.route)
         for seq in members:
             ids = seq.record.batch_ids
             if not ids or ids[-1] != self.batch.id:

@@ -144,6 +144,10 @@ class RequestLoop(abc.ABC):
         """Queued, running, or recently finished (the recorder remembers those)."""
         return request_id in self._streams or self.recorder.finished_recently(request_id)
 
+    def owner_of(self, request_id: str) -> str | None:
+        """Who sent a live request (``None``: no such request is queued or running)."""
+        return self.scheduler.owner_of(request_id) if self.scheduler is not None else None
+
     def cancel(self, request_id: str) -> bool:
         if self.scheduler is None or not self.scheduler.cancel(request_id, time.monotonic()):
             return False
@@ -156,6 +160,17 @@ class RequestLoop(abc.ABC):
         """Requests queued and running now (what the gauges read, without a snapshot)."""
         core = self.scheduler
         return (len(core.waiting), len(core.running)) if core is not None else (0, 0)
+
+    def owner_counts(self) -> dict[str, dict[str, int]]:
+        """Per owner: requests queued, running and parked now."""
+        core, out = self.scheduler, {}
+        if core is None:
+            return out
+        for key, seqs in (("queued", core.waiting), ("running", core.running), ("parked", core.parked)):
+            for seq in seqs:
+                counts = out.setdefault(seq.request.owner, {"queued": 0, "running": 0, "parked": 0})
+                counts[key] += 1
+        return out
 
     def prefix_cache(self) -> dict[str, Any] | None:
         """The engine's prefix cache stats (``None``: no engine here, or not loaded)."""

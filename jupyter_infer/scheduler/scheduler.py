@@ -15,8 +15,16 @@ yields its first token (with none decoding, all that remains at once). Between t
 at a time, never for its whole prefill; and while rows run, a group prefill of short prompts
 is bounded by a chunk too.
 
-State transitions: WAITING → RUNNING → FINISHED, and WAITING → FINISHED for a request
-cancelled in the queue. Lifecycle facts go to the ``Recorder``.
+Fair share between owners (``fair_share``, on by default): the rows go to the owners (the
+Jupyter or hub users who sent the requests) in turn, each owner's by priority then FIFO. The
+next row goes to the owner holding the fewest rows for its weight (``fair.Owners``); and when
+every row is taken, a newcomer whose owner holds fewer than another owner's rows minus one
+takes the place of that owner's newest decoding row, which is *parked*: its KV stays in the
+engine, it sits out the steps, and it resumes, exactly where it was, when its owner's turn
+comes again. So a user with one request never waits for another's burst to drain.
+
+State transitions: WAITING → RUNNING → FINISHED, RUNNING ⇄ PARKED, and WAITING (or PARKED)
+→ FINISHED for a request cancelled there. Lifecycle facts go to the ``Recorder``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from ..engine import Sampled, StepPlan
 from ..errors import ConstraintFailed, QueueFull
 from ..request import TokenLogprob
 from ..sequence import Sequence, Status
+from .fair import Owners
 from .recorder import Recorder
 
 if TYPE_CHECKING:
@@ -46,6 +55,12 @@ class Scheduler:
         self.prefill_budget: int | None = config.max_prefill_tokens  # None: no budget
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []  # admitted, in the order they joined: prefilling or decoding
+        # Admitted rows sitting out while another owner has their place; their KV stays.
+        self.parked: list[Sequence] = []
+        # Parking needs an engine that keeps a row's state aside (an upstream cannot pause).
+        self.fair = config.fair_share
+        self.can_park = config.fair_share and engine is not None and config.mode == "continuous"
+        self.owners = Owners(config.fair_share, config.owner_max_running)
         # The classic window batcher runs whole batches; chunks need an engine that can.
         own = getattr(engine, "prefill_chunk_tokens", 0)
         wanted = own if config.prefill_chunk_tokens is None else config.prefill_chunk_tokens
@@ -56,6 +71,8 @@ class Scheduler:
         self._last_arrival = 0.0
         self._decodes_since_prefill = 0
         self._step_ids = itertools.count(1)
+        self._parking: list[str] = []  # rows parked, and resumed, since the last plan
+        self._resuming: list[str] = []
 
     # -- requests ---------------------------------------------------------------------------
     def add(self, seq: Sequence, now: float) -> None:
@@ -65,6 +82,13 @@ class Scheduler:
             raise QueueFull(
                 f"The queue is full ({self.config.max_queue_size} waiting requests). Retry "
                 "shortly, or raise InferApp.max_queue_size.", retry_after=1.0,
+            )
+        limit = self.config.owner_max_queued
+        if limit and sum(s.request.owner == seq.request.owner for s in self.waiting) >= limit:
+            self.recorder.rejected("owner_queue_full")
+            raise QueueFull(
+                f"You have {limit} requests waiting already (InferApp.owner_max_queued): wait for "
+                "some to finish, then retry.", retry_after=1.0,
             )
         if not self.waiting:  # the first request into an empty queue opens the window
             self._window_opened = now
@@ -81,16 +105,25 @@ class Scheduler:
         if seq.status is Status.WAITING:
             self.waiting.remove(seq)
             self._finish(seq, "cancelled", now)
+        elif seq.status is Status.PARKED:  # its KV goes with the next step's ``keep``
+            self.parked.remove(seq)
+            self._finish(seq, "cancelled", now)
         else:
             seq.cancelled = True
         return True
 
+    def owner_of(self, request_id: str) -> str | None:
+        """Who sent a queued, running or parked request (``None``: no such live request)."""
+        seq = self._live.get(request_id)
+        return None if seq is None else seq.request.owner
+
     def abort(self, reason: str, now: float) -> None:
-        """Every queued and running request ends with ``reason`` (the service stops)."""
-        for seq in self.waiting + self.running:
+        """Every queued, running and parked request ends with ``reason`` (the service stops)."""
+        for seq in self.waiting + self.running + self.parked:
             self._finish(seq, "failed", now, error=reason)
         self.waiting.clear()
         self.running.clear()
+        self.parked.clear()
         self.recorder.left([], now)
 
     def pop_finished(self) -> list[Sequence]:
@@ -111,16 +144,20 @@ class Scheduler:
             for seq in cancelled:
                 self._retire(seq, "cancelled", now)
             self.recorder.left(self.running, now)
-        in_engine = [s.id for s in self.running if s.num_computed]  # rows whose KV stays
+        # Rows whose KV stays: the running ones the engine has begun, and the parked.
+        in_engine = [s.id for s in self.running if s.num_computed] + [s.id for s in self.parked]
         decoding = self.decoding
         prefill, wake_at = self._prefill_work(now, decoding)
+        moves = {"park": self._parking, "resume": self._resuming}
+        self._parking, self._resuming = [], []
         if prefill:
             self._decodes_since_prefill = 0
             budgets = [self._budget(s, bool(decoding)) for s in prefill]
-            return StepPlan(next(self._step_ids), "prefill", prefill, in_engine, budgets), None
+            return StepPlan(next(self._step_ids), "prefill", prefill, in_engine, budgets, **moves), None
+        decoding = self.decoding  # with the rows resumed
         if decoding:
             self._decodes_since_prefill += 1
-            return StepPlan(next(self._step_ids), "decode", decoding, in_engine), None
+            return StepPlan(next(self._step_ids), "decode", decoding, in_engine, **moves), None
         return None, wake_at
 
     def _prefill_work(self, now: float, decoding: list[Sequence]) -> tuple[list[Sequence], float | None]:
@@ -141,6 +178,8 @@ class Scheduler:
     def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
         cfg = self.config
         if not self.waiting:
+            if self.parked and len(self.running) < self.max_batch_size:
+                self._pick(self.max_batch_size - len(self.running), now)  # only parked rows: they resume
             return [], None
         if cfg.mode == "window" and self.running:
             return [], None  # the classic batcher runs a batch to completion
@@ -159,7 +198,7 @@ class Scheduler:
                 deadline = min(self._window_opened + 10 * quiet, self._last_arrival + quiet)
             if len(self.waiting) < self.max_batch_size and now < deadline:
                 return [], deadline
-        newcomers = self._pick(self.max_batch_size - len(self.running))
+        newcomers = self._pick(self.max_batch_size - len(self.running), now)
         if not newcomers:
             return [], None
         admitted = set(map(id, newcomers))
@@ -181,27 +220,72 @@ class Scheduler:
         # A request for its prompt's logprobs needs every prompt position's logits at once.
         return 0 < self.chunk_tokens < len(seq.prompt_ids) and seq.params.prompt_logprobs is None
 
-    def _pick(self, room: int) -> list[Sequence]:
-        """Highest priority first, FIFO within a priority, within the prefill budget; a
-        prompt to chunk goes alone."""
+    def _pick(self, room: int, now: float) -> list[Sequence]:
+        """The newcomers to prefill now, within ``room`` rows and the prefill budget (a
+        prompt to chunk goes alone); parked rows whose turn it is resume on the way, and with
+        no room, a row of an owner holding more than its share is parked to make some.
+
+        Without ``fair_share``: highest priority first, FIFO within a priority. With it, turn
+        by turn, the owner that holds the fewest rows for its weight (``Owners.next``) gives
+        its next: a parked row (they resume first), else its waiting request of the highest
+        priority, FIFO within one."""
         budget = self.prefill_budget
         if self.running and self.chunk_tokens:  # what the running rows wait for, at most
             budget = self.chunk_tokens if budget is None else min(budget, self.chunk_tokens)
+        owners = self.owners
+        owners.reset(self.running, self.parked, self.waiting)
         newcomers: list[Sequence] = []
         longest = 0
-        for seq in sorted(self.waiting, key=lambda s: s.priority_key):
-            if len(newcomers) >= room or (newcomers and (seq.alone or newcomers[0].alone)):
+        while True:
+            seq = owners.next()
+            if seq is None:
                 break
-            if self._chunked(seq):
-                if not newcomers:
-                    newcomers.append(seq)
-                break
-            longest_if = max(longest, seq.num_prompt_tokens)
-            if newcomers and budget is not None and longest_if * (len(newcomers) + 1) > budget:
-                break  # padded prefill over budget; the rest waits for the next prefill
+            victim = None
+            if room == 0:
+                victim = owners.victim(seq, self.decoding) if self.can_park else None
+                if victim is None:
+                    break
+            if seq.status is Status.WAITING:
+                if newcomers and (seq.alone or newcomers[0].alone):
+                    break
+                if self._chunked(seq):
+                    if newcomers:
+                        break
+                elif newcomers and budget is not None and \
+                        max(longest, seq.num_prompt_tokens) * (len(newcomers) + 1) > budget:
+                    break  # padded prefill over budget; the rest waits for the next prefill
+            if victim is not None:
+                self._park(victim, now)
+            else:
+                room -= 1
+            owners.take(seq)
+            if seq.status is Status.PARKED:
+                self._resume(seq, now)
+                continue
             newcomers.append(seq)
-            longest = longest_if
+            longest = max(longest, seq.num_prompt_tokens)
+            if self._chunked(seq):
+                break
         return newcomers
+
+    def _park(self, seq: Sequence, now: float) -> None:
+        """``seq`` sits out from the next step on; its KV and place in its answer stay."""
+        self.running.remove(seq)
+        self.parked.append(seq)
+        seq.status = Status.PARKED
+        seq.record.parked += 1
+        self._parking.append(seq.id)
+        self.recorder.parked(seq, self.running, now)
+
+    def _resume(self, seq: Sequence, now: float) -> None:
+        self.parked.remove(seq)
+        self.running.append(seq)
+        seq.status = Status.RUNNING
+        if seq.id in self._parking:  # parked and resumed before any step ran: nothing moves
+            self._parking.remove(seq.id)
+        else:
+            self._resuming.append(seq.id)
+        self.recorder.resumed(seq, self.running, now)
 
     # -- results ----------------------------------------------------------------------------
     def postprocess(

@@ -91,6 +91,37 @@ class InferApp(ExtensionApp):
         run, a group prefill of short prompts is bounded by it too. 0 prefills every prompt
         whole. Unset: the engine's choice, 64 on a CPU (measured: docs/engine.md), 512 on a GPU."""
     ).tag(config=True)
+    fair_share = Bool(
+        D("fair_share"), help="""Share the batch's rows between users (the Jupyter or hub users who send
+        the requests): the next row goes to the user holding the fewest, and a user with none
+        takes a row from one holding more than their share, whose request is parked (its KV
+        kept) and resumes where it was. So on a shared server nobody waits for another's burst.
+        Priorities order each user's own requests. False: priority + FIFO for everyone. A
+        single-user server has one user: nothing changes there."""
+    ).tag(config=True)
+    fair_share_weights = Dict(
+        D("fair_share_weights"), help="""Users' weights against each other in fair share (default 1):
+        {"alice": 2} or, for a JupyterHub group, {"group:staff": 4}; a user's own weight wins
+        over their groups', else their groups' highest."""
+    ).tag(config=True)
+    owner_max_running = Int(
+        D("owner_max_running"), help="""The most rows one user holds at once (the rest of their
+        requests wait in the queue). 0: no cap."""
+    ).tag(config=True)
+    owner_max_queued = Int(
+        D("owner_max_queued"), help="""The most requests one user may have waiting; more are refused
+        with 429 and Retry-After. 0: only max_queue_size bounds them."""
+    ).tag(config=True)
+    owner_tokens_per_minute = Int(
+        D("owner_tokens_per_minute"), help="""Tokens per user per minute: a request reserves its prompt
+        and max_tokens when queued (what it really cost once it ends); over the budget it is
+        refused with 429 and a Retry-After of when enough has aged out. 0: no limit."""
+    ).tag(config=True)
+    admin_users = List(
+        Unicode(), default_value=list(D("admin_users")), help="""Users who see everyone's requests in full
+        in infer/batches, infer/events, infer/metrics and the panels (hub admins do too); others
+        see their own, and everyone else's only as anonymous rows."""
+    ).tag(config=True)
     prefix_cache_mb = Float(
         D("prefix_cache_mb"), help="""Memory (MB) for the 'hf' engine's prefix cache: the KV of recent prompts, in
         blocks of 16 tokens, so that a prompt starting like an earlier one (a shared system

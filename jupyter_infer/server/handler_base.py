@@ -31,6 +31,7 @@ from dataclasses import replace
 from http.client import responses
 from typing import Any, TypeVar
 
+from jupyter_server.auth.identity import IdentityProvider, PasswordIdentityProvider
 from tornado import web
 from tornado.iostream import StreamClosedError
 
@@ -46,7 +47,12 @@ from ..request import Request, RequestResult, TokenEvent, show
 from ..service import InferenceService
 from ..stream import RequestStream
 from .sse import EventStreamHandler, format_event
+from .viewer import Viewer
 
+# jupyter_server's own identity providers: anyone with the server's token (or password) is
+# its one user, seen as a fresh anonymous user on each token-only request.
+SINGLE_USER_PROVIDERS = (IdentityProvider, PasswordIdentityProvider)
+SINGLE_OWNER = "local"  # the owner of every request on a single-user server (and in a kernel)
 AUTH_RESOURCE = "jupyter_infer"
 SERVICE_KEY = "jupyter_infer.service"  # settings key of the one InferenceService
 GENERATE = "execute"  # the auth action that running the model needs
@@ -112,6 +118,21 @@ def user_name(user: Any) -> str | None:
         return user or None
     name = getattr(user, "username", None)
     return name if isinstance(name, str) and name else None
+
+
+def hub_model(user: Any) -> dict[str, Any]:
+    """The JupyterHub user model behind ``current_user`` (``name``, ``admin``, ``groups``,
+    ``scopes``), or ``{}`` when the server does not authenticate through a hub."""
+    model = getattr(user, "hub_user", None)
+    return model if isinstance(model, dict) else {}
+
+
+def owner_weight(name: str, groups: list[str], weights: dict[str, float]) -> float:
+    """``name``'s weight in fair share: its own (``"alice": 2``), else its groups' highest
+    (``"group:staff": 4``), else 1."""
+    if name in weights:
+        return float(weights[name])
+    return max((float(weights[f"group:{g}"]) for g in groups if f"group:{g}" in weights), default=1.0)
 
 
 def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferError:
@@ -223,6 +244,26 @@ class InferHandler(EventStreamHandler):
     def max_new_tokens(self) -> int:
         return self.service.limits.max_new_tokens
 
+    # -- who is asking ----------------------------------------------------------------------
+    @functools.cached_property
+    def viewer(self) -> Viewer:
+        """The authenticated user as an owner of requests. On a single-user server (jupyter_server's
+        own token or password auth) everyone with the token is its one user, ``local``, who
+        sees everything; through JupyterHub (or another identity provider) the user's name,
+        seeing everything only as an admin (``InferApp.admin_users`` or a hub admin)."""
+        if type(self.identity_provider) in SINGLE_USER_PROVIDERS:
+            return Viewer(SINGLE_OWNER, sees_all=True)
+        user = self.current_user
+        name = user_name(user) or SINGLE_OWNER
+        admin = name in self.service.config.admin_users or hub_model(user).get("admin") is True
+        return Viewer(name, sees_all=admin)
+
+    @property
+    def owner_weight(self) -> float:
+        groups = hub_model(self.current_user).get("groups") or []
+        return owner_weight(self.viewer.name, [g for g in groups if isinstance(g, str)],
+                            dict(self.service.config.fair_share_weights))
+
     # -- input ------------------------------------------------------------------------------
     def read_json(self) -> Any:
         body, self._body = bytes(self._body), bytearray()
@@ -267,12 +308,11 @@ class InferHandler(EventStreamHandler):
     async def submit_all(self, requests: list[Request]) -> list[RequestStream]:
         """Queue every request, or none: if one is refused, those already queued are
         cancelled and the refusal is raised. Each is owned by the authenticated user."""
-        owner = user_name(self.current_user)
+        owner, weight = self.viewer.name, self.owner_weight
         self._handed_over = True  # from here on the service counts a refusal
         try:
             for request in requests:
-                if owner is not None:  # else the request's own default
-                    request = replace(request, owner=owner)
+                request = replace(request, owner=owner, owner_weight=weight)
                 stream = await self.service.submit(request)
                 self.request_streams.append(stream)  # cancelled if the client leaves
         except InferError:

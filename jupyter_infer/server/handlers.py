@@ -60,7 +60,7 @@ class GenerateStreamHandler(InferHandler):
         # request's). 204 is what the WHATWG spec says stops it; without it every
         # reconnect would start a new generation.
         last = self.request.headers.get("Last-Event-ID")
-        if last and self.service.knows(last):
+        if last and self.service.knows(last) and self.viewer.owns(self.service.owner_of(last) or self.viewer.name):
             self.set_status(204)
             self.finish()
             return
@@ -128,7 +128,7 @@ class MetricsHandler(InferHandler):
     @authorized
     @answers_errors
     async def get(self) -> None:
-        self.finish(self.service.metrics())
+        self.finish(self.viewer.metrics(self.service.metrics()))
 
 
 class BatchesHandler(InferHandler):
@@ -136,7 +136,8 @@ class BatchesHandler(InferHandler):
     @authorized
     @answers_errors
     async def get(self) -> None:
-        self.finish(self.service.batches(self._limit("limit", 50), self._limit("requests", None)))
+        batches = self.service.batches(self._limit("limit", 50), self._limit("requests", None))
+        self.finish(self.viewer.batches(batches, self.service.owner_of))
 
     def _limit(self, name: str, default: int | None) -> int | None:
         value = self.get_query_argument(name, None)
@@ -174,6 +175,8 @@ class EventsHandler(InferHandler):
     @answers_errors
     async def get(self) -> None:
         bus = self.service.events
+        viewer = self.viewer
+        render = event_frames if viewer.sees_all else viewer.render  # others' requests anonymous
         self._subscription = subscription = self.service.subscribe()
         try:
             self.start_event_stream()
@@ -190,7 +193,7 @@ class EventsHandler(InferHandler):
                     text, entries = KEEPALIVE, []
                 else:
                     entries, lost = subscription.take()
-                    text = bus.render(entries, event_frames)
+                    text = bus.render(entries, render)
                     if lost:
                         text = event_frame({"type": "dropped", "count": lost}) + text
                 self.write(text)
@@ -218,7 +221,9 @@ class RequestHandler(InferHandler):
     @authorized(GENERATE)
     @answers_errors
     async def delete(self, request_id: str) -> None:
-        if not self.service.cancel(request_id):
+        # Another user's request is answered as one that does not exist: no way to tell.
+        owner = self.service.owner_of(request_id)
+        if owner is not None and not self.viewer.owns(owner) or not self.service.cancel(request_id):
             raise NotFound(f"No queued or running request has the id {show(request_id)}; it may have finished.")
         self.finish({"id": request_id, "cancelled": True})
 
