@@ -1,5 +1,6 @@
 """``jupyter infer <command>``: each command lives in its own module, which provides
-``add_arguments(parser)`` and ``run(args) -> int``."""
+``add_arguments(parser)`` and ``run(args) -> int``. A command whose parser has a
+``server_args`` default gets the options it does not know there, in order."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ COMMANDS = {
     "loadgen": ("jupyter_infer.loadgen", "Poisson arrivals against the engine; latency percentiles"),
     "bench": ("jupyter_infer.bench", "benchmark our batching against the alternatives"),
     "make-model": ("jupyter_infer.engine.model_builder", "build a small random-weight model locally"),
+    "serve": ("jupyter_infer.serve", "run the inference server alone (no notebook UI), or as a JupyterHub service"),
 }
 
 
@@ -22,10 +24,15 @@ def main(argv: list[str] | None = None) -> int:
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(command)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    # A command that passes options on (serve: to the Jupyter server) has a server_args default.
+    if rest and not hasattr(args, "server_args"):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        args.server_args = rest
     return importlib.import_module(args._module).run(args) or 0
 
 

@@ -199,8 +199,15 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     quality = results["cpu_quality"]
     assert quality["f32"]["agreement"] >= 0.99 and quality["int8" if "int8" in quality else "f32"]["agreement"] >= 0.9
     assert "greedy agreement" in out
+    # [j]: B's requests came while A's burst ran; with fair share some of A's rows were parked
+    # for them, and B waited less than behind the burst (FIFO).
+    users = workloads["users"]["contenders"]
+    assert {"fair", "fifo", "idle"} <= set(users)
+    assert users["fair"]["median"]["b_during_burst"] == 3
+    assert users["fair"]["median"]["parked_rows"] >= 1 and users["fifo"]["median"]["parked_rows"] == 0
+    assert users["fair"]["median"]["ttft_p50_ms"] < users["fifo"]["median"]["ttft_p50_ms"]
     earlier = [t for t in results["targets"] if not t["workload"].startswith("cpu_")]
-    assert len(earlier) == 19 and all(t["ratio"] is not None for t in earlier)
+    assert len(earlier) == 22 and all(t["ratio"] is not None for t in earlier)
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

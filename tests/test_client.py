@@ -93,6 +93,19 @@ def test_environment(server: LocalServer, no_discovery: None, monkeypatch: pytes
     assert client.status()["engine"] == "simulated"
 
 
+def test_on_a_hub_the_shared_service_takes_the_users_hub_token(
+    server: LocalServer, no_discovery: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A hub admin sets JUPYTER_INFER_URL for every user; each user's kernel has their own
+    # JUPYTERHUB_API_TOKEN, which is what the shared service authenticates (docs/deployment.md).
+    monkeypatch.setenv("JUPYTER_INFER_URL", server.url)
+    monkeypatch.delenv("JUPYTER_INFER_TOKEN", raising=False)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", server.token)
+    client = Client()
+    assert (client.backend, client.connection.source) == ("server", "environment")
+    assert client.connection.token == server.token and client.status()["engine"] == "simulated"
+
+
 def test_embedded_fallback_with_a_note(
     server: LocalServer, no_discovery: None, fast_embedded: None, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

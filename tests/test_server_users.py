@@ -136,6 +136,10 @@ async def test_metrics_count_per_user_and_show_each_user_only_their_own(http: An
     assert set(bob["owners"]) == {"bob"} and bob["owners"]["bob"]["completion_tokens"] == 2
     assert teacher["owners"]["alice"]["ok"] == 1 and teacher["owners"]["bob"]["ok"] == 1
     assert bob["requests"]["ok"] == 2  # the totals name nobody
+    prometheus = (await http.get("metrics", headers=auth("teacher"))).text
+    assert 'jupyter_infer_owner_requests_total{outcome="ok",owner="alice"}' in prometheus
+    assert 'jupyter_infer_owner_tokens_total{kind="completion",owner="bob"}' in prometheus
+    assert "hello" not in prometheus
 
 
 async def test_a_user_with_one_request_does_not_wait_for_anothers_burst(http: Any, jp_serverapp: Any) -> None:
@@ -186,3 +190,23 @@ async def test_a_users_token_budget_refuses_them_with_429_and_retry_after(http: 
     too_big = await http.post("infer/generate", json={"prompt": "hello", "max_tokens": 100}, headers=auth("bob"))
     assert too_big.status_code == 429 and "more than the 60 tokens per minute" in too_big.json()["message"]
     assert (await generate(http, "bob", "hello", 20))["usage"]["completion_tokens"] == 20
+
+
+def test_a_users_server_on_the_hub_sends_its_requests_to_the_shared_service() -> None:
+    from jupyter_infer.server.app import InferApp, hub_shared_service
+
+    hub_user = {"JUPYTER_INFER_URL": "http://hub.example/services/infer", "JUPYTERHUB_API_TOKEN": "t"}
+    assert hub_shared_service(hub_user) == {
+        "engine": "openai", "upstream_url": "http://hub.example/services/infer/infer/v1",
+        "upstream_api_key_env": "JUPYTERHUB_API_TOKEN"}
+    assert hub_shared_service({**hub_user, "JUPYTERHUB_SERVICE_NAME": "infer"}) == {}  # the service itself
+    assert hub_shared_service({"JUPYTER_INFER_URL": "http://x/"}) == {}  # not on a hub
+    import os
+    from unittest import mock
+
+    from traitlets.config import Config
+
+    with mock.patch.dict(os.environ, hub_user):
+        assert InferApp().service_config().engine == "openai"
+        app = InferApp(config=Config({"InferApp": {"engine": "simulated"}}))  # the admin's own choice wins
+        assert app.service_config().engine == "simulated"

@@ -1,9 +1,11 @@
-"""The heavy ecosystem tools the compatibility tests drive (lm-eval, guidellm), each in a
-virtual environment of its own under ``.venv-tools/``: their pins conflict with each other
-and with ours, and neither belongs in the project's own environment.
+"""The heavy ecosystem tools the compatibility tests drive, each installed under
+``.venv-tools/<name>``: lm-eval and guidellm in a virtual environment of its own (their pins
+conflict with each other and with ours, and neither belongs in the project's own environment),
+and JupyterHub's proxy, configurable-http-proxy, from npm (for tests/test_hub_service.py).
 
-Created on first use (from PyPI; torch from the CPU wheel the Makefile pins too), reused
-after; ``make tools`` (a prerequisite of ``make test``) builds them ahead of the test run.
+Created on first use (from PyPI, torch from the CPU wheel the Makefile pins too; from npm),
+reused after; ``make tools`` (a prerequisite of ``make test``) builds them ahead of the test
+run, leaving out the npm ones where npm is missing (their tests skip then).
 Run directly: ``python tests/tool_venvs.py [name ...]``.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -22,35 +25,64 @@ TOOLS: dict[str, list[list[str]]] = {
     "lm-eval": [["lm-eval[api]==0.4.13", "transformers==5.24.0"]],
     "guidellm": [["torch==2.13.0"], ["guidellm==0.8.1"]],
 }
-COMMANDS = {"lm-eval": "lm_eval", "guidellm": "guidellm"}
+# Node packages, one `npm install` each (exact versions: 5.2.0 is the newest that runs on node 20).
+NPM_TOOLS: dict[str, str] = {"configurable-http-proxy": "configurable-http-proxy@5.2.0"}
+COMMANDS = {"lm-eval": "lm_eval", "guidellm": "guidellm", "configurable-http-proxy": "configurable-http-proxy"}
 
 
 def _stamp(name: str) -> Path:
-    digest = hashlib.sha256(repr(TOOLS[name]).encode()).hexdigest()[:12]
+    spec = NPM_TOOLS[name] if name in NPM_TOOLS else TOOLS[name]
+    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
     return ROOT / name / f".installed-{digest}"
 
 
+def _command(name: str) -> Path:
+    bin_dir = ROOT / name / ("node_modules/.bin" if name in NPM_TOOLS else "bin")
+    return bin_dir / COMMANDS[name]
+
+
 def ensure(name: str) -> Path:
-    """The command of tool ``name``, installing its environment first if needed."""
+    """The command of tool ``name``, installing it first if needed."""
     env = ROOT / name
-    command = env / "bin" / COMMANDS[name]
+    command = _command(name)
     if _stamp(name).exists() and command.exists():
         return command
     print(f"tool_venvs: installing {name} into {env} (once)", file=sys.stderr, flush=True)
-    venv.EnvBuilder(with_pip=True, clear=True).create(env)
-    python = env / "bin" / "python"
-    # Not our PYTHONPATH (a Jupyter server under test sets it to our environment): pip would
-    # take our packages as already installed and leave the tool's environment without them.
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    for step in TOOLS[name]:
-        subprocess.run([str(python), "-m", "pip", "install", "-q", *step], check=True,
-                       env={**clean, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-    # The stamp says the tool runs, not only that pip returned.
-    subprocess.run([str(command), "--help"], check=True, env=clean, capture_output=True)
+    if name in NPM_TOOLS:
+        _npm_install(env, NPM_TOOLS[name])
+    else:
+        _pip_install(env, TOOLS[name])
+    # The stamp says the tool runs, not only that the installer returned.
+    subprocess.run([str(command), "--help"], check=True, env=_clean_env(), capture_output=True)
     _stamp(name).touch()
     return command
 
 
+def _npm_install(env: Path, package: str) -> None:
+    if shutil.which("npm") is None:
+        raise RuntimeError(f"npm is needed to install {package}: install Node.js (20 or newer)")
+    shutil.rmtree(env, ignore_errors=True)
+    subprocess.run(["npm", "install", "--prefix", str(env), "--no-audit", "--no-fund",
+                    "--loglevel=error", package], check=True)
+
+
+def _pip_install(env: Path, steps: list[list[str]]) -> None:
+    venv.EnvBuilder(with_pip=True, clear=True).create(env)
+    python = env / "bin" / "python"
+    for step in steps:
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *step], check=True,
+                       env={**_clean_env(), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+
+
+def _clean_env() -> dict[str, str]:
+    # Not our PYTHONPATH (a Jupyter server under test sets it to our environment): pip would
+    # take our packages as already installed and leave the tool's environment without them.
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 if __name__ == "__main__":
-    for tool in sys.argv[1:] or list(TOOLS):
+    for tool in sys.argv[1:] or [*TOOLS, *NPM_TOOLS]:
+        if tool in NPM_TOOLS and not sys.argv[1:] and shutil.which("npm") is None:
+            print(f"tool_venvs: no npm, so no {tool} (its tests skip)", file=sys.stderr)
+            continue
         print(ensure(tool))

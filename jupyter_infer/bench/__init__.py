@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="batch capacity for every batching contender (default 32)")
     parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "agents", "interference", "lengths",
-                                                   "structured", "http", "cpu"),
+                                                   "structured", "users", "http", "cpu"),
                         help="run only these workloads (the burst always runs when open or http do)")
     parser.add_argument("--gguf", help="llama-server's GGUF of the model (default: MODEL/model.gguf); the "
                         "llama-server contender runs when this file exists and llama-server is on PATH")

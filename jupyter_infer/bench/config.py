@@ -19,7 +19,8 @@ class BenchConfig:
     device: str = "cpu"  # the CPU by default: the figures in docs/benchmark.md are CPU figures
     max_batch_size: int = 32
     seed: int = 0
-    workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "lengths", "structured", "http", "cpu")
+    workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "lengths", "structured", "users",
+                                  "http", "cpu")
     gguf: str | None = None  # llama-server's model; None: <model>/model.gguf if there
     llama_server: str | None = None  # the llama-server binary; None: the one on PATH, if any
     gguf_converter: str | None = None  # llama.cpp's convert_hf_to_gguf.py, to make missing GGUFs
@@ -32,11 +33,12 @@ class BenchConfig:
         agents: (agents, system prompt tokens, new tokens per round); interference: (streams,
         their new tokens, the late prompt's tokens, tokens streamed before it arrives);
         lengths: (short prompts, the long one's tokens, new tokens each); structured: (streams,
-        max_tokens of a constrained answer, requests one at a time)."""
+        max_tokens of a constrained answer, requests one at a time); users: (A's requests, their
+        tokens, B's requests, their tokens)."""
         if self.quick:  # the tiny model has 512 positions
             return {"burst": (8, 16), "mixed": (8, (4, 8, 16, 32)), "open": 8, "open_tokens": 16,
                     "agents": (4, 120, 8), "interference": (4, 24, 300, 3), "lengths": (7, 300, 16),
-                    "structured": (16, 256, 16)}
+                    "structured": (16, 256, 16), "users": (48, 48, 3, 8)}
         return {"burst": (16, 32), "mixed": (32, wl.MIXED_CYCLE), "open": 48, "open_tokens": 32,
                 "agents": (8, 500, 32), "interference": (4, 64, 800, 4), "lengths": (15, 900, 64),
-                "structured": (16, 256, 24)}
+                "structured": (16, 256, 24), "users": (64, 256, 4, 16)}

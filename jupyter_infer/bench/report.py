@@ -11,13 +11,13 @@ from typing import Any
 ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "apart", "hf_cb", "ceiling",
          "http", "http_openai", "hf_serve", "llama_server",
          "f32_eager", "f32", "bf16", "int8", "llama_f32", "llama_f16", "llama_q8_0",
-         "corpus", "unconstrained_mean", "unconstrained", "no_ff", "ff", "new_schema")
+         "corpus", "unconstrained_mean", "unconstrained", "no_ff", "ff", "new_schema", "fair", "fifo", "idle")
 TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
           "agents": "[e] agents", "interference": "[f] interference", "lengths": "[h] mixed lengths",
           "cpu_burst": "[g] CPU, burst",
           "cpu_alone": "[g] CPU, one at a time",
           "structured_corpus": "[i] structured, validity", "structured_burst": "[i] structured, 16 streams",
-          "structured_alone": "[i] structured, one at a time"}
+          "structured_alone": "[i] structured, one at a time", "users": "[j] users (B's requests: TTFT, latency)"}
 # Columns of a second table, for the workloads that measure more than throughput and TTFT.
 EXTRA_COLUMNS = {
     "agents": (("wall s", "wall_s", ".2f"), ("reused tok", "prefix_reused_tokens", ".0f"), ("hits", "prefix_hits", ".0f"),
@@ -32,6 +32,8 @@ EXTRA_COLUMNS = {
     "structured_burst": (("tok/answer", "tokens_per_answer", ".1f"), ("steps", "steps", ".0f"),
                          ("ff share", "forced_share", ".2f"), ("finished", "finished", ".0f"),
                          ("valid", "valid", ".0f"), ("busy s", "engine_busy_s", ".2f")),
+    "users": (("A tok/s", "a_tokens_per_s", ".1f"), ("A wall s", "a_wall_s", ".2f"),
+              ("B in burst", "b_during_burst", ".0f"), ("parked", "parked_rows", ".0f")),
     "structured_alone": (("compiles", "compiled", ".0f"), ("compile p50", "compile_ms_p50", ".2f"),
                          ("compile p99", "compile_ms_p99", ".2f")),
 }
@@ -97,6 +99,12 @@ TARGETS = (
            "unconstrained", "tokens_per_s", ">=", 1.0),
     Target("structured_alone", "structured: TTFT p50 of a new schema <= 1.2 x unconstrained", "new_schema",
            "unconstrained", "ttft_p50_ms", "<=", 1.2),
+    # issue 21
+    Target("users", "users: B's TTFT p50 with fair share <= 0.25 x FIFO's", "fair", "fifo", "ttft_p50_ms", "<=", 0.25),
+    Target("users", "users: B's TTFT p50 with fair share <= 3 x on an idle server", "fair", "idle", "ttft_p50_ms",
+           "<=", 3.0),
+    Target("users", "users: A's burst with fair share >= 0.95 x FIFO's (tok/s)", "fair", "fifo", "a_tokens_per_s",
+           ">=", 0.95),
 )
 
 

@@ -62,6 +62,7 @@ class Suite:
             ({"interference"}, self._measure_interference),
             ({"lengths"}, self._measure_lengths),
             ({"structured"}, self._measure_structured),
+            ({"users"}, self._measure_users),
             ({"http"}, self._measure_http),
             ({"cpu"}, self._measure_cpu),
         )
@@ -225,6 +226,14 @@ class Suite:
         self.results["workloads"].update(structured.measure(
             setup.engine, setup.eos_token_ids, setup.count, self.config.sizes["structured"], self.config.repeats,
             self.log))
+
+    def _measure_users(self, setup: Setup) -> None:
+        """[j] users (issue 21): B's few short requests during A's burst, fair share on and off."""
+        from . import users
+
+        workload = users.users_workload(setup.count, *self.config.sizes["users"])
+        self.log(f"\n[j] users: {workload.description}")
+        self._measure(workload, users.contenders(setup.engine))
 
     def _measure_http(self, setup: Setup) -> None:
         """[d] the burst over HTTP: our server (SSE and OpenAI completions) and the other servers."""

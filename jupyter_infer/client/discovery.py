@@ -1,7 +1,9 @@
 """Where a ``Client`` sends its requests, in this order:
 
 1. ``Client(url=..., token=...)``, explicitly;
-2. the environment: ``JUPYTER_INFER_URL`` and ``JUPYTER_INFER_TOKEN``;
+2. the environment: ``JUPYTER_INFER_URL`` and ``JUPYTER_INFER_TOKEN`` (on JupyterHub, where
+   the admin points users at a shared service, the token defaults to the user's own hub token,
+   ``JUPYTERHUB_API_TOKEN``: docs/deployment.md);
 3. the Jupyter server that runs this kernel: among the running servers (the ``jpserver-*.json``
    files of Jupyter's runtime directory), the one whose process is this kernel's parent
    (``JPY_PARENT_PID``), or else the one whose ``api/kernels`` lists this kernel's id (from
@@ -29,6 +31,7 @@ from typing import Any
 
 ENV_URL = "JUPYTER_INFER_URL"
 ENV_TOKEN = "JUPYTER_INFER_TOKEN"
+HUB_TOKEN = "JUPYTERHUB_API_TOKEN"  # in a hub user's server and its kernels: the user's token
 PROBE_TIMEOUT_S = 2.0  # loopback servers answer in milliseconds; a dead one must not cost more
 _SERVER_FILE = re.compile(r"jpserver-.+\.json")
 
@@ -184,7 +187,8 @@ def discover(url: str | None = None, token: str | None = None, *, refresh: bool 
     """
     if url:
         return Connection("server", "explicit", normalize_url(url), token or os.environ.get(ENV_TOKEN))
-    key = (token, os.environ.get(ENV_URL), os.environ.get(ENV_TOKEN), os.environ.get("JPY_PARENT_PID"))
+    key = (token, os.environ.get(ENV_URL), os.environ.get(ENV_TOKEN), os.environ.get(HUB_TOKEN),
+           os.environ.get("JPY_PARENT_PID"))
     with _cache_lock:  # one search at a time: a second client waits for the first's answer
         if refresh or key not in _cache:
             _cache[key] = _search(token)
@@ -204,7 +208,8 @@ def _search(token: str | None) -> Connection:
         # The environment's server and this kernel's server are looked for at the same time.
         env_conn = None
         if env_url:
-            env_conn = Connection("server", "environment", normalize_url(env_url), token or os.environ.get(ENV_TOKEN))
+            env_token = token or os.environ.get(ENV_TOKEN) or os.environ.get(HUB_TOKEN)
+            env_conn = Connection("server", "environment", normalize_url(env_url), env_token)
             env_why = pool.submit(probe, env_conn.url, env_conn.token)
         kernel_conn = pool.submit(_kernel_connection, token)
         if env_conn is not None:

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -12,6 +13,7 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Float, Int, List, Unicode
 
 from .._version import __version__
+from ..client.discovery import normalize_url
 from ..config import DTYPES, ENGINES, MODES, ServiceConfig
 from ..engine import Engine
 from ..service import InferenceService
@@ -264,7 +266,10 @@ class InferApp(ExtensionApp):
                 f"InferApp.sse_keepalive_s must be above 0 and at most 15; got {self.sse_keepalive_s}."
             )
         names = [f.name for f in fields(ServiceConfig) if self.has_trait(f.name)]
-        return ServiceConfig(**{name: getattr(self, name) for name in names})
+        options = {name: getattr(self, name) for name in names}
+        if "engine" not in self.config.get("InferApp", {}):
+            options.update(hub_shared_service(os.environ))
+        return ServiceConfig(**options)
 
     def initialize_settings(self) -> None:
         # A bad value does not run on silent defaults: the service reports the error
@@ -323,6 +328,18 @@ class InferApp(ExtensionApp):
 
 class ConfigurationError(Exception):
     """The extension's configuration is invalid; nothing can be served until it is fixed."""
+
+
+def hub_shared_service(env: Mapping[str, str]) -> dict[str, str]:
+    """In a user's server on a JupyterHub whose admin set ``JUPYTER_INFER_URL`` (the shared
+    service, docs/deployment.md) for the users: the options that send this server's requests
+    there, with the server's hub token (the service sees the user). ``{}`` elsewhere, and in
+    the shared service itself."""
+    url = env.get("JUPYTER_INFER_URL", "").strip()
+    if not url or "JUPYTERHUB_API_TOKEN" not in env or "JUPYTERHUB_SERVICE_NAME" in env:
+        return {}
+    return {"engine": "openai", "upstream_url": normalize_url(url) + "infer/v1",
+            "upstream_api_key_env": "JUPYTERHUB_API_TOKEN"}
 
 
 def _refuse(message: str) -> Callable[[], Engine]:

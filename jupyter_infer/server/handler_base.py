@@ -253,9 +253,11 @@ class InferHandler(EventStreamHandler):
         seeing everything only as an admin (``InferApp.admin_users`` or a hub admin)."""
         if type(self.identity_provider) in SINGLE_USER_PROVIDERS:
             return Viewer(SINGLE_OWNER, sees_all=True)
-        user = self.current_user
+        user, hub = self.current_user, hub_model(self.current_user)
         name = user_name(user) or SINGLE_OWNER
-        admin = name in self.service.config.admin_users or hub_model(user).get("admin") is True
+        if hub.get("kind") == "service":  # a hub service's token: never taken for a user of that name
+            name = f"service:{name}"
+        admin = name in self.service.config.admin_users or hub.get("admin") is True
         return Viewer(name, sees_all=admin)
 
     @property

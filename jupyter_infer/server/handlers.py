@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jupyter_server.auth.decorator import allow_unauthenticated, authorized
+from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import StreamClosedError
 
@@ -16,7 +18,7 @@ from ..errors import Forbidden, InvalidRequest, NotFound
 from ..events import coalesce_tokens
 from ..native import parse_generate
 from ..request import show
-from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
+from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .openai_handlers import (
     ChatCompletionsHandler,
     CompletionsHandler,
@@ -228,6 +230,19 @@ class RequestHandler(InferHandler):
         self.finish({"id": request_id, "cancelled": True})
 
 
+class LandingHandler(JupyterHandler):
+    """``GET infer/``: a page, not an API route, so that a browser without a session is sent to
+    log in (to the hub's OAuth on JupyterHub, to the login page otherwise) instead of getting
+    a 403; once logged in it lands on ``infer/status``."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @web.authenticated
+    @authorized
+    def get(self) -> None:
+        self.redirect(url_path_join(self.base_url, "infer/status"))
+
+
 def routes() -> list[tuple[str, type]]:
     """The extension's routes; ``ExtensionApp`` puts the server's ``base_url`` in front."""
     return [
@@ -246,5 +261,6 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/tokenize", TokenizeHandler),
         (r"/infer/detokenize", DetokenizeHandler),
         (r"/infer/requests/([^/]+)", RequestHandler),
+        (r"/infer/?", LandingHandler),
         (r"/infer/.*", NotFoundHandler),
     ]

@@ -54,6 +54,17 @@ def tokens_total() -> Counter:
                 labelnames=["kind"])
 
 
+def owner_requests_total() -> Counter:
+    # Names, never prompts: a shared server's per-user counts (the scrape is an admin's view).
+    return _get(Counter, "owner_requests", "Requests by owner (the Jupyter or hub user) and outcome.",
+                labelnames=["owner", "outcome"])
+
+
+def owner_tokens_total() -> Counter:
+    return _get(Counter, "owner_tokens", "Tokens processed by owner and kind (prompt, completion).",
+                labelnames=["owner", "kind"])
+
+
 def ttft_seconds() -> Histogram:
     return _get(Histogram, "time_to_first_token_seconds",
                 "From arrival to the first generated token.", buckets=_SECONDS)
@@ -75,6 +86,10 @@ def batch_size() -> Histogram:
 
 def _on_request_finished(record: RequestRecord) -> None:
     requests_total().labels(outcome=record.outcome).inc()
+    owner_requests_total().labels(owner=record.owner, outcome=record.outcome).inc()
+    owner_tokens_total().labels(owner=record.owner, kind="completion").inc(record.completion_tokens)
+    if record.first_token_at is not None:
+        owner_tokens_total().labels(owner=record.owner, kind="prompt").inc(record.prompt_tokens)
     if record.route is not None:
         routed_total().labels(route=record.route, outcome=record.outcome).inc()
     if record.first_token_at is not None:  # prefilled: only then were its prompt tokens processed

@@ -1,0 +1,93 @@
+"""``jupyter infer serve``: the extension alone in a Jupyter server (no notebook UI), the
+server's own options passed through, and a clean stop on ^C. As a hub service:
+tests/test_hub_service.py."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import httpx
+import pytest
+
+from jupyter_infer import serve
+from jupyter_infer.cli import main
+from jupyter_infer.server.launcher import free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_options_it_does_not_know_go_to_the_jupyter_server() -> None:
+    seen = []
+    with mock.patch.object(serve, "run", lambda args: seen.append(args) or 0):
+        assert main(["serve", "--InferApp.engine=simulated", "--port", "9", "--no-hub", "--help-all"]) == 0
+    assert seen[0].server_args == ["--InferApp.engine=simulated", "--port", "9", "--help-all"]
+    assert seen[0].hub is False
+    with pytest.raises(SystemExit):
+        main(["demo", "--InferApp.engine=simulated"])  # other commands still refuse what they do not know
+
+
+def test_it_is_a_hub_service_only_when_the_hub_started_it() -> None:
+    service = {"JUPYTERHUB_SERVICE_NAME": "infer", "JUPYTERHUB_API_TOKEN": "t"}
+    assert serve.as_hub_service(None, service)
+    # A terminal in a user's own server on the hub has a token but no service name.
+    assert not serve.as_hub_service(None, {"JUPYTERHUB_API_TOKEN": "t", "JUPYTERHUB_USER": "alice"})
+    assert serve.as_hub_service(True, {}) and not serve.as_hub_service(False, service)
+    assert serve.server_extensions(True) == {"jupyter_infer": True, "jupyterhub": True}
+    assert serve.server_extensions(False) == {"jupyter_infer": True}
+
+
+def test_hub_mode_without_the_hubs_environment_says_what_is_missing(capsys: pytest.CaptureFixture) -> None:
+    with mock.patch.dict(os.environ, {"JUPYTERHUB_API_TOKEN": ""}):
+        assert main(["serve", "--hub"]) == 2
+    assert "JUPYTERHUB_API_TOKEN and JUPYTERHUB_SERVICE_URL" in capsys.readouterr().err
+
+
+def test_serve_runs_the_extension_alone_and_stops_cleanly_on_interrupt(tmp_path: Path) -> None:
+    port, token = free_port(), secrets.token_hex(8)
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_infer.cli", "serve", "--InferApp.engine=simulated",
+         f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(f"{url}/infer/health", headers=auth).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/infer/status", headers=auth).json()["engine"] == "simulated"
+        assert httpx.get(f"{url}/infer/status").status_code == 403  # the token is needed
+        root = httpx.get(f"{url}/", headers=auth)
+        assert root.status_code == 302 and root.headers["Location"].split("?")[0] == "/infer/"
+        landing = httpx.get(f"{url}/infer/", headers=auth)
+        assert landing.status_code == 302 and landing.headers["Location"].split("?")[0] == "/infer/status"
+        # No notebook UI, though JupyterLab is installed here and enables itself for `jupyter server`.
+        assert httpx.get(f"{url}/lab", headers=auth).status_code == 404
+        assert httpx.get(f"{url}/api/terminals", headers=auth).status_code == 404
+        assert list((tmp_path / "runtime").glob("jpserver-*.json"))
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        assert "inference service stopped" in (tmp_path / "serve.log").read_text()
+        assert not list((tmp_path / "runtime").glob("jpserver-*.json"))  # it cleaned up after itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
