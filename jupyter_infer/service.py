@@ -128,7 +128,7 @@ class InferenceService:
         return self._loop.cancel(request_id)
 
     def owner_of(self, request_id: str) -> str | None:
-        """Who sent a queued or running request (``None``: no such live request)."""
+        """Who sent a queued, running or recently finished request (``None``: no such request)."""
         return self._loop.owner_of(request_id)
 
     # -- the tokenizer ----------------------------------------------------------------------

@@ -210,3 +210,13 @@ def test_a_users_server_on_the_hub_sends_its_requests_to_the_shared_service() ->
         assert InferApp().service_config().engine == "openai"
         app = InferApp(config=Config({"InferApp": {"engine": "simulated"}}))  # the admin's own choice wins
         assert app.service_config().engine == "simulated"
+
+
+async def test_an_eventsource_reconnecting_with_another_users_id_learns_nothing(http: Any) -> None:
+    mine = await generate(http, "alice", "hello", 2)
+    again = await http.get("infer/generate_stream", params={"prompt": "hi", "max_tokens": 2},
+                           headers={**auth("alice"), "Last-Event-ID": mine["id"]})
+    assert again.status_code == 204  # her own stream's end: the EventSource stops
+    other = await http.get("infer/generate_stream", params={"prompt": "hi", "max_tokens": 2},
+                           headers={**auth("bob"), "Last-Event-ID": mine["id"]})
+    assert other.status_code == 200 and "event: done" in other.text  # as for an id nobody knows

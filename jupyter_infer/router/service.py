@@ -217,7 +217,9 @@ class RouterService:
 
     def owner_of(self, request_id: str) -> str | None:
         route = self._live.get(request_id)
-        return None if route is None else self.backends[route].owner_of(request_id)
+        if route is not None:
+            return self.backends[route].owner_of(request_id)
+        return next((o for b in self.backends.values() if (o := b.owner_of(request_id)) is not None), None)
 
     def reject(self, reason: str, *, outcome: str = "rejected") -> None:
         self.collector.rejected(reason, outcome)

@@ -45,7 +45,7 @@ class Recorder:
         self.route = route
         self.batch: BatchRecord | None = None  # the open batch record
         self._batch_ids = batch_ids or itertools.count(1)
-        self._recent: OrderedDict[str, None] = OrderedDict()  # ids of recently finished requests
+        self._recent: OrderedDict[str, str] = OrderedDict()  # recently finished requests' owners, by id
 
     def ready(self, info: EngineInfo) -> None:
         self._emit("ready", engine=info.engine, model=info.model, mode=self.mode)
@@ -114,7 +114,7 @@ class Recorder:
             self._open_batch(running, now)
 
     def finished(self, seq: Sequence) -> None:
-        self._recent[seq.id] = None
+        self._recent[seq.id] = seq.request.owner
         if len(self._recent) > RECENT_IDS:
             self._recent.popitem(last=False)
         rec = seq.record
@@ -126,6 +126,10 @@ class Recorder:
 
     def finished_recently(self, request_id: str) -> bool:
         return request_id in self._recent
+
+    def recent_owner(self, request_id: str) -> str | None:
+        """Who sent a recently finished request (``None``: not one of those)."""
+        return self._recent.get(request_id)
 
     # -- steps ------------------------------------------------------------------------------
     def step(self, plan: StepPlan, produced: int, started: float, now: float, *, forced: int = 0) -> None:

@@ -145,8 +145,9 @@ class RequestLoop(abc.ABC):
         return request_id in self._streams or self.recorder.finished_recently(request_id)
 
     def owner_of(self, request_id: str) -> str | None:
-        """Who sent a live request (``None``: no such request is queued or running)."""
-        return self.scheduler.owner_of(request_id) if self.scheduler is not None else None
+        """Who sent a live or recently finished request (``None``: no such request)."""
+        live = self.scheduler.owner_of(request_id) if self.scheduler is not None else None
+        return live if live is not None else self.recorder.recent_owner(request_id)
 
     def cancel(self, request_id: str) -> bool:
         if self.scheduler is None or not self.scheduler.cancel(request_id, time.monotonic()):

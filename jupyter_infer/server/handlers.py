@@ -62,7 +62,7 @@ class GenerateStreamHandler(InferHandler):
         # request's). 204 is what the WHATWG spec says stops it; without it every
         # reconnect would start a new generation.
         last = self.request.headers.get("Last-Event-ID")
-        if last and self.service.knows(last) and self.viewer.owns(self.service.owner_of(last) or self.viewer.name):
+        if last and self.service.knows(last) and self.viewer.owns(self.service.owner_of(last)):
             self.set_status(204)
             self.finish()
             return

@@ -3,7 +3,7 @@
 //
 // Event shapes (jupyter_infer/scheduler/recorder.py, `Recorder._emit`; behind a router every
 // event also names its `route`): ready {engine, model, mode}, queued {id, priority,
-// prompt_tokens, at}, admitted {id, batch_id, at}, token {id, index, text}, finished {id,
+// prompt_tokens, at, owner}, admitted {id, batch_id, at, owner}, token {id, index, text}, finished {id,
 // outcome, finish_reason, completion_tokens, at, error}, batch {state: open|closed, and the
 // batch record: id, mode, members, size, started_at, ended_at, steps, prefill_steps, tokens,
 // prompt_tokens, forced_tokens, source}, step {step_id, kind, chunk, members, tokens, forced,
@@ -17,6 +17,14 @@
 import type { IBatchesAnswer } from './api';
 import { isLive } from './timeline/layout';
 import { ITimelineBatch, ITimelineRow, ITimelineState, ITimelineStep } from './timeline/types';
+
+/** On a shared server another user's request shows as an anonymous row: an opaque id that no
+ * route accepts (jupyter_infer/server/viewer.py), no prompt, no text. */
+export const ANONYMOUS_LABEL = 'another user';
+
+export function isAnonymous(id: string): boolean {
+  return id.startsWith('anon-');
+}
 
 /** One `infer/events` event: its `type` and the fields listed above. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -224,7 +232,10 @@ export class LiveTimeline {
   }
 
   state(): ITimelineState {
-    const rows = [...this.rows.values()].map(r => ({ ...r, label: this.labels.get(r.id) ?? r.id }));
+    const rows = [...this.rows.values()].map(r => ({
+      ...r,
+      label: this.labels.get(r.id) ?? (isAnonymous(r.id) ? ANONYMOUS_LABEL : r.id)
+    }));
     return { rows, batches: [...this.batches.values()], steps: [...this.steps], now: this.now() };
   }
 

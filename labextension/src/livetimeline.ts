@@ -4,6 +4,7 @@
 
 import { Widget } from '@lumino/widgets';
 import { formatMs } from './format';
+import { isAnonymous } from './live';
 import { InferenceModel } from './model';
 import { isLive } from './timeline/layout';
 import { TimelineView } from './timeline/render';
@@ -23,7 +24,7 @@ export class LiveTimelineView {
     this.view = new TimelineView(host, {
       windowS: () => model.settings.timeWindow,
       maxBatchSize: () => model.status?.limits?.max_batch_size ?? null,
-      clickable: row => isLive(row),
+      clickable: row => isLive(row) && !isAnonymous(row.id), // another user's: not ours to cancel
       onRowClick: row => void this.cancel(row.id),
       clickHint: 'click to cancel this request',
       emptyText: 'No requests in this window. Requests from every kernel and client show here.',

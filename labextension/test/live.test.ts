@@ -86,3 +86,14 @@ describe('LiveTimeline', () => {
     expect(live.wanted).toBe(0);
   });
 });
+
+describe('another user’s requests', () => {
+  it('show as anonymous rows labelled "another user"', () => {
+    const live = new LiveTimeline(() => 1000);
+    live.apply({ type: 'queued', id: 'anon-0123456789ab', owner: 'another user', at: 999, prompt_tokens: 4 });
+    live.apply({ type: 'queued', id: 'req-mine', owner: 'alice', at: 999.5, prompt_tokens: 4 });
+    const [theirs, mine] = live.state().rows;
+    expect(theirs.label).toBe('another user');
+    expect(mine.label).toBe('req-mine');
+  });
+});
