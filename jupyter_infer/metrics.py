@@ -54,12 +54,16 @@ class RequestRecord:
     route: str | None = None  # the router's backend that ran it
     constraint: str | None = None  # what its answer was held to (a constraint's kind), if anything
     forced_tokens: int = 0  # of its tokens, those its grammar forced (fast-forward, no sampling)
-    parked: int = 0  # times it sat out for another owner's request (fair share)
+    # When it sat out for another owner's request (fair share), and when it came back.
+    parked_at: list[float] = field(default_factory=list)
+    resumed_at: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         for key in ("queued_at", "admitted_at", "first_token_at", "finished_at"):
             out[key] = wall(out[key])
+        out["parked_at"] = [wall(t) for t in self.parked_at]
+        out["resumed_at"] = [wall(t) for t in self.resumed_at]
         return out
 
 
@@ -198,7 +202,7 @@ class MetricsCollector:
         counts[record.outcome] += 1
         counts["prompt_tokens"] += record.prompt_tokens if record.first_token_at is not None else 0
         counts["completion_tokens"] += record.completion_tokens
-        counts["parked"] += record.parked
+        counts["parked"] += len(record.parked_at)
         if record.outcome == "ok":
             self.latency_ms.add((record.finished_at - record.queued_at) * 1000)
         self.finished_records.append(record)

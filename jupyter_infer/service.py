@@ -215,6 +215,7 @@ class InferenceService:
             | {"max_prompt_chars": None} | snap.limits,
             "queue_depth": len(snap.waiting),
             "running": len(snap.running),
+            "parked": len(snap.parked),
             "prefix_cache": snap.prefix_cache,
             "kv_cache": snap.kv_cache,
             "configured": {"engine": self.config.engine, "model": self.config.model},
@@ -228,6 +229,7 @@ class InferenceService:
         """``GET infer/metrics``: aggregates since start."""
         snap = self._loop.snapshot()
         snapshot = self.collector.snapshot(queue_depth=len(snap.waiting), running=len(snap.running))
+        snapshot["requests"]["parked"] = len(snap.parked)
         snapshot["events"] = self.events.stats()
         for owner, live in self._loop.owner_counts().items():
             snapshot["owners"][owner] = {**snapshot["owners"].get(owner, {}), **live}
@@ -249,6 +251,7 @@ class InferenceService:
             "requests": [r.to_json() for r in self.collector.request_records(requests or 4 * limit)],
             "running": snap.running,
             "waiting": snap.waiting,
+            "parked": snap.parked,
             "mode": self.config.mode,
             "source": snap.source,
             "now": wall(time.monotonic()),

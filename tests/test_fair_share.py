@@ -62,6 +62,7 @@ def test_a_newcomer_takes_the_place_of_a_burst_row_which_is_parked_then_resumes(
     plan = step(s, 0.3)  # the freed row goes back to alice's parked row, not to her queue
     assert plan.resume == [parked.id] and parked.status is Status.RUNNING
     assert parked in plan.seqs and len(parked.output_ids) == outputs + 1  # it goes on where it was
+    assert parked.record.parked_at == [0.1] and parked.record.resumed_at == [0.3]  # the timeline draws it
 
 
 def test_rows_are_shared_evenly_and_the_burst_keeps_them_all_while_alone() -> None:

@@ -322,6 +322,7 @@ class RouterService:
             "requests": records[-(requests or 4 * limit):],
             "running": [i for p in parts for i in p["running"]],
             "waiting": [i for p in parts for i in p["waiting"]],
+            "parked": [i for p in parts for i in p.get("parked", [])],
             "mode": self.config.mode,
             "routes": list(self.backends),
             "now": wall(time.monotonic()),

@@ -38,6 +38,7 @@ class LoopSnapshot:
 
     waiting: list[str] = field(default_factory=list)  # request ids, queued
     running: list[str] = field(default_factory=list)  # request ids, in the engine (or upstream)
+    parked: list[str] = field(default_factory=list)  # request ids sitting out for another owner's (fair share)
     open_batch: BatchRecord | None = None  # the batch record still open
     source: str = "engine"  # what a batch record is: "engine" batches or "upstream" spans
     limits: dict[str, Any] = field(default_factory=dict)  # limits known once loaded
@@ -187,6 +188,7 @@ class RequestLoop(abc.ABC):
             return LoopSnapshot(source=self.source, open_batch=self.recorder.batch)
         return LoopSnapshot(
             waiting=[s.id for s in core.waiting], running=[s.id for s in core.running],
+            parked=[s.id for s in core.parked],
             open_batch=self.recorder.batch, source=self.source,
             # The chunk size in use is the engine's unless configured: known once it is loaded.
             limits={"prefill_chunk_tokens": core.chunk_tokens},

@@ -273,7 +273,7 @@ class Scheduler:
         self.running.remove(seq)
         self.parked.append(seq)
         seq.status = Status.PARKED
-        seq.record.parked += 1
+        seq.record.parked_at.append(now)
         self._parking.append(seq.id)
         self.recorder.parked(seq, self.running, now)
 
@@ -281,6 +281,7 @@ class Scheduler:
         self.parked.remove(seq)
         self.running.append(seq)
         seq.status = Status.RUNNING
+        seq.record.resumed_at.append(now)
         if seq.id in self._parking:  # parked and resumed before any step ran: nothing moves
             self._parking.remove(seq.id)
         else:

@@ -25,7 +25,7 @@ _KEY = secrets.token_bytes(16)  # per process: anonymous ids cannot be computed 
 # What an anonymous request record keeps: what a timeline and the figures need, nothing more.
 _RECORD_FIELDS = ("priority", "prompt_tokens", "queued_at", "admitted_at", "first_token_at", "finished_at",
                   "completion_tokens", "batch_id", "batch_size", "batch_ids", "outcome", "finish_reason",
-                  "route", "constraint", "forced_tokens", "parked")
+                  "route", "constraint", "forced_tokens", "parked_at", "resumed_at")
 # The live events' fields that carry text or reasons of the request's own.
 _PRIVATE_EVENT_FIELDS = ("text", "error", "prompt")
 
@@ -58,7 +58,7 @@ class Viewer:
         out = dict(payload)
         out["requests"] = [r if self.owns(r.get("owner")) else _anonymous_record(r) for r in payload.get("requests", [])]
         out["batches"] = [self._batch(b) for b in payload.get("batches", [])]
-        for key in ("running", "waiting"):
+        for key in ("running", "waiting", "parked"):
             if key in payload:
                 out[key] = [i if mine(i) else anonymous_id(i) for i in payload[key]]
         return out

@@ -31,7 +31,16 @@ export interface ISummary {
 }
 
 export interface IMetrics {
-  requests: { ok: number; failed: number; cancelled: number; rejected: number; queued: number; running: number };
+  requests: {
+    ok: number;
+    failed: number;
+    cancelled: number;
+    rejected: number;
+    queued: number;
+    running: number;
+    /** Fair share: requests sitting out while another user's have their rows (older servers: absent). */
+    parked?: number;
+  };
   tokens: { prompt: number; completion: number };
   ttft_ms: ISummary;
   latency_ms: ISummary;

@@ -7,7 +7,8 @@
 // outcome, finish_reason, completion_tokens, at, error}, batch {state: open|closed, and the
 // batch record: id, mode, members, size, started_at, ended_at, steps, prefill_steps, tokens,
 // prompt_tokens, forced_tokens, source}, step {step_id, kind, chunk, members, tokens, forced,
-// batch_id, started_at, ended_at}. shutdown {} comes from the server extension as it stops
+// batch_id, started_at, ended_at}, parked {id, owner, at} and resumed {id, owner, at} (fair
+// share: it sat out for another user's request). shutdown {} comes from the server extension as it stops
 // (server/app.py).
 //
 // A request's constraint and its forced tokens are in its record (`infer/batches`), not in
@@ -81,7 +82,9 @@ export class LiveTimeline {
         tokens: r.completion_tokens ?? r.tokens ?? 0,
         prompt_tokens: r.prompt_tokens ?? null,
         constraint: r.constraint ?? null,
-        forced_tokens: r.forced_tokens ?? 0
+        forced_tokens: r.forced_tokens ?? 0,
+        parked_at: [...(r.parked_at || [])],
+        resumed_at: [...(r.resumed_at || [])]
       });
       this._want(this.rows.get(r.id)!);
     }
@@ -177,6 +180,15 @@ export class LiveTimeline {
           row.tokens = Math.max(row.tokens ?? 0, event.index);
         }
         return false;
+      case 'parked':
+      case 'resumed': {
+        if (!row || typeof event.at !== 'number') {
+          return false;
+        }
+        const key = event.type === 'parked' ? 'parked_at' : 'resumed_at';
+        (row[key] ??= []).push(event.at);
+        return true;
+      }
       case 'finished':
         if (!row) {
           return false;

@@ -89,7 +89,7 @@ export class TimelineWidget extends Widget {
     this._heading.className = 'ji-subheading';
     const hint = document.createElement('span');
     hint.className = 'ji-hint';
-    hint.textContent = 'every request on this server · hover a row for details · click a running row to cancel it';
+    hint.textContent = 'every request on this server · hover a row for details · click one of your running rows to cancel it';
     head.append(this._heading, hint);
     this._notice = document.createElement('div');
     this._notice.className = 'ji-notice';

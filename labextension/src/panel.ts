@@ -112,7 +112,7 @@ export class InferencePanel extends Widget {
     const wide = el('button', 'ji-link', head, 'wide view ⤢');
     wide.title = 'Open the live timeline in the main area';
     wide.addEventListener('click', () => this._openWide?.());
-    el('div', 'ji-hint', section, 'Hover a row for details; click a running row to cancel it.');
+    el('div', 'ji-hint', section, 'Hover a row for details; click one of your running rows to cancel it.');
     const host = el('div', 'ji-timeline-host', section);
     this.timeline = new LiveTimelineView(host, model, (text, kind) => this._showFlash(text, kind), 360);
 
@@ -216,7 +216,8 @@ export class InferencePanel extends Widget {
       return;
     }
     set('queue', String(metrics.queue_depth));
-    set('running', String(metrics.requests.running));
+    const parked = metrics.requests.parked ? ` (+${metrics.requests.parked} parked)` : '';
+    set('running', `${metrics.requests.running}${parked}`);
     set('rate', formatNumber(metrics.recent_tokens_per_s, 0));
     set('ttft', formatPair(metrics.ttft_ms));
     set('latency', formatPair(metrics.latency_ms));

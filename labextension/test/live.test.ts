@@ -97,3 +97,24 @@ describe('another user’s requests', () => {
     expect(mine.label).toBe('req-mine');
   });
 });
+
+describe('a row parked for another user', () => {
+  it('is drawn as parked while it sat out, not as an unrecorded batch', () => {
+    const live = new LiveTimeline(() => 1010);
+    live.seed({
+      batches: [
+        { id: 1, members: ['r'], size: 1, started_at: 1001, ended_at: 1003 },
+        { id: 3, members: ['r'], size: 1, started_at: 1005, ended_at: null }
+      ],
+      requests: [{ id: 'r', queued_at: 1000, admitted_at: 1000.5, first_token_at: 1001, batch_ids: [1, 3], outcome: 'running' }],
+      running: ['r'], waiting: [], mode: 'continuous', now: 1010
+    });
+    live.apply({ type: 'parked', id: 'r', owner: 'alice', at: 1003 });
+    live.apply({ type: 'resumed', id: 'r', owner: 'alice', at: 1005 });
+    const layout = layoutTimeline(live.state(), { width: 600, compress: false });
+    const kinds = layout.rows[0].parts.map(p => p.kind);
+    expect(kinds).toContain('parked');
+    expect(kinds).not.toContain('decode-unknown');
+    expect(layout.kinds.has('parked')).toBe(true);
+  });
+});

@@ -346,7 +346,30 @@ function waitingParts(row, end, add) {
     add("waiting", q, isNum(f) ? f : end);
   }
 }
+function parkedSpans(row, end) {
+  const resumed = row.resumed_at || [];
+  return (row.parked_at || []).map((p, i) => [p, isNum(resumed[i]) ? resumed[i] : end]);
+}
 function decodingParts(row, f, end, at, add) {
+  const parked = parkedSpans(row, end);
+  const gap = (s, e) => {
+    let t = s;
+    for (const [p, r] of parked) {
+      const lo = Math.max(p, t);
+      const hi = Math.min(r, e);
+      if (hi <= lo) {
+        continue;
+      }
+      if (lo > t + 1e-6) {
+        add("decode-unknown", t, lo);
+      }
+      add("parked", lo, hi);
+      t = hi;
+    }
+    if (e > t + 1e-6) {
+      add("decode-unknown", t, e);
+    }
+  };
   const spans = (row.batch_ids || []).map((id) => at.batchById.get(id)).filter((b) => b !== void 0).sort((p, q) => p.started_at - q.started_at);
   let done = f;
   for (const b of spans) {
@@ -356,13 +379,13 @@ function decodingParts(row, f, end, at, add) {
       continue;
     }
     if (s > done + 1e-6) {
-      add("decode-unknown", done, s);
+      gap(done, s);
     }
     add("decode", s, e, { bin: binOf(batchSize(b), at.bins), batchId: b.id });
     done = Math.max(done, e);
   }
   if (end > done + 1e-6) {
-    add("decode-unknown", done, end);
+    gap(done, end);
   }
 }
 function rowParts(row, end, at) {
@@ -591,7 +614,8 @@ var KIND_LABEL = {
   waiting: "sent, awaiting first token",
   prefill: "prefill",
   decode: "decoding",
-  "decode-unknown": "decoding (batch not recorded yet)"
+  "decode-unknown": "decoding (batch not recorded yet)",
+  parked: "parked: another user's request has its row"
 };
 var TimelineView = class {
   constructor(host, options = {}) {
@@ -879,6 +903,9 @@ var TimelineView = class {
     });
     if (layout.kinds.has("decode-unknown")) {
       item("ji-swatch-decode-unknown", "batch not recorded yet");
+    }
+    if (layout.kinds.has("parked")) {
+      item("ji-swatch-parked", "parked (another user has its row)");
     }
     this._drawMarksKey(legend, layout);
     const outcomes = new Set(layout.rows.map((r) => r.marker?.kind).filter(Boolean));

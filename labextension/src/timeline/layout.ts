@@ -22,8 +22,9 @@ export interface ILayoutOptions {
 
 /** queued: waiting for admission; waiting: sent, not yet answered, and the server's split
  * into queue and prefill is not known yet; prefill; decode (in a recorded batch span);
- * decode-unknown: generating, but the batch span is not recorded (yet). */
-export type PartKind = 'queued' | 'waiting' | 'prefill' | 'decode' | 'decode-unknown';
+ * decode-unknown: generating, but the batch span is not recorded (yet); parked: sitting out
+ * while another user's request has its row (fair share). */
+export type PartKind = 'queued' | 'waiting' | 'prefill' | 'decode' | 'decode-unknown' | 'parked';
 
 export interface IPart {
   kind: PartKind;
@@ -565,9 +566,34 @@ function waitingParts(row: ITimelineRow, end: number, add: AddPart): void {
   }
 }
 
+/** The times a row sat out (fair share): [parked, resumed or `end`] pairs. */
+function parkedSpans(row: ITimelineRow, end: number): [number, number][] {
+  const resumed = row.resumed_at || [];
+  return (row.parked_at || []).map((p, i) => [p, isNum(resumed[i]) ? resumed[i] : end] as [number, number]);
+}
+
 /** From the first token `f` to `end`: a part per recorded batch span, coloured by its size,
- * and "decode-unknown" wherever no span is recorded (yet). */
+ * "parked" where it sat out, and "decode-unknown" wherever else no span is recorded (yet). */
 function decodingParts(row: ITimelineRow, f: number, end: number, at: IPlacement, add: AddPart): void {
+  const parked = parkedSpans(row, end);
+  const gap = (s: number, e: number): void => {
+    let t = s;
+    for (const [p, r] of parked) {
+      const lo = Math.max(p, t);
+      const hi = Math.min(r, e);
+      if (hi <= lo) {
+        continue;
+      }
+      if (lo > t + 1e-6) {
+        add('decode-unknown', t, lo);
+      }
+      add('parked', lo, hi);
+      t = hi;
+    }
+    if (e > t + 1e-6) {
+      add('decode-unknown', t, e);
+    }
+  };
   const spans = (row.batch_ids || [])
     .map(id => at.batchById.get(id))
     .filter((b): b is ITimelineBatch => b !== undefined)
@@ -580,13 +606,13 @@ function decodingParts(row: ITimelineRow, f: number, end: number, at: IPlacement
       continue;
     }
     if (s > done + 1e-6) {
-      add('decode-unknown', done, s);
+      gap(done, s);
     }
     add('decode', s, e, { bin: binOf(batchSize(b), at.bins), batchId: b.id });
     done = Math.max(done, e);
   }
   if (end > done + 1e-6) {
-    add('decode-unknown', done, end);
+    gap(done, end);
   }
 }
 

@@ -112,7 +112,8 @@ const KIND_LABEL: Record<PartKind, string> = {
   waiting: 'sent, awaiting first token',
   prefill: 'prefill',
   decode: 'decoding',
-  'decode-unknown': 'decoding (batch not recorded yet)'
+  'decode-unknown': 'decoding (batch not recorded yet)',
+  parked: "parked: another user's request has its row"
 };
 
 /** A timeline drawn into `host`; `update(state)` redraws it (at most once per frame). */
@@ -401,6 +402,9 @@ export class TimelineView {
     });
     if (layout.kinds.has('decode-unknown')) {
       item('ji-swatch-decode-unknown', 'batch not recorded yet');
+    }
+    if (layout.kinds.has('parked')) {
+      item('ji-swatch-parked', 'parked (another user has its row)');
     }
     this._drawMarksKey(legend, layout);
     const outcomes = new Set(layout.rows.map(r => r.marker?.kind).filter(Boolean));

@@ -21,6 +21,10 @@ export interface ITimelineRow {
   constraint?: string | null;
   /** Of its `tokens`, those its grammar forced (fast-forwarded, not sampled). */
   forced_tokens?: number | null;
+  /** Fair share on a shared server: when it sat out for another user's request, and when it
+   * came back (the last one may still be missing: parked now). */
+  parked_at?: number[];
+  resumed_at?: number[];
 }
 
 /** One batch span: constant membership from `started_at` to `ended_at` (null: still open). */
