@@ -220,3 +220,24 @@ async def test_an_eventsource_reconnecting_with_another_users_id_learns_nothing(
     other = await http.get("infer/generate_stream", params={"prompt": "hi", "max_tokens": 2},
                            headers={**auth("bob"), "Last-Event-ID": mine["id"]})
     assert other.status_code == 200 and "event: done" in other.text  # as for an id nobody knows
+
+
+def test_the_viewer_hides_others_in_every_event_kind_and_in_a_routers_backends() -> None:
+    from jupyter_infer.server.viewer import Viewer, anonymous_id
+
+    bob = Viewer("bob")
+    step = {"type": "step", "members": ["r1", "r2"], "owners": ["alice", "bob"], "tokens": 2}
+    assert bob.event(step)["members"] == [anonymous_id("r1"), "r2"]
+    assert bob.event(step)["owners"] == ["another user", "bob"]
+    token = bob.event({"type": "token", "id": "r1", "owner": "alice", "index": 3, "text": "secret"})
+    assert token == {"type": "token", "id": anonymous_id("r1"), "owner": "another user", "index": 3}
+    finished = bob.event({"type": "finished", "id": "r1", "owner": "alice", "error": "alice's prompt was...",
+                          "outcome": "failed"})
+    assert "error" not in finished and finished["outcome"] == "failed"
+    assert bob.event({"type": "queued", "id": "r2", "owner": "bob"})["id"] == "r2"
+    metrics = {"owners": {"alice": {"ok": 1}, "bob": {"ok": 2}},
+               "routes": {"local": {"owners": {"alice": {"ok": 1}}}}}
+    seen = bob.metrics(metrics)
+    assert seen["owners"] == {"bob": {"ok": 2}} and seen["routes"]["local"]["owners"] == {}
+    assert Viewer("teacher", sees_all=True).metrics(metrics) is metrics
+    assert anonymous_id("r1") == anonymous_id("r1") != anonymous_id("r2")

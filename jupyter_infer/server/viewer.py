@@ -20,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..events import coalesce_tokens
+from .sse import format_event
+
 ANONYMOUS = "another user"
 _KEY = secrets.token_bytes(16)  # per process: anonymous ids cannot be computed from outside
 # What an anonymous request record keeps: what a timeline and the figures need, nothing more.
@@ -94,10 +97,16 @@ class Viewer:
 
     # -- metrics (infer/metrics) ---------------------------------------------------------------
     def metrics(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The totals stay (they name nobody); per-owner counts only the viewer's own."""
-        if self.sees_all or "owners" not in payload:
+        """The totals stay (they name nobody); per-owner counts only the viewer's own (a
+        router's backends' too)."""
+        if self.sees_all:
             return payload
-        return {**payload, "owners": {k: v for k, v in payload["owners"].items() if k == self.name}}
+        out = dict(payload)
+        if "owners" in out:
+            out["owners"] = {k: v for k, v in out["owners"].items() if k == self.name}
+        if isinstance(out.get("routes"), dict):
+            out["routes"] = {name: self.metrics(route) for name, route in out["routes"].items()}
+        return out
 
 
 def _anonymous_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -108,9 +117,6 @@ def _anonymous_record(record: dict[str, Any]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=256)
 def _renderer(viewer: Viewer) -> Callable[[list[dict[str, Any]]], str]:
-    from ..events import coalesce_tokens
-    from .sse import format_event
-
     def frames(events: list[dict[str, Any]]) -> str:
         return "".join(format_event(json.dumps(e), e["type"]) for e in coalesce_tokens([viewer.event(e) for e in events]))
 
