@@ -68,6 +68,16 @@ def test_timeline_data_picks_the_runs_requests_and_their_batches() -> None:
     assert rows[0]["batch_ids"] == [2, 3] and rows[0]["admitted_at"] == 100.10
 
 
+def test_timeline_data_labels_another_users_row_and_keeps_when_it_was_parked() -> None:
+    anonymous = {"id": "anon-0123", "owner": "another user", "anonymous": True, "queued_at": 100.0,
+                 "first_token_at": 100.1, "batch_ids": [2], "outcome": "ok", "parked_at": [100.2],
+                 "resumed_at": [100.25]}
+    payload = {**PAYLOAD, "requests": [*PAYLOAD["requests"], anonymous]}
+    rows, _ = timeline_data(payload, ["a", "anon-0123"])
+    assert rows[0]["label"] == "a" and rows[1]["label"] == "another user"
+    assert rows[1]["parked_at"] == [100.2] and rows[1]["resumed_at"] == [100.25]
+
+
 def test_timeline_data_from_batch_records_alone() -> None:
     """A server that keeps batch records only: admission and the end come from the batches."""
     rows, _ = timeline_data(PAYLOAD["batches"], ["a", "b"],

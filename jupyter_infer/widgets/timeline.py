@@ -75,7 +75,10 @@ def timeline_data(
         batch_ids.sort()
         row = {
             "id": rid,
-            "label": labels.get(rid, rid),
+            # On a shared server another user's request is an anonymous record (server/viewer.py).
+            "label": labels.get(rid, "another user" if record.get("anonymous") else rid),
+            "parked_at": record.get("parked_at") or [],
+            "resumed_at": record.get("resumed_at") or [],
             "queued_at": record.get("queued_at") or seen.get("queued_at"),
             "admitted_at": record.get("admitted_at"),
             "first_token_at": record.get("first_token_at") or seen.get("first_token_at"),
