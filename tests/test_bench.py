@@ -269,3 +269,23 @@ def test_bench_quick_structured(tiny_model_dir: Path, tmp_path: Path, capsys: py
     # Once a date-time with seconds 60 (llguidance's leap second at any minute); no longer.
     invalid = [a for a in corpus["answers"] if a["finish_reason"] == "stop" and not a["valid"]]
     assert not invalid, invalid
+
+
+def test_the_noise_gauge_counts_the_server_under_test_as_its_own() -> None:
+    """[g] and [d] measure servers in other processes: their CPU is not "other processes"."""
+    import subprocess
+    import sys
+    import time
+
+    from jupyter_infer.bench.rounds import _cpu_sample, _other_cpu_share
+
+    server = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
+    try:
+        time.sleep(0.3)  # it runs
+        before_own, before_all = _cpu_sample([server.pid]), _cpu_sample()
+        time.sleep(0.8)
+        own, anyone = _other_cpu_share(before_own, _cpu_sample([server.pid])), _other_cpu_share(before_all, _cpu_sample())
+    finally:
+        server.wait()
+    assert own is not None and anyone is not None
+    assert anyone - own > 0.2  # one busy core of the machine's, now counted as the contender's

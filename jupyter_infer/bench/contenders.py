@@ -86,6 +86,11 @@ class Contender:
     def warmup(self, workload: Workload) -> None:
         self.run(workload)
 
+    def pids(self) -> list[int]:
+        """Processes whose CPU time is this contender's own (the server it measures), not
+        noise from other processes."""
+        return []
+
     def run(self, workload: Workload) -> Run:
         raise NotImplementedError
 

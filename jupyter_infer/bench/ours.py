@@ -172,6 +172,9 @@ class OverHTTP(Contender):
             raise
         self.startup_s = time.perf_counter() - started
 
+    def pids(self) -> list[int]:
+        return [self.server.pid] if self.server.pid else []
+
     def _completion_tokens(self) -> int:
         return int(self.client.metrics()["tokens"]["completion"])
 

@@ -93,6 +93,9 @@ async def stream_completions(base_url: str, model: str, arrivals: list[Arrival],
 class Stoppable(Protocol):
     """A server a peer owns: ``ServerProcess`` or our ``LocalServer``."""
 
+    @property
+    def pid(self) -> int | None: ...
+
     def stop(self) -> None: ...
 
 
@@ -107,6 +110,10 @@ class CompletionsPeer(Contender):
 
     def supports(self, workload: Workload) -> bool:
         return workload.late is None
+
+    def pids(self) -> list[int]:
+        pid = self.process.pid if self.process is not None else None
+        return [pid] if pid else []
 
     def run(self, workload: Workload) -> Run:
         traces, wall = asyncio.run(stream_completions(self.base_url, self.model, workload.arrivals,
@@ -147,6 +154,10 @@ class ServerProcess:
                 raise TimeoutError(f"{Path(cmd[0]).name} did not answer within {timeout:.0f} s: see {log_path}")
             time.sleep(0.25)
         self.startup_s = time.perf_counter() - started
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
 
     def cpu_seconds(self) -> float | None:
         """CPU time the process used so far (Linux), to see what it costs while idle."""

@@ -164,7 +164,7 @@ def format_tables(results: dict[str, Any]) -> str:
                 f"{_fmt(m.get('ttft_p50_ms')):>10}{_fmt(m.get('ttft_p99_ms')):>10}"
                 f"{_fmt(m.get('latency_p50_ms')):>10}{_fmt(m.get('latency_p99_ms')):>10}"
             )
-        noise = [contenders[k]["median"].get("other_cpu_share") for k in contenders if k != "http"]
+        noise = [contenders[k]["median"].get("other_cpu_share") for k in contenders]
         noise = [n for n in noise if n is not None]
         if noise and max(noise) > 0.05:
             lines.append(f"  (noise: other processes used up to {max(noise):.0%} of the CPUs during these runs "

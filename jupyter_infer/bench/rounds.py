@@ -31,9 +31,10 @@ def measure_rounds(workload: Workload, contenders: list[Contender], repeats: int
     for round_ in range(repeats):
         # Round-robin, so that a slow spell of a shared machine hits everyone alike.
         for c in active:
-            before = _cpu_sample()
+            pids = c.pids()  # the server under test: its CPU is the contender's own, not noise
+            before = _cpu_sample(pids)
             run = in_fresh_thread(c.run, workload)
-            run.extra["other_cpu_share"] = _other_cpu_share(before, _cpu_sample())
+            run.extra["other_cpu_share"] = _other_cpu_share(before, _cpu_sample(pids))
             runs[c.name].append(run)
             log(f"  {workload.name:<6} {c.label:<34} run {round_ + 1}/{repeats}: {_run_line(c, run)}")
     return {c.name: {"label": c.label, "median": _median_stats(runs[c.name]), "runs": [r.stats() for r in runs[c.name]]}
@@ -44,13 +45,13 @@ def _run_line(contender: Contender, run: Run) -> str:
     s = run.stats()
     ttft = "" if s["ttft_p50_ms"] is None else f"  TTFT p50 {s['ttft_p50_ms']:8.1f} ms"
     other = s["other_cpu_share"]
-    # Over HTTP the server is another process: its work shows up here too.
-    noise = "" if other is None or contender.name == "http" else f"  (other processes: {other:.0%} CPU)"
+    noise = "" if other is None else f"  (other processes: {other:.0%} CPU)"
     return f"{s['tokens_per_s']:8.1f} tok/s{ttft}{noise}"
 
 
-def _cpu_sample() -> tuple[float, float, float] | None:
-    """(wall s, busy CPU-seconds of the whole machine, this process's CPU-seconds); Linux only."""
+def _cpu_sample(pids: list[int] = ()) -> tuple[float, float, float] | None:
+    """(wall s, busy CPU-seconds of the whole machine, CPU-seconds of this process and of
+    ``pids``, the servers under test); Linux only."""
     try:
         with open("/proc/stat") as f:
             ticks = [int(v) for v in f.readline().split()[1:9]]
@@ -58,7 +59,17 @@ def _cpu_sample() -> tuple[float, float, float] | None:
     except (OSError, ValueError, IndexError):
         return None
     t = os.times()
-    return time.monotonic(), busy, t.user + t.system
+    return time.monotonic(), busy, t.user + t.system + sum(_process_cpu_s(pid) for pid in pids)
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU-seconds process ``pid`` and its waited-for children used (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")  # utime stime cutime cstime
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _other_cpu_share(before: tuple[float, float, float] | None, after: tuple[float, float, float] | None) -> float | None:
