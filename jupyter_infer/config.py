@@ -20,6 +20,7 @@ ROUTER_POLICIES = ("sensitivity", "complexity")  # built in; "module:function" n
 MODES = ("continuous", "window")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("none", "int8")
+SPECULATIVE = ("ngram", "off")
 DEFAULT_MODEL = "sshleifer/tiny-gpt2"
 # Measured best on CPU (docs/benchmark.md): the classic batcher closes at 16, continuous
 # batching keeps gaining up to 32 rows.
@@ -56,6 +57,10 @@ class ServiceConfig:
     # running rows (continuous mode); 0 prefills every prompt whole; None: the engine's own
     # choice (hf: 64 on a CPU, measured in docs/engine.md; 512 on a GPU).
     prefill_chunk_tokens: int | None = None
+    # -- speculative decoding: draft tokens verified in the decode step (engine/ngram.py) --------
+    speculative: str = "ngram"  # "ngram" (prompt lookup) or "off"
+    speculative_tokens: int = 4  # most draft tokens a row proposes a step
+    speculative_max_rows: int = 4  # no drafts while more rows than this decode (a busy step gains little)
     # -- many users: fair share and per-owner limits (an owner is the Jupyter or hub user) -------
     fair_share: bool = True  # rows shared between owners (fair.py); False: priority + FIFO for all
     # Weights of owners against each other: "alice": 2, or "group:staff": 4 (a hub group); default 1
@@ -116,6 +121,11 @@ class ServiceConfig:
             fail("dtype", f"one of {', '.join(DTYPES)}")
         if self.quantize not in QUANTIZE:
             fail("quantize", f"one of {', '.join(QUANTIZE)}")
+        if self.speculative not in SPECULATIVE:
+            fail("speculative", f"one of {', '.join(SPECULATIVE)}")
+        for name in ("speculative_tokens", "speculative_max_rows"):
+            if getattr(self, name) < 0:
+                fail(name, "0 or more")
         if not _DEVICE.fullmatch(self.device):
             fail("device", "auto, cpu, cuda, cuda:N or mps")
         if not self.model:

@@ -80,6 +80,8 @@ class BatchRecord:
     tokens: int = 0  # generated tokens
     prompt_tokens: int = 0  # tokens prefilled in this batch
     forced_tokens: int = 0  # of its tokens, those grammars forced (fast-forward)
+    draft_tokens: int = 0  # speculation: draft tokens its rows proposed
+    accepted_tokens: int = 0  # and those their model agreed with (tokens beyond one a row a step)
     # "engine": rows stepped together here; "upstream": requests in flight together on an
     # upstream server (which batches them its own way)
     source: str = "engine"
@@ -151,6 +153,9 @@ class MetricsCollector:
         self.busy_s = 0.0  # engine time spent in steps
         self.max_queue_depth = 0
         self.parked_rows = 0  # rows that sat out for another owner's (fair share)
+        self.decode_tokens = 0  # tokens decode steps produced (several a row with speculation)
+        self.draft_tokens = 0  # speculation: draft tokens proposed, and accepted by the model
+        self.accepted_tokens = 0
         # Per owner: finished requests by outcome, their tokens, times parked (never prompts).
         self.owners: dict[str, Counter[str]] = {}
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) for the last 10 s
@@ -212,15 +217,19 @@ class MetricsCollector:
             self.parent.finished(record)
 
     # -- steps and batches ------------------------------------------------------------------
-    def step(self, kind: str, rows: int, tokens: int, seconds: float, at: float) -> None:
+    def step(self, kind: str, rows: int, tokens: int, seconds: float, at: float,
+             drafts: tuple[int, int] = (0, 0)) -> None:
         self.busy_s += seconds
         if kind == "decode":
             self.step_rows[rows] += 1
+            self.decode_tokens += tokens
+            self.draft_tokens += drafts[0]
+            self.accepted_tokens += drafts[1]
         self._recent.append((at, tokens))
         while self._recent and self._recent[0][0] < at - 10.0:
             self._recent.popleft()
         if self.parent:
-            self.parent.step(kind, rows, tokens, seconds, at)
+            self.parent.step(kind, rows, tokens, seconds, at, drafts)
 
     def parked(self) -> None:
         self.parked_rows += 1
@@ -274,6 +283,14 @@ class MetricsCollector:
             "max_queue_depth": self.max_queue_depth,
             "uptime_s": round(now - self.started_at, 3),
             "parked_rows": self.parked_rows,
+            "speculative": {
+                "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens,
+                "acceptance_rate": round(self.accepted_tokens / self.draft_tokens, 3) if self.draft_tokens else None,
+                # tokens a decoding row gets per decode step (1.0 without speculation)
+                "tokens_per_row_step": (round(self.decode_tokens / sum(k * v for k, v in self.step_rows.items()), 3)
+                                        if self.step_rows else None),
+            },
             # finished requests per owner; the live ones are added by the service
             "owners": {owner: dict(counts) for owner, counts in self.owners.items()},
         }

@@ -99,6 +99,10 @@ class Sampled:
     computed: list[int] | None = None
     errors: list[str | None] | None = None  # per row: None, or why this row failed
     forced: list[int] | None = None  # per row: how many of its tokens a grammar forced (None: none did)
+    # Speculation, per row: the draft tokens it proposed this step, and how many of them its
+    # model agreed with (its first ``accepted`` tokens; their KV is computed). None: none drafted.
+    proposed: list[int] | None = None
+    accepted: list[int] | None = None
 
     def reorder(self, order: list[int]) -> Sampled:
         """The rows ``order`` names, in that order (an engine's rows into the plan's order)."""
@@ -109,7 +113,8 @@ class Sampled:
             return None if rows is None else [rows[i] for i in order]
 
         return Sampled([self.tokens[i] for i in order], pick(self.logprobs), pick(self.prompt_logprobs),
-                       pick(self.computed), pick(self.errors), pick(self.forced))
+                       pick(self.computed), pick(self.errors), pick(self.forced), pick(self.proposed),
+                       pick(self.accepted))
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,10 @@ class Engine(abc.ABC):
     # Compiles the constraints of structured outputs for this engine's tokenizer (``None``:
     # this engine cannot constrain its answers, and such requests are refused).
     grammars: GrammarCompiler | None = None
+    # Speculation (``configure_speculation``; the service's loop turns it on): most draft
+    # tokens a row proposes a step, and the most decoding rows that still propose. 0: off.
+    speculative_tokens = 0
+    speculative_max_rows = 0
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...
@@ -265,6 +274,10 @@ class Engine(abc.ABC):
         sampled, complete, rows.prefilling = self.prefill(plan.seqs, plan.num_scheduled, rows.prefilling)
         rows.join(complete)
         return sampled, rows
+
+    def configure_speculation(self, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
+        """Draft tokens verified in the decode step, at most ``tokens`` a row while at most
+        ``max_rows`` rows decode (0: off); an engine that cannot verify drafts ignores it."""
 
     def kv_usage(self, rows: Rows | None) -> KVUsage | None:
         """What ``rows`` hold in KV memory (``None``: this engine keeps no KV)."""

@@ -26,7 +26,7 @@ from transformers.utils import logging as hf_logging
 
 from ..constraints.grammar import GrammarCompiler, masks_beside
 from ..errors import InvalidRequest
-from . import kv_cache, ragged
+from . import kv_cache, ragged, speculate
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
 from .buckets import Buckets
 from .cpu_linear import LinearReport, swap_linears
@@ -153,8 +153,7 @@ class HFEngine(Engine):
     def prefill(
         self, seqs: list[Sequence], num_scheduled: list[int], partial: dict[str, HFBatch],
     ) -> tuple[Sampled, Buckets | None, dict[str, HFBatch]]:
-        """Whole prompts in one forward; a long prompt (scheduled alone) one chunk at a time,
-        continuing its row in ``partial``."""
+        """Whole prompts in one forward; a long prompt alone, a chunk at a time (``partial``)."""
         seq = seqs[0]
         if len(seqs) == 1 and (seq.id in partial or num_scheduled[0] < seq.num_uncomputed):
             sampled, row = self._prefill_chunk(seq, partial.get(seq.id), num_scheduled[0])
@@ -353,23 +352,27 @@ class HFEngine(Engine):
                     else "this model's cache has sliding-window layers"}
         return self.prefix_cache.stats()
 
+    def configure_speculation(self, tokens: int, max_rows: int) -> None:
+        self.speculative_tokens, self.speculative_max_rows = (tokens if self._reusable else 0), max_rows
+
     @torch.inference_mode()
     def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
-        """The next tokens of every row, length bucket by length bucket in one forward
-        (``_forward``), answered in the plan's order. A row whose grammar forced tokens last
-        step feeds them all (its bucket's other rows get as many pad columns)."""
+        """Every row's next tokens, all buckets in one forward (``_forward``), in the plan's
+        order; a row feeds a grammar's forced run, or draft tokens to verify (speculate.py)."""
         buckets = list(batch)
         samplers = [s for bucket in buckets for s in bucket.samplers]
         masks = masks_beside(grammar_rows(samplers), self.logits_width)
-        blocks = [bucket.next_block(self.pad_token_id) for bucket in buckets]
-        logits = self._forward(blocks)
+        drafts = speculate.drafts(buckets, seqs, self.speculative_tokens, self.speculative_max_rows)
+        blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
+        logits = self._forward(blocks, every=bool(drafts))
         if masks is not None:
             masks.result()
-        sampled = sample(logits, samplers)
-        start = 0
-        for bucket, block in zip(buckets, blocks, strict=True):
-            bucket.advance(block, sampled.tokens[start : start + len(bucket.ids)])
-            start += len(bucket.ids)
+        if drafts:
+            sampled = speculate.verify(logits, blocks, buckets, drafts, samplers, self.speculative_tokens)
+        else:
+            sampled, start = sample(logits, samplers), 0
+            for bucket, block in zip(buckets, blocks, strict=True):
+                bucket.advance(block, sampled.tokens[start : (start := start + len(bucket.ids))])
         row = {row_id: i for i, row_id in enumerate(batch.ids)}
         return sampled.reorder([row[s.id] for s in seqs])
 

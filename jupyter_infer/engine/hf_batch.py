@@ -61,6 +61,9 @@ class HFBatch:
     # The prompt prefix every row starts with, held once (shared_prefix.py); the cache and
     # mask are the columns after it.
     shared: SharedPrefix | None = None
+    # Speculation: how many draft tokens each row proposes next (it follows the row's recent
+    # acceptance); rows not named here propose the engine's most.
+    draft_k: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Decided when rows join (a batch is made) or leave (``filter``), not every step.
@@ -75,18 +78,24 @@ class HFBatch:
         self.last = torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=self.last.device)
         self.forced = {i: t for i, t in zip(self.ids, tokens, strict=True) if len(t) > 1}
 
-    def feeds(self) -> list[list[int]] | None:
-        """What each row feeds next when some row has a forced run (``None``: one token each)."""
-        if not self.forced:
+    def feeds(self, drafts: dict[str, list[int]] | None = None) -> list[list[int]] | None:
+        """What each row feeds next when some row has a forced run or draft tokens to verify
+        after its last (``None``: one token each)."""
+        drafts = {i: d for i, d in (drafts or {}).items() if i in self.row_of}
+        if not self.forced and not drafts:
             return None
         last = self.last.tolist()
-        return [self.forced.get(i, [t]) for i, t in zip(self.ids, last, strict=True)]
+        return [self.forced.get(i, [t, *drafts.get(i, ())]) for i, t in zip(self.ids, last, strict=True)]
 
-    def next_block(self, pad_id: int) -> Block:
+    @property
+    def row_of(self) -> dict[str, int]:
+        return {row_id: i for i, row_id in enumerate(self.ids)}
+
+    def next_block(self, pad_id: int, drafts: dict[str, list[int]] | None = None) -> Block:
         """The next decode step's input: each row's last token, or where a grammar forced a
-        run, every row's uncomputed tokens left-padded (positions per row); the mask grows by
-        as many columns."""
-        feeds = self.feeds()
+        run (or a row has ``drafts`` to verify), every row's uncomputed tokens left-padded
+        (positions per row); the mask grows by as many columns."""
+        feeds = self.feeds(drafts)
         if feeds is None:
             return Block(self.cache, self.last[:, None], self.extend_mask(), self.positions[:, None], self.shared)
         ids, new = (t.to(self.last.device) for t in left_pad_rows(feeds, pad_id))
@@ -97,6 +106,25 @@ class HFBatch:
         """After ``block`` ran: positions move past what it fed, ``tokens`` are fed next."""
         width = block.ids.shape[1]
         self.positions = self.positions + (1 if width == 1 else block.mask[:, -width:].sum(-1))
+        self.took(tokens)
+
+    def advance_verified(self, block: Block, rejected: list[int], tokens: list[list[int]]) -> None:
+        """After ``block`` verified draft tokens: each row's last ``rejected[i]`` fed tokens
+        were wrong guesses, so their KV goes: columns every row rejected are cut off the
+        cache's end, the rest are masked out (a hole, as a pad column is). Positions move past
+        what each row kept; ``tokens`` are what each row feeds next (its model's own token
+        after the ones it kept)."""
+        width = block.ids.shape[1]
+        kept = block.mask[:, -width:].sum(-1) - torch.tensor(rejected, device=self.positions.device)
+        self.positions = self.positions + kept
+        cut = min(rejected)
+        if cut:
+            kv_cache.drop_columns(self.cache, cut)
+            self.mask = self.mask[:, : self.mask.shape[1] - cut]
+        length = self.mask.shape[1]
+        for row, n in enumerate(rejected):
+            if n > cut:
+                self.mask[row, length - (n - cut) :] = 0
         self.took(tokens)
 
     def filter(self, ids: list[str]) -> HFBatch | None:
@@ -118,13 +146,14 @@ class HFBatch:
         self.claims = [self.claims[i] for i in keep]
         kept = set(ids)
         self.forced = {i: t for i, t in self.forced.items() if i in kept}
+        self.draft_k = {i: k for i, k in self.draft_k.items() if i in kept}
         return self
 
     def take(self, ids: list[str]) -> HFBatch:
         """A new batch of the rows in ``ids`` (this one unchanged): ``filter`` on a copy."""
         clone = HFBatch(list(self.ids), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
                         list(self.samplers), self.ends, list(self.claims), forced=dict(self.forced),
-                        shared=self.shared)
+                        shared=self.shared, draft_k=dict(self.draft_k))
         return clone.filter(ids)
 
     def widths(self) -> list[int]:
@@ -147,6 +176,7 @@ class HFBatch:
             last=torch.cat([self.last, other.last]),
             samplers=self.samplers + other.samplers,
             forced=self.forced | other.forced,
+            draft_k=self.draft_k | other.draft_k,
             shared=self.shared,
             claims=self.claims + other.claims,
             ends=torch.cat([self.ends, other.ends]),

@@ -147,6 +147,17 @@ def _buffer(like: torch.Tensor, rows: int, length: int, spare: int) -> torch.Ten
     return like.new_empty((rows, like.shape[1], length + spare, like.shape[3]))
 
 
+def drop_columns(cache: DynamicCache, n: int) -> None:
+    """Forget the last ``n`` columns of every row (draft tokens their model rejected); a
+    ``GrowingLayer`` keeps its buffer, and writes the next columns over them."""
+    for layer in cache.layers:
+        length = layer.keys.shape[2] - n
+        if isinstance(layer, GrowingLayer) and getattr(layer, "_key_buf", None) is not None:
+            layer.keys, layer.values = layer._key_buf[:, :, :length], layer._value_buf[:, :, :length]
+        else:
+            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+
+
 def set_spare(cache: DynamicCache, spare: int) -> None:
     """The room the cache's next allocations add past what they need: no more than its rows
     can still use (rows near their ``max_tokens`` need few more columns), ``SPARE_COLUMNS``

@@ -132,6 +132,9 @@ class EngineLoop(RequestLoop):
             self.scheduler = Scheduler(self.config, self.engine, self.recorder)
             if self.engine.grammars is not None:
                 self.engine.grammars.fast_forward = self.config.grammar_fast_forward
+            cfg = self.config
+            self.engine.configure_speculation(cfg.speculative_tokens if cfg.speculative == "ngram" else 0,
+                                              cfg.speculative_max_rows)
             self._state = "ready"
         except Exception as err:
             self._state, self.load_error = "failed", f"{type(err).__name__}: {err}"

@@ -132,23 +132,28 @@ class Recorder:
         return self._recent.get(request_id)
 
     # -- steps ------------------------------------------------------------------------------
-    def step(self, plan: StepPlan, produced: int, started: float, now: float, *, forced: int = 0) -> None:
+    def step(self, plan: StepPlan, produced: int, started: float, now: float, *, forced: int = 0,
+             drafts: tuple[int, int] = (0, 0)) -> None:
         """Count a finished step in the batch that ran it (before rows leave); ``forced``: of
-        its ``produced`` tokens, those grammars forced."""
+        its ``produced`` tokens, those grammars forced; ``drafts``: the draft tokens its rows
+        proposed and those their model accepted (speculation)."""
         batch = self.batch
         if batch is not None:
             batch.steps += 1
             batch.tokens += produced
             batch.forced_tokens += forced
+            batch.draft_tokens += drafts[0]
+            batch.accepted_tokens += drafts[1]
             if plan.kind == "prefill":
                 batch.prefill_steps += 1
                 if not plan.chunk or produced:  # a chunked prompt counts once, when complete
                     batch.prompt_tokens += plan.num_tokens
-        self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now)
+        self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now, drafts)
         if self.events.has_subscribers:  # the member list is per-step work: only when watched
             self._emit("step", step_id=plan.step_id, kind=plan.kind, chunk=plan.chunk,
                        members=[s.id for s in plan.seqs], owners=[s.request.owner for s in plan.seqs],
-                       tokens=produced, forced=forced, batch_id=batch.id if batch else None,
+                       tokens=produced, forced=forced, drafted=drafts[0], accepted=drafts[1],
+                       batch_id=batch.id if batch else None,
                        started_at=wall(started), ended_at=wall(now))
 
     def _open_batch(self, members: Seq[Sequence], now: float) -> None:

@@ -309,8 +309,8 @@ class Scheduler:
                 seq.num_computed = len(seq.prompt_ids) if tokens else sampled.computed[row]
                 if sampled.prompt_logprobs is not None and sampled.prompt_logprobs[row] is not None:
                     seq.prompt_logprobs = sampled.prompt_logprobs[row]
-            else:
-                seq.num_computed += plan.num_scheduled[row]
+            else:  # and the draft tokens its model agreed with: their KV is computed too
+                seq.num_computed += plan.num_scheduled[row] + (sampled.accepted[row] if sampled.accepted else 0)
             if sampled.errors is not None and sampled.errors[row] is not None:
                 message = (f"The answer's constraint could not be followed to its end: {sampled.errors[row]}. "
                            "Simplify the schema or grammar.")
@@ -325,7 +325,8 @@ class Scheduler:
                     kept = min(sampled.forced[row], len(out[-1][1]) - 1)
                     seq.record.forced_tokens += kept
                     forced += kept
-        self.recorder.step(plan, sum(len(kept) for _, kept, _ in out), started, now, forced=forced)
+        drafts = (sum(sampled.proposed), sum(sampled.accepted)) if sampled.proposed is not None else (0, 0)
+        self.recorder.step(plan, sum(len(kept) for _, kept, _ in out), started, now, forced=forced, drafts=drafts)
         done = [seq for seq, _, _ in out if seq.finish_reason is not None]
         for seq in done:
             self._retire(seq, "ok", now)

@@ -93,6 +93,21 @@ class InferApp(ExtensionApp):
         run, a group prefill of short prompts is bounded by it too. 0 prefills every prompt
         whole. Unset: the engine's choice, 64 on a CPU (measured: docs/engine.md), 512 on a GPU."""
     ).tag(config=True)
+    speculative = Unicode(
+        D("speculative"), help="""'ngram' (default) or 'off'. Speculative decoding for the 'hf' engine: a
+        greedy row proposes the tokens that followed its latest tokens earlier in its prompt
+        or answer (prompt lookup), and the decode step verifies them in the same forward; it
+        keeps those its model agrees with, so its answer is the same, several tokens a step
+        where it quotes (tool results, code, documents, JSON keys). A row with no match
+        proposes nothing and pays nothing."""
+    ).tag(config=True)
+    speculative_tokens = Int(
+        D("speculative_tokens"), help="Most draft tokens a row proposes a step (it follows the row's recent acceptance)."
+    ).tag(config=True)
+    speculative_max_rows = Int(
+        D("speculative_max_rows"), help="""No drafts while more rows than this decode: a step of many rows is
+        busy enough that verifying guesses costs more than it saves (docs/engine.md)."""
+    ).tag(config=True)
     fair_share = Bool(
         D("fair_share"), help="""Share the batch's rows between users (the Jupyter or hub users who send
         the requests): the next row goes to the user holding the fewest, and a user with none

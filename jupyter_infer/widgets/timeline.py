@@ -63,38 +63,7 @@ def timeline_data(
         for m in b.get("members", []):
             member_of.setdefault(m, []).append(b)
 
-    rows = []
-    for rid in ids:
-        record = by_id.get(rid, {})
-        seen = observed.get(rid, {})
-        spans = member_of.get(rid, [])
-        batch_ids = list(record.get("batch_ids") or [])
-        for b in spans:  # batches the record does not know yet (or no record at all)
-            if b["id"] not in batch_ids:
-                batch_ids.append(b["id"])
-        batch_ids.sort()
-        row = {
-            "id": rid,
-            # On a shared server another user's request is an anonymous record (server/viewer.py).
-            "label": labels.get(rid, "another user" if record.get("anonymous") else rid),
-            "parked_at": record.get("parked_at") or [],
-            "resumed_at": record.get("resumed_at") or [],
-            "queued_at": record.get("queued_at") or seen.get("queued_at"),
-            "admitted_at": record.get("admitted_at"),
-            "first_token_at": record.get("first_token_at") or seen.get("first_token_at"),
-            "finished_at": record.get("finished_at") or seen.get("finished_at"),
-            "batch_ids": batch_ids,
-            "outcome": _outcome(record.get("outcome"), seen.get("outcome")),
-            "tokens": record.get("completion_tokens") or seen.get("tokens") or 0,
-            "constraint": record.get("constraint"),  # its kind ("json_schema", "tools", ...) or None
-            "forced_tokens": record.get("forced_tokens") or 0,
-        }
-        if row["admitted_at"] is None and spans:
-            row["admitted_at"] = min(s for s, _ in map(_span, spans) if s is not None)
-        if row["finished_at"] is None and spans and all(e is not None for _, e in map(_span, spans)):
-            if row["outcome"] not in ("running", "queued"):
-                row["finished_at"] = max(e for _, e in map(_span, spans))
-        rows.append(row)
+    rows = [_row(rid, by_id.get(rid, {}), observed.get(rid, {}), member_of.get(rid, []), labels) for rid in ids]
     out_batches = [
         {
             "id": b["id"],
@@ -114,6 +83,38 @@ def timeline_data(
 
 _PROGRESS = {None: 0, "queued": 1, "running": 2}  # any other outcome: the request ended
 
+
+
+def _row(rid: str, record: Mapping[str, Any], seen: Mapping[str, Any], spans: list[dict[str, Any]],
+         labels: Mapping[str, str]) -> dict[str, Any]:
+    """One request's row: its record, what the client saw where there is none, its batches."""
+    batch_ids = list(record.get("batch_ids") or [])
+    for b in spans:  # batches the record does not know yet (or no record at all)
+        if b["id"] not in batch_ids:
+            batch_ids.append(b["id"])
+    batch_ids.sort()
+    row = {
+        "id": rid,
+        # On a shared server another user's request is an anonymous record (server/viewer.py).
+        "label": labels.get(rid, "another user" if record.get("anonymous") else rid),
+        "parked_at": record.get("parked_at") or [],
+        "resumed_at": record.get("resumed_at") or [],
+        "queued_at": record.get("queued_at") or seen.get("queued_at"),
+        "admitted_at": record.get("admitted_at"),
+        "first_token_at": record.get("first_token_at") or seen.get("first_token_at"),
+        "finished_at": record.get("finished_at") or seen.get("finished_at"),
+        "batch_ids": batch_ids,
+        "outcome": _outcome(record.get("outcome"), seen.get("outcome")),
+        "tokens": record.get("completion_tokens") or seen.get("tokens") or 0,
+        "constraint": record.get("constraint"),  # its kind ("json_schema", "tools", ...) or None
+        "forced_tokens": record.get("forced_tokens") or 0,
+    }
+    if row["admitted_at"] is None and spans:
+        row["admitted_at"] = min(s for s, _ in map(_span, spans) if s is not None)
+    if row["finished_at"] is None and spans and all(e is not None for _, e in map(_span, spans)):
+        if row["outcome"] not in ("running", "queued"):
+            row["finished_at"] = max(e for _, e in map(_span, spans))
+    return row
 
 def _outcome(recorded: str | None, seen: str | None) -> str:
     """The server's outcome, unless it is still live and the client has seen the request get

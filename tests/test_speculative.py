@@ -1,0 +1,154 @@
+"""Speculative decoding (n-gram prompt lookup): the guesses, and answers identical to decoding
+without them, token for token, on locally built GPT-2 and Llama shapes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from jupyter_infer.config import ServiceConfig
+from jupyter_infer.engine import Rows, StepPlan
+from jupyter_infer.engine.hf import HFEngine
+from jupyter_infer.engine.ngram import propose
+from jupyter_infer.request import Request, RequestResult, SamplingParams
+from jupyter_infer.service import InferenceService
+from tests.test_hf_engine import _real_kv, _seq, reference
+
+# Answers that quote their prompt: code being rewritten, a record whose fields repeat.
+COPY = [
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\nThe same functions, with type hints:\n",
+    "name: Ada; role: engineer; team: infra\nname: Grace; role: admiral; team: navy\nname:",
+    "The KV cache stores keys and values. The KV cache stores keys and values. The KV",
+]
+
+
+def test_a_guess_is_what_followed_the_latest_earlier_occurrence_of_the_last_tokens() -> None:
+    assert propose([1, 2, 3, 9, 1, 2, 3], 2) == [9, 1]  # "1 2 3" came before, then 9 1
+    assert propose([5, 1, 2, 7, 1, 2, 8, 1, 2], 3) == [8, 1, 2]  # the latest occurrence wins
+    assert propose([1, 2, 3, 4], 4) == []  # nothing repeats
+    assert propose([4, 4, 4, 4], 3) == [4]  # a run: what followed the tail's last match
+    assert propose([1, 2, 1, 2], 0) == [] and propose([1], 3) == []
+    # The longest suffix first: "7 1 2" recurs after "1 2" elsewhere.
+    assert propose([1, 2, 5, 7, 1, 2, 6, 7, 1, 2], 1) == [6]
+
+
+async def _answers(engine: HFEngine, prompts: list[str], n: list[int], *, late: bool = False,
+                   **config) -> tuple[list[RequestResult], dict]:
+    engine.eos_token_ids = frozenset()
+    service = InferenceService(ServiceConfig(prefix_cache_mb=0, **config), engine_loader=lambda: engine)
+    service.start()
+    await service.wait_ready()
+    half = len(prompts) // 2 if late else len(prompts)
+    streams = [await service.submit(Request(p, SamplingParams(max_tokens=k))) for p, k in zip(prompts[:half], n, strict=False)]
+    if late:
+        for _ in range(200):  # the first ones decode before the others join
+            if service.collector.ttft_ms.count >= half:
+                break
+            await asyncio.sleep(0.005)
+        streams += [await service.submit(Request(p, SamplingParams(max_tokens=k)))
+                    for p, k in zip(prompts[half:], n[half:], strict=True)]
+    results = await asyncio.gather(*(s.result() for s in streams))
+    metrics = service.metrics()
+    await service.stop()
+    return results, metrics["speculative"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+async def test_speculative_answers_equal_generate_with_late_joiners(request, model_fixture: str) -> None:
+    model_dir: Path = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    lengths = [40, 33, 27, 45]
+    prompts = [*COPY, COPY[0].replace("add", "mul")]
+    results, spec = await _answers(engine, prompts, lengths, late=True)
+    assert spec["accepted_tokens"] > 0 and spec["tokens_per_row_step"] > 1.0  # it guessed, and right
+    for result, prompt, n in zip(results, prompts, lengths, strict=True):
+        assert list(result.token_ids) == reference(model_dir, prompt, n), prompt
+
+
+@pytest.mark.asyncio
+async def test_a_row_that_ends_inside_an_accepted_run_gets_exactly_its_tokens(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    full = reference(tiny_model_dir, COPY[2], 40)
+    for n in (5, 6, 7, 9):  # somewhere inside a run of accepted guesses, whichever
+        [result], spec = await _answers(engine, [COPY[2]], [n])
+        assert list(result.token_ids) == full[:n] and result.completion_tokens == n
+    assert spec["accepted_tokens"] > 0
+
+
+@pytest.mark.asyncio
+async def test_a_stop_string_inside_an_accepted_run_cuts_the_answer_as_without_guesses(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    engine.eos_token_ids = frozenset()
+    text = engine.detokenize(reference(tiny_model_dir, COPY[2], 40))
+    stop = text[len(text) // 2 : len(text) // 2 + 4]
+
+    async def answer(speculative: str) -> RequestResult:
+        service = InferenceService(ServiceConfig(prefix_cache_mb=0, speculative=speculative), engine_loader=lambda: engine)
+        service.start()
+        await service.wait_ready()
+        result = await (await service.submit(Request(COPY[2], SamplingParams(max_tokens=40, stop=(stop,))))).result()
+        await service.stop()
+        return result
+
+    plain, guessed = await answer("off"), await answer("ngram")
+    assert guessed.text == plain.text and guessed.finish_reason == plain.finish_reason == "stop"
+    assert stop not in guessed.text
+
+
+@pytest.mark.asyncio
+async def test_off_and_past_the_row_limit_nothing_is_drafted(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    _, off = await _answers(engine, COPY[:1], [20], speculative="off")
+    assert off["draft_tokens"] == 0 and off["tokens_per_row_step"] == 1.0
+    engine.configure_speculation(4, 2)
+    seqs = [_seq(engine, p, 20) for p in COPY]
+    sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
+    for _ in range(6):
+        for seq, tokens in zip(seqs, sampled.tokens, strict=True):
+            seq.output_ids += tokens
+        sampled, rows = engine.step(StepPlan(0, "decode", seqs, [s.id for s in seqs]), rows)
+        assert sampled.proposed is None and all(len(t) == 1 for t in sampled.tokens)  # 3 rows > 2: no guesses
+    rows = rows.keep([seqs[2].id])
+    sampled, rows = engine.step(StepPlan(0, "decode", seqs[2:], [seqs[2].id]), rows)
+    assert sampled.proposed is not None  # alone, the same row guesses
+
+
+def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> None:
+    """Three rows in one bucket guess and keep different numbers of their guesses: each row's
+    tokens are those of decoding one token a step, and its KV (its real columns) is that of a
+    cold prefill of all its tokens but the last, at the position after them."""
+    engine = HFEngine(str(llama_model_dir), dtype="float32", num_threads=1)
+
+    def decode(speculate: bool, steps: int) -> tuple[list, Rows]:
+        engine.configure_speculation(4 if speculate else 0, 8)
+        seqs = [_seq(engine, p, 64) for p in COPY]
+        sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
+        for _ in range(steps):
+            for seq, tokens in zip(seqs, sampled.tokens, strict=True):
+                seq.output_ids += tokens
+            sampled, rows = engine.step(StepPlan(0, "decode", seqs, [s.id for s in seqs]), rows)
+        for seq, tokens in zip(seqs, sampled.tokens, strict=True):
+            seq.output_ids += tokens
+        return seqs, rows
+
+    guessed, rows = decode(True, 8)
+    plain, _ = decode(False, max(len(s.output_ids) for s in guessed))
+    assert sum(len(s.output_ids) for s in guessed) > 3 * 9  # more than a token a step
+    for seq, one_by_one in zip(guessed, plain, strict=True):
+        assert seq.output_ids == one_by_one.output_ids[: len(seq.output_ids)]
+    engine.configure_speculation(0, 0)
+    for seq in guessed:
+        tokens = [*seq.prompt_ids, *seq.output_ids[:-1]]  # the last one is fed next step
+        cold = _seq(engine, "", 1)
+        cold.prompt_ids = tokens
+        _, cold_rows = engine.step(StepPlan(0, "prefill", [cold]), None)
+        expected, got = _real_kv(cold_rows.decoding, cold.id), _real_kv(rows.decoding, seq.id)
+        assert [t.shape for t in got] == [t.shape for t in expected]
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        bucket = next(b for b in rows.decoding if seq.id in b.ids)
+        assert int(bucket.positions[bucket.ids.index(seq.id)]) == len(tokens)
