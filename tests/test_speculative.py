@@ -152,3 +152,72 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         bucket = next(b for b in rows.decoding if seq.id in b.ids)
         assert int(bucket.positions[bucket.ids.index(seq.id)]) == len(tokens)
+
+
+def test_a_sampled_rows_tokens_follow_its_models_distribution_guesses_or_not() -> None:
+    """Rejection sampling with a sure draft: the first token is distributed as the model's
+    first distribution says, and after an accepted guess the next as its second says."""
+    from jupyter_infer.engine.sampling import RowSampler, filter_logits
+    from jupyter_infer.engine.speculate import accept_sampled
+
+    params = SamplingParams(temperature=0.8, top_k=6, max_tokens=8)
+    sampler = RowSampler.build(params, [1], frozenset())
+    sampler.generator.manual_seed(0)
+    logits = torch.randn((3, 8), generator=torch.Generator().manual_seed(1)) * 2
+    target = [torch.softmax(filter_logits(logits[j], params), dim=-1) for j in range(3)]
+    guess = [int(target[0].argsort()[-2]), int(target[1].argmax())]  # likely, but not sure
+    trials, first, second, kept = 20_000, torch.zeros(8), torch.zeros(8), 0
+    for _ in range(trials):
+        tokens = accept_sampled(logits, guess, sampler)
+        first[tokens[0]] += 1
+        if tokens[0] == guess[0]:
+            kept += 1
+            second[tokens[1]] += 1
+    assert (first / trials - target[0]).abs().max() < 0.015
+    assert (second / kept - target[1]).abs().max() < 0.02
+    assert abs(kept / trials - float(target[0][guess[0]])) < 0.015  # kept as often as the model picks it
+
+
+@pytest.mark.asyncio
+async def test_sampled_rows_speculate_and_seeded_rows_do_not(tiny_model_dir: Path) -> None:
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    engine.eos_token_ids = frozenset()
+    service = InferenceService(ServiceConfig(prefix_cache_mb=0), engine_loader=lambda: engine)
+    service.start()
+    await service.wait_ready()
+    cool = SamplingParams(max_tokens=30, temperature=0.05)  # near-greedy: it repeats itself, so it guesses
+    results = [await (await service.submit(Request(COPY[2], cool))).result() for _ in range(3)]
+    assert all(r.completion_tokens == 30 for r in results)
+    drafted = service.metrics()["speculative"]["draft_tokens"]
+    assert drafted > 0
+    seeded = SamplingParams(max_tokens=30, temperature=0.3, seed=7)
+    alone = await (await service.submit(Request(COPY[2], seeded))).result()
+    assert service.metrics()["speculative"]["draft_tokens"] == drafted  # a seeded row guessed nothing
+    crowd = [await service.submit(Request(p, SamplingParams(max_tokens=30))) for p in COPY * 2]
+    again = await service.submit(Request(COPY[2], seeded))
+    assert (await again.result()).text == alone.text  # the same tokens in a crowd of 7 as alone
+    await asyncio.gather(*(c.result() for c in crowd))
+    await service.stop()
+
+
+@pytest.fixture
+def jp_server_config(tiny_model_dir: Path) -> dict:
+    from server_helpers import server_config
+
+    return server_config(engine="hf", model=str(tiny_model_dir), dtype="float32", num_threads=1, prefix_cache_mb=0)
+
+
+async def test_the_server_shows_what_speculation_did(jp_fetch) -> None:
+    import json
+
+    body = json.dumps({"prompt": COPY[2], "max_tokens": 40, "ignore_eos": True})
+    answer = json.loads((await jp_fetch("infer", "generate", method="POST", body=body)).body)
+    assert answer["usage"]["completion_tokens"] == 40
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["speculative"] == {"method": "ngram", "max_tokens": 4, "max_rows": 4}
+    spec = json.loads((await jp_fetch("infer", "metrics")).body)["speculative"]
+    assert spec["accepted_tokens"] > 0 and spec["tokens_per_row_step"] > 1
+    batches = json.loads((await jp_fetch("infer", "batches")).body)["batches"]
+    assert sum(b["accepted_tokens"] for b in batches) == spec["accepted_tokens"]
+    prometheus = (await jp_fetch("metrics")).body.decode()
+    assert 'jupyter_infer_speculative_tokens_total{outcome="accepted"}' in prometheus

@@ -1,12 +1,17 @@
 """Speculative decoding in the decode step: draft tokens proposed per row, verified in the same
 forward as everyone's next token.
 
-A row that speculates (greedy, nothing to shape, no log probabilities asked) feeds its last
-token and its draft tokens (``ngram.propose``: what followed its latest tokens earlier in its
-prompt or answer); one forward gives the logits after each of them. The row keeps its drafts
-up to the first one its model disagrees with, and its model's own token after those: exactly
-the tokens it would have got one a step, several at once where the guesses were right. The
-KV of the rejected drafts goes (``HFBatch.advance_verified``). How many a row proposes
+A row that speculates (nothing to shape, no log probabilities asked) feeds its last token and
+its draft tokens (``ngram.propose``: what followed its latest tokens earlier in its prompt or
+answer); one forward gives the logits after each of them. A greedy row keeps its drafts up to
+the first one its model disagrees with, and its model's own token after those: exactly the
+tokens it would have got one a step, several at once where the guesses were right. A sampled
+row keeps each draft with the probability its model gives it, and at the first it refuses
+draws from the model's distribution without that token (rejection sampling, Leviathan et al.
+2023, with a draft that is one token for sure): its tokens follow the model's distribution
+exactly. A row with a seed does not speculate: its tokens would then depend on whether its
+batch mates let it (``max_rows``), and a seeded request gets the same tokens in any batch.
+The KV of the rejected drafts goes (``HFBatch.advance_verified``). How many a row proposes
 follows its acceptance: one more after a run fully accepted, back to what was accepted
 otherwise. A step of many rows gains little from guesses (it is busy already), so past
 ``max_rows`` decoding rows nobody proposes.
@@ -22,7 +27,7 @@ import torch
 from . import ragged
 from .base import Sampled
 from .ngram import propose
-from .sampling import RowSampler, sample
+from .sampling import RowSampler, filter_logits, sample
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
@@ -39,7 +44,9 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int)
     for bucket in buckets:
         room = (bucket.ends - bucket.positions).tolist()
         for i, (row_id, sampler) in enumerate(zip(bucket.ids, bucket.samplers, strict=True)):
-            if not sampler.plain or sampler.params.logprobs is not None or row_id in bucket.forced:
+            params = sampler.params
+            if sampler.processors or params.logprobs is not None or row_id in bucket.forced or \
+                    (not params.greedy and params.seed is not None):
                 continue
             seq = by_id[row_id]
             k = min(bucket.draft_k.get(row_id, most), room[i] - 1)
@@ -55,7 +62,8 @@ def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch
     block after block): each guessing row's kept guesses and its model's token after them;
     every other row samples from its last column as usual. The buckets move on past what
     each row kept."""
-    sampled = sample(logits[ragged.last_columns(blocks)], samplers)
+    sampled = _sample_the_others(logits[ragged.last_columns(blocks)], samplers,
+                                 [i for b in buckets for i in b.ids], guesses)
     columns, spans, start = [], [], 0  # the columns whose logits check each row's guesses
     for bucket, block in zip(buckets, blocks, strict=True):
         width = block.ids.shape[1]
@@ -78,14 +86,59 @@ def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch
                 feed.append(sampled.tokens[row])
             else:
                 at, fed = next(span)
-                model = choices[at : at + fed]  # its own token after its last one, and after each guess
-                keep = next((j for j, (g, m) in enumerate(zip(guess, model, strict=False)) if g != m), len(guess))
-                sampled.tokens[row] = model[: keep + 1]
+                if samplers[row].params.greedy:
+                    model = choices[at : at + fed]  # its own token after its last one, and after each guess
+                    keep = next((j for j, (g, m) in enumerate(zip(guess, model, strict=False)) if g != m), len(guess))
+                    model = model[: keep + 1]
+                else:
+                    model = accept_sampled(logits[torch.tensor(columns[at : at + fed], device=logits.device)],
+                                           guess, samplers[row])
+                keep = len(model) - 1
+                sampled.tokens[row] = model
                 proposed[row], accepted[row] = len(guess), keep
                 rejected.append(len(guess) - keep)
-                feed.append([model[keep]])
+                feed.append([model[-1]])
                 bucket.draft_k[row_id] = min(most, len(guess) + 1) if keep == len(guess) else max(1, keep)
             row += 1
         bucket.advance_verified(block, rejected, feed)
     sampled.proposed, sampled.accepted = proposed, accepted
     return sampled
+
+
+def accept_sampled(row_logits: torch.Tensor, guess: list[int], sampler: RowSampler) -> list[int]:
+    """A sampled row's tokens from the logits after its last token and each guess
+    (``[len(guess) + 1, vocab]``): each guess kept with the probability its model gives it;
+    at the first refused, a token from the model's distribution without the guess (what is
+    left of it, renormalized); after them all, one from the model's last distribution."""
+    params, generator, out = sampler.params, sampler.generator, []
+    for j, token in enumerate(guess):
+        probs = torch.softmax(filter_logits(row_logits[j].float(), params), dim=-1)
+        if float(torch.rand((), generator=generator)) < float(probs[token]):
+            out.append(token)
+            continue
+        probs[token] = 0.0
+        return [*out, int(torch.multinomial(probs / probs.sum(), 1, generator=generator))]
+    probs = torch.softmax(filter_logits(row_logits[len(guess)].float(), params), dim=-1)
+    return [*out, int(torch.multinomial(probs, 1, generator=generator))]
+
+
+def _sample_the_others(logits: torch.Tensor, samplers: Seq[RowSampler], ids: list[str],
+                       guesses: dict[str, list[int]]) -> Sampled:
+    """``sample`` over the rows without guesses (a guessing row's tokens come from ``verify``;
+    its generator must not draw here); the guessing rows get a placeholder."""
+    others = [i for i, row_id in enumerate(ids) if row_id not in guesses]
+    part = sample(logits[others], [samplers[i] for i in others]) if others else Sampled([])
+    tokens: list[list[int]] = [[] for _ in ids]
+    for i, t in zip(others, part.tokens, strict=True):
+        tokens[i] = t
+
+    def spread(values: list | None, empty: object) -> list | None:
+        if values is None:
+            return None
+        out = [empty] * len(ids)
+        for i, v in zip(others, values, strict=True):
+            out[i] = v
+        return out
+
+    return Sampled(tokens, spread(part.logprobs, None), None, None, spread(part.errors, None),
+                   spread(part.forced, 0))

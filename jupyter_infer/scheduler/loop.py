@@ -121,6 +121,9 @@ class EngineLoop(RequestLoop):
                                                                            engine.info.max_context)
             if engine.grammars is not None:
                 snap.status["structured_outputs"] = engine.grammars.stats()
+            snap.status["speculative"] = {"method": "ngram" if engine.speculative_tokens else "off",
+                                          "max_tokens": engine.speculative_tokens,
+                                          "max_rows": engine.speculative_max_rows}
         return snap
 
     # -- the loop ---------------------------------------------------------------------------

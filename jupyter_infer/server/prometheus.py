@@ -103,8 +103,16 @@ def _on_request_finished(record: RequestRecord) -> None:
         latency_seconds().observe(record.finished_at - record.queued_at)
 
 
+def speculative_tokens_total() -> Counter:
+    return _get(Counter, "speculative_tokens", "Draft tokens of speculative decoding, by outcome "
+                "(proposed, accepted by the model).", labelnames=["outcome"])
+
+
 def _on_batch_closed(batch: BatchRecord) -> None:
     batch_size().observe(len(batch.members))
+    if batch.draft_tokens:
+        speculative_tokens_total().labels(outcome="proposed").inc(batch.draft_tokens)
+        speculative_tokens_total().labels(outcome="accepted").inc(batch.accepted_tokens)
 
 
 def events_dropped_total() -> Counter:
