@@ -3,9 +3,13 @@
 Every contender is a server on the same model, driven by the same client (streamed OpenAI
 completions, greedy, EOS ignored): ours with eager linears, with prepacked oneDNN linears
 (float32, and bfloat16 where the CPU has bf16 instructions) and with int8 (fbgemm); and
-llama.cpp's ``llama-server -np N -cb`` on GGUFs of the model in f32, f16 and q8_0. Two
-workloads: a burst (all at once) and one request at a time. Ratios compare a precision class
-with its counterpart: f32 with f32, bf16 with f16, int8 with q8_0.
+llama.cpp's ``llama-server -np N -cb`` on GGUFs of the model in f32, f16 and q8_0. Three
+workloads: a burst (all at once), one request at a time, and copy-heavy prompts one at a time
+(a 300-600-token piece of code, JSON records or a document, and an answer that reuses it:
+issue 20). Ratios compare a precision class with its counterpart: f32 with f32, bf16 with
+f16, int8 with q8_0. Speculative decoding: ours f32 is measured with its n-gram speculation
+(the default) and without; llama-server f32 without (its default) and with its n-gram
+speculation (``--spec-type ngram-mod``).
 
 Quality is measured in-process on a fixed text: each variant's next-token choice at every
 position against float32 eager (teacher-forced greedy agreement) and its perplexity.
@@ -32,6 +36,8 @@ from .rounds import measure_rounds
 # What every request asks: no early stop, so that all contenders decode the same tokens.
 REQUEST_EXTRA = {"ignore_eos": True, "stream_options": {"include_usage": True}}
 GGUF_TYPES = ("f32", "f16", "q8_0")
+# llama-server's n-gram speculation (issue 20 measured ngram-mod as its best here), on f32.
+LLAMA_SPECULATION = ["--spec-type", "ngram-mod"]
 INT8_AGREEMENT = 0.95  # issue 14's bound on int8's greedy agreement with float32
 
 
@@ -59,6 +65,7 @@ class Variant:
 VARIANTS = (
     Variant("f32_eager", "ours f32, eager linears", {"dtype": "float32", "prepack_weights": False}),
     Variant("f32", "ours f32, prepacked", {"dtype": "float32"}),
+    Variant("f32_nospec", "ours f32, no speculation", {"dtype": "float32", "speculative": "off"}),
     Variant("bf16", "ours bf16, prepacked", {"dtype": "bfloat16"}, needs_bf16=True),
     Variant("int8", "ours int8 (dynamic)", {"dtype": "float32", "quantize": "int8"}),
 )
@@ -66,15 +73,23 @@ VARIANTS = (
 PAIRS = (("f32", "llama_f32"), ("bf16", "llama_f16"), ("int8", "llama_q8_0"))
 
 
-def workloads(count: Callable[[str], int], burst: tuple[int, int], alone: tuple[int, int]) -> list[wl.Workload]:
-    """A burst of ``burst[0]`` requests at once, and ``alone[0]`` sent one at a time."""
+def workloads(count: Callable[[str], int], burst: tuple[int, int], alone: tuple[int, int],
+              copy: tuple[int, tuple[int, int], int]) -> list[wl.Workload]:
+    """A burst of ``burst[0]`` requests at once, ``alone[0]`` sent one at a time, and
+    ``copy[0]`` copy-heavy ones (contexts of ``copy[1]`` tokens) one at a time."""
+    from ..engine.model_builder import CORPUS
+
     b = wl.burst(count, *burst)
     prompts = wl.bench_prompts(count, alone[0])
     arrivals = [Arrival(at=0.0, prompt=p, max_tokens=alone[1]) for p in prompts]
+    copies = wl.copy_heavy(count, copy[0], copy[1], copy[2], document=CORPUS)
     return [
         wl.Workload("cpu_burst", b.description + ", over HTTP (OpenAI completions)", b.arrivals),
         wl.Workload("cpu_alone", f"{alone[0]} requests one at a time, ~20-token prompts, {alone[1]} new tokens each, "
                     "over HTTP (OpenAI completions)", [], chains=[arrivals]),
+        wl.Workload("cpu_copy", f"{copy[0]} copy-heavy requests one at a time ({copy[1][0]}-{copy[1][1]}-token code, "
+                    f"JSON records or a document, then what to do with it), {copy[2]} new tokens each, over HTTP",
+                    [], chains=[copies]),
     ]
 
 
@@ -134,6 +149,16 @@ def contenders(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, thr
             continue
         log(f"  llama-server {kind}: ready in {peer.process.startup_s:.1f} s")
         out.append(peer)
+        if kind == "f32":  # and with its n-gram speculation
+            try:
+                spec = llama_server(str(gguf), threads, parallel, context, cfg.out / "llama-server-f32-ngram.log",
+                                    exe=cfg.llama_server, name="llama_f32_ngram",
+                                    label=f"llama-server f32 {' '.join(LLAMA_SPECULATION)}",
+                                    extra={"ignore_eos": True}, args=LLAMA_SPECULATION)
+            except Exception as err:
+                notes.append(f"llama-server f32 with speculation: not measured: {err}")
+                continue
+            out.append(spec)
     return out
 
 
@@ -164,7 +189,7 @@ def quality(model_dir: str, text: str, threads: int) -> dict[str, Any]:
     out: dict[str, Any] = {"tokens": int(reference.shape[0]) + 1,
                            "f32_eager": {"agreement": 1.0, "perplexity": perplexity(reference)}}
     for v in VARIANTS:
-        if v.name == "f32_eager" or v.missing():
+        if v.name in ("f32_eager", "f32_nospec") or v.missing():
             continue
         model = load(torch.bfloat16 if v.options.get("dtype") == "bfloat16" else torch.float32)
         swap_linears(model, prepack=v.options.get("prepack_weights", True), quantize=v.options.get("quantize", "none"))
@@ -203,7 +228,8 @@ def measure(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, thread
     from ..engine.model_builder import CORPUS
 
     burst, alone = ((8, 8), (3, 8)) if cfg.quick else ((16, 32), (8, 32))
-    loads = workloads(count, burst, alone)
+    copy = (3, (120, 240), 16) if cfg.quick else (6, (300, 600), 96)  # the tiny model has 512 positions
+    loads = workloads(count, burst, alone, copy)
     log(f"\n[g] the CPU forward pass against llama.cpp ({threads} threads): ours by linear kernels and "
         "precision, llama-server by GGUF type")
     cfg.out.mkdir(parents=True, exist_ok=True)

@@ -200,7 +200,8 @@ def transformers_serve(model_dir: str, device: str, dtype: str, threads: int, ma
 
 def llama_server(gguf: str, threads: int, parallel: int, context_per_slot: int, log_path: Path, *,
                  exe: str | None = None, name: str = "llama_server",
-                 label: str = "llama.cpp llama-server -cb", extra: dict[str, Any] | None = None) -> CompletionsPeer:
+                 label: str = "llama.cpp llama-server -cb", extra: dict[str, Any] | None = None,
+                 args: list[str] | None = None) -> CompletionsPeer:
     """llama.cpp's ``llama-server -np N -cb`` on a GGUF of the same model (``exe``: its path;
     default: ``llama-server`` on PATH)."""
     from ..server.launcher import free_port
@@ -213,7 +214,7 @@ def llama_server(gguf: str, threads: int, parallel: int, context_per_slot: int, 
         raise RuntimeError(f"no GGUF at {gguf} (docs/benchmark.md: convert the model with convert_hf_to_gguf.py)")
     port = free_port()
     cmd = [exe, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel), "-cb",
-           "-t", str(threads), "-c", str(parallel * context_per_slot)]
+           "-t", str(threads), "-c", str(parallel * context_per_slot), *(args or [])]
     process = ServerProcess(cmd, f"http://127.0.0.1:{port}/health", log_path)
     # cache_prompt off: the rounds repeat the same prompts, and llama-server would otherwise
     # reuse each slot's KV from the previous round (ours runs with its prefix cache off too).

@@ -10,12 +10,12 @@ from typing import Any
 
 ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "apart", "hf_cb", "ceiling",
          "http", "http_openai", "hf_serve", "llama_server",
-         "f32_eager", "f32", "bf16", "int8", "llama_f32", "llama_f16", "llama_q8_0",
+         "f32_eager", "f32", "f32_nospec", "bf16", "int8", "llama_f32", "llama_f32_ngram", "llama_f16", "llama_q8_0",
          "corpus", "unconstrained_mean", "unconstrained", "no_ff", "ff", "new_schema", "fair", "fifo", "idle")
 TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
           "agents": "[e] agents", "interference": "[f] interference", "lengths": "[h] mixed lengths",
           "cpu_burst": "[g] CPU, burst",
-          "cpu_alone": "[g] CPU, one at a time",
+          "cpu_alone": "[g] CPU, one at a time", "cpu_copy": "[g] CPU, copy-heavy, one at a time",
           "structured_corpus": "[i] structured, validity", "structured_burst": "[i] structured, 16 streams",
           "structured_alone": "[i] structured, one at a time", "users": "[j] users (B's requests: TTFT, latency)"}
 # Columns of a second table, for the workloads that measure more than throughput and TTFT.
@@ -90,6 +90,19 @@ TARGETS = (
                                                                                    ("bf16", "llama_f16"))),
     Target("cpu_burst", "burst: int8 >= 1.3 x our f32 (tok/s)", "int8", "f32", "tokens_per_s", ">=", 1.3),
     Target("cpu_alone", "alone: int8 >= 1.3 x our f32 (tok/s)", "int8", "f32", "tokens_per_s", ">=", 1.3),
+    # issue 20: speculative decoding, one request at a time
+    Target("cpu_copy", "copy-heavy: ours f32 >= 1.5 x llama-server f32 (tok/s)", "f32", "llama_f32", "tokens_per_s",
+           ">=", 1.5),
+    Target("cpu_copy", "copy-heavy: ours f32 >= 1.0 x llama-server f32 with n-gram speculation (tok/s)", "f32",
+           "llama_f32_ngram", "tokens_per_s", ">=", 1.0),
+    Target("cpu_copy", "copy-heavy: TTFT p50 ours f32 <= 1.2 x llama-server f32", "f32", "llama_f32", "ttft_p50_ms",
+           "<=", 1.2),
+    Target("cpu_alone", "alone: ours f32 >= 1.0 x llama-server f32 (tok/s, issue 20)", "f32", "llama_f32",
+           "tokens_per_s", ">=", 1.0),
+    Target("cpu_alone", "alone: ours f32 >= 0.9 x llama-server f32 with n-gram speculation (tok/s)", "f32",
+           "llama_f32_ngram", "tokens_per_s", ">=", 0.9),
+    Target("cpu_burst", "burst: ours f32 with speculation >= 0.97 x without (tok/s)", "f32", "f32_nospec",
+           "tokens_per_s", ">=", 0.97),
     # issue 19
     Target("structured_corpus", "structured: every finished answer valid against its schema (valid / finished)",
            "corpus", "corpus", "valid", ">=", 1.0, "finished"),
@@ -183,7 +196,7 @@ def format_tables(results: dict[str, Any]) -> str:
         if ceiling.get("bare_loop_tokens_per_s"):
             lines.append(f"  (ceiling = bare decode steps only, {ceiling['decode_step_ms']:.1f} ms/step; the same "
                          f"bare loop with its prefill: {ceiling['bare_loop_tokens_per_s']:.1f} tok/s)")
-        ours = {"http": "http", "cpu_burst": "f32", "cpu_alone": "f32", "structured_burst": "ff",
+        ours = {"http": "http", "cpu_burst": "f32", "cpu_alone": "f32", "cpu_copy": "f32", "structured_burst": "ff",
                 "structured_alone": "new_schema"}.get(name, "continuous")
         others = [k for k in contenders if k != ours]
         metric, what = {"open": ("ttft_p50_ms", "TTFT p50"), "agents": ("ttft_p50_ms", "TTFT p50"),
@@ -196,7 +209,7 @@ def format_tables(results: dict[str, Any]) -> str:
 
 
 def format_targets(results: dict[str, Any]) -> str:
-    lines = ["", "Targets (issues 4, 12, 14, 18, 19 and 21; ratios within this run):"]
+    lines = ["", "Targets (issues 4, 12, 14, 18, 19, 20 and 21; ratios within this run):"]
     for t in evaluate_targets(results):
         if t["ratio"] is None:
             lines.append(f"  [ n/a ] {t['target']}: not measured")
@@ -238,6 +251,7 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
              "http": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "cpu_burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "cpu_alone": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
+             "cpu_copy": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "structured_burst": ("generated tokens/s", "tokens/s", "tokens_per_s", None, None),
              "structured_alone": ("TTFT p50 / p99", "ms", "ttft_p50_ms", "ttft_p99_ms", ("p50", "p99"))}
     panels = [(name, *kinds[name]) for name in kinds if "contenders" in workloads.get(name, {})]

@@ -214,3 +214,88 @@ def interference(count_tokens: Callable[[str], int], streams: int = 4, stream_to
         [Arrival(0.0, p, stream_tokens) for p in prompts],
         late=Arrival(0.0, long_prompt, 8), late_after=after,
     )
+
+
+# Contexts an answer reuses (issue 20): code being edited, a document to extract from, a tool's
+# result to summarize. Cut by whole lines to the workload's size.
+COPY_CODE = '''\
+def schedule(self, now: float) -> tuple[StepPlan | None, float | None]:
+    """The next step, or (None, wake_at): nothing to run before wake_at."""
+    cancelled = [s for s in self.running if s.cancelled]
+    if cancelled:
+        for seq in cancelled:
+            self._retire(seq, "cancelled", now)
+        self.recorder.left(self.running, now)
+    in_engine = [s.id for s in self.running if s.num_computed]
+    decoding = self.decoding
+    prefill, wake_at = self._prefill_work(now, decoding)
+    if prefill:
+        self._decodes_since_prefill = 0
+        budgets = [self._budget(s, bool(decoding)) for s in prefill]
+        return StepPlan(next(self._step_ids), "prefill", prefill, in_engine, budgets), None
+    if decoding:
+        self._decodes_since_prefill += 1
+        return StepPlan(next(self._step_ids), "decode", decoding, in_engine), None
+    return None, wake_at
+
+
+def _budget(self, seq: Sequence, streams: bool) -> int:
+    """Prompt tokens to compute for seq this step: all that remain, or at most a chunk."""
+    return self.chunk_tokens if streams and self._chunked(seq) else seq.num_uncomputed
+
+
+def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
+    cfg = self.config
+    if not self.waiting:
+        return [], None
+    if cfg.mode == "window" and self.running:
+        return [], None
+    if self.running and not self._may_join():
+        return [], None
+    newcomers = self._pick(self.max_batch_size - len(self.running))
+    if not newcomers:
+        return [], None
+    admitted = set(map(id, newcomers))
+    self.waiting = [s for s in self.waiting if id(s) not in admitted]
+    for seq in newcomers:
+        seq.status = Status.RUNNING
+    self.running.extend(newcomers)
+    self.recorder.admitted(newcomers, self.running, now)
+    return newcomers, None
+'''
+COPY_RECORDS = "\n".join(
+    f'{{"id": {i}, "name": "{n}", "role": "{r}", "team": "{t}", "started": "2026-0{1 + i % 9}-1{i % 10}", '
+    f'"active": {str(i % 3 != 0).lower()}}}'
+    for i, (n, r, t) in enumerate([("Ada", "engineer", "infra"), ("Grace", "admiral", "compilers"),
+                                   ("Alan", "researcher", "theory"), ("Edsger", "professor", "systems"),
+                                   ("Barbara", "architect", "languages"), ("Ken", "engineer", "unix"),
+                                   ("Dennis", "engineer", "unix"), ("Margaret", "director", "software"),
+                                   ("John", "scientist", "lisp"), ("Frances", "engineer", "compilers")] * 3)
+)
+COPY_TASKS = (
+    (COPY_CODE, "Rewrite these functions with a docstring for every branch, keeping the code as it is:\n\n"),
+    (COPY_RECORDS, "Extract the name and team of every active record, one JSON object per line:\n\n"),
+    (None, "Summarize the text above, quoting its key sentences:\n\n"),
+)
+
+
+def fit_lines(text: str, count_tokens: Callable[[str], int], tokens: int) -> str:
+    """``text``'s first lines, repeated if needed, up to about ``tokens`` tokens (lines whole)."""
+    lines, out = text.splitlines(), []
+    while count_tokens("\n".join(out)) < tokens:
+        out.append(lines[len(out) % len(lines)])
+    return "\n".join(out[:-1] if len(out) > 1 else out)
+
+
+def copy_heavy(count_tokens: Callable[[str], int], n: int = 6, context_tokens: tuple[int, int] = (300, 600),
+               new_tokens: int = 96, document: str = "") -> list[Arrival]:
+    """``n`` prompts whose answers reuse their context: a 300-600-token piece of code, of JSON
+    records or of a ``document``, then what to do with it."""
+    low, high = context_tokens
+    out = []
+    for i in range(n):
+        context, task = COPY_TASKS[i % len(COPY_TASKS)]
+        size = low + (high - low) * i // max(1, n - 1)
+        body = fit_lines(context if context is not None else document, count_tokens, size)
+        out.append(Arrival(0.0, body + "\n\n" + task, new_tokens))
+    return out
