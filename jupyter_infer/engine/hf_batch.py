@@ -61,9 +61,10 @@ class HFBatch:
     # The prompt prefix every row starts with, held once (shared_prefix.py); the cache and
     # mask are the columns after it.
     shared: SharedPrefix | None = None
-    # Speculation: how many draft tokens each row proposes next (it follows the row's recent
-    # acceptance); rows not named here propose the engine's most.
-    draft_k: dict[str, int] = field(default_factory=dict)
+    # Speculation, per row (speculate.py): draft tokens it proposes next, steps it sits out
+    # before it guesses again, and how long it sits out after its next miss; rows not named
+    # here propose the engine's most.
+    draft_k: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Decided when rows join (a batch is made) or leave (``filter``), not every step.

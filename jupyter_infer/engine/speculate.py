@@ -13,7 +13,9 @@ exactly. A row with a seed does not speculate: its tokens would then depend on w
 batch mates let it (``max_rows``), and a seeded request gets the same tokens in any batch.
 The KV of the rejected drafts goes (``HFBatch.advance_verified``). How many a row proposes
 follows its acceptance: one more after a run fully accepted, back to what was accepted
-otherwise. A step of many rows gains little from guesses (it is busy already), so past
+otherwise; a row whose single guess was wrong sits out ``COOLDOWN_STEPS`` steps before it
+guesses again, twice as long after each such miss in a row (a step that verifies one guess
+costs ~1.2x one without on a CPU: a row whose guesses never land would pay that every step). A step of many rows gains little from guesses (it is busy already), so past
 ``max_rows`` decoding rows nobody proposes.
 """
 
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
     from ..sequence import Sequence
     from .hf_batch import HFBatch
 
+COOLDOWN_STEPS = 8  # steps a row proposes nothing after its one guess was wrong (then 16, 32, ...)
+MAX_COOLDOWN_STEPS = 256
+
 
 def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int) -> dict[str, list[int]]:
     """Each speculating row's draft tokens, by row id (rows without a guess are not named):
@@ -49,7 +54,11 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int)
                     (not params.greedy and params.seed is not None):
                 continue
             seq = by_id[row_id]
-            k = min(bucket.draft_k.get(row_id, most), room[i] - 1)
+            k, wait, backoff = bucket.draft_k.get(row_id, (most, 0, COOLDOWN_STEPS))
+            if wait:  # sitting out after a wrong guess
+                bucket.draft_k[row_id] = (k, wait - 1, backoff)
+                continue
+            k = min(k, room[i] - 1)
             guess = propose([*seq.prompt_ids, *seq.output_ids], k) if k > 0 else []
             if guess:
                 out[row_id] = guess
@@ -98,7 +107,15 @@ def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch
                 proposed[row], accepted[row] = len(guess), keep
                 rejected.append(len(guess) - keep)
                 feed.append([model[-1]])
-                bucket.draft_k[row_id] = min(most, len(guess) + 1) if keep == len(guess) else max(1, keep)
+                _, _, backoff = bucket.draft_k.get(row_id, (most, 0, COOLDOWN_STEPS))
+                if keep == len(guess):
+                    bucket.draft_k[row_id] = (min(most, len(guess) + 1), 0, COOLDOWN_STEPS)
+                elif keep:
+                    bucket.draft_k[row_id] = (keep, 0, COOLDOWN_STEPS)
+                elif len(guess) > 1:
+                    bucket.draft_k[row_id] = (1, 0, backoff)
+                else:  # one guess, wrong: sit out, longer each time in a row
+                    bucket.draft_k[row_id] = (1, backoff, min(2 * backoff, MAX_COOLDOWN_STEPS))
             row += 1
         bucket.advance_verified(block, rejected, feed)
     sampled.proposed, sampled.accepted = proposed, accepted

@@ -203,6 +203,12 @@ describe('constrained rows and fast-forwarded tokens', () => {
     expect(describeBatch(state.batches[0], 1.2)).toContain('33 tokens, 10 fast-forwarded');
   });
 
+  it('says how many of a batch’s tokens came from accepted guesses (speculative decoding)', () => {
+    const batch = { id: 7, size: 1, started_at: 1, ended_at: 2, steps: 10, tokens: 24, draft_tokens: 20, accepted_tokens: 14 };
+    expect(describeBatch(batch, 2)).toContain('24 tokens, 14 from guesses the model accepted (of 20)');
+    expect(describeBatch({ ...batch, draft_tokens: 0, accepted_tokens: 0 }, 2)).not.toContain('guesses');
+  });
+
   it('draws nothing extra for free rows', () => {
     const layout = layoutTimeline(longHistory(), { width: W });
     expect(layout.rows.every(r => r.constraint === null)).toBe(true);

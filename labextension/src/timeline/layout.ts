@@ -794,7 +794,13 @@ export function describeBatch(batch: ITimelineBatch, now: number | null): string
       ? ` · ${formatMs((end - batch.started_at) * 1000)}${isNum(batch.ended_at) ? '' : ' so far'}`
       : '';
   const forced = batch.forced_tokens ? `, ${batch.forced_tokens} fast-forwarded` : '';
-  return `batch #${batch.id} · ${size} row${size === 1 ? '' : 's'} · ${batch.steps ?? 0} steps · ${batch.tokens ?? 0} tokens${forced}${span}`;
+  const guessed = batch.accepted_tokens
+    ? `, ${batch.accepted_tokens} from guesses the model accepted (of ${batch.draft_tokens ?? batch.accepted_tokens})`
+    : '';
+  return (
+    `batch #${batch.id} · ${size} row${size === 1 ? '' : 's'} · ${batch.steps ?? 0} steps · ` +
+    `${batch.tokens ?? 0} tokens${forced}${guessed}${span}`
+  );
 }
 
 /** What hovering a fast-forward tick shows. */

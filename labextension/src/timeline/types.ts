@@ -38,6 +38,10 @@ export interface ITimelineBatch {
   tokens?: number;
   /** Of its tokens, those grammars forced (fast-forward). */
   forced_tokens?: number;
+  /** Speculative decoding: draft tokens its rows proposed, and those their model accepted
+   * (tokens beyond one a row a step). */
+  draft_tokens?: number;
+  accepted_tokens?: number;
   mode?: string | null;
 }
 
