@@ -542,7 +542,8 @@ function describeBatch(batch, now) {
   const size = batch.size ?? batch.members?.length ?? 0;
   const span = isNum(batch.started_at) && isNum(end) ? ` \xB7 ${formatMs((end - batch.started_at) * 1e3)}${isNum(batch.ended_at) ? "" : " so far"}` : "";
   const forced = batch.forced_tokens ? `, ${batch.forced_tokens} fast-forwarded` : "";
-  return `batch #${batch.id} \xB7 ${size} row${size === 1 ? "" : "s"} \xB7 ${batch.steps ?? 0} steps \xB7 ${batch.tokens ?? 0} tokens${forced}${span}`;
+  const guessed = batch.accepted_tokens ? `, ${batch.accepted_tokens} from guesses the model accepted (of ${batch.draft_tokens ?? batch.accepted_tokens})` : "";
+  return `batch #${batch.id} \xB7 ${size} row${size === 1 ? "" : "s"} \xB7 ${batch.steps ?? 0} steps \xB7 ${batch.tokens ?? 0} tokens${forced}${guessed}${span}`;
 }
 function describeForcedTick(tick) {
   const steps = tick.steps === 1 ? "a step" : `${tick.steps} steps`;
