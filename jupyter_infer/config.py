@@ -59,7 +59,7 @@ class ServiceConfig:
     prefill_chunk_tokens: int | None = None
     # -- speculative decoding: draft tokens verified in the decode step (engine/ngram.py) --------
     speculative: str = "ngram"  # "ngram" (prompt lookup) or "off"
-    speculative_tokens: int = 4  # most draft tokens a row proposes a step
+    speculative_tokens: int = 8  # most draft tokens a row proposes a step
     speculative_max_rows: int = 8  # no drafts while more rows than this decode (measured: docs/engine.md)
     # -- many users: fair share and per-owner limits (an owner is the Jupyter or hub user) -------
     fair_share: bool = True  # rows shared between owners (fair.py); False: priority + FIFO for all

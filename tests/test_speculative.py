@@ -29,7 +29,9 @@ def test_a_guess_is_what_followed_the_latest_earlier_occurrence_of_the_last_toke
     assert propose([1, 2, 3, 9, 1, 2, 3], 2) == [9, 1]  # "1 2 3" came before, then 9 1
     assert propose([5, 1, 2, 7, 1, 2, 8, 1, 2], 3) == [8, 1, 2]  # the latest occurrence wins
     assert propose([1, 2, 3, 4], 4) == []  # nothing repeats
-    assert propose([4, 4, 4, 4], 3) == [4]  # a run: what followed the tail's last match
+    assert propose([4, 4, 4, 4], 3) == [4, 4, 4]  # a run goes on
+    # A match one period back guesses the next periods (the guess repeats itself).
+    assert propose([9, 1, 2, 3, 1, 2, 3], 5) == [1, 2, 3, 1, 2]
     assert propose([1, 2, 1, 2], 0) == [] and propose([1], 3) == []
     # The longest suffix first: "7 1 2" recurs after "1 2" elsewhere.
     assert propose([1, 2, 5, 7, 1, 2, 6, 7, 1, 2], 1) == [6]
@@ -214,7 +216,7 @@ async def test_the_server_shows_what_speculation_did(jp_fetch) -> None:
     answer = json.loads((await jp_fetch("infer", "generate", method="POST", body=body)).body)
     assert answer["usage"]["completion_tokens"] == 40
     status = json.loads((await jp_fetch("infer", "status")).body)
-    assert status["speculative"] == {"method": "ngram", "max_tokens": 4, "max_rows": 8}
+    assert status["speculative"] == {"method": "ngram", "max_tokens": 8, "max_rows": 8}
     spec = json.loads((await jp_fetch("infer", "metrics")).body)["speculative"]
     assert spec["accepted_tokens"] > 0 and spec["tokens_per_row_step"] > 1
     batches = json.loads((await jp_fetch("infer", "batches")).body)["batches"]

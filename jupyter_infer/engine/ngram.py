@@ -31,8 +31,10 @@ def propose(tokens: Seq[int], k: int, max_n: int = MAX_N, min_n: int = MIN_N) ->
         # token backwards (a Python loop over the history: ~0.1 ms for 2,000 tokens).
         for end in range(length - 2, n - 2, -1):
             if tokens[end] == last and list(tokens[end - n + 1 : end + 1]) == tail:
-                follow = list(tokens[end + 1 : end + 1 + k])
-                if follow:
-                    return follow
-                break
+                # What followed, and past the history's end what the guess itself repeats: a
+                # match one period back in a repeating run guesses the run's next periods.
+                follow: list[int] = []
+                for at in range(end + 1, end + 1 + k):
+                    follow.append(tokens[at] if at < length else follow[at - length])
+                return follow
     return []
