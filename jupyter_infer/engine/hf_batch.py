@@ -82,15 +82,11 @@ class HFBatch:
     def feeds(self, drafts: dict[str, list[int]] | None = None) -> list[list[int]] | None:
         """What each row feeds next when some row has a forced run or draft tokens to verify
         after its last (``None``: one token each)."""
-        drafts = {i: d for i, d in (drafts or {}).items() if i in self.row_of}
-        if not self.forced and not drafts:
+        drafts = drafts or {}
+        if not self.forced and not any(i in drafts for i in self.ids):
             return None
         last = self.last.tolist()
         return [self.forced.get(i, [t, *drafts.get(i, ())]) for i, t in zip(self.ids, last, strict=True)]
-
-    @property
-    def row_of(self) -> dict[str, int]:
-        return {row_id: i for i, row_id in enumerate(self.ids)}
 
     def next_block(self, pad_id: int, drafts: dict[str, list[int]] | None = None) -> Block:
         """The next decode step's input: each row's last token, or where a grammar forced a

@@ -47,18 +47,19 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int)
     by_id = {s.id: s for s in seqs}
     out = {}
     for bucket in buckets:
-        room = (bucket.ends - bucket.positions).tolist()
-        for i, (row_id, sampler) in enumerate(zip(bucket.ids, bucket.samplers, strict=True)):
+        for row_id, sampler in zip(bucket.ids, bucket.samplers, strict=True):
             params = sampler.params
             if sampler.processors or params.logprobs is not None or row_id in bucket.forced or \
                     (not params.greedy and params.seed is not None):
                 continue
             seq = by_id[row_id]
+            # Tokens it may still get, known on the host (the service resolved max_tokens).
+            room = (seq.params.max_tokens or 0) - len(seq.output_ids)
             k, wait, backoff = bucket.draft_k.get(row_id, (most, 0, COOLDOWN_STEPS))
             if wait:  # sitting out after a wrong guess
                 bucket.draft_k[row_id] = (k, wait - 1, backoff)
                 continue
-            k = min(k, room[i] - 1)
+            k = min(k, room - 1)
             guess = propose([*seq.prompt_ids, *seq.output_ids], k) if k > 0 else []
             if guess:
                 out[row_id] = guess
