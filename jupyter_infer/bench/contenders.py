@@ -16,7 +16,7 @@ run returns, and the fresh thread each runs in. The contenders themselves, by ki
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -24,6 +24,23 @@ from ..metrics import percentile
 from .workloads import Workload
 
 T = TypeVar("T")
+
+
+async def serving(engine: Any, work: Callable[[Any], Awaitable[T]], **config: Any) -> T:
+    """``work(service)`` on a fresh service over ``engine``: continuous, 32 rows, no prefix
+    cache, unless ``config`` (``ServiceConfig`` options) says otherwise; its result."""
+    from ..config import ServiceConfig
+    from ..service import InferenceService
+
+    options = {"mode": "continuous", "max_batch_size": 32, "max_new_tokens": 512, "prefix_cache_mb": 0, **config}
+    engine.configure_prefix_cache(options["prefix_cache_mb"])
+    service = InferenceService(ServiceConfig(**options), engine_loader=lambda: engine)
+    service.start()
+    try:
+        await service.wait_ready()
+        return await work(service)
+    finally:
+        await service.stop()
 
 
 def in_fresh_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -24,14 +24,14 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConstraintFailed, InvalidRequest
 from ..loadgen import Arrival
-from .contenders import Contender, Run, in_fresh_thread
+from .contenders import Contender, Run, in_fresh_thread, serving
 from .schemas import corpus
 from .workloads import Workload, bench_prompts
 
@@ -93,25 +93,6 @@ def own_eos(engine: Any, eos_token_ids: frozenset[int]) -> Iterator[None]:
         yield
     finally:
         engine.eos_token_ids = before
-
-
-async def serving(engine: Any, work: Callable[[Any], Awaitable[Any]], *, fast_forward: bool = True,
-                  max_batch_size: int = 32) -> Any:
-    """``work(service)`` on a fresh service over ``engine`` (no prefix cache); its result."""
-    from ..config import ServiceConfig
-    from ..service import InferenceService
-
-    engine.configure_prefix_cache(0)
-    service = InferenceService(ServiceConfig(
-        mode="continuous", max_batch_size=max_batch_size, max_new_tokens=512, prefix_cache_mb=0,
-        grammar_fast_forward=fast_forward,
-    ), engine_loader=lambda: engine)
-    service.start()
-    try:
-        await service.wait_ready()
-        return await work(service)
-    finally:
-        await service.stop()
 
 
 async def ask(service: Any, prompt: str, max_tokens: int, name: str = "", schema: dict | None = None,
@@ -224,7 +205,7 @@ class Streams(Contender):
 
     def run(self, workload: Workload) -> Run:
         return asyncio.run(serving(self.engine, lambda service: self._burst(service, workload),
-                                   fast_forward=self.fast_forward))
+                                   grammar_fast_forward=self.fast_forward))
 
     async def _burst(self, service: Any, workload: Workload) -> Run:
         loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..loadgen import Arrival
-from .contenders import Contender, Run
+from .contenders import Contender, Run, serving
 from .workloads import Workload, bench_prompts
 
 BATCH = 16  # rows: the burst is several times this
@@ -51,23 +51,8 @@ class Users(Contender):
         self.run(Workload(workload.name, "", [Arrival(0.0, x.prompt, 8) for x in a] + b))
 
     def run(self, workload: Workload) -> Run:
-        return asyncio.run(self._serve(workload))
-
-    async def _serve(self, workload: Workload) -> Run:
-        from ..config import ServiceConfig
-        from ..service import InferenceService
-
-        self.engine.configure_prefix_cache(0)
-        service = InferenceService(ServiceConfig(
-            mode="continuous", max_batch_size=BATCH, max_new_tokens=1024, max_queue_size=1024, prefix_cache_mb=0,
-            fair_share=self.fair_share,
-        ), engine_loader=lambda: self.engine)
-        service.start()
-        try:
-            await service.wait_ready()
-            return await self._users(service, workload)
-        finally:
-            await service.stop()
+        return asyncio.run(serving(self.engine, lambda service: self._users(service, workload), max_batch_size=BATCH,
+                                   max_new_tokens=1024, max_queue_size=1024, fair_share=self.fair_share))
 
     async def _users(self, service: Any, workload: Workload) -> Run:
         from ..request import Request, SamplingParams

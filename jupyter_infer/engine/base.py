@@ -251,7 +251,8 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def decode(self, batch: Batch, seqs: list[Sequence]) -> Sampled:
-        """One token for every row of ``batch`` (``seqs`` are its rows, in order)."""
+        """The tokens of every row of ``batch`` (``seqs`` are its rows, in the batch's order:
+        ``step`` hands them so, and answers in the plan's)."""
 
     def step(self, plan: StepPlan, rows: Rows | None) -> tuple[Sampled, Rows]:
         """Run ``plan`` on the engine's ``rows``: the plan's tokens, and the rows after the
@@ -265,8 +266,8 @@ class Engine(abc.ABC):
             order = [s.id for s in plan.seqs]
             if batch.ids == order:
                 return self.decode(batch, plan.seqs), rows
-            # Rows resumed while a prompt was part-way stand after it in the plan: the
-            # batch's order is the engine's, the answer comes in the plan's.
+            # The batch's order is the engine's (length buckets; rows resumed while a prompt
+            # was part-way): decode sees its rows in it, the answer comes in the plan's.
             by_id = {s.id: s for s in plan.seqs}
             sampled = self.decode(batch, [by_id[i] for i in batch.ids])
             at = {row_id: i for i, row_id in enumerate(batch.ids)}

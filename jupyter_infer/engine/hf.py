@@ -357,7 +357,7 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
-        """Every row's next tokens, all buckets in one forward (``_forward``), in the plan's
+        """Every row's next tokens, all buckets in one forward (``_forward``), in the batch's
         order; a row feeds a grammar's forced run, or draft tokens to verify (speculate.py)."""
         buckets = list(batch)
         samplers = [s for bucket in buckets for s in bucket.samplers]
@@ -373,8 +373,7 @@ class HFEngine(Engine):
             sampled, start = sample(logits, samplers), 0
             for bucket, block in zip(buckets, blocks, strict=True):
                 bucket.advance(block, sampled.tokens[start : (start := start + len(bucket.ids))])
-        row = {row_id: i for i, row_id in enumerate(batch.ids)}
-        return sampled.reorder([row[s.id] for s in seqs])
+        return sampled  # in the batch's order, as seqs are (Engine.step answers in the plan's)
 
     def _forward(self, blocks: list[ragged.Block], every: bool = False) -> torch.Tensor:
         """The model over ``blocks``: logits of each row's last column, block after block

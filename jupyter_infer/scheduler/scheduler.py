@@ -229,6 +229,8 @@ class Scheduler:
         by turn, the owner that holds the fewest rows for its weight (``Owners.next``) gives
         its next: a parked row (they resume first), else its waiting request of the highest
         priority, FIFO within one."""
+        if room == 0 and not self._may_park():
+            return []  # a full batch and nobody to make room for: no work on every step
         budget = self.prefill_budget
         if self.running and self.chunk_tokens:  # what the running rows wait for, at most
             budget = self.chunk_tokens if budget is None else min(budget, self.chunk_tokens)
@@ -267,6 +269,14 @@ class Scheduler:
             if self._chunked(seq):
                 break
         return newcomers
+
+    def _may_park(self) -> bool:
+        """Whether a full batch might give a row up: parking is possible here and someone
+        waits (or is parked) who is not the only owner running (a single-user server: never)."""
+        if not self.can_park or not self.running:
+            return False
+        first = self.running[0].request.owner
+        return any(s.request.owner != first for s in (*self.running, *self.waiting, *self.parked))
 
     def _park(self, seq: Sequence, now: float) -> None:
         """``seq`` sits out from the next step on; its KV and place in its answer stay."""

@@ -77,9 +77,7 @@ class Viewer:
     def event(self, event: dict[str, Any]) -> dict[str, Any]:
         if self.sees_all:
             return event
-        if event.get("type") == "batch" and "members" in event:
-            return {**event, **self._batch(event)}
-        if event.get("type") == "step" and "members" in event:
+        if event.get("type") in ("batch", "step") and "members" in event:
             return {**event, **self._batch(event)}
         if "id" in event and "owner" in event and not self.owns(event["owner"]):
             if event.get("type") == "token":
