@@ -2,7 +2,7 @@
 
 Random weights: the text is noise, the structure is the grammar's. Every measurement runs our
 service over the shared ``HFEngine`` with the model's own EOS back (a constrained answer ends
-when its grammar is complete and the model picks EOS) and no prefix cache:
+when its grammar is complete and the model picks EOS), no prefix cache and no speculation:
 
 - ``structured_corpus``: every schema of ``schemas.corpus()`` once, 16 at a time, greedy: how
   many answers finished (``stop``), how many of those parse and validate against their schema
@@ -37,6 +37,9 @@ from .workloads import Workload, bench_prompts
 
 CORPUS_BATCH = 16  # corpus answers in flight together
 ALONE_TOKENS = 4  # what a TTFT request generates: its first token is the point
+# Speculation off: it serves the unconstrained twins (greedy, nothing to shape) and not the
+# constrained rows, so the ratios would measure it instead of the grammars' cost.
+SERVICE = {"speculative": "off"}
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def measure_corpus(engine: Any, count: Callable[[str], int], max_tokens: int) ->
                                               for j in range(i, min(i + CORPUS_BATCH, len(schemas)))))
         return answers, loop.time() - start, batch_stats(service)
 
-    answers, wall, stats = in_fresh_thread(lambda: asyncio.run(serving(engine, work)))
+    answers, wall, stats = in_fresh_thread(lambda: asyncio.run(serving(engine, work, **SERVICE)))
     return answers_run(answers, wall, stats), answers, prompts
 
 
@@ -205,7 +208,7 @@ class Streams(Contender):
 
     def run(self, workload: Workload) -> Run:
         return asyncio.run(serving(self.engine, lambda service: self._burst(service, workload),
-                                   grammar_fast_forward=self.fast_forward))
+                                   grammar_fast_forward=self.fast_forward, **SERVICE))
 
     async def _burst(self, service: Any, workload: Workload) -> Run:
         loop = asyncio.get_running_loop()
@@ -233,7 +236,7 @@ class OneAtATime(Contender):
         self._next = 0  # every request of every run gets a new schema
 
     def run(self, workload: Workload) -> Run:
-        return asyncio.run(serving(self.engine, lambda service: self._one_by_one(service, workload)))
+        return asyncio.run(serving(self.engine, lambda service: self._one_by_one(service, workload), **SERVICE))
 
     async def _one_by_one(self, service: Any, workload: Workload) -> Run:
         loop = asyncio.get_running_loop()
