@@ -20,7 +20,7 @@ ROUTER_POLICIES = ("sensitivity", "complexity")  # built in; "module:function" n
 MODES = ("continuous", "window")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("none", "int8")
-SPECULATIVE = ("ngram", "off")
+SPECULATIVE = ("auto", "ngram", "draft", "off")
 DEFAULT_MODEL = "sshleifer/tiny-gpt2"
 # Measured best on CPU (docs/benchmark.md): the classic batcher closes at 16, continuous
 # batching keeps gaining up to 32 rows.
@@ -58,7 +58,9 @@ class ServiceConfig:
     # choice (hf: 64 on a CPU, measured in docs/engine.md; 512 on a GPU).
     prefill_chunk_tokens: int | None = None
     # -- speculative decoding: draft tokens verified in the decode step (engine/ngram.py) --------
-    speculative: str = "ngram"  # "ngram" (prompt lookup) or "off"
+    # "auto": "draft" with a draft_model, else "ngram" (prompt lookup); "off"
+    speculative: str = "auto"
+    draft_model: str = ""  # a smaller model with the model's tokenizer that guesses (engine/draft_model.py)
     speculative_tokens: int = 8  # most draft tokens a row proposes a step
     speculative_max_rows: int = 8  # no drafts while more rows than this decode (measured: docs/engine.md)
     # -- many users: fair share and per-owner limits (an owner is the Jupyter or hub user) -------
@@ -121,8 +123,12 @@ class ServiceConfig:
             fail("dtype", f"one of {', '.join(DTYPES)}")
         if self.quantize not in QUANTIZE:
             fail("quantize", f"one of {', '.join(QUANTIZE)}")
+        _set(self, "draft_model", self.draft_model.strip())
         if self.speculative not in SPECULATIVE:
             fail("speculative", f"one of {', '.join(SPECULATIVE)}")
+        if self.speculative == "draft" and not self.draft_model:
+            raise ValueError("InferApp.speculative = 'draft' needs InferApp.draft_model: a smaller model "
+                             "with the model's tokenizer.")
         for name in ("speculative_tokens", "speculative_max_rows"):
             if getattr(self, name) < 0:
                 fail(name, "0 or more")
@@ -227,6 +233,13 @@ class ServiceConfig:
     def batch_size(self) -> int:
         """``max_batch_size`` with 0 resolved for the mode."""
         return self.max_batch_size or DEFAULT_BATCH_SIZE[self.mode]
+
+    @property
+    def speculation(self) -> str:
+        """``speculative`` with "auto" resolved: "draft" with a draft model, else "ngram"."""
+        if self.speculative == "auto":
+            return "draft" if self.draft_model else "ngram"
+        return self.speculative
 
     @classmethod
     def default(cls, name: str) -> Any:

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jupyter_infer.config import ServiceConfig
-from jupyter_infer.engine.hf import NORMALIZER_MARGIN, longest_token_chars
 from jupyter_infer.engine.simulated import SimulatedEngine
+from jupyter_infer.engine.token_bound import NORMALIZER_MARGIN, longest_token_chars
 from jupyter_infer.errors import InvalidRequest
 from jupyter_infer.request import Request
 from jupyter_infer.service import InferenceService

@@ -106,7 +106,7 @@ async def test_off_and_past_the_row_limit_nothing_is_drafted(tiny_model_dir: Pat
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     _, off = await _answers(engine, COPY[:1], [20], speculative="off")
     assert off["draft_tokens"] == 0 and off["tokens_per_row_step"] == 1.0
-    engine.configure_speculation(4, 2)
+    engine.configure_speculation("ngram", 4, 2)
     seqs = [_seq(engine, p, 20) for p in COPY]
     sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
     for _ in range(6):
@@ -126,7 +126,7 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
     engine = HFEngine(str(llama_model_dir), dtype="float32", num_threads=1)
 
     def decode(speculate: bool, steps: int) -> tuple[list, Rows]:
-        engine.configure_speculation(4 if speculate else 0, 8)
+        engine.configure_speculation("ngram" if speculate else "off", 4, 8)
         seqs = [_seq(engine, p, 64) for p in COPY]
         sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
         for _ in range(steps):
@@ -142,7 +142,7 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
     assert sum(len(s.output_ids) for s in guessed) > 3 * 9  # more than a token a step
     for seq, one_by_one in zip(guessed, plain, strict=True):
         assert seq.output_ids == one_by_one.output_ids[: len(seq.output_ids)]
-    engine.configure_speculation(0, 0)
+    engine.configure_speculation("off", 0, 0)
     for seq in guessed:
         tokens = [*seq.prompt_ids, *seq.output_ids[:-1]]  # the last one is fed next step
         cold = _seq(engine, "", 1)
@@ -216,7 +216,7 @@ async def test_the_server_shows_what_speculation_did(jp_fetch) -> None:
     answer = json.loads((await jp_fetch("infer", "generate", method="POST", body=body)).body)
     assert answer["usage"]["completion_tokens"] == 40
     status = json.loads((await jp_fetch("infer", "status")).body)
-    assert status["speculative"] == {"method": "ngram", "max_tokens": 8, "max_rows": 8}
+    assert status["speculative"] == {"method": "ngram", "max_tokens": 8, "max_rows": 8, "draft_model": None}
     spec = json.loads((await jp_fetch("infer", "metrics")).body)["speculative"]
     assert spec["accepted_tokens"] > 0 and spec["tokens_per_row_step"] > 1
     batches = json.loads((await jp_fetch("infer", "batches")).body)["batches"]

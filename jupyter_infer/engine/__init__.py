@@ -62,7 +62,13 @@ def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
         prefix_cache_mb=config.prefix_cache_mb,
         prepack_weights=config.prepack_weights,
         quantize=config.quantize,
+        draft_model=_local_or_hub(config.draft_model) if config.speculation == "draft" else "",
     )
+
+
+def _local_or_hub(name: str) -> str:
+    folder = Path(name).expanduser()
+    return str(folder) if folder.is_dir() else name
 
 
 def _hub_offline() -> bool:

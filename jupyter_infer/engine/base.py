@@ -224,8 +224,10 @@ class Engine(abc.ABC):
     # Compiles the constraints of structured outputs for this engine's tokenizer (``None``:
     # this engine cannot constrain its answers, and such requests are refused).
     grammars: GrammarCompiler | None = None
-    # Speculation (``configure_speculation``; the service's loop turns it on): most draft
-    # tokens a row proposes a step, and the most decoding rows that still propose. 0: off.
+    # Speculation (``configure_speculation``; the service's loop turns it on): where the
+    # drafts come from ("off", "ngram", "draft"), most draft tokens a row proposes a step, and
+    # the most decoding rows that still propose.
+    speculative_method = "off"
     speculative_tokens = 0
     speculative_max_rows = 0
 
@@ -276,9 +278,10 @@ class Engine(abc.ABC):
         rows.join(complete)
         return sampled, rows
 
-    def configure_speculation(self, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
-        """Draft tokens verified in the decode step, at most ``tokens`` a row while at most
-        ``max_rows`` rows decode (0: off); an engine that cannot verify drafts ignores it."""
+    def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
+        """Draft tokens verified in the decode step, from ``method`` ("ngram", "draft": the
+        engine's draft model; "off"), at most ``tokens`` a row while at most ``max_rows`` rows
+        decode; an engine that cannot verify drafts ignores it."""
 
     def kv_usage(self, rows: Rows | None) -> KVUsage | None:
         """What ``rows`` hold in KV memory (``None``: this engine keeps no KV)."""

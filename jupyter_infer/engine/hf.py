@@ -15,7 +15,6 @@ a prefix another running row starts with hold it once (``shared_prefix.py``).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
@@ -30,11 +29,13 @@ from . import kv_cache, ragged, speculate
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
 from .buckets import Buckets
 from .cpu_linear import LinearReport, swap_linears
+from .draft_model import DraftModel
 from .hf_batch import HFBatch, left_pad_rows, row_ends, spare_columns
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
 from .shared_prefix import Claim, SharedPrefix, SharedPrefixes
+from .token_bound import longest_token_chars
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
@@ -57,6 +58,7 @@ class HFEngine(Engine):
         prefix_cache_mb: float = 0,
         prepack_weights: bool = True,
         quantize: str = "none",
+        draft_model: str = "",
     ) -> None:
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
         self.device = pick_device(device)
@@ -90,6 +92,8 @@ class HFEngine(Engine):
         self.max_token_chars = longest_token_chars(self.tokenizer)
         self.logits_width = int(config.vocab_size)  # what a grammar's mask covers
         self.grammars = _grammars(self.tokenizer, self.logits_width, self.eos_token_ids)
+        self.draft = DraftModel(draft_model, self.tokenizer, self.logits_width, device=self.device, dtype=torch_dtype,
+                                local_files_only=local_files_only, prepack=prepack_weights) if draft_model else None
         # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
         # attends to the whole past; sliding-window layers would need their window kept.
         self._reusable = kv_cache.reusable(config)
@@ -109,12 +113,18 @@ class HFEngine(Engine):
         # each: a second read of every weight.
         per_layer = 2**20 if self.device == "cpu" else 64 * 2**20
         self.bucket_bytes = config.num_hidden_layers * per_layer if self._ragged else weight_bytes
+        self.info = self._engine_info(model, torch_dtype, parameters, linears, quantize)
+
+    def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
+                     quantize: str) -> EngineInfo:
+        config = self.model.config
         max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
-        self.info = EngineInfo(
+        draft = {"draft_model": self.draft.name, "draft_parameters": self.draft.parameters} if self.draft else {}
+        return EngineInfo(
             engine="hf",
             model=model,
             device=self.device,
-            dtype=str(torch_dtype).removeprefix("torch."),
+            dtype=str(dtype).removeprefix("torch."),
             max_context=int(max_context),
             details={
                 "architecture": (config.architectures or [type(self.model).__name__])[0],
@@ -124,6 +134,7 @@ class HFEngine(Engine):
                 "quantize": quantize,
                 "prepack_s": round(linears.seconds, 3),
                 "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+                **draft,
             },
         )
 
@@ -352,8 +363,11 @@ class HFEngine(Engine):
                     else "this model's cache has sliding-window layers"}
         return self.prefix_cache.stats()
 
-    def configure_speculation(self, tokens: int, max_rows: int) -> None:
-        self.speculative_tokens, self.speculative_max_rows = (tokens if self._reusable else 0), max_rows
+    def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:
+        if not self._reusable or not tokens or (method == "draft" and self.draft is None):
+            method = "off"  # drafts are cut off a row's KV when refused: its layers must keep it all
+        self.speculative_method, self.speculative_max_rows = method, max_rows
+        self.speculative_tokens = tokens if method != "off" else 0
 
     @torch.inference_mode()
     def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
@@ -362,7 +376,8 @@ class HFEngine(Engine):
         buckets = list(batch)
         samplers = [s for bucket in buckets for s in bucket.samplers]
         masks = masks_beside(grammar_rows(samplers), self.logits_width)
-        drafts = speculate.drafts(buckets, seqs, self.speculative_tokens, self.speculative_max_rows)
+        drafts = speculate.drafts(buckets, seqs, self.speculative_tokens, self.speculative_max_rows,
+                                  self.draft if self.speculative_method == "draft" else None)
         blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
         logits = self._forward(blocks, every=bool(drafts))
         if masks is not None:
@@ -402,47 +417,3 @@ def _grammars(tokenizer: Any, vocab: int, eos_ids: frozenset[int]) -> GrammarCom
         log.warning("jupyter_infer: structured outputs are off for this model: its tokenizer cannot be "
                     "read by the grammar library (%s: %s)", type(err).__name__, err)
         return None
-
-
-# Normalizers that never make a text shorter; any other one might (NFC composes "e" and a
-# combining accent into "é"), so the bound below leaves it a margin.
-_KEEPS_LENGTH = {"Prepend", "NFD", "NFKD", "Lowercase", "Sequence"}
-NORMALIZER_MARGIN = 4
-
-
-def longest_token_chars(tokenizer: object) -> int:
-    """The most characters of text one token of ``tokenizer`` can stand for.
-
-    A vocabulary entry is spelled in the tokenizer's own alphabet: a byte-level BPE token of
-    n bytes is n characters long and covers at most n characters of text (each is at least
-    one byte); a SentencePiece piece covers its own length (``▁`` is one space); a byte
-    fallback ``<0x41>`` covers one. So the longest entry bounds every token, and a text of
-    more than ``max_prompt_tokens`` times it cannot tokenize into ``max_prompt_tokens`` tokens.
-    A normalizer that can shorten text first gets a ×4 margin (``NORMALIZER_MARGIN``).
-    """
-    vocab = tokenizer.get_vocab()  # added and special tokens included
-    longest = max(map(len, vocab), default=1)
-    return max(1, longest) * (1 if _normalizer_keeps_length(tokenizer) else NORMALIZER_MARGIN)
-
-
-def _normalizer_keeps_length(tokenizer: object) -> bool:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return False  # a slow tokenizer: its normalisation is Python code we cannot read
-    spec = json.loads(backend.to_str()).get("normalizer")
-    parts, pending = [], [spec]
-    while pending:
-        part = pending.pop()
-        if part is None:
-            continue
-        parts.append(part)
-        pending.extend(part.get("normalizers") or [])
-    for part in parts:
-        kind = part.get("type")
-        if kind == "Replace":
-            pattern = part.get("pattern", {})
-            if "String" not in pattern or len(part.get("content", "")) < len(pattern["String"]):
-                return False
-        elif kind not in _KEEPS_LENGTH:
-            return False
-    return True

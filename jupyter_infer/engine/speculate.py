@@ -33,18 +33,23 @@ from .sampling import RowSampler, filter_logits, sample
 
 if TYPE_CHECKING:
     from ..sequence import Sequence
+    from .draft_model import DraftModel
     from .hf_batch import HFBatch
 
 COOLDOWN_STEPS = 8  # steps a row proposes nothing after its one guess was wrong (then 16, 32, ...)
 MAX_COOLDOWN_STEPS = 256
 
 
-def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int) -> dict[str, list[int]]:
+def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
+           draft_model: DraftModel | None = None) -> dict[str, list[int]]:
     """Each speculating row's draft tokens, by row id (rows without a guess are not named):
-    at most ``most`` (its ``draft_k`` if lower), no more than it may still generate after one."""
+    at most ``most`` (its ``draft_k`` if lower), no more than it may still generate after one;
+    from ``draft_model`` if given, else by prompt lookup (``ngram.propose``)."""
+    by_id = {s.id: s for s in seqs}
+    if draft_model is not None:
+        draft_model.keep(set(by_id) if len(seqs) <= max_rows else set())
     if not most or len(seqs) > max_rows:
         return {}
-    by_id = {s.id: s for s in seqs}
     out = {}
     for bucket in buckets:
         for row_id, sampler in zip(bucket.ids, bucket.samplers, strict=True):
@@ -60,7 +65,10 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int)
                 bucket.draft_k[row_id] = (k, wait - 1, backoff)
                 continue
             k = min(k, room - 1)
-            guess = propose([*seq.prompt_ids, *seq.output_ids], k) if k > 0 else []
+            if k <= 0:
+                continue
+            history = [*seq.prompt_ids, *seq.output_ids]
+            guess = draft_model.propose(row_id, history, k) if draft_model is not None else propose(history, k)
             if guess:
                 out[row_id] = guess
     return out

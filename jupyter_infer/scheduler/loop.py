@@ -121,9 +121,10 @@ class EngineLoop(RequestLoop):
                                                                            engine.info.max_context)
             if engine.grammars is not None:
                 snap.status["structured_outputs"] = engine.grammars.stats()
-            snap.status["speculative"] = {"method": "ngram" if engine.speculative_tokens else "off",
+            snap.status["speculative"] = {"method": engine.speculative_method,
                                           "max_tokens": engine.speculative_tokens,
-                                          "max_rows": engine.speculative_max_rows}
+                                          "max_rows": engine.speculative_max_rows,
+                                          "draft_model": engine.info.details.get("draft_model")}
         return snap
 
     # -- the loop ---------------------------------------------------------------------------
@@ -136,8 +137,7 @@ class EngineLoop(RequestLoop):
             if self.engine.grammars is not None:
                 self.engine.grammars.fast_forward = self.config.grammar_fast_forward
             cfg = self.config
-            self.engine.configure_speculation(cfg.speculative_tokens if cfg.speculative == "ngram" else 0,
-                                              cfg.speculative_max_rows)
+            self.engine.configure_speculation(cfg.speculation, cfg.speculative_tokens, cfg.speculative_max_rows)
             self._state = "ready"
         except Exception as err:
             self._state, self.load_error = "failed", f"{type(err).__name__}: {err}"

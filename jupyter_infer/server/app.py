@@ -94,12 +94,18 @@ class InferApp(ExtensionApp):
         whole. Unset: the engine's choice, 64 on a CPU (measured: docs/engine.md), 512 on a GPU."""
     ).tag(config=True)
     speculative = Unicode(
-        D("speculative"), help="""'ngram' (default) or 'off'. Speculative decoding for the 'hf' engine: a
-        greedy row proposes the tokens that followed its latest tokens earlier in its prompt
-        or answer (prompt lookup), and the decode step verifies them in the same forward; it
-        keeps those its model agrees with, so its answer is the same, several tokens a step
-        where it quotes (tool results, code, documents, JSON keys). A row with no match
-        proposes nothing and pays nothing."""
+        D("speculative"), help="""Speculative decoding for the 'hf' engine: draft tokens that the
+        decode step verifies in the same forward; a row keeps those its model agrees with, so
+        its answer is the same, several tokens a step where the guesses land. 'ngram': a row
+        proposes the tokens that followed its latest tokens earlier in its prompt or answer
+        (prompt lookup: pays where it quotes tool results, code, documents, JSON keys; a row
+        with no match proposes nothing and pays nothing). 'draft': draft_model guesses.
+        'auto' (default): 'draft' when draft_model is set, else 'ngram'. 'off'."""
+    ).tag(config=True)
+    draft_model = Unicode(
+        D("draft_model"), help="""A smaller causal LM with the model's tokenizer (a Hugging Face id or a
+        directory) whose greedy guesses the model verifies (speculative = 'draft' or 'auto').
+        It pays where it is ~10x cheaper than the model and agrees with it often."""
     ).tag(config=True)
     speculative_tokens = Int(
         D("speculative_tokens"), help="Most draft tokens a row proposes a step (it follows the row's recent acceptance)."

@@ -1,0 +1,94 @@
+"""Draft tokens from a draft model: a smaller model with the target's tokenizer guesses a
+row's next tokens, greedily, and the decode step verifies them (``speculate.verify``).
+
+Each guessing row has the draft model's own KV of its history (a one-row cache here, in the
+engine's thread): a step feeds the draft model what the row got since its last guesses
+(the target's kept guesses and its own token), after cutting the guesses it refused off
+that cache, then ``k - 1`` more tokens one at a time. Its guesses are greedy, so they are a
+function of the row's history: the sure-draft rejection sampling that verifies n-gram
+guesses keeps a sampled row's tokens exactly the target's distribution here too (a draft's
+probabilities would raise acceptance, not exactness). The rows' draft runs are one after
+another, not batched: speculation pays most with few rows (``speculative_max_rows``), and a
+draft model worth running is ~10x cheaper than its target (vLLM's and llama.cpp's advice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from . import kv_cache
+from .cpu_linear import swap_linears
+
+
+@dataclass
+class _Row:
+    cache: DynamicCache
+    fed: list[int]  # the tokens whose KV the cache holds, in order
+
+
+class DraftModel:
+    """A causal LM that proposes draft tokens for the rows of a bigger one."""
+
+    def __init__(self, name: str, target_tokenizer, target_vocab: int, *, device: str, dtype: torch.dtype,
+                 local_files_only: bool = False, prepack: bool = True) -> None:
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+        if tokenizer.get_vocab() != target_tokenizer.get_vocab():
+            raise ValueError(f"InferApp.draft_model {name!r} has another tokenizer than the model's: a draft "
+                             "model must share its tokenizer (its token ids are the model's guesses)")
+        self.model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_files_only)
+        self.model = self.model.to(device).eval()
+        config = self.model.config
+        if not kv_cache.reusable(config):
+            raise ValueError(f"InferApp.draft_model {name!r} has sliding-window layers: a draft model must "
+                             "attend to its whole past (its cache is cut back to the tokens kept)")
+        if int(config.vocab_size) > target_vocab:
+            raise ValueError(f"InferApp.draft_model {name!r} has more logits ({config.vocab_size}) than the "
+                             f"model ({target_vocab})")
+        if device == "cpu":
+            swap_linears(self.model, prepack=prepack)
+        self.name, self.device = name, device
+        self.max_context = int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048))
+        self.parameters = sum(p.numel() for p in self.model.parameters())
+        self._rows: dict[str, _Row] = {}
+
+    @torch.inference_mode()
+    def propose(self, row_id: str, tokens: Seq[int], k: int) -> list[int]:
+        """Up to ``k`` greedy guesses after ``tokens`` (the row's prompt and answer so far)."""
+        if k <= 0 or len(tokens) + k > self.max_context:
+            return []
+        row = self._rows.get(row_id)
+        if row is None:
+            row = self._rows[row_id] = _Row(kv_cache.new_cache(self.model.config), [])
+        same = _common_prefix(row.fed, tokens)
+        same = min(same, len(tokens) - 1)  # feed one token at least: its logits give the first guess
+        if same < len(row.fed):  # the guesses its target refused, and what came after them
+            kv_cache.drop_columns(row.cache, len(row.fed) - same)
+            del row.fed[same:]
+        guesses, feed = [], list(tokens[same:])
+        for _ in range(k):
+            out = self.model(input_ids=torch.tensor([feed], device=self.device), cache=row.cache,
+                             use_cache=True, logits_to_keep=1)
+            row.fed.extend(feed)
+            feed = [int(out.logits[0, -1].argmax())]
+            guesses.extend(feed)
+        return guesses
+
+    def keep(self, row_ids: set[str]) -> None:
+        """Free the KV of rows that are not decoding any more (finished, cancelled, parked)."""
+        for row_id in [r for r in self._rows if r not in row_ids]:
+            del self._rows[row_id]
+
+    def bytes_held(self) -> int:
+        return sum(kv_cache.bytes_held(row.cache) for row in self._rows.values())
+
+
+def _common_prefix(a: Seq[int], b: Seq[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
