@@ -9,7 +9,7 @@ view's job: ``static/timeline.js`` (shipped in the package, no CDN) is built fro
 histories and colours decoding by batch size. A constrained request (JSON schema, regex,
 choice, grammar, tool calls) gets a badge and an outline, and its tooltip says how many of its
 tokens were fast-forwarded (forced by the grammar, not sampled); a batch says how many of its
-tokens were.
+tokens were, and how many came from draft guesses its model accepted (speculative decoding).
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ def timeline_data(
             "steps": b.get("steps", 0),
             "tokens": b.get("tokens", 0),
             "forced_tokens": b.get("forced_tokens", 0),
+            # Speculative decoding: draft tokens proposed, and those kept (the tooltip says so).
+            "draft_tokens": b.get("draft_tokens", 0),
+            "accepted_tokens": b.get("accepted_tokens", 0),
         }
         for b in batches
     ]

@@ -173,7 +173,7 @@ export class LiveTimeline {
             r.first_token_at = event.ended_at;
           }
         }
-        this._forcedStep(event);
+        this._multiTokenStep(event);
         return true;
       case 'token':
         if (row && typeof event.index === 'number') {
@@ -259,20 +259,29 @@ export class LiveTimeline {
     }
   }
 
-  /** A step that forced tokens: kept for its tick, and counted in its open batch at once (the
-   * batch's closing record then brings the server's own total). */
-  private _forcedStep(event: ServerEvent): void {
+  /** A step that forced tokens or kept accepted guesses: kept for its tick, and counted in its
+   * open batch at once (the batch's closing record then brings the server's own totals). */
+  private _multiTokenStep(event: ServerEvent): void {
     const forced = Number(event.forced) || 0;
-    if (forced <= 0 || typeof event.ended_at !== 'number') {
+    const accepted = Number(event.accepted) || 0;
+    if ((forced <= 0 && accepted <= 0) || typeof event.ended_at !== 'number') {
       return;
     }
-    this.steps.push({ batch_id: event.batch_id ?? null, at: event.ended_at, tokens: event.tokens, forced });
+    const step: ITimelineStep = { batch_id: event.batch_id ?? null, at: event.ended_at, tokens: event.tokens, forced };
+    if (accepted > 0) {
+      step.accepted = accepted;
+    }
+    this.steps.push(step);
     if (this.steps.length > MAX_STEPS) {
       this.steps.splice(0, this.steps.length - MAX_STEPS);
     }
     const batch = typeof event.batch_id === 'number' ? this.batches.get(event.batch_id) : undefined;
     if (batch && batch.ended_at == null) {
       batch.forced_tokens = (batch.forced_tokens ?? 0) + forced;
+      if (accepted > 0) {
+        batch.accepted_tokens = (batch.accepted_tokens ?? 0) + accepted;
+        batch.draft_tokens = (batch.draft_tokens ?? 0) + (Number(event.drafted) || accepted);
+      }
     }
   }
 

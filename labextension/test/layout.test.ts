@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { describeBatch, describeRow, formatTick, layoutTimeline, sizeBins, truncate } from '../src/timeline/layout';
+import { describeBatch, describeRow, describeStepTick, formatTick, layoutTimeline, sizeBins, truncate } from '../src/timeline/layout';
 import { longHistory } from './fixtures';
 
 const W = 800;
@@ -173,11 +173,11 @@ describe('constrained rows and fast-forwarded tokens', () => {
 
   it('ticks the steps that fast-forwarded tokens and counts them in the band label', () => {
     const layout = layoutTimeline(state, { width: W, compress: false });
-    expect(layout.forcedTicks.map(t => [t.forced, t.steps])).toEqual([
+    expect(layout.stepTicks.map(t => [t.forced, t.steps])).toEqual([
       [8, 2],
       [2, 1]
     ]);
-    expect(layout.forcedTicks[0].x).toBeCloseTo(layout.x(0.1), 0);
+    expect(layout.stepTicks[0].x).toBeCloseTo(layout.x(0.1), 0);
     expect(layout.bands[0].forced).toBe(10);
     expect(layout.bands[0].label).toBe('#1 ×3 »10');
     // A narrow band keeps the count before the id.
@@ -209,10 +209,36 @@ describe('constrained rows and fast-forwarded tokens', () => {
     expect(describeBatch({ ...batch, draft_tokens: 0, accepted_tokens: 0 }, 2)).not.toContain('guesses');
   });
 
+  it('ticks the steps that kept guesses apart from the fast-forwarded ones', () => {
+    const guessing = {
+      ...state,
+      rows: [state.rows[0]],
+      batches: [{ id: 1, size: 1, started_at: 0, ended_at: null, steps: 12, tokens: 33, draft_tokens: 30, accepted_tokens: 21 }],
+      steps: [
+        { batch_id: 1, at: 0.2, tokens: 5, forced: 0, accepted: 4 },
+        { batch_id: 1, at: 0.2003, tokens: 3, forced: 0, accepted: 2 }, // one tick with the one before
+        { batch_id: 1, at: 0.6, tokens: 8, forced: 0, accepted: 7 }
+      ]
+    };
+    const layout = layoutTimeline(guessing, { width: W, compress: false });
+    expect(layout.stepTicks.map(t => [t.forced, t.accepted, t.steps])).toEqual([
+      [0, 6, 2],
+      [0, 7, 1]
+    ]);
+    expect(layout.guessed).toBe(true);
+    expect(layout.fastForwarded).toBe(false); // nothing here was forced by a grammar
+    expect(describeStepTick(layout.stepTicks[0])).toBe(
+      '2 steps kept 6 tokens from guesses the model accepted (speculative decoding)'
+    );
+    expect(describeStepTick({ x: 0, forced: 2, accepted: 3, steps: 1 })).toBe(
+      'a step fast-forwarded 2 tokens (forced by a grammar, not sampled) and kept 3 tokens from guesses the model accepted (speculative decoding)'
+    );
+  });
+
   it('draws nothing extra for free rows', () => {
     const layout = layoutTimeline(longHistory(), { width: W });
     expect(layout.rows.every(r => r.constraint === null)).toBe(true);
-    expect(layout.forcedTicks).toEqual([]);
+    expect(layout.stepTicks).toEqual([]);
     expect(layout.fastForwarded).toBe(false);
     expect(layout.bands.every(b => !b.label?.includes('»'))).toBe(true);
   });

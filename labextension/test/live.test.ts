@@ -87,6 +87,26 @@ describe('LiveTimeline', () => {
   });
 });
 
+describe('steps that kept guesses (speculative decoding)', () => {
+  it('keeps them for their ticks and counts them in the open batch', () => {
+    const live = new LiveTimeline(() => 1000);
+    live.seed({ batches: [], requests: [], running: [], waiting: [], mode: 'continuous', now: 1000 });
+    for (const e of [
+      { type: 'queued', id: 'a', prompt_tokens: 40, at: 1000.0 },
+      { type: 'admitted', id: 'a', batch_id: 1, at: 1000.01 },
+      { type: 'batch', state: 'open', id: 1, members: ['a'], size: 1, started_at: 1000.01, ended_at: null },
+      { type: 'step', kind: 'decode', members: ['a'], tokens: 5, forced: 0, drafted: 6, accepted: 4, batch_id: 1, started_at: 1000.02, ended_at: 1000.03 },
+      { type: 'step', kind: 'decode', members: ['a'], tokens: 1, forced: 0, drafted: 3, accepted: 0, batch_id: 1, started_at: 1000.03, ended_at: 1000.04 },
+      { type: 'step', kind: 'decode', members: ['a'], tokens: 1, forced: 0, batch_id: 1, started_at: 1000.04, ended_at: 1000.05 }
+    ]) {
+      live.apply(e);
+    }
+    // Only the step that emitted more than one token a row: the refused guesses made none.
+    expect(live.steps).toEqual([{ batch_id: 1, at: 1000.03, tokens: 5, forced: 0, accepted: 4 }]);
+    expect(live.batches.get(1)).toMatchObject({ accepted_tokens: 4, draft_tokens: 6 });
+  });
+});
+
 describe('another user’s requests', () => {
   it('show as anonymous rows labelled "another user"', () => {
     const live = new LiveTimeline(() => 1000);

@@ -127,6 +127,25 @@ describe('constraint and fast-forward marks', () => {
     expect(tip.textContent).toBe('a step fast-forwarded 8 tokens (forced by a grammar, not sampled)');
   });
 
+  it('draws a step that kept guesses as a hollow tick, keyed in the legend', () => {
+    const host = document.createElement('div');
+    document.body.appendChild(host);
+    const v = new TimelineView(host);
+    v.update({
+      ...STATE,
+      batches: [{ ...STATE.batches[0], draft_tokens: 9, accepted_tokens: 6 }],
+      steps: [{ batch_id: 1, at: 100.3, tokens: 7, forced: 0, accepted: 6 }],
+      now: 101.5
+    });
+    v.draw();
+    const ticks = host.querySelectorAll('.ji-tl-head .ji-guess-tick');
+    expect(ticks).toHaveLength(1);
+    expect(ticks[0].getAttribute('aria-label')).toBe('a step kept 6 tokens from guesses the model accepted (speculative decoding)');
+    const legend = host.querySelector('.ji-legend')!.textContent!;
+    expect(legend).toContain('guessed: steps that kept draft tokens the model accepted');
+    expect(legend).not.toContain('fast-forwarded');
+  });
+
   it('leaves a run without constraints as it was', () => {
     const { host } = view();
     expect(host.querySelectorAll('.ji-constraint-badge, .ji-constraint-outline, .ji-ff-tick')).toHaveLength(0);

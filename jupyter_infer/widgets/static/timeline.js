@@ -320,17 +320,18 @@ function layoutBands(batches, at) {
   }
   return bands;
 }
-function forcedTicks(steps, at) {
+function stepTicks(steps, at) {
   const ticks = [];
-  const shown = steps.filter((s) => isNum(s.at) && s.forced > 0 && s.at >= at.t0 && s.at <= at.t1).filter((s) => at.axis.segments.some((seg) => s.at >= seg.a && s.at <= seg.b)).sort((p, q) => p.at - q.at);
+  const shown = steps.filter((s) => isNum(s.at) && (s.forced > 0 || (s.accepted ?? 0) > 0) && s.at >= at.t0 && s.at <= at.t1).filter((s) => at.axis.segments.some((seg) => s.at >= seg.a && s.at <= seg.b)).sort((p, q) => p.at - q.at);
   for (const s of shown) {
     const x = at.axis.x(s.at);
     const last = ticks[ticks.length - 1];
     if (last && x - last.x < 3) {
       last.forced += s.forced;
+      last.accepted += s.accepted ?? 0;
       last.steps += 1;
     } else {
-      ticks.push({ x, forced: s.forced, steps: 1 });
+      ticks.push({ x, forced: s.forced, accepted: s.accepted ?? 0, steps: 1 });
     }
   }
   return ticks;
@@ -472,7 +473,7 @@ function layoutTimeline(state, options) {
     return layoutRow(row, i, end, maxChars, at);
   });
   const bands = layoutBands(batches, at);
-  const ticks = forcedTicks(state.steps || [], at);
+  const ticks = stepTicks(state.steps || [], at);
   return {
     width: frame.width,
     labelWidth: frame.labelWidth,
@@ -490,9 +491,10 @@ function layoutTimeline(state, options) {
     rows: rowLayouts,
     bins,
     kinds: new Set(rowLayouts.flatMap((r) => r.parts.map((p) => p.kind))),
-    forcedTicks: ticks,
+    stepTicks: ticks,
     constraints: new Set(rowLayouts.flatMap((r) => r.constraint ? [r.constraint.kind] : [])),
-    fastForwarded: ticks.length > 0 || bands.some((b) => b.forced > 0) || rowLayouts.some((r) => (r.row.forced_tokens ?? 0) > 0),
+    fastForwarded: ticks.some((t) => t.forced > 0) || bands.some((b) => b.forced > 0) || rowLayouts.some((r) => (r.row.forced_tokens ?? 0) > 0),
+    guessed: ticks.some((t) => t.accepted > 0),
     shownS: axis.shownS,
     cutS,
     x: axis.x
@@ -545,9 +547,14 @@ function describeBatch(batch, now) {
   const guessed = batch.accepted_tokens ? `, ${batch.accepted_tokens} from guesses the model accepted (of ${batch.draft_tokens ?? batch.accepted_tokens})` : "";
   return `batch #${batch.id} \xB7 ${size} row${size === 1 ? "" : "s"} \xB7 ${batch.steps ?? 0} steps \xB7 ${batch.tokens ?? 0} tokens${forced}${guessed}${span}`;
 }
-function describeForcedTick(tick) {
+function describeStepTick(tick) {
   const steps = tick.steps === 1 ? "a step" : `${tick.steps} steps`;
-  return `${steps} fast-forwarded ${tick.forced} token${tick.forced === 1 ? "" : "s"} (forced by a grammar, not sampled)`;
+  const tokens = (n) => `${n} token${n === 1 ? "" : "s"}`;
+  const parts = [
+    ...tick.forced > 0 ? [`fast-forwarded ${tokens(tick.forced)} (forced by a grammar, not sampled)`] : [],
+    ...tick.accepted > 0 ? [`kept ${tokens(tick.accepted)} from guesses the model accepted (speculative decoding)`] : []
+  ];
+  return `${steps} ${parts.join(" and ")}`;
 }
 
 // src/timeline/render.ts
@@ -606,9 +613,12 @@ var MARK_STYLE = {
   badge: `fill: var(--jp-layout-color1, #ffffff); stroke: ${ACCENT}; stroke-width: 1px`,
   badgeText: `fill: ${ACCENT}; font-size: 9px; font-weight: 700; font-family: var(--jp-code-font-family, monospace); pointer-events: none`,
   tick: `fill: ${ACCENT}; stroke: var(--jp-layout-color1, #ffffff); stroke-width: 0.75px`,
+  // A step that kept guesses: the same wedge, hollow (tokens the model computed, not forced).
+  guessTick: `fill: var(--jp-layout-color1, #ffffff); stroke: ${ACCENT}; stroke-width: 1.25px`,
   tickHit: "fill: transparent",
   legendBadge: `display: inline-block; padding: 0 2px; border: 1px solid ${ACCENT}; border-radius: 2px; color: ${ACCENT}; font: 700 9px var(--jp-code-font-family, monospace); line-height: 11px`,
-  legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`
+  legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`,
+  legendGuessTick: `display: inline-block; width: 6px; height: 6px; border: 1.25px solid ${ACCENT}; border-radius: 1px; background: var(--jp-layout-color1, #ffffff)`
 };
 var KIND_LABEL = {
   queued: "queued",
@@ -636,7 +646,7 @@ var TimelineView = class {
         return;
       }
       const box = this._box.getBoundingClientRect();
-      const key = target.kind === "row" ? layout.rows[target.index]?.row.id : target.kind === "tick" ? layout.forcedTicks[target.index] && String(target.index) : layout.bands[target.index] && String(layout.bands[target.index].batch.id);
+      const key = target.kind === "row" ? layout.rows[target.index]?.row.id : target.kind === "tick" ? layout.stepTicks[target.index] && String(target.index) : layout.bands[target.index] && String(layout.bands[target.index].batch.id);
       if (key === void 0) {
         this._onLeave();
         return;
@@ -775,21 +785,27 @@ var TimelineView = class {
         rect.classList.add("ji-ff-band");
       }
     });
-    this._drawForcedTicks(svg, layout);
+    this._drawStepTicks(svg, layout);
   }
-  /** A tick under the batch track per step that fast-forwarded tokens: a small wedge
-   * pointing up at its batch, clear of the band's label. */
-  _drawForcedTicks(svg, layout) {
-    if (!layout.forcedTicks.length) {
+  /** A tick under the batch track per step that fast-forwarded tokens (a solid wedge) or kept
+   * accepted guesses only (hollow): it points up at its batch, clear of the band's label. */
+  _drawStepTicks(svg, layout) {
+    if (!layout.stepTicks.length) {
       return;
     }
     const g = svgEl("g", { class: "ji-ff-ticks" }, svg);
     const top = AXIS_H + TRACK_H - 2;
-    layout.forcedTicks.forEach((tick, i) => {
+    layout.stepTicks.forEach((tick, i) => {
       svgEl("rect", { x: tick.x - 3, y: AXIS_H + TRACK_H / 2, width: 6, height: HEAD_H - AXIS_H - TRACK_H / 2, style: MARK_STYLE.tickHit, "data-tick": i }, g);
       const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
-      const mark = svgEl("polygon", { points, class: "ji-ff-tick", style: MARK_STYLE.tick, "data-tick": i }, g);
-      mark.setAttribute("aria-label", describeForcedTick(tick));
+      const guessed = tick.forced === 0;
+      const mark = svgEl("polygon", {
+        points,
+        class: guessed ? "ji-ff-tick ji-guess-tick" : "ji-ff-tick",
+        style: guessed ? MARK_STYLE.guessTick : MARK_STYLE.tick,
+        "data-tick": i
+      }, g);
+      mark.setAttribute("aria-label", describeStepTick(tick));
     });
   }
   _drawCuts(svg, layout, y, h, labelled) {
@@ -934,9 +950,15 @@ var TimelineView = class {
       }
       span.appendChild(document.createTextNode(`constrained: ${[...names.values()].map((c) => c.name).join(", ")}`));
     }
+    if (layout.guessed) {
+      const span = htmlEl("span", "ji-legend-item ji-guess-key", legend);
+      htmlEl("span", "ji-guess-chip", span).setAttribute("style", MARK_STYLE.legendGuessTick);
+      span.appendChild(document.createTextNode("guessed: steps that kept draft tokens the model accepted"));
+      span.title = "Speculative decoding: a row proposes tokens (prompt lookup or a draft model) and the step verifies them; the model keeps those it agrees with, so one step can emit several tokens of a row.";
+    }
     if (layout.fastForwarded) {
       const span = htmlEl("span", "ji-legend-item ji-ff-key", legend);
-      if (layout.forcedTicks.length) {
+      if (layout.stepTicks.some((t) => t.forced > 0)) {
         htmlEl("span", "ji-ff-chip", span).setAttribute("style", MARK_STYLE.legendTick);
       }
       span.appendChild(document.createTextNode("\xBB fast-forwarded: tokens a grammar forced, not sampled"));
@@ -1004,9 +1026,9 @@ var TimelineView = class {
         }
       }
     } else if (hover.kind === "tick") {
-      const tick = layout.forcedTicks[Number(hover.key)];
+      const tick = layout.stepTicks[Number(hover.key)];
       if (tick) {
-        lines = [describeForcedTick(tick)];
+        lines = [describeStepTick(tick)];
       }
     } else {
       const b = this._batches.get(Number(hover.key));

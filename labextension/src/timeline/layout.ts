@@ -68,12 +68,13 @@ export interface IBandLayout {
   forced: number;
 }
 
-/** Steps that fast-forwarded tokens, as ticks on the batch track (steps a pixel or two apart
- * share one tick). */
-export interface IForcedTick {
+/** Steps that emitted several tokens a row (a grammar's forced ones, or draft guesses the
+ * model accepted), as ticks on the batch track (steps a pixel or two apart share one tick). */
+export interface IStepTick {
   x: number;
-  /** Forced tokens and steps the tick stands for. */
+  /** Forced tokens, accepted guesses and steps the tick stands for. */
   forced: number;
+  accepted: number;
   steps: number;
 }
 
@@ -114,10 +115,12 @@ export interface ITimelineLayout {
   rows: IRowLayout[];
   bins: ISizeBin[];
   kinds: Set<PartKind>;
-  forcedTicks: IForcedTick[];
-  /** The constraint kinds of the rows shown, and whether anything shown was fast-forwarded. */
+  stepTicks: IStepTick[];
+  /** The constraint kinds of the rows shown, whether anything shown was fast-forwarded, and
+   * whether a step shown kept guesses (speculative decoding). */
   constraints: Set<string>;
   fastForwarded: boolean;
+  guessed: boolean;
   /** Seconds the axis shows, and idle seconds cut out of it. */
   shownS: number;
   cutS: number;
@@ -528,12 +531,13 @@ function layoutBands(batches: ITimelineBatch[], at: IPlacement): IBandLayout[] {
   return bands;
 }
 
-/** A tick on the batch track per step that forced tokens, inside [t0, t1] and off the cuts;
- * ticks under 3 px apart merge, so a burst of steps reads as one mark with their sum. */
-function forcedTicks(steps: ITimelineStep[], at: IPlacement): IForcedTick[] {
-  const ticks: IForcedTick[] = [];
+/** A tick on the batch track per step that forced tokens or kept guesses, inside [t0, t1]
+ * and off the cuts; ticks under 3 px apart merge, so a burst of steps reads as one mark with
+ * their sums. */
+function stepTicks(steps: ITimelineStep[], at: IPlacement): IStepTick[] {
+  const ticks: IStepTick[] = [];
   const shown = steps
-    .filter(s => isNum(s.at) && s.forced > 0 && s.at >= at.t0 && s.at <= at.t1)
+    .filter(s => isNum(s.at) && (s.forced > 0 || (s.accepted ?? 0) > 0) && s.at >= at.t0 && s.at <= at.t1)
     .filter(s => at.axis.segments.some(seg => s.at >= seg.a && s.at <= seg.b))
     .sort((p, q) => p.at - q.at);
   for (const s of shown) {
@@ -541,9 +545,10 @@ function forcedTicks(steps: ITimelineStep[], at: IPlacement): IForcedTick[] {
     const last = ticks[ticks.length - 1];
     if (last && x - last.x < 3) {
       last.forced += s.forced;
+      last.accepted += s.accepted ?? 0;
       last.steps += 1;
     } else {
-      ticks.push({ x, forced: s.forced, steps: 1 });
+      ticks.push({ x, forced: s.forced, accepted: s.accepted ?? 0, steps: 1 });
     }
   }
   return ticks;
@@ -716,7 +721,7 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
     return layoutRow(row, i, end, maxChars, at);
   });
   const bands = layoutBands(batches, at);
-  const ticks = forcedTicks(state.steps || [], at);
+  const ticks = stepTicks(state.steps || [], at);
   return {
     width: frame.width,
     labelWidth: frame.labelWidth,
@@ -734,10 +739,11 @@ export function layoutTimeline(state: ITimelineState, options: ILayoutOptions): 
     rows: rowLayouts,
     bins,
     kinds: new Set(rowLayouts.flatMap(r => r.parts.map(p => p.kind))),
-    forcedTicks: ticks,
+    stepTicks: ticks,
     constraints: new Set(rowLayouts.flatMap(r => (r.constraint ? [r.constraint.kind] : []))),
     fastForwarded:
-      ticks.length > 0 || bands.some(b => b.forced > 0) || rowLayouts.some(r => (r.row.forced_tokens ?? 0) > 0),
+      ticks.some(t => t.forced > 0) || bands.some(b => b.forced > 0) || rowLayouts.some(r => (r.row.forced_tokens ?? 0) > 0),
+    guessed: ticks.some(t => t.accepted > 0),
     shownS: axis.shownS,
     cutS,
     x: axis.x
@@ -803,8 +809,13 @@ export function describeBatch(batch: ITimelineBatch, now: number | null): string
   );
 }
 
-/** What hovering a fast-forward tick shows. */
-export function describeForcedTick(tick: IForcedTick): string {
+/** What hovering a step tick shows. */
+export function describeStepTick(tick: IStepTick): string {
   const steps = tick.steps === 1 ? 'a step' : `${tick.steps} steps`;
-  return `${steps} fast-forwarded ${tick.forced} token${tick.forced === 1 ? '' : 's'} (forced by a grammar, not sampled)`;
+  const tokens = (n: number) => `${n} token${n === 1 ? '' : 's'}`;
+  const parts = [
+    ...(tick.forced > 0 ? [`fast-forwarded ${tokens(tick.forced)} (forced by a grammar, not sampled)`] : []),
+    ...(tick.accepted > 0 ? [`kept ${tokens(tick.accepted)} from guesses the model accepted (speculative decoding)`] : [])
+  ];
+  return `${steps} ${parts.join(' and ')}`;
 }

@@ -5,7 +5,7 @@
 import {
   BADGE_W,
   describeBatch,
-  describeForcedTick,
+  describeStepTick,
   describeRow,
   IRowLayout,
   ITimelineLayout,
@@ -100,11 +100,14 @@ const MARK_STYLE = {
   badge: `fill: var(--jp-layout-color1, #ffffff); stroke: ${ACCENT}; stroke-width: 1px`,
   badgeText: `fill: ${ACCENT}; font-size: 9px; font-weight: 700; font-family: var(--jp-code-font-family, monospace); pointer-events: none`,
   tick: `fill: ${ACCENT}; stroke: var(--jp-layout-color1, #ffffff); stroke-width: 0.75px`,
+  // A step that kept guesses: the same wedge, hollow (tokens the model computed, not forced).
+  guessTick: `fill: var(--jp-layout-color1, #ffffff); stroke: ${ACCENT}; stroke-width: 1.25px`,
   tickHit: 'fill: transparent',
   legendBadge:
     `display: inline-block; padding: 0 2px; border: 1px solid ${ACCENT}; border-radius: 2px; color: ${ACCENT}; ` +
     'font: 700 9px var(--jp-code-font-family, monospace); line-height: 11px',
-  legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`
+  legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`,
+  legendGuessTick: `display: inline-block; width: 6px; height: 6px; border: 1.25px solid ${ACCENT}; border-radius: 1px; background: var(--jp-layout-color1, #ffffff)`
 };
 
 const KIND_LABEL: Record<PartKind, string> = {
@@ -267,22 +270,28 @@ export class TimelineView {
         rect.classList.add('ji-ff-band');
       }
     });
-    this._drawForcedTicks(svg, layout);
+    this._drawStepTicks(svg, layout);
   }
 
-  /** A tick under the batch track per step that fast-forwarded tokens: a small wedge
-   * pointing up at its batch, clear of the band's label. */
-  private _drawForcedTicks(svg: SVGSVGElement, layout: ITimelineLayout): void {
-    if (!layout.forcedTicks.length) {
+  /** A tick under the batch track per step that fast-forwarded tokens (a solid wedge) or kept
+   * accepted guesses only (hollow): it points up at its batch, clear of the band's label. */
+  private _drawStepTicks(svg: SVGSVGElement, layout: ITimelineLayout): void {
+    if (!layout.stepTicks.length) {
       return;
     }
     const g = svgEl('g', { class: 'ji-ff-ticks' }, svg);
     const top = AXIS_H + TRACK_H - 2;
-    layout.forcedTicks.forEach((tick, i) => {
+    layout.stepTicks.forEach((tick, i) => {
       svgEl('rect', { x: tick.x - 3, y: AXIS_H + TRACK_H / 2, width: 6, height: HEAD_H - AXIS_H - TRACK_H / 2, style: MARK_STYLE.tickHit, 'data-tick': i }, g);
       const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
-      const mark = svgEl('polygon', { points, class: 'ji-ff-tick', style: MARK_STYLE.tick, 'data-tick': i }, g);
-      mark.setAttribute('aria-label', describeForcedTick(tick));
+      const guessed = tick.forced === 0;
+      const mark = svgEl('polygon', {
+        points,
+        class: guessed ? 'ji-ff-tick ji-guess-tick' : 'ji-ff-tick',
+        style: guessed ? MARK_STYLE.guessTick : MARK_STYLE.tick,
+        'data-tick': i
+      }, g);
+      mark.setAttribute('aria-label', describeStepTick(tick));
     });
   }
 
@@ -435,9 +444,17 @@ export class TimelineView {
       }
       span.appendChild(document.createTextNode(`constrained: ${[...names.values()].map(c => c.name).join(', ')}`));
     }
+    if (layout.guessed) {
+      const span = htmlEl('span', 'ji-legend-item ji-guess-key', legend);
+      htmlEl('span', 'ji-guess-chip', span).setAttribute('style', MARK_STYLE.legendGuessTick);
+      span.appendChild(document.createTextNode('guessed: steps that kept draft tokens the model accepted'));
+      span.title =
+        'Speculative decoding: a row proposes tokens (prompt lookup or a draft model) and the step verifies them; ' +
+        'the model keeps those it agrees with, so one step can emit several tokens of a row.';
+    }
     if (layout.fastForwarded) {
       const span = htmlEl('span', 'ji-legend-item ji-ff-key', legend);
-      if (layout.forcedTicks.length) {
+      if (layout.stepTicks.some(t => t.forced > 0)) {
         htmlEl('span', 'ji-ff-chip', span).setAttribute('style', MARK_STYLE.legendTick);
       }
       span.appendChild(document.createTextNode('» fast-forwarded: tokens a grammar forced, not sampled'));
@@ -503,7 +520,7 @@ export class TimelineView {
       target.kind === 'row'
         ? layout.rows[target.index]?.row.id
         : target.kind === 'tick'
-          ? layout.forcedTicks[target.index] && String(target.index)
+          ? layout.stepTicks[target.index] && String(target.index)
           : layout.bands[target.index] && String(layout.bands[target.index].batch.id);
     if (key === undefined) {
       this._onLeave();
@@ -548,9 +565,9 @@ export class TimelineView {
         }
       }
     } else if (hover.kind === 'tick') {
-      const tick = layout.forcedTicks[Number(hover.key)];
+      const tick = layout.stepTicks[Number(hover.key)];
       if (tick) {
-        lines = [describeForcedTick(tick)];
+        lines = [describeStepTick(tick)];
       }
     } else {
       const b = this._batches.get(Number(hover.key));

@@ -45,19 +45,22 @@ export interface ITimelineBatch {
   mode?: string | null;
 }
 
-/** A step that emitted forced tokens (live `step` events with `forced` > 0). */
+/** A step that emitted several tokens a row: forced ones (live `step` events with `forced` >
+ * 0) or draft guesses the model accepted (`accepted` > 0, speculative decoding). */
 export interface ITimelineStep {
   batch_id?: number | null;
   /** When the step ended (epoch s). */
   at: number;
   tokens?: number;
   forced: number;
+  accepted?: number;
 }
 
 export interface ITimelineState {
   rows: ITimelineRow[];
   batches: ITimelineBatch[];
-  /** Steps that fast-forwarded tokens, where known (the live stream; records keep counts only). */
+  /** Steps that fast-forwarded tokens or kept guesses, where known (the live stream; records
+   * keep counts only). */
   steps?: ITimelineStep[];
   /** Where running rows and open batches end (epoch s); null for a finished run. */
   now?: number | null;
