@@ -173,6 +173,7 @@ export class LiveTimeline {
             r.first_token_at = event.ended_at;
           }
         }
+        this._countStep(event);
         this._multiTokenStep(event);
         return true;
       case 'token':
@@ -256,6 +257,16 @@ export class LiveTimeline {
   private _want(row: ITimelineRow): void {
     if (row.constraint === undefined || (row.constraint && (isLive(row) || row.forced_tokens == null))) {
       this._wanted.add(row.id);
+    }
+  }
+
+  /** A step of an open batch: counted in it at once, so its tooltip's steps and tokens grow
+   * with its guessed and forced ones (the closing record brings the server's totals). */
+  private _countStep(event: ServerEvent): void {
+    const batch = typeof event.batch_id === 'number' ? this.batches.get(event.batch_id) : undefined;
+    if (batch && batch.ended_at == null) {
+      batch.steps = (batch.steps ?? 0) + 1;
+      batch.tokens = (batch.tokens ?? 0) + (Number(event.tokens) || 0);
     }
   }
 

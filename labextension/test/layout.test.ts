@@ -205,7 +205,7 @@ describe('constrained rows and fast-forwarded tokens', () => {
 
   it('says how many of a batch’s tokens came from accepted guesses (speculative decoding)', () => {
     const batch = { id: 7, size: 1, started_at: 1, ended_at: 2, steps: 10, tokens: 24, draft_tokens: 20, accepted_tokens: 14 };
-    expect(describeBatch(batch, 2)).toContain('24 tokens, 14 from guesses the model accepted (of 20)');
+    expect(describeBatch(batch, 2)).toContain('24 tokens, 14 from guesses the model accepted (of 20 proposed)');
     expect(describeBatch({ ...batch, draft_tokens: 0, accepted_tokens: 0 }, 2)).not.toContain('guesses');
   });
 
@@ -226,6 +226,14 @@ describe('constrained rows and fast-forwarded tokens', () => {
       [0, 7, 1]
     ]);
     expect(layout.guessed).toBe(true);
+    // Nearly every step keeps guesses: ticks a few pixels apart merge instead of overlapping.
+    const dense = layoutTimeline(
+      { ...guessing, steps: Array.from({ length: 40 }, (_, i) => ({ batch_id: 1, at: 0.2 + i * 0.004, tokens: 3, forced: 0, accepted: 2 })) },
+      { width: W, compress: false }
+    );
+    const xs = dense.stepTicks.map(t => t.x);
+    expect(xs.slice(1).every((x, i) => x - xs[i] >= 6)).toBe(true);
+    expect(dense.stepTicks.reduce((n, t) => n + t.accepted, 0)).toBe(80);
     expect(layout.fastForwarded).toBe(false); // nothing here was forced by a grammar
     expect(describeStepTick(layout.stepTicks[0])).toBe(
       '2 steps kept 6 tokens from guesses the model accepted (speculative decoding)'

@@ -142,8 +142,31 @@ describe('constraint and fast-forward marks', () => {
     expect(ticks).toHaveLength(1);
     expect(ticks[0].getAttribute('aria-label')).toBe('a step kept 6 tokens from guesses the model accepted (speculative decoding)');
     const legend = host.querySelector('.ji-legend')!.textContent!;
-    expect(legend).toContain('guessed: steps that kept draft tokens the model accepted');
+    expect(legend).toContain('guessed: steps that kept accepted guesses');
     expect(legend).not.toContain('fast-forwarded');
+    expect(host.querySelector('.ji-guess-chip')!.textContent).toBe('\u25b3'); // the key is the mark's shape
+  });
+
+  it('keeps a band its tooltip over its whole height and draws solid ticks over hollow ones', () => {
+    const host = document.createElement('div');
+    document.body.appendChild(host);
+    const v = new TimelineView(host);
+    v.update({
+      ...STATE,
+      steps: [
+        { batch_id: 1, at: 100.3, tokens: 3, forced: 2 },
+        { batch_id: 1, at: 100.6, tokens: 7, forced: 0, accepted: 6 }
+      ],
+      now: 101.5
+    });
+    v.draw();
+    const band = host.querySelector('.ji-tl-head rect.ji-band')!;
+    const bandBottom = Number(band.getAttribute('y')) + Number(band.getAttribute('height'));
+    for (const hit of host.querySelectorAll('.ji-tl-head rect[data-tick]')) {
+      expect(Number(hit.getAttribute('y'))).toBeGreaterThanOrEqual(bandBottom - 2); // below the band, not over it
+    }
+    const marks = [...host.querySelectorAll('.ji-tl-head polygon.ji-ff-tick')];
+    expect(marks.map(m => m.classList.contains('ji-guess-tick'))).toEqual([true, false]); // the solid one last: on top
   });
 
   it('leaves a run without constraints as it was', () => {

@@ -320,13 +320,14 @@ function layoutBands(batches, at) {
   }
   return bands;
 }
+var TICK_W = 6;
 function stepTicks(steps, at) {
   const ticks = [];
   const shown = steps.filter((s) => isNum(s.at) && (s.forced > 0 || (s.accepted ?? 0) > 0) && s.at >= at.t0 && s.at <= at.t1).filter((s) => at.axis.segments.some((seg) => s.at >= seg.a && s.at <= seg.b)).sort((p, q) => p.at - q.at);
   for (const s of shown) {
     const x = at.axis.x(s.at);
     const last = ticks[ticks.length - 1];
-    if (last && x - last.x < 3) {
+    if (last && x - last.x < TICK_W) {
       last.forced += s.forced;
       last.accepted += s.accepted ?? 0;
       last.steps += 1;
@@ -544,7 +545,7 @@ function describeBatch(batch, now) {
   const size = batch.size ?? batch.members?.length ?? 0;
   const span = isNum(batch.started_at) && isNum(end) ? ` \xB7 ${formatMs((end - batch.started_at) * 1e3)}${isNum(batch.ended_at) ? "" : " so far"}` : "";
   const forced = batch.forced_tokens ? `, ${batch.forced_tokens} fast-forwarded` : "";
-  const guessed = batch.accepted_tokens ? `, ${batch.accepted_tokens} from guesses the model accepted (of ${batch.draft_tokens ?? batch.accepted_tokens})` : "";
+  const guessed = batch.accepted_tokens ? `, ${batch.accepted_tokens} from guesses the model accepted (of ${batch.draft_tokens ?? batch.accepted_tokens} proposed)` : "";
   return `batch #${batch.id} \xB7 ${size} row${size === 1 ? "" : "s"} \xB7 ${batch.steps ?? 0} steps \xB7 ${batch.tokens ?? 0} tokens${forced}${guessed}${span}`;
 }
 function describeStepTick(tick) {
@@ -618,7 +619,7 @@ var MARK_STYLE = {
   tickHit: "fill: transparent",
   legendBadge: `display: inline-block; padding: 0 2px; border: 1px solid ${ACCENT}; border-radius: 2px; color: ${ACCENT}; font: 700 9px var(--jp-code-font-family, monospace); line-height: 11px`,
   legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`,
-  legendGuessTick: `display: inline-block; width: 6px; height: 6px; border: 1.25px solid ${ACCENT}; border-radius: 1px; background: var(--jp-layout-color1, #ffffff)`
+  legendGuessTick: `color: ${ACCENT}; font-size: 9px; line-height: 9px`
 };
 var KIND_LABEL = {
   queued: "queued",
@@ -795,8 +796,9 @@ var TimelineView = class {
     }
     const g = svgEl("g", { class: "ji-ff-ticks" }, svg);
     const top = AXIS_H + TRACK_H - 2;
-    layout.stepTicks.forEach((tick, i) => {
-      svgEl("rect", { x: tick.x - 3, y: AXIS_H + TRACK_H / 2, width: 6, height: HEAD_H - AXIS_H - TRACK_H / 2, style: MARK_STYLE.tickHit, "data-tick": i }, g);
+    const order = layout.stepTicks.map((tick, i) => [tick, i]).sort(([p], [q]) => Number(p.forced > 0) - Number(q.forced > 0));
+    for (const [tick, i] of order) {
+      svgEl("rect", { x: tick.x - TICK_W / 2, y: top, width: TICK_W, height: HEAD_H - top, style: MARK_STYLE.tickHit, "data-tick": i }, g);
       const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
       const guessed = tick.forced === 0;
       const mark = svgEl("polygon", {
@@ -806,7 +808,7 @@ var TimelineView = class {
         "data-tick": i
       }, g);
       mark.setAttribute("aria-label", describeStepTick(tick));
-    });
+    }
   }
   _drawCuts(svg, layout, y, h, labelled) {
     for (const cut of layout.cuts) {
@@ -952,8 +954,10 @@ var TimelineView = class {
     }
     if (layout.guessed) {
       const span = htmlEl("span", "ji-legend-item ji-guess-key", legend);
-      htmlEl("span", "ji-guess-chip", span).setAttribute("style", MARK_STYLE.legendGuessTick);
-      span.appendChild(document.createTextNode("guessed: steps that kept draft tokens the model accepted"));
+      const chip = htmlEl("span", "ji-guess-chip", span);
+      chip.setAttribute("style", MARK_STYLE.legendGuessTick);
+      chip.textContent = "\u25B3";
+      span.appendChild(document.createTextNode("guessed: steps that kept accepted guesses"));
       span.title = "Speculative decoding: a row proposes tokens (prompt lookup or a draft model) and the step verifies them; the model keeps those it agrees with, so one step can emit several tokens of a row.";
     }
     if (layout.fastForwarded) {

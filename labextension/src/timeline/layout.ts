@@ -532,8 +532,10 @@ function layoutBands(batches: ITimelineBatch[], at: IPlacement): IBandLayout[] {
 }
 
 /** A tick on the batch track per step that forced tokens or kept guesses, inside [t0, t1]
- * and off the cuts; ticks under 3 px apart merge, so a burst of steps reads as one mark with
- * their sums. */
+ * and off the cuts; ticks closer than a wedge's width merge, so a run of steps (with guesses
+ * on, nearly every decode step keeps some) reads as marks with their sums, not a sawtooth. */
+export const TICK_W = 6; // a step tick's width (px): closer ticks merge
+
 function stepTicks(steps: ITimelineStep[], at: IPlacement): IStepTick[] {
   const ticks: IStepTick[] = [];
   const shown = steps
@@ -543,7 +545,7 @@ function stepTicks(steps: ITimelineStep[], at: IPlacement): IStepTick[] {
   for (const s of shown) {
     const x = at.axis.x(s.at);
     const last = ticks[ticks.length - 1];
-    if (last && x - last.x < 3) {
+    if (last && x - last.x < TICK_W) {
       last.forced += s.forced;
       last.accepted += s.accepted ?? 0;
       last.steps += 1;
@@ -801,7 +803,7 @@ export function describeBatch(batch: ITimelineBatch, now: number | null): string
       : '';
   const forced = batch.forced_tokens ? `, ${batch.forced_tokens} fast-forwarded` : '';
   const guessed = batch.accepted_tokens
-    ? `, ${batch.accepted_tokens} from guesses the model accepted (of ${batch.draft_tokens ?? batch.accepted_tokens})`
+    ? `, ${batch.accepted_tokens} from guesses the model accepted (of ${batch.draft_tokens ?? batch.accepted_tokens} proposed)`
     : '';
   return (
     `batch #${batch.id} · ${size} row${size === 1 ? '' : 's'} · ${batch.steps ?? 0} steps · ` +

@@ -10,6 +10,7 @@ import {
   IRowLayout,
   ITimelineLayout,
   layoutTimeline,
+  TICK_W,
   PartKind
 } from './layout';
 import { ITimelineBatch, ITimelineRow, ITimelineState } from './types';
@@ -107,7 +108,7 @@ const MARK_STYLE = {
     `display: inline-block; padding: 0 2px; border: 1px solid ${ACCENT}; border-radius: 2px; color: ${ACCENT}; ` +
     'font: 700 9px var(--jp-code-font-family, monospace); line-height: 11px',
   legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`,
-  legendGuessTick: `display: inline-block; width: 6px; height: 6px; border: 1.25px solid ${ACCENT}; border-radius: 1px; background: var(--jp-layout-color1, #ffffff)`
+  legendGuessTick: `color: ${ACCENT}; font-size: 9px; line-height: 9px`
 };
 
 const KIND_LABEL: Record<PartKind, string> = {
@@ -281,8 +282,11 @@ export class TimelineView {
     }
     const g = svgEl('g', { class: 'ji-ff-ticks' }, svg);
     const top = AXIS_H + TRACK_H - 2;
-    layout.stepTicks.forEach((tick, i) => {
-      svgEl('rect', { x: tick.x - 3, y: AXIS_H + TRACK_H / 2, width: 6, height: HEAD_H - AXIS_H - TRACK_H / 2, style: MARK_STYLE.tickHit, 'data-tick': i }, g);
+    // Hollow (guesses only) first, solid on top: a fast-forward mark is never hidden.
+    const order = layout.stepTicks.map((tick, i) => [tick, i] as const).sort(([p], [q]) => Number(p.forced > 0) - Number(q.forced > 0));
+    for (const [tick, i] of order) {
+      // Its hover area is the wedge's own, below the band: the band keeps its tooltip.
+      svgEl('rect', { x: tick.x - TICK_W / 2, y: top, width: TICK_W, height: HEAD_H - top, style: MARK_STYLE.tickHit, 'data-tick': i }, g);
       const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
       const guessed = tick.forced === 0;
       const mark = svgEl('polygon', {
@@ -292,7 +296,7 @@ export class TimelineView {
         'data-tick': i
       }, g);
       mark.setAttribute('aria-label', describeStepTick(tick));
-    });
+    }
   }
 
   private _drawCuts(svg: SVGSVGElement, layout: ITimelineLayout, y: number, h: number, labelled: boolean): void {
@@ -446,8 +450,10 @@ export class TimelineView {
     }
     if (layout.guessed) {
       const span = htmlEl('span', 'ji-legend-item ji-guess-key', legend);
-      htmlEl('span', 'ji-guess-chip', span).setAttribute('style', MARK_STYLE.legendGuessTick);
-      span.appendChild(document.createTextNode('guessed: steps that kept draft tokens the model accepted'));
+      const chip = htmlEl('span', 'ji-guess-chip', span);
+      chip.setAttribute('style', MARK_STYLE.legendGuessTick);
+      chip.textContent = '\u25b3'; // a hollow wedge, as on the track
+      span.appendChild(document.createTextNode('guessed: steps that kept accepted guesses'));
       span.title =
         'Speculative decoding: a row proposes tokens (prompt lookup or a draft model) and the step verifies them; ' +
         'the model keeps those it agrees with, so one step can emit several tokens of a row.';
