@@ -61,7 +61,7 @@ class ServiceConfig:
     # "auto": "draft" with a draft_model, else "ngram" (prompt lookup); "off"
     speculative: str = "auto"
     draft_model: str = ""  # a smaller model with the model's tokenizer that guesses (engine/draft_model.py)
-    speculative_tokens: int = 8  # most draft tokens a row proposes a step
+    speculative_tokens: int = 16  # most draft tokens a row proposes a step (fewer when many rows guess)
     speculative_max_rows: int = 8  # no drafts while more rows than this decode (measured: docs/engine.md)
     # -- many users: fair share and per-owner limits (an owner is the Jupyter or hub user) -------
     fair_share: bool = True  # rows shared between owners (fair.py); False: priority + FIFO for all

@@ -292,3 +292,30 @@ def test_the_noise_gauge_counts_the_server_under_test_as_its_own() -> None:
         server.wait()
     assert own is not None and anyone is not None
     assert anyone - own > 0.2  # one busy core of the machine's, now counted as the contender's
+
+
+def test_one_at_a_time_prompts_are_new_every_round_and_the_same_for_every_contender() -> None:
+    """A server that remembers what it saw across requests (llama-server's ngram-mod keeps its
+    n-gram table) must not be timed on answers it has seen: the warm-up and every round of the
+    one-at-a-time workloads send new prompts, the same to every contender in a round."""
+    from jupyter_infer.bench.contenders import Contender, Run
+    from jupyter_infer.bench.cpu import workloads
+    from jupyter_infer.bench.rounds import measure_rounds
+
+    class Recorder(Contender):
+        def __init__(self, name: str) -> None:
+            self.name = self.label = name
+            self.seen: list[list[str]] = []
+
+        def run(self, workload) -> Run:
+            self.seen.append([a.prompt for a in workload.requests])
+            return Run(wall_s=1.0, tokens=1)
+
+    count = lambda text: len(text.split())  # noqa: E731
+    for load in workloads(count, (4, 8), (3, 8), (3, (60, 120), 16))[1:]:
+        a, b = Recorder("a"), Recorder("b")
+        measure_rounds(load, [a, b], repeats=3, log=lambda line: None)
+        assert a.seen == b.seen  # warm-up and 3 rounds, round-robin: the same prompts for both
+        rounds = [tuple(p) for p in a.seen]
+        assert len(set(rounds)) == 4, load.name  # the warm-up's and each round's are new
+        assert not set(rounds[0]) & set(rounds[1]), load.name  # no prompt sent twice

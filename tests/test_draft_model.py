@@ -116,7 +116,7 @@ async def test_the_server_says_which_draft_model_guesses(jp_fetch, tiny_model_di
     answer = json.loads((await jp_fetch("infer", "generate", method="POST", body=body)).body)
     assert answer["usage"]["completion_tokens"] == 30
     status = json.loads((await jp_fetch("infer", "status")).body)
-    assert status["speculative"] == {"method": "draft", "max_tokens": 8, "max_rows": 8,
+    assert status["speculative"] == {"method": "draft", "max_tokens": 16, "max_rows": 8,
                                      "draft_model": str(tiny_model_dir)}
     spec = json.loads((await jp_fetch("infer", "metrics")).body)["speculative"]
     assert spec["acceptance_rate"] > 0.9 and spec["tokens_per_row_step"] > 2

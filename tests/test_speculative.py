@@ -216,7 +216,7 @@ async def test_the_server_shows_what_speculation_did(jp_fetch) -> None:
     answer = json.loads((await jp_fetch("infer", "generate", method="POST", body=body)).body)
     assert answer["usage"]["completion_tokens"] == 40
     status = json.loads((await jp_fetch("infer", "status")).body)
-    assert status["speculative"] == {"method": "ngram", "max_tokens": 8, "max_rows": 8, "draft_model": None}
+    assert status["speculative"] == {"method": "ngram", "max_tokens": 16, "max_rows": 8, "draft_model": None}
     spec = json.loads((await jp_fetch("infer", "metrics")).body)["speculative"]
     assert spec["accepted_tokens"] > 0 and spec["tokens_per_row_step"] > 1
     batches = json.loads((await jp_fetch("infer", "batches")).body)["batches"]

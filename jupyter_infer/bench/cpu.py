@@ -80,17 +80,22 @@ def workloads(count: Callable[[str], int], burst: tuple[int, int], alone: tuple[
     from ..engine.model_builder import CORPUS
 
     b = wl.burst(count, *burst)
-    prompts = wl.bench_prompts(count, alone[0])
-    arrivals = [Arrival(at=0.0, prompt=p, max_tokens=alone[1]) for p in prompts]
-    copies = wl.copy_heavy(count, copy[0], copy[1], copy[2], document=CORPUS)
-    return [
-        wl.Workload("cpu_burst", b.description + ", over HTTP (OpenAI completions)", b.arrivals),
-        wl.Workload("cpu_alone", f"{alone[0]} requests one at a time, ~20-token prompts, {alone[1]} new tokens each, "
-                    "over HTTP (OpenAI completions)", [], chains=[arrivals]),
-        wl.Workload("cpu_copy", f"{copy[0]} copy-heavy requests one at a time ({copy[1][0]}-{copy[1][1]}-token code, "
-                    f"JSON records or a document, then what to do with it), {copy[2]} new tokens each, over HTTP",
-                    [], chains=[copies]),
-    ]
+
+    # One at a time, every round's prompts are new to every contender (``Workload.fresh``).
+    def alone_round(i: int) -> wl.Workload:
+        prompts = wl.bench_prompts(count, alone[0], offset=i * alone[0])
+        return wl.Workload("cpu_alone", f"{alone[0]} requests one at a time, ~20-token prompts, {alone[1]} new "
+                           "tokens each, new prompts every round, over HTTP (OpenAI completions)", [],
+                           chains=[[Arrival(at=0.0, prompt=p, max_tokens=alone[1]) for p in prompts]], fresh=alone_round)
+
+    def copy_round(i: int) -> wl.Workload:
+        copies = wl.copy_heavy(count, copy[0], copy[1], copy[2], document=CORPUS, variant=i)
+        return wl.Workload("cpu_copy", f"{copy[0]} copy-heavy requests one at a time ({copy[1][0]}-{copy[1][1]}-token "
+                           f"code, JSON records or a document, then what to do with it), {copy[2]} new tokens each, "
+                           "new contexts every round, over HTTP", [], chains=[copies], fresh=copy_round)
+
+    return [wl.Workload("cpu_burst", b.description + ", over HTTP (OpenAI completions)", b.arrivals),
+            alone_round(0), copy_round(0)]
 
 
 def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[str], None]) -> Path | None:

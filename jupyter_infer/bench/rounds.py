@@ -18,22 +18,24 @@ from .workloads import Workload
 
 def measure_rounds(workload: Workload, contenders: list[Contender], repeats: int, log: Callable[[str], None],
                    warmup: bool = True) -> dict[str, Any]:
-    """Warm every contender up (not counted), then ``repeats`` interleaved rounds.
+    """Warm every contender up (not counted), then ``repeats`` interleaved rounds (a workload
+    with ``fresh`` prompts gets new ones every round, the same for every contender).
 
     Returns, for each contender that supports the workload, its label, the median of every
     statistic over the rounds and every round's statistics, by contender name."""
     active = [c for c in contenders if c.supports(workload)]
     for c in active if warmup else []:
         t = time.perf_counter()
-        in_fresh_thread(c.warmup, workload)
+        in_fresh_thread(c.warmup, workload.for_round(0))
         log(f"  {workload.name:<6} {c.label:<34} warm-up {time.perf_counter() - t:6.2f} s")
     runs: dict[str, list[Run]] = {c.name: [] for c in active}
     for round_ in range(repeats):
         # Round-robin, so that a slow spell of a shared machine hits everyone alike.
+        this_round = workload.for_round(round_ + 1)
         for c in active:
             pids = c.pids()  # the server under test: its CPU is the contender's own, not noise
             before = _cpu_sample(pids)
-            run = in_fresh_thread(c.run, workload)
+            run = in_fresh_thread(c.run, this_round)
             run.extra["other_cpu_share"] = _other_cpu_share(before, _cpu_sample(pids))
             runs[c.name].append(run)
             log(f"  {workload.name:<6} {c.label:<34} run {round_ + 1}/{repeats}: {_run_line(c, run)}")

@@ -32,6 +32,15 @@ class Workload:
     chains: list[list[Arrival]] = field(default_factory=list)
     late: Arrival | None = None
     late_after: int = 0
+    # Prompts new every round: the workload of round i (0: the warm-up). A server that keeps
+    # what it saw across requests (llama-server's ngram-mod keeps its n-gram table: its second
+    # round of the same prompts replays the first's answers, 3-7x faster) would otherwise be
+    # timed on answers it has seen.
+    fresh: Callable[[int], Workload] | None = field(default=None, compare=False, repr=False)
+
+    def for_round(self, i: int) -> Workload:
+        """The workload of round ``i`` (0: the warm-up): itself, or its ``fresh`` prompts."""
+        return self.fresh(i) if self.fresh is not None else self
 
     @property
     def closed(self) -> bool:
@@ -60,13 +69,14 @@ class Workload:
         }
 
 
-def bench_prompts(count_tokens: Callable[[str], int], n: int, target: int = 20) -> list[str]:
-    """``n`` prompts of ``target-2 .. target+2`` tokens: runs of words from the sample prompts."""
+def bench_prompts(count_tokens: Callable[[str], int], n: int, target: int = 20, offset: int = 0) -> list[str]:
+    """``n`` prompts of ``target-2 .. target+2`` tokens: runs of words from the sample prompts
+    (``offset``: the runs of prompts ``offset`` to ``offset + n``)."""
     words = " ".join(SAMPLE_PROMPTS).split()
     prompts = []
     for i in range(n):
         want = target - 2 + i % 5
-        start = (i * 11) % len(words)
+        start = ((i + offset) * 11) % len(words)
         text = ""
         for j in range(len(words)):
             candidate = (text + " " + words[(start + j) % len(words)]).strip()
@@ -279,23 +289,25 @@ COPY_TASKS = (
 )
 
 
-def fit_lines(text: str, count_tokens: Callable[[str], int], tokens: int) -> str:
-    """``text``'s first lines, repeated if needed, up to about ``tokens`` tokens (lines whole)."""
+def fit_lines(text: str, count_tokens: Callable[[str], int], tokens: int, start: int = 0) -> str:
+    """``text``'s lines from line ``start`` on, repeated if needed, up to about ``tokens``
+    tokens (lines whole)."""
     lines, out = text.splitlines(), []
     while count_tokens("\n".join(out)) < tokens:
-        out.append(lines[len(out) % len(lines)])
+        out.append(lines[(start + len(out)) % len(lines)])
     return "\n".join(out[:-1] if len(out) > 1 else out)
 
 
 def copy_heavy(count_tokens: Callable[[str], int], n: int = 6, context_tokens: tuple[int, int] = (300, 600),
-               new_tokens: int = 96, document: str = "") -> list[Arrival]:
+               new_tokens: int = 96, document: str = "", variant: int = 0) -> list[Arrival]:
     """``n`` prompts whose answers reuse their context: a 300-600-token piece of code, of JSON
-    records or of a ``document``, then what to do with it."""
+    records or of a ``document``, then what to do with it (``variant``: contexts that start
+    ``5 * variant`` lines further on, so each variant's prompts are new)."""
     low, high = context_tokens
     out = []
     for i in range(n):
         context, task = COPY_TASKS[i % len(COPY_TASKS)]
         size = low + (high - low) * i // max(1, n - 1)
-        body = fit_lines(context if context is not None else document, count_tokens, size)
+        body = fit_lines(context if context is not None else document, count_tokens, size, start=5 * variant)
         out.append(Arrival(0.0, body + "\n\n" + task, new_tokens))
     return out

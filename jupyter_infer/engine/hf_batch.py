@@ -16,6 +16,7 @@ from . import kv_cache
 from .ragged import Block
 from .sampling import RowSampler
 from .shared_prefix import Claim, SharedPrefix
+from .speculate import Guessing
 
 
 def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,10 +62,9 @@ class HFBatch:
     # The prompt prefix every row starts with, held once (shared_prefix.py); the cache and
     # mask are the columns after it.
     shared: SharedPrefix | None = None
-    # Speculation, per row (speculate.py): draft tokens it proposes next, steps it sits out
-    # before it guesses again, and how long it sits out after its next miss; rows not named
-    # here propose the engine's most.
-    draft_k: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # Speculation, per row (speculate.Guessing): draft tokens it proposes next, steps it sits
+    # out before it guesses again, ...; rows not named here propose the engine's most.
+    draft_k: dict[str, Guessing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Decided when rows join (a batch is made) or leave (``filter``), not every step.

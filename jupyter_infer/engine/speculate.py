@@ -11,18 +11,24 @@ draws from the model's distribution without that token (rejection sampling, Levi
 2023, with a draft that is one token for sure): its tokens follow the model's distribution
 exactly. A row with a seed does not speculate: its tokens would then depend on whether its
 batch mates let it (``max_rows``), and a seeded request gets the same tokens in any batch.
-The KV of the rejected drafts goes (``HFBatch.advance_verified``). How many a row proposes
-follows its acceptance: one more after a run fully accepted, back to what was accepted
-otherwise; a row whose single guess was wrong sits out ``COOLDOWN_STEPS`` steps before it
-guesses again, twice as long after each such miss in a row (a step that verifies one guess
-costs ~1.2x one without on a CPU: a row whose guesses never land would pay that every step). A step of many rows gains little from guesses (it is busy already), so past
-``max_rows`` decoding rows nobody proposes.
+The KV of the rejected drafts goes (``HFBatch.advance_verified``).
+
+How many a row proposes follows its acceptance (``Guessing``): twice as many after a run fully
+accepted, what was accepted otherwise. Guessing is cheap at one row (on the 2-core CPU a step
+that verifies 1 guess costs 1.03x one without, 8 guesses 1.30x, 16 guesses 1.45x) and dear
+with many (their guesses add up: a step of 8 rows verifying 2 each reads as 16 rows), so a
+step's rows share ``STEP_DRAFT_TOKENS`` (16 each alone or in pairs, 8 in fours, 4 in eights),
+and past ``max_rows`` decoding rows nobody proposes. A row whose single guess was wrong sits
+out ``COOLDOWN_STEPS`` steps, twice as long after each such miss in a row; while it sits out
+it still guesses on paper (prompt lookup costs ~0.1 ms), and the first time its paper guess
+is the token its model chose it guesses again at once: a row that falls into repeating
+itself (or starts quoting) gets back to guessing in a step, not after its cooldown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -38,6 +44,18 @@ if TYPE_CHECKING:
 
 COOLDOWN_STEPS = 8  # steps a row proposes nothing after its one guess was wrong (then 16, 32, ...)
 MAX_COOLDOWN_STEPS = 256
+STEP_DRAFT_TOKENS = 32  # draft tokens one step verifies at most, over all its rows
+
+
+class Guessing(NamedTuple):
+    """A row's speculation state: how many it proposes next, the steps it still sits out, how
+    long it sits out after its next miss, and while sitting out its paper guess (the history
+    length it was made at, and the token), if any."""
+
+    k: int
+    wait: int = 0
+    backoff: int = COOLDOWN_STEPS
+    paper: tuple[int, int] | None = None
 
 
 def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
@@ -50,6 +68,7 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
         draft_model.keep(set(by_id) if len(seqs) <= max_rows else set())
     if not most or len(seqs) > max_rows:
         return {}
+    most = min(most, max(1, STEP_DRAFT_TOKENS // len(seqs)))
     out = {}
     for bucket in buckets:
         for row_id, sampler in zip(bucket.ids, bucket.samplers, strict=True):
@@ -60,18 +79,29 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
             seq = by_id[row_id]
             # Tokens it may still get, known on the host (the service resolved max_tokens).
             room = (seq.params.max_tokens or 0) - len(seq.output_ids)
-            k, wait, backoff = bucket.draft_k.get(row_id, (most, 0, COOLDOWN_STEPS))
-            if wait:  # sitting out after a wrong guess
-                bucket.draft_k[row_id] = (k, wait - 1, backoff)
-                continue
-            k = min(k, room - 1)
+            state = bucket.draft_k.get(row_id) or Guessing(most)
+            k = min(state.k, most, room - 1)
             if k <= 0:
                 continue
             history = [*seq.prompt_ids, *seq.output_ids]
+            if state.wait:
+                bucket.draft_k[row_id] = _sit_out(state, history, draft_model is None)
+                if bucket.draft_k[row_id].wait:
+                    continue
             guess = draft_model.propose(row_id, history, k) if draft_model is not None else propose(history, k)
             if guess:
                 out[row_id] = guess
     return out
+
+
+def _sit_out(state: Guessing, history: list[int], on_paper: bool) -> Guessing:
+    """A step of a row that sits out: one step less to wait, or none if its last paper guess
+    was the token its model chose; a new paper guess (prompt lookup only: a draft model's
+    would cost its forwards)."""
+    if state.paper is not None and state.paper[0] < len(history) and history[state.paper[0]] == state.paper[1]:
+        return Guessing(1)
+    paper = propose(history, 1) if on_paper else []
+    return state._replace(wait=state.wait - 1, paper=(len(history), paper[0]) if paper else None)
 
 
 def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch], guesses: dict[str, list[int]],
@@ -116,15 +146,15 @@ def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch
                 proposed[row], accepted[row] = len(guess), keep
                 rejected.append(len(guess) - keep)
                 feed.append([model[-1]])
-                _, _, backoff = bucket.draft_k.get(row_id, (most, 0, COOLDOWN_STEPS))
+                backoff = bucket.draft_k.get(row_id, Guessing(most)).backoff
                 if keep == len(guess):
-                    bucket.draft_k[row_id] = (min(most, len(guess) + 1), 0, COOLDOWN_STEPS)
+                    bucket.draft_k[row_id] = Guessing(min(most, 2 * len(guess)))
                 elif keep:
-                    bucket.draft_k[row_id] = (keep, 0, COOLDOWN_STEPS)
+                    bucket.draft_k[row_id] = Guessing(keep)
                 elif len(guess) > 1:
-                    bucket.draft_k[row_id] = (1, 0, backoff)
+                    bucket.draft_k[row_id] = Guessing(1, 0, backoff)
                 else:  # one guess, wrong: sit out, longer each time in a row
-                    bucket.draft_k[row_id] = (1, backoff, min(2 * backoff, MAX_COOLDOWN_STEPS))
+                    bucket.draft_k[row_id] = Guessing(1, backoff, min(2 * backoff, MAX_COOLDOWN_STEPS))
             row += 1
         bucket.advance_verified(block, rejected, feed)
     sampled.proposed, sampled.accepted = proposed, accepted
