@@ -239,8 +239,8 @@ def _is_complete(target: pathlib.Path, wanted: dict[str, object]) -> bool:
     return all((target / name).is_file() for name in _REQUIRED_FILES)
 
 
-def _train_tokenizer(vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on the built-in corpus."""
+def _train_tokenizer(vocab_size: int, max_length: int, lines: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on the built-in corpus (or on ``lines``)."""
     tok = Tokenizer(models.BPE())
     # add_prefix_space=False keeps decode(encode(s)) == s exact.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -254,7 +254,7 @@ def _train_tokenizer(vocab_size: int, max_length: int) -> PreTrainedTokenizerFas
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_lines(), trainer=trainer)
+    tok.train_from_iterator(lines if lines is not None else _training_lines(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=EOS_TOKEN,
@@ -357,9 +357,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", help="where to save the model (save_pretrained layout)")
     parser.add_argument("--size", choices=SIZES, default="tiny")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", type=float, default=0, metavar="SECONDS",
+                        help="train it for this long on local text (model_training.py) instead of random weights")
+    parser.add_argument("--text", action="append", metavar="PATH",
+                        help="with --train: text files or folders to train on (default: Python's standard library)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.train:
+        from .model_training import train_model
+
+        path = train_model(args.directory, args.size, seconds=args.train, texts=args.text, seed=args.seed)
+        print(f"trained {args.size!r} model in {path}; serve it with --InferApp.model={path}")
+        return 0
     path = make_model(args.directory, args.size, seed=args.seed)
     print(f"built {args.size!r} model in {path}; serve it with --InferApp.model={path}")
     return 0
