@@ -12,7 +12,7 @@ COMMANDS = {
     "demo": ("jupyter_infer.demo", "run the server and show requests being grouped into batches"),
     "loadgen": ("jupyter_infer.loadgen", "Poisson arrivals against the engine; latency percentiles"),
     "bench": ("jupyter_infer.bench", "benchmark our batching against the alternatives"),
-    "make-model": ("jupyter_infer.engine.model_builder", "build a small random-weight model locally"),
+    "make-model": ("jupyter_infer.engine.make_model", "build a small model locally (random weights, or --train)"),
     "serve": ("jupyter_infer.serve", "run the inference server alone (no notebook UI), or as a JupyterHub service"),
 }
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from jupyter_infer.engine.make_model import add_arguments
 from jupyter_infer.engine.model_builder import (
     MARKER_FILE,
     SIZES,
-    add_arguments,
     default_cache_dir,
     ensure_model,
     make_model,

@@ -223,3 +223,23 @@ async def test_the_server_shows_what_speculation_did(jp_fetch) -> None:
     assert sum(b["accepted_tokens"] for b in batches) == spec["accepted_tokens"]
     prometheus = (await jp_fetch("metrics")).body.decode()
     assert 'jupyter_infer_speculative_tokens_total{outcome="accepted"}' in prometheus
+
+
+def test_a_row_guesses_more_after_hits_and_sits_out_after_misses_until_its_paper_guess_lands() -> None:
+    from jupyter_infer.engine.guessing import Guessing, after_verify, sit_out
+
+    state = Guessing(2)
+    state = after_verify(state, 2, 2, most=16)
+    assert state.k == 4 and after_verify(Guessing(16), 16, 16, most=16).k == 16  # doubled, up to the most
+    assert after_verify(Guessing(8), 8, 3, most=16) == Guessing(3)  # what it kept
+    missed = after_verify(Guessing(1), 1, 0, most=16)
+    assert missed.wait == 8 and missed.backoff == 16  # one guess wrong: sits out, longer next time
+    again = after_verify(Guessing(1, 0, missed.backoff), 1, 0, most=16)
+    assert again.wait == 16 and again.backoff == 32
+    # Sitting out in a run "1 2 3 1 2 3 1": on paper it guesses 2, and the model's token was 2.
+    history = [1, 2, 3, 1, 2, 3, 1]
+    waiting = sit_out(missed, history, on_paper=True)
+    assert waiting.wait == 7 and waiting.paper == (7, 2)
+    assert sit_out(waiting, [*history, 2], on_paper=True) == Guessing(1)  # back at once
+    assert sit_out(waiting, [*history, 9], on_paper=True).wait == 6  # its paper guess was wrong
+    assert sit_out(missed, history, on_paper=False).paper is None  # a draft model's guess would cost a forward

@@ -13,10 +13,10 @@ import torch
 from transformers import DynamicCache
 
 from . import kv_cache
+from .guessing import Guessing
 from .ragged import Block
 from .sampling import RowSampler
 from .shared_prefix import Claim, SharedPrefix
-from .speculate import Guessing
 
 
 def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +62,7 @@ class HFBatch:
     # The prompt prefix every row starts with, held once (shared_prefix.py); the cache and
     # mask are the columns after it.
     shared: SharedPrefix | None = None
-    # Speculation, per row (speculate.Guessing): draft tokens it proposes next, steps it sits
+    # Speculation, per row (guessing.Guessing): draft tokens it proposes next, steps it sits
     # out before it guesses again, ...; rows not named here propose the engine's most.
     draft_k: dict[str, Guessing] = field(default_factory=dict)
 

@@ -11,7 +11,6 @@ are realistic.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -350,26 +349,3 @@ def _readme(
         "  built-in English corpus about AI and language models\n"
         f"- seed: {seed}\n"
     )
-
-
-# -- `jupyter infer make-model DIR --size ...` ----------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("directory", help="where to save the model (save_pretrained layout)")
-    parser.add_argument("--size", choices=SIZES, default="tiny")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train", type=float, default=0, metavar="SECONDS",
-                        help="train it for this long on local text (model_training.py) instead of random weights")
-    parser.add_argument("--text", action="append", metavar="PATH",
-                        help="with --train: text files or folders to train on (default: Python's standard library)")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.train:
-        from .model_training import train_model
-
-        path = train_model(args.directory, args.size, seconds=args.train, texts=args.text, seed=args.seed)
-        print(f"trained {args.size!r} model in {path}; serve it with --InferApp.model={path}")
-        return 0
-    path = make_model(args.directory, args.size, seed=args.seed)
-    print(f"built {args.size!r} model in {path}; serve it with --InferApp.model={path}")
-    return 0

@@ -5,7 +5,7 @@ they are not a random model's loops; a draft model that agrees with its model fo
 ``jupyter infer make-model DIR --size tiny --train 180`` trains the "tiny" shape (GPT-2, 2
 layers, width 128) for 180 seconds on Python's standard library (code: indentation, keywords
 and names that repeat), with a byte-level BPE tokenizer trained on the same text. The result
-loads like any checkpoint. ``checkpoints`` saves the model as it was after that many seconds
+loads like any checkpoint. ``checkpoints`` saves the model as it was after that many steps
 too (a weaker model with the same tokenizer: a draft model to measure against the final one).
 """
 
@@ -60,11 +60,11 @@ def read_text(paths: Iterable[str | os.PathLike], limit: int = TEXT_BYTES) -> st
 
 
 def train_model(directory: str | os.PathLike, size: str = "tiny", seconds: float = 180.0,
-                texts: Sequence[str | os.PathLike] | None = None, seed: int = 0,
-                checkpoints: Sequence[float] = (), log: Callable[[str], None] = print) -> pathlib.Path:
-    """Train a ``size`` model for ``seconds`` on ``texts`` (default: Python's standard
-    library) and save it in ``directory``; ``checkpoints``: also save it as it was after
-    those seconds, in ``directory/after-<s>s``."""
+                texts: Sequence[str | os.PathLike] | None = None, seed: int = 0, max_steps: int | None = None,
+                checkpoints: Sequence[int] = (), log: Callable[[str], None] = print) -> pathlib.Path:
+    """Train a ``size`` model for ``seconds`` (or ``max_steps`` steps, if fewer) on ``texts``
+    (default: Python's standard library) and save it in ``directory``; ``checkpoints``: also
+    save it as it was after those steps, in ``directory/after-<n>-steps``."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; expected one of {SIZES}")
     target = pathlib.Path(directory)
@@ -79,9 +79,10 @@ def train_model(directory: str | os.PathLike, size: str = "tiny", seconds: float
     generator = torch.Generator().manual_seed(seed)
     start, steps, loss_avg = time.perf_counter(), 0, None
     pending = sorted(checkpoints)
-    while (elapsed := time.perf_counter() - start) < seconds:
-        for group in optimizer.param_groups:  # cosine decay over the time given
-            group["lr"] = LEARNING_RATE * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / seconds)))
+    while (elapsed := time.perf_counter() - start) < seconds and (max_steps is None or steps < max_steps):
+        done = max(elapsed / seconds, steps / max_steps if max_steps else 0.0)
+        for group in optimizer.param_groups:  # cosine decay over the time (or steps) given
+            group["lr"] = LEARNING_RATE * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
         at = torch.randint(0, len(ids) - SEQ_LEN - 1, (BATCH,), generator=generator)
         batch = torch.stack([ids[i : i + SEQ_LEN] for i in at.tolist()])
         loss = model(input_ids=batch, labels=batch).loss
@@ -94,9 +95,9 @@ def train_model(directory: str | os.PathLike, size: str = "tiny", seconds: float
         loss_avg = value if loss_avg is None else 0.98 * loss_avg + 0.02 * value
         if steps % 200 == 0:
             log(f"  {elapsed:6.0f} s  step {steps:6d}  loss {loss_avg:.3f}")
-        while pending and elapsed >= pending[0]:
-            _save(model, tokenizer, target / f"after-{pending.pop(0):g}s", size, elapsed, steps, loss_avg)
-    _save(model, tokenizer, target, size, seconds, steps, loss_avg)
+        while pending and steps >= pending[0]:
+            _save(model, tokenizer, target / f"after-{pending.pop(0)}-steps", size, elapsed, steps, loss_avg)
+    _save(model, tokenizer, target, size, time.perf_counter() - start, steps, loss_avg)
     log(f"trained: {steps} steps, loss {loss_avg:.3f}")
     return target
 

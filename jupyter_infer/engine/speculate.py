@@ -13,27 +13,19 @@ exactly. A row with a seed does not speculate: its tokens would then depend on w
 batch mates let it (``max_rows``), and a seeded request gets the same tokens in any batch.
 The KV of the rejected drafts goes (``HFBatch.advance_verified``).
 
-How many a row proposes follows its acceptance (``Guessing``): twice as many after a run fully
-accepted, what was accepted otherwise. Guessing is cheap at one row (on the 2-core CPU a step
-that verifies 1 guess costs 1.03x one without, 8 guesses 1.30x, 16 guesses 1.45x) and dear
-with many (their guesses add up: a step of 8 rows verifying 2 each reads as 16 rows), so a
-step's rows share ``STEP_DRAFT_TOKENS`` (16 each alone or in pairs, 8 in fours, 4 in eights),
-and past ``max_rows`` decoding rows nobody proposes. A row whose single guess was wrong sits
-out ``COOLDOWN_STEPS`` steps, twice as long after each such miss in a row; while it sits out
-it still guesses on paper (prompt lookup costs ~0.1 ms), and the first time its paper guess
-is the token its model chose it guesses again at once: a row that falls into repeating
-itself (or starts quoting) gets back to guessing in a step, not after its cooldown.
+How many a row proposes, and when it sits out, follows its acceptance (``guessing.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import ragged
 from .base import Sampled
+from .guessing import STEP_DRAFT_TOKENS, Guessing, after_verify, sit_out
 from .ngram import propose
 from .sampling import RowSampler, filter_logits, sample
 
@@ -41,22 +33,6 @@ if TYPE_CHECKING:
     from ..sequence import Sequence
     from .draft_model import DraftModel
     from .hf_batch import HFBatch
-
-COOLDOWN_STEPS = 8  # steps a row proposes nothing after its one guess was wrong (then 16, 32, ...)
-MAX_COOLDOWN_STEPS = 256
-STEP_DRAFT_TOKENS = 32  # draft tokens one step verifies at most, over all its rows
-
-
-class Guessing(NamedTuple):
-    """A row's speculation state: how many it proposes next, the steps it still sits out, how
-    long it sits out after its next miss, and while sitting out its paper guess (the history
-    length it was made at, and the token), if any."""
-
-    k: int
-    wait: int = 0
-    backoff: int = COOLDOWN_STEPS
-    paper: tuple[int, int] | None = None
-
 
 def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
            draft_model: DraftModel | None = None) -> dict[str, list[int]]:
@@ -85,23 +61,13 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
                 continue
             history = [*seq.prompt_ids, *seq.output_ids]
             if state.wait:
-                bucket.draft_k[row_id] = _sit_out(state, history, draft_model is None)
+                bucket.draft_k[row_id] = sit_out(state, history, draft_model is None)
                 if bucket.draft_k[row_id].wait:
                     continue
             guess = draft_model.propose(row_id, history, k) if draft_model is not None else propose(history, k)
             if guess:
                 out[row_id] = guess
     return out
-
-
-def _sit_out(state: Guessing, history: list[int], on_paper: bool) -> Guessing:
-    """A step of a row that sits out: one step less to wait, or none if its last paper guess
-    was the token its model chose; a new paper guess (prompt lookup only: a draft model's
-    would cost its forwards)."""
-    if state.paper is not None and state.paper[0] < len(history) and history[state.paper[0]] == state.paper[1]:
-        return Guessing(1)
-    paper = propose(history, 1) if on_paper else []
-    return state._replace(wait=state.wait - 1, paper=(len(history), paper[0]) if paper else None)
 
 
 def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch], guesses: dict[str, list[int]],
@@ -146,15 +112,8 @@ def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch
                 proposed[row], accepted[row] = len(guess), keep
                 rejected.append(len(guess) - keep)
                 feed.append([model[-1]])
-                backoff = bucket.draft_k.get(row_id, Guessing(most)).backoff
-                if keep == len(guess):
-                    bucket.draft_k[row_id] = Guessing(min(most, 2 * len(guess)))
-                elif keep:
-                    bucket.draft_k[row_id] = Guessing(keep)
-                elif len(guess) > 1:
-                    bucket.draft_k[row_id] = Guessing(1, 0, backoff)
-                else:  # one guess, wrong: sit out, longer each time in a row
-                    bucket.draft_k[row_id] = Guessing(1, backoff, min(2 * backoff, MAX_COOLDOWN_STEPS))
+                bucket.draft_k[row_id] = after_verify(bucket.draft_k.get(row_id) or Guessing(most), len(guess), keep,
+                                                      most)
             row += 1
         bucket.advance_verified(block, rejected, feed)
     sampled.proposed, sampled.accepted = proposed, accepted

@@ -1,0 +1,29 @@
+"""``jupyter infer make-model DIR``: a small model built here, with random weights
+(``model_builder``) or trained for a while on local text (``model_training``, ``--train``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .model_builder import SIZES, make_model
+from .model_training import train_model
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", help="where to save the model (save_pretrained layout)")
+    parser.add_argument("--size", choices=SIZES, default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", type=float, default=0, metavar="SECONDS",
+                        help="train it for this long on local text instead of leaving its weights random")
+    parser.add_argument("--text", action="append", metavar="PATH",
+                        help="with --train: text files or folders to train on (default: Python's standard library)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.train:
+        path = train_model(args.directory, args.size, seconds=args.train, texts=args.text, seed=args.seed)
+        print(f"trained {args.size!r} model in {path}; serve it with --InferApp.model={path}")
+        return 0
+    path = make_model(args.directory, args.size, seed=args.seed)
+    print(f"built {args.size!r} model in {path}; serve it with --InferApp.model={path}")
+    return 0
