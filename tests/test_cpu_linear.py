@@ -97,3 +97,27 @@ async def test_int8_serves_through_the_service(tiny_model_dir: Path) -> None:
         assert result.completion_tokens == len(result.token_ids) == 6 and result.finish_reason == "length"
     finally:
         await service.stop()
+
+
+def test_bfloat16_loads_with_eager_linears_where_onednn_cannot_prepack_it(tiny_model_dir: Path) -> None:
+    """On an AVX2-only CPU oneDNN refuses to prepack bfloat16 (it crashed the engine's load);
+    ``ONEDNN_MAX_CPU_ISA=AVX2`` makes this CPU one, in a process of its own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from jupyter_infer.engine.hf import HFEngine\n"
+        "e = HFEngine(sys.argv[1], dtype='bfloat16', num_threads=1)\n"
+        "ids = e.tokenize('Hello there')\n"
+        "out = e.model.generate(__import__('torch').tensor([ids]), max_new_tokens=4, do_sample=False)\n"
+        "print(json.dumps({'kernels': e.info.details['linear_kernels'], 'new': out.shape[1] - len(ids)}))\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", script, str(tiny_model_dir)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["kernels"].startswith("eager (aten addmm): oneDNN cannot prepack here") and report["new"] == 4

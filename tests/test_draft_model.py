@@ -120,3 +120,36 @@ async def test_the_server_says_which_draft_model_guesses(jp_fetch, tiny_model_di
                                      "draft_model": str(tiny_model_dir)}
     spec = json.loads((await jp_fetch("infer", "metrics")).body)["speculative"]
     assert spec["acceptance_rate"] > 0.9 and spec["tokens_per_row_step"] > 2
+
+
+def test_a_draft_model_that_cannot_be_loaded_says_so_and_how_to_do_without(tiny_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    from jupyter_infer.engine import load_engine
+
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(ValueError, match=r"InferApp.draft_model .*no-such-model.* could not be loaded.*speculative = 'ngram'"):
+        HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, draft_model=missing,
+                 draft_local_files_only=True)
+    # engine "auto" falls back to the simulated engine, and its reason names the draft model, not the model.
+    engine = load_engine(ServiceConfig(model=str(tiny_model_dir), draft_model=missing))
+    assert engine.info.engine == "simulated" and "InferApp.draft_model" in engine.info.fallback_reason
+
+
+def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_dir: Path) -> None:
+    from jupyter_infer.engine.draft_model import CATCH_UP_TOKENS
+
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, draft_model=str(tiny_model_dir))
+    engine.eos_token_ids = frozenset()
+    engine.configure_speculation("draft", 4, 8)
+    seq = _seq(engine, " ".join(FRESH * 12), 40)
+    assert len(seq.prompt_ids) > 2 * CATCH_UP_TOKENS
+    sampled, rows = engine.step(StepPlan(0, "prefill", [seq]), None)
+    fed = []
+    for _ in range(6):
+        seq.output_ids += sampled.tokens[0]
+        sampled, rows = engine.step(StepPlan(0, "decode", [seq], [seq.id]), rows)
+        fed.append(len(engine.draft._rows[seq.id].fed))
+    history = len(seq.prompt_ids)
+    steps = -(-history // CATCH_UP_TOKENS)  # chunks its history takes, then it guesses
+    assert fed[: steps - 1] == [CATCH_UP_TOKENS * (i + 1) for i in range(steps - 1)]
+    assert fed[steps - 1] >= history and sampled.proposed  # caught up: it guesses

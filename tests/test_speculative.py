@@ -238,8 +238,17 @@ def test_a_row_guesses_more_after_hits_and_sits_out_after_misses_until_its_paper
     assert again.wait == 16 and again.backoff == 32
     # Sitting out in a run "1 2 3 1 2 3 1": on paper it guesses 2, and the model's token was 2.
     history = [1, 2, 3, 1, 2, 3, 1]
-    waiting = sit_out(missed, history, on_paper=True)
-    assert waiting.wait == 7 and waiting.paper == (7, 2)
-    assert sit_out(waiting, [*history, 2], on_paper=True) == Guessing(1)  # back at once
-    assert sit_out(waiting, [*history, 9], on_paper=True).wait == 6  # its paper guess was wrong
-    assert sit_out(missed, history, on_paper=False).paper is None  # a draft model's guess would cost a forward
+    waiting, back = sit_out(missed, history, on_paper=True)
+    assert not back and waiting.wait == 7 and waiting.paper == (7, 2)
+    assert sit_out(waiting, [*history, 2], on_paper=True) == (Guessing(1, 0, missed.backoff), True)  # back at once
+    later, back = sit_out(waiting, [*history, 9], on_paper=True)  # its paper guess was wrong
+    assert not back and later.wait == 6
+    assert sit_out(missed, history, on_paper=False)[0].paper is None  # a draft model's guess would cost a forward
+    # It sits out all its steps: with nothing on paper, 8 steps without a guess after the miss.
+    steps, state = 0, missed
+    while True:
+        state, back = sit_out(state, [5, 6, 7, 8], on_paper=True) if state.wait else (state, True)
+        if back:
+            break
+        steps += 1
+    assert steps == 8

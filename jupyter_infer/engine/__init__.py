@@ -28,7 +28,8 @@ def load_engine(config: ServiceConfig) -> Engine:
     except Exception as err:
         if config.engine == "hf":
             raise
-        reason = f"could not load {config.model!r} with transformers: {_short(err)}"
+        reason = str(err) if "InferApp.draft_model" in str(err) else \
+            f"could not load {config.model!r} with transformers: {_short(err)}"
         log.warning(FALLBACK_MESSAGE, reason)
         return _simulated(config, fallback_reason=reason)
 
@@ -47,28 +48,30 @@ def _simulated(config: ServiceConfig, fallback_reason: str | None = None) -> Eng
 def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
     from .hf import HFEngine  # imports torch and transformers; missing ones fall back
 
-    folder = Path(config.model).expanduser()
-    local_only = folder.is_dir() or _hub_offline()
-    if auto and not local_only and not _hub_reachable():
-        # Let from_pretrained use the local cache only: it fails at once instead of
-        # retrying an unreachable hub until a timeout.
-        local_only = True
+    model, local_only = _local_or_hub(config.model, auto)
+    draft, draft_local_only = _local_or_hub(config.draft_model, auto) if config.speculation == "draft" else ("", True)
     return HFEngine(
-        str(folder) if folder.is_dir() else config.model,
+        model,
         device=config.device,
         dtype=config.dtype,
         num_threads=config.num_threads,
         local_files_only=local_only,
+        draft_local_files_only=draft_local_only,
         prefix_cache_mb=config.prefix_cache_mb,
         prepack_weights=config.prepack_weights,
         quantize=config.quantize,
-        draft_model=_local_or_hub(config.draft_model) if config.speculation == "draft" else "",
+        draft_model=draft,
     )
 
 
-def _local_or_hub(name: str) -> str:
+def _local_or_hub(name: str, auto: bool) -> tuple[str, bool]:
+    """A model's directory, or its hub id; and whether to look in the local cache only (a
+    directory, an offline hub, or auto mode with the hub unreachable: from_pretrained then
+    fails at once instead of retrying until a timeout)."""
     folder = Path(name).expanduser()
-    return str(folder) if folder.is_dir() else name
+    if folder.is_dir():
+        return str(folder), True
+    return name, _hub_offline() or (auto and not _hub_reachable())
 
 
 def _hub_offline() -> bool:

@@ -45,6 +45,17 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def onednn_refuses(dtype: torch.dtype) -> str | None:
+    """Why oneDNN cannot prepack weights of ``dtype`` on this CPU (``None``: it can). Its bf16
+    path needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT, which an AVX2-only CPU lacks."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros((16, 16), dtype=dtype))
+    except RuntimeError as err:
+        return str(err).strip().splitlines()[0][:200]
+    return None
+
+
 class PackedLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` reordered once for oneDNN."""
 
@@ -122,6 +133,10 @@ def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> 
         make = Int8Linear
         kernels = "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"
     elif prepack and onednn_available() and dtype in (torch.float32, torch.bfloat16):
+        refused = onednn_refuses(dtype)
+        if refused:  # e.g. bfloat16 on a CPU without AVX-512 BW/VL/DQ: the model's own linears work
+            return LinearReport(kernels=f"eager (aten addmm): oneDNN cannot prepack here ({refused})",
+                                layers=0, seconds=0.0)
         make = PackedLinear
         kernels = f"onednn prepacked {str(dtype).removeprefix('torch.')}"
     else:

@@ -18,10 +18,15 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from . import kv_cache
 from .cpu_linear import swap_linears
+
+# Tokens of a row's history the draft model catches up on in one step at most: a row new to it
+# (or back from parking) is prefilled into its cache over several steps rather than in one
+# forward that would stall everyone's decode step, as a long prompt is prefilled in chunks.
+CATCH_UP_TOKENS = 64
 
 
 @dataclass
@@ -33,7 +38,22 @@ class _Row:
 class DraftModel:
     """A causal LM that proposes draft tokens for the rows of a bigger one."""
 
-    def __init__(self, name: str, target_tokenizer, target_vocab: int, *, device: str, dtype: torch.dtype,
+    @classmethod
+    def load(cls, name: str, *args, **kwargs) -> DraftModel:
+        """``DraftModel(name, ...)``; a failure to load says it was the draft model that failed
+        (and how to do without it), not the model."""
+        try:
+            return cls(name, *args, **kwargs)
+        except Exception as err:
+            if "InferApp.draft_model" in str(err):
+                raise  # ours, which says what is wrong with it
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise ValueError(f"InferApp.draft_model {name!r} could not be loaded ({type(err).__name__}: {first}): "
+                             "give a directory or hub id of a model with the model's tokenizer, or set "
+                             "InferApp.speculative = 'ngram'") from err
+
+    def __init__(self, name: str, target_tokenizer: PreTrainedTokenizerBase, target_vocab: int, *, device: str,
+                 dtype: torch.dtype,
                  local_files_only: bool = False, prepack: bool = True) -> None:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
         if tokenizer.get_vocab() != target_tokenizer.get_vocab():
@@ -68,6 +88,12 @@ class DraftModel:
         if same < len(row.fed):  # the guesses its target refused, and what came after them
             kv_cache.drop_columns(row.cache, len(row.fed) - same)
             del row.fed[same:]
+        if len(tokens) - same > CATCH_UP_TOKENS:  # a chunk of its history this step, no guesses yet
+            chunk = list(tokens[same : same + CATCH_UP_TOKENS])
+            self.model(input_ids=torch.tensor([chunk], device=self.device), cache=row.cache, use_cache=True,
+                       logits_to_keep=1)
+            row.fed.extend(chunk)
+            return []
         guesses, feed = [], list(tokens[same:])
         for _ in range(k):
             out = self.model(input_ids=torch.tensor([feed], device=self.device), cache=row.cache,

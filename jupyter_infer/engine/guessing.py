@@ -34,14 +34,15 @@ class Guessing(NamedTuple):
     paper: tuple[int, int] | None = None
 
 
-def sit_out(state: Guessing, history: list[int], on_paper: bool) -> Guessing:
-    """A step of a row that sits out: one step less to wait, or none if its last paper guess
-    was the token its model chose; a new paper guess (prompt lookup only: a draft model's
-    would cost its forwards)."""
+def sit_out(state: Guessing, history: list[int], on_paper: bool) -> tuple[Guessing, bool]:
+    """A step of a row that sits out: its state after it, and whether it guesses this step
+    after all (its last paper guess was the token its model chose: back at once, its backoff
+    kept until a real guess lands). Otherwise one step less to wait, and a new paper guess
+    (prompt lookup only: a draft model's would cost its forwards)."""
     if state.paper is not None and state.paper[0] < len(history) and history[state.paper[0]] == state.paper[1]:
-        return Guessing(1)
+        return Guessing(1, 0, state.backoff), True
     paper = propose(history, 1) if on_paper else []
-    return state._replace(wait=state.wait - 1, paper=(len(history), paper[0]) if paper else None)
+    return state._replace(wait=state.wait - 1, paper=(len(history), paper[0]) if paper else None), False
 
 
 def after_verify(state: Guessing, guessed: int, kept: int, most: int) -> Guessing:

@@ -59,6 +59,7 @@ class HFEngine(Engine):
         prepack_weights: bool = True,
         quantize: str = "none",
         draft_model: str = "",
+        draft_local_files_only: bool | None = None,
     ) -> None:
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
         self.device = pick_device(device)
@@ -92,8 +93,10 @@ class HFEngine(Engine):
         self.max_token_chars = longest_token_chars(self.tokenizer)
         self.logits_width = int(config.vocab_size)  # what a grammar's mask covers
         self.grammars = _grammars(self.tokenizer, self.logits_width, self.eos_token_ids)
-        self.draft = DraftModel(draft_model, self.tokenizer, self.logits_width, device=self.device, dtype=torch_dtype,
-                                local_files_only=local_files_only, prepack=prepack_weights) if draft_model else None
+        self.draft = DraftModel.load(draft_model, self.tokenizer, self.logits_width, device=self.device,
+                                     dtype=torch_dtype, prepack=prepack_weights,
+                                     local_files_only=local_files_only if draft_local_files_only is None
+                                     else draft_local_files_only) if draft_model else None
         # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
         # attends to the whole past; sliding-window layers would need their window kept.
         self._reusable = kv_cache.reusable(config)

@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.text and not args.train:
+        raise SystemExit("make-model: --text is what --train SECONDS trains on; give --train too")
     if args.train:
         path = train_model(args.directory, args.size, seconds=args.train, texts=args.text, seed=args.seed)
         print(f"trained {args.size!r} model in {path}; serve it with --InferApp.model={path}")

@@ -67,11 +67,15 @@ def train_model(directory: str | os.PathLike, size: str = "tiny", seconds: float
     save it as it was after those steps, in ``directory/after-<n>-steps``."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; expected one of {SIZES}")
+    if seconds <= 0 or (max_steps is not None and max_steps < 1):
+        raise ValueError(f"training needs some time and steps; got {seconds} s, {max_steps} steps")
     target = pathlib.Path(directory)
     text = read_text(texts or default_texts())
     lines = text.splitlines(keepends=True)
     tokenizer = _train_tokenizer(4000, _max_positions(size), lines)
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    if len(ids) < 4 * SEQ_LEN:
+        raise ValueError(f"{len(ids)} tokens of text are too few to train on (at least {4 * SEQ_LEN})")
     log(f"training {size!r} for {seconds:.0f} s on {len(text) / 2**20:.1f} MB of text ({len(ids):,} tokens)")
     model = _build_model(size, tokenizer, seed)
     model.train()
@@ -98,7 +102,7 @@ def train_model(directory: str | os.PathLike, size: str = "tiny", seconds: float
         while pending and steps >= pending[0]:
             _save(model, tokenizer, target / f"after-{pending.pop(0)}-steps", size, elapsed, steps, loss_avg)
     _save(model, tokenizer, target, size, time.perf_counter() - start, steps, loss_avg)
-    log(f"trained: {steps} steps, loss {loss_avg:.3f}")
+    log(f"trained: {steps} steps, loss {loss_avg:.3f}" if loss_avg is not None else "trained: no step ran")
     return target
 
 

@@ -41,8 +41,8 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
     from ``draft_model`` if given, else by prompt lookup (``ngram.propose``)."""
     by_id = {s.id: s for s in seqs}
     if draft_model is not None:
-        draft_model.keep(set(by_id) if len(seqs) <= max_rows else set())
-    if not most or len(seqs) > max_rows:
+        draft_model.keep(set(by_id))  # rows that left free their draft KV
+    if not most or not seqs or len(seqs) > max_rows:
         return {}
     most = min(most, max(1, STEP_DRAFT_TOKENS // len(seqs)))
     out = {}
@@ -61,8 +61,8 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
                 continue
             history = [*seq.prompt_ids, *seq.output_ids]
             if state.wait:
-                bucket.draft_k[row_id] = sit_out(state, history, draft_model is None)
-                if bucket.draft_k[row_id].wait:
+                bucket.draft_k[row_id], back = sit_out(state, history, draft_model is None)
+                if not back:
                     continue
             guess = draft_model.propose(row_id, history, k) if draft_model is not None else propose(history, k)
             if guess:

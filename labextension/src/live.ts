@@ -267,6 +267,8 @@ export class LiveTimeline {
     if (batch && batch.ended_at == null) {
       batch.steps = (batch.steps ?? 0) + 1;
       batch.tokens = (batch.tokens ?? 0) + (Number(event.tokens) || 0);
+      // Every step's guesses, refused ones too: "N accepted (of M proposed)" stays true.
+      batch.draft_tokens = (batch.draft_tokens ?? 0) + (Number(event.drafted) || 0);
     }
   }
 
@@ -291,7 +293,6 @@ export class LiveTimeline {
       batch.forced_tokens = (batch.forced_tokens ?? 0) + forced;
       if (accepted > 0) {
         batch.accepted_tokens = (batch.accepted_tokens ?? 0) + accepted;
-        batch.draft_tokens = (batch.draft_tokens ?? 0) + (Number(event.drafted) || accepted);
       }
     }
   }

@@ -104,7 +104,8 @@ describe('steps that kept guesses (speculative decoding)', () => {
     // Only the step that emitted more than one token a row: the refused guesses made none.
     expect(live.steps).toEqual([{ batch_id: 1, at: 1000.03, tokens: 5, forced: 0, accepted: 4 }]);
     // Its steps and tokens count while it runs, so its tooltip's figures agree with each other.
-    expect(live.batches.get(1)).toMatchObject({ accepted_tokens: 4, draft_tokens: 6, steps: 3, tokens: 7 });
+    // Proposed counts the refused guesses too (6 + 3).
+    expect(live.batches.get(1)).toMatchObject({ accepted_tokens: 4, draft_tokens: 9, steps: 3, tokens: 7 });
   });
 });
 

@@ -799,7 +799,7 @@ var TimelineView = class {
     const order = layout.stepTicks.map((tick, i) => [tick, i]).sort(([p], [q]) => Number(p.forced > 0) - Number(q.forced > 0));
     for (const [tick, i] of order) {
       svgEl("rect", { x: tick.x - TICK_W / 2, y: top, width: TICK_W, height: HEAD_H - top, style: MARK_STYLE.tickHit, "data-tick": i }, g);
-      const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
+      const points = `${tick.x - TICK_W / 2},${HEAD_H} ${tick.x + TICK_W / 2},${HEAD_H} ${tick.x},${top}`;
       const guessed = tick.forced === 0;
       const mark = svgEl("polygon", {
         points,

@@ -287,7 +287,7 @@ export class TimelineView {
     for (const [tick, i] of order) {
       // Its hover area is the wedge's own, below the band: the band keeps its tooltip.
       svgEl('rect', { x: tick.x - TICK_W / 2, y: top, width: TICK_W, height: HEAD_H - top, style: MARK_STYLE.tickHit, 'data-tick': i }, g);
-      const points = `${tick.x - 3},${HEAD_H} ${tick.x + 3},${HEAD_H} ${tick.x},${top}`;
+      const points = `${tick.x - TICK_W / 2},${HEAD_H} ${tick.x + TICK_W / 2},${HEAD_H} ${tick.x},${top}`;
       const guessed = tick.forced === 0;
       const mark = svgEl('polygon', {
         points,
