@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .draft_model import DraftModel
     from .hf_batch import HFBatch
 
+
 def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
            draft_model: DraftModel | None = None) -> dict[str, list[int]]:
     """Each speculating row's draft tokens, by row id (rows without a guess are not named):
@@ -59,7 +60,7 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
             k = min(state.k, most, room - 1)
             if k <= 0:
                 continue
-            history = [*seq.prompt_ids, *seq.output_ids]
+            history = [*seq.prompt_ids, *seq.output_ids]  # one copy, for the lookup and the paper guess
             if state.wait:
                 bucket.draft_k[row_id], back = sit_out(state, history, draft_model is None)
                 if not back:
