@@ -19,7 +19,7 @@ LOCAL_ENGINES = ("auto", "hf", "simulated")  # engines that run the model in thi
 ROUTER_POLICIES = ("sensitivity", "complexity")  # built in; "module:function" names a callable
 MODES = ("continuous", "window")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZE = ("none", "int8")
+QUANTIZE = ("none", "int8", "int4")
 SPECULATIVE = ("auto", "ngram", "draft", "off")
 DEFAULT_MODEL = "sshleifer/tiny-gpt2"
 # Measured best on CPU (docs/benchmark.md): the classic batcher closes at 16, continuous
@@ -40,7 +40,7 @@ class ServiceConfig:
     num_threads: int = 0  # 0: pick for this machine
     # CPU linears: reorder weights once for oneDNN (1.4-2x decode tokens/s, docs/engine.md)
     prepack_weights: bool = True
-    quantize: str = "none"  # "int8": fbgemm's dynamic int8 linears (x86 CPU; docs/engine.md)
+    quantize: str = "none"  # "int8" (fbgemm) or "int4" (groups of 32, our kernel): x86 CPU; docs/engine.md
     seed: int = 0
     simulated_token_delay_ms: tuple[float, float] = (10.0, 40.0)
     simulated_prefill_ms_per_token: float = 0.2

@@ -76,7 +76,7 @@ def test_int8_is_refused_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: 
     with pytest.raises(ValueError, match="CPU weight format"):
         hf_device.check_quantize("int8", "cuda")
     with pytest.raises(ValueError, match="InferApp.quantize"):
-        ServiceConfig(quantize="int4")
+        ServiceConfig(quantize="int3")
 
 
 @needs_int8

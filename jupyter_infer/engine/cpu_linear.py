@@ -7,6 +7,8 @@ bound by reading their weights. Two swaps, measured on the "small" GPT-2-shaped 
 * **prepacked** (the default on a CPU): each weight is reordered once into oneDNN's blocked
   layout, the same ``mkldnn._linear_pointwise`` that inductor's ``freezing`` emits. Same dtype,
   same math, sums in another order: 1.4x tokens/s alone and 2x at 16 rows in float32.
+* **int4** (``q4_linear.py``, the counterpart of llama.cpp's q4_1): 4-bit weights in groups
+  of 32 with a float16 scale and min, multiplied by int8 activations in our own AVX2 kernel.
 * **int8** (the counterpart of llama.cpp's q8_0, which quantizes both operands too): int8
   weights with one scale per output channel, activations quantized per call, multiplied in
   int8 by fbgemm (VNNI where the CPU has it). A quarter of float32's weight bytes, which is
@@ -32,6 +34,9 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from ..config import QUANTIZE
+from . import q4_linear
+from .cpu_features import cpu_has_vnni
+from .q4_linear import Int4Linear
 
 
 @dataclass(frozen=True)
@@ -105,23 +110,12 @@ def int8_available() -> bool:
             and any(e in torch.backends.quantized.supported_engines for e in ("x86", "fbgemm")))
 
 
-def cpu_has_vnni() -> bool:
-    """AVX512-VNNI or AVX-VNNI: int8 dot products without the 16-bit saturation that makes
-    fbgemm narrow the activations' range (``reduce_range``) on plain AVX2."""
-    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni"})
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux's /proc/cpuinfo; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+# quantize -> (what builds a linear from a weight and a bias, what status says it runs on)
+QUANTIZED = {
+    "int8": (Int8Linear, "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"),
+    "int4": (Int4Linear.from_weight, "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale and min, "
+                                     "int8 activations per group"),
+}
 
 
 def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> LinearReport:
@@ -129,9 +123,8 @@ def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> 
     if quantize not in QUANTIZE:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE)}; got {quantize!r}")
     dtype = next(model.parameters()).dtype
-    if quantize == "int8":
-        make = Int8Linear
-        kernels = "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"
+    if quantize in QUANTIZED:
+        make, kernels = QUANTIZED[quantize]
     elif prepack and onednn_available() and dtype in (torch.float32, torch.bfloat16):
         refused = onednn_refuses(dtype)
         if refused:  # e.g. bfloat16 on a CPU without AVX-512 BW/VL/DQ: the model's own linears work
@@ -152,6 +145,8 @@ def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> 
                     weight, bias = child.weight.t(), child.bias
                 else:
                     continue
+                if make is Int4Linear.from_weight and weight.shape[1] % q4_linear.GROUP:
+                    continue  # not in whole groups: stays the model's own
                 setattr(parent, name, make(weight.detach(), None if bias is None else bias.detach()))
                 swapped += 1
     return LinearReport(kernels=kernels, layers=swapped, seconds=time.perf_counter() - start)

@@ -20,7 +20,7 @@ from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from ..constraints.grammar import GrammarCompiler, masks_beside
@@ -28,10 +28,11 @@ from ..errors import InvalidRequest
 from . import kv_cache, ragged, speculate
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
 from .buckets import Buckets
-from .cpu_linear import LinearReport, swap_linears
+from .cpu_linear import LinearReport
 from .draft_model import DraftModel
 from .hf_batch import HFBatch, left_pad_rows, row_ends, spare_columns
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
+from .hf_load import load_causal_lm, parameter_count
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
 from .shared_prefix import Claim, SharedPrefix, SharedPrefixes
@@ -71,18 +72,13 @@ class HFEngine(Engine):
         if self.device == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=local_files_only)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model, dtype=torch_dtype, local_files_only=local_files_only
-        ).to(self.device)
-        self.model.eval()
-        parameters = sum(p.numel() for p in self.model.parameters())
-        # What one forward reads of the weights (int8 keeps a quarter of float32's): the cost
-        # of one more length bucket's decode step (buckets.py).
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        weight_bytes = weight_bytes // 4 if quantize != "none" else weight_bytes
-        linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
-        if self.device == "cpu":
-            linears = swap_linears(self.model, prepack=prepack_weights, quantize=quantize)
+        self.model, linears, self.load = load_causal_lm(
+            model, dtype=torch_dtype, device=self.device, local_files_only=local_files_only,
+            quantize=quantize, prepack=prepack_weights)
+        parameters = parameter_count(self.model)
+        # What one forward reads of the weights: the cost of one more length bucket's decode
+        # step (buckets.py).
+        weight_bytes = self.load.weight_bytes
         config = self.model.config
         eos = self.model.generation_config.eos_token_id
         if eos is None:
@@ -136,6 +132,7 @@ class HFEngine(Engine):
                 "linear_kernels": linears.kernels,
                 "quantize": quantize,
                 "prepack_s": round(linears.seconds, 3),
+                **self.load.details(),
                 "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
                 **draft,
             },

@@ -7,7 +7,9 @@ import os
 
 import torch
 
-from .cpu_linear import QUANTIZE, cpu_flags, int8_available
+from . import q4_linear
+from .cpu_features import cpu_flags
+from .cpu_linear import QUANTIZE, int8_available
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,9 +53,11 @@ def check_quantize(quantize: str, device: str) -> None:
     if device != "cpu":
         raise ValueError(f"quantize={quantize!r} is a CPU weight format; on {device} load the model in "
                          "bfloat16/float16 (dtype) instead.")
-    if not int8_available():
+    if quantize == "int8" and not int8_available():
         raise ValueError(f"quantize={quantize!r} needs PyTorch's x86 quantized kernels (fbgemm), which this "
                          "build or CPU lacks.")
+    if quantize == "int4" and (why := q4_linear.unavailable()):
+        raise ValueError(f"quantize='int4' cannot run here: {why}.")
 
 
 def default_num_threads() -> int:

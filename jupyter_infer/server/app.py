@@ -160,9 +160,11 @@ class InferApp(ExtensionApp):
         PyTorch's eager linears."""
     ).tag(config=True)
     quantize = Unicode(
-        D("quantize"), help="""'hf' engine on a CPU: 'none', or 'int8' for weight-only int8 linears (one scale per
-        output channel, bf16 activations; a quarter of float32's weight bytes). Needs a CPU with
-        bf16 instructions; its speed and greedy agreement are in docs/engine.md."""
+        D("quantize"), help="""'hf' engine on a CPU: 'none'; 'int8' for int8 linears (one scale per output
+        channel, activations quantized per call, fbgemm: a quarter of float32's weight bytes);
+        'int4' for 4-bit linears in groups of 32 (a scale and a min each, 5 bits a weight:
+        a sixth of float32's), loaded without a float32 copy of the model. x86 CPUs with AVX2;
+        speed, memory and quality in docs/engine.md."""
     ).tag(config=True)
     simulated_token_delay_ms = List(
         Float(), default_value=list(D("simulated_token_delay_ms")),

@@ -1,0 +1,267 @@
+"""Loading a Hugging Face causal LM, and how much memory and time it took.
+
+Float weights load through transformers' ``from_pretrained``. A CPU weight format
+(``quantize``: int8, int4) loads **streamed** where it can: the model is built on the meta
+device, each linear's weight is read from the safetensors files (memory-mapped) one tensor
+at a time and quantized at once, and only what stays float (embeddings, norms) is
+materialized. So the float32 model never exists in memory: loading peaks near the served
+model's size instead of near float32's (six times int4's). A checkpoint the stream cannot
+read as it is (other key names, weights of another format, no safetensors) loads whole and is
+quantized after, and ``LoadReport.streamed`` says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import logging
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers.pytorch_utils import Conv1D
+
+from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, swap_linears
+from .q4_linear import GROUP, Int4Linear
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    seconds: float  # from the first byte read to a model ready to serve
+    streamed: bool  # quantized tensor by tensor (no float copy of the model), or loaded whole
+    weight_bytes: int  # what the served model's parameters and buffers hold
+    peak_rss_bytes: int  # the process's peak resident memory once loaded (loading included)
+    rss_bytes: int  # its resident memory right after
+
+    def details(self) -> dict[str, object]:
+        return {"load_s": round(self.seconds, 2), "load_streamed": self.streamed,
+                "weight_bytes": self.weight_bytes, "load_peak_rss_bytes": self.peak_rss_bytes,
+                "rss_after_load_bytes": self.rss_bytes}
+
+
+def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_only: bool,
+                   quantize: str, prepack: bool) -> tuple[nn.Module, LinearReport, LoadReport]:
+    """The model on ``device`` with its CPU linears swapped (``cpu_linear.swap_linears``)."""
+    start = time.perf_counter()
+    streamed = None
+    if device == "cpu" and quantize in QUANTIZED:
+        folder = _safetensors_folder(model, local_files_only)
+        streamed = _load_streamed(folder, dtype, quantize) if folder else None
+    if streamed is None:
+        lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, local_files_only=local_files_only).to(device)
+        linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
+        if device == "cpu":
+            linears = swap_linears(lm, prepack=prepack, quantize=quantize)
+    else:
+        lm, linears = streamed
+    lm.eval()
+    release_freed()
+    report = LoadReport(seconds=time.perf_counter() - start, streamed=streamed is not None,
+                        weight_bytes=resident_bytes(lm), peak_rss_bytes=peak_rss(), rss_bytes=current_rss())
+    return lm, linears, report
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes in the model's parameters and buffers, each storage counted once, and in
+    fbgemm's packed int8 weights (opaque to torch: one byte a weight and a scale a row)."""
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if t is None or t.device.type == "meta":
+            continue
+        if t.is_mkldnn:  # oneDNN's prepacked weights: opaque, no storage to share
+            seen[id(t)] = t.numel() * t.element_size()
+        else:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    packed = sum(m.in_features * m.out_features + 8 * m.out_features
+                 for m in model.modules() if isinstance(m, Int8Linear))
+    return sum(seen.values()) + packed
+
+
+def parameter_count(model: nn.Module) -> int:
+    """The model's parameters, quantized linears' weights included."""
+    swapped = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
+    return sum(p.numel() for p in model.parameters()) + swapped
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory so far: Linux's VmHWM. Not ``ru_maxrss``, which
+    keeps the high-water mark of the process that started this one (Linux carries it across
+    ``exec``): a server started by a big process would report that process's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+def release_freed() -> None:
+    """Hand freed heap pages back to the system (glibc's ``malloc_trim``). The float weights
+    read one at a time are freed between the quantized ones that stay, so the heap cannot
+    shrink from its top: without this, loading keeps most of the float checkpoint resident."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018 (glibc only)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def current_rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _safetensors_folder(model: str, local_files_only: bool) -> Path | None:
+    """A local folder with the checkpoint's config and safetensors files, or None."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors"],
+                                            local_files_only=local_files_only))
+        except Exception as err:  # the whole load says what is wrong, in transformers' words
+            log.debug("no safetensors snapshot of %s (%s): loading it whole", model, err)
+            return None
+    has_weights = (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+    return folder if has_weights and (folder / "config.json").is_file() else None
+
+
+def _tensor_files(folder: Path) -> dict[str, Path]:
+    """Each tensor's name and the safetensors file that holds it."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: folder / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    path = folder / "model.safetensors"
+    return {k: path for k in _header(path)[0] if k != "__metadata__"}
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+@functools.lru_cache(maxsize=64)
+def _header(path: Path) -> tuple[dict, int]:
+    """A safetensors file's header (tensor name -> dtype, shape, offsets) and where data starts."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(size)), 8 + size
+
+
+def read_tensor(path: Path, name: str) -> torch.Tensor:
+    """One tensor of a safetensors file, read into memory of its own. Plain reads, not a
+    memory map: a mapped file's pages count as the process's resident memory for as long as
+    the map lives, so streaming through one would hold the whole float checkpoint."""
+    header, start = _header(path)
+    entry = header[name]
+    begin, end = entry["data_offsets"]
+    out = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
+    view = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if out.numel() else memoryview(b"")
+    with open(path, "rb") as f:
+        f.seek(start + begin)
+        if f.readinto(view) != end - begin:
+            raise OSError(f"{path} ends inside tensor {name!r}")
+    return out
+
+
+def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str) -> tuple[nn.Module, LinearReport] | None:
+    """Build on meta, quantize each linear as its weight is read; None where the checkpoint
+    does not read that way (the caller loads it whole)."""
+    config = AutoConfig.from_pretrained(folder)
+    if getattr(config, "quantization_config", None):
+        return None  # its own format: transformers' quantizer reads it
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    files = _tensor_files(folder)
+    tied = dict(getattr(lm, "all_tied_weights_keys", {}) or {})
+    wanted = [n for n, _ in lm.named_parameters(remove_duplicate=False)]
+    wanted += [n for n, _ in lm.named_buffers() if n not in dict(lm.named_non_persistent_buffers())]
+    if any(n not in files and tied.get(n) not in files for n in wanted):
+        return None  # renamed keys (transformers' conversion mappings) or missing weights
+
+    def read(name: str) -> torch.Tensor:
+        source = name if name in files else tied[name]
+        return read_tensor(files[source], source)
+
+    make, kernels = QUANTIZED[quantize]
+    start, swapped = time.perf_counter(), 0
+    with torch.no_grad():
+        for parent_name, parent in list(lm.named_modules()):
+            for attr, child in list(parent.named_children()):
+                if type(child) not in (nn.Linear, Conv1D):
+                    continue
+                prefix = f"{parent_name}.{attr}" if parent_name else attr
+                weight = read(f"{prefix}.weight").float()
+                weight = weight.t() if type(child) is Conv1D else weight
+                if make is Int4Linear.from_weight and weight.shape[1] % GROUP:
+                    continue  # left on meta: materialized with the float tensors below
+                bias = read(f"{prefix}.bias").float() if child.bias is not None else None
+                setattr(parent, attr, make(weight, bias))
+                swapped += 1
+                del weight, bias
+                release_freed()
+        seconds = time.perf_counter() - start
+        for name, param in list(lm.named_parameters(remove_duplicate=False)):
+            if param.device.type == "meta":
+                _set(lm, name, nn.Parameter(read(name).to(dtype), requires_grad=False))
+        for name, buf in list(lm.named_buffers()):
+            if buf.device.type == "meta" and name in files:
+                _set(lm, name, read(name).to(buf.dtype), buffer=True)
+        if not _init_non_persistent(lm):
+            return None
+    try:
+        lm.generation_config = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        pass  # no generation_config.json: from_config's default stands
+    if any(t.device.type == "meta" for t in [*lm.parameters(), *lm.buffers()]):
+        return None
+    return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds)
+
+
+def _set(root: nn.Module, name: str, value: torch.Tensor, *, buffer: bool = False) -> None:
+    owner_name, _, attr = name.rpartition(".")
+    owner = root.get_submodule(owner_name)
+    if buffer:
+        owner._buffers[attr] = value
+    else:
+        owner._parameters[attr] = value
+
+
+def _init_non_persistent(lm: nn.Module) -> bool:
+    """Compute buffers the checkpoint does not hold (RoPE's inverse frequencies) as
+    transformers' own loading does: the model's ``_init_weights`` of their module, which
+    must own no parameters (those would be re-initialized)."""
+    owners = {name.rpartition(".")[0] for name, _ in lm.named_non_persistent_buffers()}
+    for owner_name in owners:
+        owner = lm.get_submodule(owner_name)
+        if any(True for _ in owner.parameters(recurse=False)):
+            return False
+        for attr, buf in list(owner._buffers.items()):
+            if buf is not None and buf.device.type == "meta":
+                owner._buffers[attr] = torch.empty_like(buf, device="cpu")
+        lm._init_weights(owner)
+    return True

@@ -1,0 +1,214 @@
+/* 4-bit weights times 8-bit activations on an x86 CPU with AVX2 (jupyter_infer/engine/q4_linear.py).
+
+   Weights: groups of 32 along K, each 16 bytes of nibbles (byte j: element j in its low
+   nibble, element j + 16 in its high one, as in GGUF's q4_0/q4_1), a float16 scale and a
+   float16 min: w = q * scale + min, q in 0..15. Activations are quantized per call to int8 in
+   the same groups (one float scale each, as llama.cpp's q8_0), so a group's dot product is
+   integer work: maddubs (u8 x s8 -> s16 pairs) and madd (-> s32), or VNNI's dpbusd, then one FMA with the two
+   scales. The min's share is min * x_scale * sum(x_q), summed per group.
+
+   y[m, n] = sum_g scale[n,g] * xd[m,g] * dot(q[n,g], xq[m,g]) + min[n,g] * xd[m,g] * xs[m,g]
+
+   Each group of weights is unpacked once and used for up to TILE rows of activations, so a
+   batch reads the weights once. Threads (OpenMP, the same runtime as torch's) split N. */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define TILE 4
+#define GROUP 32
+
+/* Sums of u8 x s8 products, four at a time, into 8 int32: one instruction with VNNI, two
+   (maddubs to s16 pairs, madd to s32) without; the sums fit s16 (2 x 15 x 128 < 2^15). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DOT2(lo, x0, hi, x1) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, x0), hi, x1)
+#elif defined(__AVXVNNI__)
+#define DOT2(lo, x0, hi, x1) _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, x0), hi, x1)
+#else
+#define DOT2(lo, x0, hi, x1) \
+    _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1)), _mm256_set1_epi16(1))
+#endif
+
+/* One row of activations: int8 per group of 32, stored two groups at a time in the order
+   the unpacked weights come in (g's elements 0..15, g+1's 0..15, g's 16..31, g+1's 16..31),
+   the group's scale, and its scale times the sum of its ints (what the weights' mins meet). */
+static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xc) {
+    const int G = K / GROUP;
+    for (int g = 0; g < G; g++) {
+        const float *v = x + g * GROUP;
+        float amax = 0.f;
+        for (int i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(v[i]));
+        const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+        int32_t sum = 0;
+        /* Where element i of group g goes: pairs are interleaved by halves; a last odd
+           group keeps its own order. */
+        int8_t *out = xq + (g & ~1) * GROUP;
+        const int paired = (g | 1) < G, second = g & 1;
+        for (int i = 0; i < GROUP; i++) {
+            const int q = (int)lrintf(v[i] * inv);
+            const int at = paired ? (i < 16 ? 0 : 32) + second * 16 + (i & 15) : i;
+            out[at] = (int8_t)q;
+            sum += q;
+        }
+        xd[g] = d;
+        xc[g] = d * (float)sum;
+    }
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Rows m0 .. m0 + mt of y for output n. Inlined with mt a constant (see dot_rows), so its
+   accumulators live in registers. */
+static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K, const uint8_t *qw, const uint16_t *scales,
+                            const uint16_t *mins, const int8_t *xq, const float *xd,
+                            const float *xc, int m0, float *out) {
+    const int G = K / GROUP;
+    const uint8_t *wrow = qw + (size_t)n * (K / 2);
+    const uint16_t *srow = scales + (size_t)n * G, *mrow = mins + (size_t)n * G;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    /* Lanes 0-3 of a pair's sums are its first group's, 4-7 its second's. */
+    const __m256i lanes[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
+                              _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
+    __m256 acc[TILE], macc[TILE];
+    float tail[TILE];
+    for (int t = 0; t < mt; t++) { acc[t] = _mm256_setzero_ps(); macc[t] = _mm256_setzero_ps(); tail[t] = 0.f; }
+    int g = 0;
+    for (; g + 8 <= G; g += 8) {
+        const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
+        const __m256 n8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g)));
+        __m256 sd[TILE];
+        for (int t = 0; t < mt; t++) {
+            const size_t row = (size_t)(m0 + t) * G + g;
+            sd[t] = _mm256_mul_ps(s8, _mm256_loadu_ps(xd + row));
+            macc[t] = _mm256_fmadd_ps(n8, _mm256_loadu_ps(xc + row), macc[t]);
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(wrow + (g + 2 * j) * 16));
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            for (int t = 0; t < mt; t++) {
+                const int8_t *x = xq + (size_t)(m0 + t) * K + (g + 2 * j) * GROUP;
+                const __m256 p = _mm256_cvtepi32_ps(DOT2(lo, _mm256_loadu_si256((const __m256i *)x), hi,
+                                                         _mm256_loadu_si256((const __m256i *)(x + 32))));
+                acc[t] = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(sd[t], lanes[j]), acc[t]);
+            }
+        }
+    }
+    for (; g + 2 <= G; g += 2) {  /* the pairs left when G is not a multiple of 8 */
+        const float s0 = _cvtsh_ss(srow[g]), s1 = _cvtsh_ss(srow[g + 1]);
+        const float n0 = _cvtsh_ss(mrow[g]), n1 = _cvtsh_ss(mrow[g + 1]);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(wrow + g * 16));
+        const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int t = 0; t < mt; t++) {
+            const size_t row = (size_t)(m0 + t) * G + g;
+            const int8_t *x = xq + (size_t)(m0 + t) * K + g * GROUP;
+            const __m256 p = _mm256_cvtepi32_ps(DOT2(lo, _mm256_loadu_si256((const __m256i *)x), hi,
+                                                     _mm256_loadu_si256((const __m256i *)(x + 32))));
+            const __m256 sd = _mm256_set_m128(_mm_set1_ps(s1 * xd[row + 1]), _mm_set1_ps(s0 * xd[row]));
+            acc[t] = _mm256_fmadd_ps(p, sd, acc[t]);
+            tail[t] += n0 * xc[row] + n1 * xc[row + 1];
+        }
+    }
+    if (g < G) {  /* an odd last group, in its own order: plain C */
+        const uint8_t *w = wrow + g * 16;
+        const float s = _cvtsh_ss(srow[g]), mn = _cvtsh_ss(mrow[g]);
+        for (int t = 0; t < mt; t++) {
+            const size_t m = (size_t)(m0 + t);
+            const int8_t *x = xq + m * K + g * GROUP;
+            int32_t dot = 0;
+            for (int i = 0; i < 16; i++) dot += (w[i] & 15) * x[i] + (w[i] >> 4) * x[16 + i];
+            tail[t] += s * xd[m * G + g] * (float)dot + mn * xc[m * G + g];
+        }
+    }
+    for (int t = 0; t < mt; t++) out[t] = hsum(acc[t]) + hsum(macc[t]) + tail[t];
+}
+
+/* y[M, N] = x[M, K] @ W^T (+ bias). K a multiple of 32. */
+void q4_linear(const float *x, int M, int K, const uint8_t *qw, const uint16_t *scales,
+               const uint16_t *mins, int N, const float *bias, float *y) {
+    const int G = K / GROUP;
+    int8_t *xq = malloc((size_t)M * K);
+    float *xd = malloc(sizeof(float) * (size_t)M * G);
+    float *xc = malloc(sizeof(float) * (size_t)M * G);
+#pragma omp parallel for schedule(static) if (M * K > 16384)
+    for (int m = 0; m < M; m++)
+        quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xc + (size_t)m * G);
+    /* Blocks of 16 outputs: a block's weights stay in L1 while every row tile passes. */
+#pragma omp parallel for schedule(static)
+    for (int nb = 0; nb < (N + 15) / 16; nb++) {
+        const int n_end = nb * 16 + 16 < N ? nb * 16 + 16 : N;
+        float out[TILE];
+        for (int m0 = 0; m0 < M; m0 += TILE) {
+            const int mt = M - m0 < TILE ? M - m0 : TILE;
+            for (int n = nb * 16; n < n_end; n++) {
+                switch (mt) {
+                case 1: dot_tile(1, n, K, qw, scales, mins, xq, xd, xc, m0, out); break;
+                case 2: dot_tile(2, n, K, qw, scales, mins, xq, xd, xc, m0, out); break;
+                case 3: dot_tile(3, n, K, qw, scales, mins, xq, xd, xc, m0, out); break;
+                default: dot_tile(TILE, n, K, qw, scales, mins, xq, xd, xc, m0, out);
+                }
+                const float b = bias ? bias[n] : 0.f;
+                for (int t = 0; t < mt; t++) y[(size_t)(m0 + t) * N + n] = out[t] + b;
+            }
+        }
+    }
+    free(xq);
+    free(xd);
+    free(xc);
+}
+
+/* round(clamp(t, 0, 15)), written so that the compiler vectorizes the loops around it. */
+static inline int nibble(float t) {
+    t = t < 0.f ? 0.f : (t > 15.f ? 15.f : t);
+    return (int)(t + 0.5f);
+}
+
+static inline float through_half(float v, uint16_t *h) {
+    *h = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+    return _cvtsh_ss(*h);
+}
+
+/* W [N, K] -> nibbles [N, K/2], scales and mins [N, K/32] (float16). Each group's range is
+   its min and max, shrunk where that lowers its squared error: as llama.cpp's make_qkx
+   searches, over a few candidates, measured with the float16 scale and min it will store. */
+void q4_quantize(const float *w, int N, int K, uint8_t *nibbles, uint16_t *scales, uint16_t *mins) {
+    static const float shrink[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f};
+    const int G = K / GROUP;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        for (int g = 0; g < G; g++) {
+            const float *v = w + (size_t)n * K + g * GROUP;
+            float lo = v[0], hi = v[0];
+            for (int i = 1; i < GROUP; i++) { lo = fminf(lo, v[i]); hi = fmaxf(hi, v[i]); }
+            const float mid = (lo + hi) / 2;
+            float best = INFINITY;
+            uint16_t best_s = 0, best_m = 0;
+            for (int c = 0; c < 5; c++) {
+                uint16_t hs, hm;
+                const float s = through_half(fmaxf((hi - mid) * shrink[c] * 2 / 15, 1e-7f), &hs);
+                const float m = through_half(mid + (lo - mid) * shrink[c], &hm);
+                const float inv = 1.f / s;
+                float err = 0.f;
+                for (int i = 0; i < GROUP; i++) {
+                    const float d = (float)nibble((v[i] - m) * inv) * s + m - v[i];
+                    err += d * d;
+                }
+                if (err < best) { best = err; best_s = hs; best_m = hm; }
+            }
+            const float s = _cvtsh_ss(best_s), m = _cvtsh_ss(best_m), inv = 1.f / s;
+            uint8_t *out = nibbles + (size_t)n * (K / 2) + g * 16;
+            for (int i = 0; i < 16; i++) {
+                const int a = nibble((v[i] - m) * inv), b = nibble((v[i + 16] - m) * inv);
+                out[i] = (uint8_t)(a | (b << 4));
+            }
+            scales[(size_t)n * G + g] = best_s;
+            mins[(size_t)n * G + g] = best_m;
+        }
+    }
+}
