@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gguf-converter", metavar="PATH",
                         help="llama.cpp's convert_hf_to_gguf.py: [g] converts the model to the f32, f16 and q8_0 "
                         "GGUFs it lacks (MODEL/model-<type>.gguf)")
+    parser.add_argument("--llama-quantize", metavar="PATH",
+                        help="llama.cpp's llama-quantize, for the q4_0 and q4_K_M GGUFs of [g]'s real-size row "
+                        "(default: beside llama-server, or on PATH)")
+    parser.add_argument("--real-model", metavar="DIR",
+                        help="[g]'s real-size model (default: the locally built '0.5b', Qwen2.5-0.5B's shape; "
+                        "'llama-tiny' with --quick)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the open-loop arrivals")
 
 
@@ -69,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(
         model=args.model, quick=args.quick, repeats=repeats, num_threads=args.threads, dtype=args.dtype,
         device=args.device, max_batch_size=args.max_batch_size, seed=args.seed, gguf=args.gguf,
-        llama_server=args.llama_server, gguf_converter=args.gguf_converter,
+        llama_server=args.llama_server, gguf_converter=args.gguf_converter, llama_quantize=args.llama_quantize,
+        real_model=args.real_model,
         workloads=tuple(args.only) if args.only else BenchConfig.workloads, out=args.out,
     )
     results = Suite(config, log=lambda line: print(line, flush=True)).run()

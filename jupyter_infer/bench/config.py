@@ -24,7 +24,20 @@ class BenchConfig:
     gguf: str | None = None  # llama-server's model; None: <model>/model.gguf if there
     llama_server: str | None = None  # the llama-server binary; None: the one on PATH, if any
     gguf_converter: str | None = None  # llama.cpp's convert_hf_to_gguf.py, to make missing GGUFs
+    llama_quantize: str | None = None  # llama.cpp's llama-quantize (q4_0, q4_K_M); None: beside llama-server
+    real_model: str | None = None  # [g]'s real-size row; None: the locally built "0.5b" ("llama-tiny" with quick)
     out: Path = field(default_factory=lambda: Path("bench-results"))
+
+    @property
+    def quantizer(self) -> str | None:
+        """llama-quantize: as given, else beside llama-server, else on PATH."""
+        import shutil
+
+        if self.llama_quantize:
+            return self.llama_quantize
+        server = self.llama_server or shutil.which("llama-server")
+        beside = Path(server).parent / "llama-quantize" if server else None
+        return str(beside) if beside and beside.is_file() else shutil.which("llama-quantize")
 
     @property
     def sizes(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from .rounds import measure_rounds
 # What every request asks: no early stop, so that all contenders decode the same tokens.
 REQUEST_EXTRA = {"ignore_eos": True, "stream_options": {"include_usage": True}}
 GGUF_TYPES = ("f32", "f16", "q8_0")
+QUANTIZER_TYPES = ("q4_0", "q4_K_M")  # made by llama-quantize, not by the converter
 # llama-server's n-gram speculation (issue 20 measured ngram-mod as its best here), on f32.
 LLAMA_SPECULATION = ["--spec-type", "ngram-mod"]
 INT8_AGREEMENT = 0.95  # issue 14's bound on int8's greedy agreement with float32
@@ -52,6 +53,7 @@ class Variant:
 
     def missing(self) -> str | None:
         """Why this CPU cannot run it, or None."""
+        from ..engine import q4_linear
         from ..engine.cpu_linear import int8_available
         from ..engine.hf_device import cpu_has_native_bf16
 
@@ -59,6 +61,8 @@ class Variant:
             return "this CPU has no bf16 instructions"
         if self.options.get("quantize") == "int8" and not int8_available():
             return "no x86 quantized kernels (fbgemm) here"
+        if self.options.get("quantize") == "int4":
+            return q4_linear.unavailable()
         return None
 
 
@@ -98,12 +102,24 @@ def workloads(count: Callable[[str], int], burst: tuple[int, int], alone: tuple[
             alone_round(0), copy_round(0)]
 
 
-def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[str], None]) -> Path | None:
-    """``<model>/model-<kind>.gguf``; made with llama.cpp's converter when one is given.
+def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[str], None],
+              quantizer: str | None = None) -> Path | None:
+    """``<model>/model-<kind>.gguf``; made with llama.cpp's converter when one is given, and
+    for the types the converter does not write (q4_0, q4_K_M) with ``llama-quantize`` from
+    the f32 one.
 
     The converter runs in a process of its own, adjusted for our locally built models
     (``gguf_convert``)."""
     target = Path(model_dir) / f"model-{kind}.gguf"
+    if kind in QUANTIZER_TYPES and not target.is_file():
+        source = gguf_path(model_dir, "f32", converter, log)
+        if source is None or not quantizer or not Path(quantizer).is_file():
+            return None
+        log(f"  quantizing {source.name} to {target.name} with {quantizer}")
+        done = subprocess.run([quantizer, str(source), str(target), kind.upper()], capture_output=True, text=True)
+        if done.returncode != 0 or not target.is_file():
+            raise RuntimeError(f"llama-quantize failed: {(done.stderr or done.stdout)[-600:]}")
+        return target
     if target.is_file() or not converter:
         return target if target.is_file() else None
     log(f"  converting the model to {target.name} with {converter}")
@@ -114,33 +130,40 @@ def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[s
     return target
 
 
-def contenders(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, threads: int, parallel: int,
-               context: int, notes: list[str]) -> list[Contender]:
-    """Our variants this CPU can run, then llama-server per GGUF type it can find or make."""
+def ours(cfg: BenchConfig, log: Callable[[str], None], v: Variant, model_dir: str, threads: int, parallel: int,
+         notes: list[str]) -> CompletionsPeer | None:
+    """Our server as ``v`` configures it, ready; None (and a note) where it cannot run here."""
     from ..client import Client
     from ..server.launcher import LocalServer
 
+    if v.missing():
+        notes.append(f"{v.label}: not measured, {v.missing()}")
+        return None
+    server = LocalServer(engine="hf", model=model_dir, num_threads=threads, mode="continuous",
+                         max_batch_size=parallel, prefix_cache_mb=0, log_path=str(cfg.out / f"server-{v.name}.log"),
+                         **v.options)
+    try:
+        server.start()
+        with Client(server.url, server.token, embedded=False) as client:
+            status = client.wait_ready(timeout=600)
+    except Exception as err:
+        server.stop()
+        notes.append(f"{v.label}: not measured: {type(err).__name__}: {err}")
+        return None
+    details = status.get("details", {})
+    log(f"  {v.label}: {details.get('linear_kernels')}, loaded in {details.get('load_s', 0):.1f} s")
+    return CompletionsPeer(v.name, v.label, server.url + "infer/v1/", model_dir, headers=server.headers,
+                           extra=REQUEST_EXTRA, process=server)
+
+
+def contenders(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, threads: int, parallel: int,
+               context: int, notes: list[str]) -> list[Contender]:
+    """Our variants this CPU can run, then llama-server per GGUF type it can find or make."""
     out: list[Contender] = []
     for v in VARIANTS:
-        if v.missing():
-            notes.append(f"{v.label}: not measured, {v.missing()}")
-            continue
-        server = LocalServer(engine="hf", model=model_dir, num_threads=threads, mode="continuous",
-                             max_batch_size=parallel, prefix_cache_mb=0, log_path=str(cfg.out / f"server-{v.name}.log"),
-                             **v.options)
-        try:
-            server.start()
-            with Client(server.url, server.token, embedded=False) as client:
-                status = client.wait_ready(timeout=600)
-        except Exception as err:
-            server.stop()
-            notes.append(f"{v.label}: not measured: {type(err).__name__}: {err}")
-            continue
-        peer = CompletionsPeer(v.name, v.label, server.url + "infer/v1/", model_dir, headers=server.headers,
-                               extra=REQUEST_EXTRA, process=server)
-        details = status.get("details", {})
-        log(f"  {v.label}: {details.get('linear_kernels')}, packed in {details.get('prepack_s', 0):.2f} s")
-        out.append(peer)
+        peer = ours(cfg, log, v, model_dir, threads, parallel, notes)
+        if peer is not None:
+            out.append(peer)
     for kind in GGUF_TYPES:
         try:
             gguf = gguf_path(model_dir, kind, cfg.gguf_converter, log)

@@ -11,11 +11,14 @@ from typing import Any
 ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "apart", "hf_cb", "ceiling",
          "http", "http_openai", "hf_serve", "llama_server",
          "f32_eager", "f32", "f32_nospec", "bf16", "int8", "llama_f32", "llama_f32_ngram", "llama_f16", "llama_q8_0",
+         "real_f32", "real_int8", "real_int4", "real_int4_spec", "real_llama_f32", "real_llama_q8_0", "real_llama_q4_0",
+         "real_llama_q4_K_M", "real_llama_q4_0_ngram",
          "corpus", "unconstrained_mean", "unconstrained", "no_ff", "ff", "new_schema", "fair", "fifo", "idle")
 TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
           "agents": "[e] agents", "interference": "[f] interference", "lengths": "[h] mixed lengths",
           "cpu_burst": "[g] CPU, burst",
           "cpu_alone": "[g] CPU, one at a time", "cpu_copy": "[g] CPU, copy-heavy, one at a time",
+          "real_alone": "[g] real size (0.5b shape), one at a time", "real_burst": "[g] real size (0.5b shape), burst",
           "structured_corpus": "[i] structured, validity", "structured_burst": "[i] structured, 16 streams",
           "structured_alone": "[i] structured, one at a time", "users": "[j] users (B's requests: TTFT, latency)"}
 # Columns of a second table, for the workloads that measure more than throughput and TTFT.
@@ -32,6 +35,7 @@ EXTRA_COLUMNS = {
     "structured_burst": (("tok/answer", "tokens_per_answer", ".1f"), ("steps", "steps", ".0f"),
                          ("ff share", "forced_share", ".2f"), ("finished", "finished", ".0f"),
                          ("valid", "valid", ".0f"), ("busy s", "engine_busy_s", ".2f")),
+    **{w: (("RSS MB", "rss_mb", ".0f"), ("peak MB", "peak_rss_mb", ".0f")) for w in ("real_alone", "real_burst")},
     "users": (("A tok/s", "a_tokens_per_s", ".1f"), ("A wall s", "a_wall_s", ".2f"),
               ("B in burst", "b_during_burst", ".0f"), ("parked", "parked_rows", ".0f")),
     "structured_alone": (("compiles", "compiled", ".0f"), ("compile p50", "compile_ms_p50", ".2f"),
@@ -103,6 +107,15 @@ TARGETS = (
            "llama_f32_ngram", "tokens_per_s", ">=", 0.9),
     Target("cpu_burst", "burst: ours f32 with speculation >= 0.97 x without (tok/s)", "f32", "f32_nospec",
            "tokens_per_s", ">=", 0.97),
+    # issue 29: real size, speculation off on both sides
+    *(Target("real_alone", f"real size, alone: ours {a} >= 1.0 x llama-server {b} (tok/s)", f"real_{a}",
+             f"real_llama_{b}", "tokens_per_s", ">=", 1.0) for a, b in (("int4", "q4_0"), ("int8", "q8_0"), ("f32", "f32"))),
+    Target("real_burst", "real size, burst: ours int4 >= 1.2 x llama-server q4_0 (tok/s)", "real_int4",
+           "real_llama_q4_0", "tokens_per_s", ">=", 1.2),
+    Target("real_burst", "real size: resident memory ours int4 <= 1.25 x llama-server q4_0", "real_int4",
+           "real_llama_q4_0", "rss_mb", "<=", 1.25),
+    Target("real_burst", "real size: peak memory (loading included) ours int4 <= 1.3 x its resident", "real_int4",
+           "real_int4", "peak_rss_mb", "<=", 1.3, "rss_mb"),
     # issue 19
     Target("structured_corpus", "structured: every finished answer valid against its schema (valid / finished)",
            "corpus", "corpus", "valid", ">=", 1.0, "finished"),
@@ -196,7 +209,7 @@ def format_tables(results: dict[str, Any]) -> str:
         if ceiling.get("bare_loop_tokens_per_s"):
             lines.append(f"  (ceiling = bare decode steps only, {ceiling['decode_step_ms']:.1f} ms/step; the same "
                          f"bare loop with its prefill: {ceiling['bare_loop_tokens_per_s']:.1f} tok/s)")
-        ours = {"http": "http", "cpu_burst": "f32", "cpu_alone": "f32", "cpu_copy": "f32", "structured_burst": "ff",
+        ours = {"http": "http", "real_alone": "real_int4", "real_burst": "real_int4", "cpu_burst": "f32", "cpu_alone": "f32", "cpu_copy": "f32", "structured_burst": "ff",
                 "structured_alone": "new_schema"}.get(name, "continuous")
         others = [k for k in contenders if k != ours]
         metric, what = {"open": ("ttft_p50_ms", "TTFT p50"), "agents": ("ttft_p50_ms", "TTFT p50"),
@@ -209,7 +222,7 @@ def format_tables(results: dict[str, Any]) -> str:
 
 
 def format_targets(results: dict[str, Any]) -> str:
-    lines = ["", "Targets (issues 4, 12, 14, 18, 19, 20 and 21; ratios within this run):"]
+    lines = ["", "Targets (issues 4, 12, 14, 18, 19, 20, 21 and 29; ratios within this run):"]
     for t in evaluate_targets(results):
         if t["ratio"] is None:
             lines.append(f"  [ n/a ] {t['target']}: not measured")

@@ -301,9 +301,10 @@ class Suite:
         entry["contenders"]["continuous"] = self.results["workloads"]["burst"]["contenders"]["continuous"]
 
     def _measure_cpu(self, setup: Setup) -> None:
-        """[g] the CPU forward pass against llama.cpp, and each variant's quality."""
-        from . import cpu
+        """[g] the CPU forward pass against llama.cpp, and each variant's quality; then at a real size."""
+        from . import cpu, real_size
 
         measured = cpu.measure(self.config, self.log, setup.model_dir, setup.threads, setup.count)
         self.results["workloads"].update(measured.workloads)
         self.results["cpu_quality"] = measured.quality
+        self.results["workloads"].update(real_size.measure(self.config, self.log, setup.threads))
