@@ -73,31 +73,32 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
     const uint8_t *wrow = qw + (size_t)n * (K / 2);
     const uint16_t *srow = scales + (size_t)n * G, *mrow = mins + (size_t)n * G;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    /* Lanes 0-3 of a pair's sums are its first group's, 4-7 its second's. */
-    const __m256i lanes[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-                              _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
+    /* A chunk's 8 group sums come out of the hadds in the order 0 2 4 6 1 3 5 7. */
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     __m256 acc[TILE], macc[TILE];
     float tail[TILE];
     for (int t = 0; t < mt; t++) { acc[t] = _mm256_setzero_ps(); macc[t] = _mm256_setzero_ps(); tail[t] = 0.f; }
     int g = 0;
     for (; g + 8 <= G; g += 8) {
-        const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
+        const __m256 s8 = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g))), order);
         const __m256 n8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g)));
-        __m256 sd[TILE];
-        for (int t = 0; t < mt; t++) {
-            const size_t row = (size_t)(m0 + t) * G + g;
-            sd[t] = _mm256_mul_ps(s8, _mm256_loadu_ps(xd + row));
-            macc[t] = _mm256_fmadd_ps(n8, _mm256_loadu_ps(xc + row), macc[t]);
-        }
+        __m256i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(wrow + (g + 2 * j) * 16));
-            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            for (int t = 0; t < mt; t++) {
-                const int8_t *x = xq + (size_t)(m0 + t) * K + (g + 2 * j) * GROUP;
-                const __m256 p = _mm256_cvtepi32_ps(DOT2(lo, _mm256_loadu_si256((const __m256i *)x), hi,
-                                                         _mm256_loadu_si256((const __m256i *)(x + 32))));
-                acc[t] = _mm256_fmadd_ps(p, _mm256_permutevar8x32_ps(sd[t], lanes[j]), acc[t]);
-            }
+            lo[j] = _mm256_and_si256(v, m4);
+            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        for (int t = 0; t < mt; t++) {
+            const size_t row = (size_t)(m0 + t) * G + g;
+            const int8_t *x = xq + (size_t)(m0 + t) * K + g * GROUP;
+            __m256i p[4];
+            for (int j = 0; j < 4; j++)  /* lanes 0-3: group g + 2j's partial sums, 4-7: g + 2j + 1's */
+                p[j] = DOT2(lo[j], _mm256_loadu_si256((const __m256i *)(x + 64 * j)), hi[j],
+                            _mm256_loadu_si256((const __m256i *)(x + 64 * j + 32)));
+            const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+            const __m256 xd8 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd + row), order);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s8, xd8), acc[t]);
+            macc[t] = _mm256_fmadd_ps(n8, _mm256_loadu_ps(xc + row), macc[t]);
         }
     }
     for (; g + 2 <= G; g += 2) {  /* the pairs left when G is not a multiple of 8 */
