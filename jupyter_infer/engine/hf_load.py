@@ -60,6 +60,8 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
         linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
         if device == "cpu":
             linears = swap_linears(lm, prepack=prepack, quantize=quantize)
+            if linears.layers:
+                _leave_the_file(lm)
     else:
         lm, linears = streamed
     lm.eval()
@@ -67,6 +69,21 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
     report = LoadReport(seconds=time.perf_counter() - start, streamed=streamed is not None,
                         weight_bytes=resident_bytes(lm), peak_rss_bytes=peak_rss(), rss_bytes=current_rss())
     return lm, linears, report
+
+
+def _leave_the_file(lm: nn.Module) -> None:
+    """Copy what stayed float (embeddings, norms) out of the checkpoint's memory map.
+    ``from_pretrained`` leaves tensors as views of the mapped safetensors file; once the linears
+    were packed or quantized from it, every page of it was read, and the map holds them all
+    as resident memory for as long as any view lives (the 0.5b shape's float32 server: 3.26 GB
+    resident before, 1.83 GB after)."""
+    with torch.no_grad():
+        for param in lm.parameters():  # tied parameters are one object: copied once
+            param.data = param.data.clone()
+        for module in lm.modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is not None and not buf.is_mkldnn:
+                    module._buffers[name] = buf.clone()
 
 
 def resident_bytes(model: nn.Module) -> int:
