@@ -35,10 +35,12 @@ from .rounds import measure_rounds
 
 # What every request asks: no early stop, so that all contenders decode the same tokens.
 REQUEST_EXTRA = {"ignore_eos": True, "stream_options": {"include_usage": True}}
-GGUF_TYPES = ("f32", "f16", "q8_0")
-QUANTIZER_TYPES = ("q4_0", "q4_K_M")  # made by llama-quantize, not by the converter
 # llama-server's n-gram speculation (issue 20 measured ngram-mod as its best here), on f32.
 LLAMA_SPECULATION = ["--spec-type", "ngram-mod"]
+# (GGUF type, contender name, llama-server's extra arguments): f32 with its n-gram speculation too.
+LLAMA = (("f32", "llama_f32", []), ("f32", "llama_f32_ngram", LLAMA_SPECULATION), ("f16", "llama_f16", []),
+         ("q8_0", "llama_q8_0", []))
+QUANTIZER_TYPES = ("q4_0", "q4_K_M")  # made by llama-quantize, not by the converter
 INT8_AGREEMENT = 0.95  # issue 14's bound on int8's greedy agreement with float32
 
 
@@ -157,36 +159,37 @@ def ours(cfg: BenchConfig, log: Callable[[str], None], v: Variant, model_dir: st
 
 
 def contenders(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, threads: int, parallel: int,
-               context: int, notes: list[str]) -> list[Contender]:
-    """Our variants this CPU can run, then llama-server per GGUF type it can find or make."""
+               context: int, notes: list[str], variants: tuple[Variant, ...] | None = None,
+               llama: tuple[tuple[str, str, list[str]], ...] = ()) -> list[Contender]:
+    """Our ``variants`` this CPU can run (default: [g]'s), then llama-server per entry of
+    ``llama`` (default: [g]'s) whose GGUF it can find or make."""
     out: list[Contender] = []
-    for v in VARIANTS:
+    for v in variants or VARIANTS:
         peer = ours(cfg, log, v, model_dir, threads, parallel, notes)
         if peer is not None:
             out.append(peer)
-    for kind in GGUF_TYPES:
+    return out + llama_peers(cfg, log, model_dir, threads, parallel, context, llama or LLAMA, notes)
+
+
+def llama_peers(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, threads: int, parallel: int,
+                context: int, table: tuple[tuple[str, str, list[str]], ...], notes: list[str]) -> list[Contender]:
+    """llama-server on each (GGUF type, contender name, extra arguments) of ``table`` whose GGUF
+    it can find or make; a note for each it cannot."""
+    out: list[Contender] = []
+    for kind, name, args in table:
+        label = f"llama-server {kind}" + (f" {' '.join(args)}" if args else "")
         try:
-            gguf = gguf_path(model_dir, kind, cfg.gguf_converter, log)
+            gguf = gguf_path(model_dir, kind, cfg.gguf_converter, log, cfg.quantizer)
             if gguf is None:
-                raise RuntimeError(f"no {Path(model_dir) / f'model-{kind}.gguf'} (give --gguf-converter to make it)")
-            peer = llama_server(str(gguf), threads, parallel, context, cfg.out / f"llama-server-{kind}.log",
-                                exe=cfg.llama_server, name=f"llama_{kind}", label=f"llama-server {kind}",
-                                extra={"ignore_eos": True})
+                raise RuntimeError(f"no {Path(model_dir) / f'model-{kind}.gguf'} (give --gguf-converter, and "
+                                   "--llama-quantize for q4_0 and q4_K_M, to make it)")
+            peer = llama_server(str(gguf), threads, parallel, context, cfg.out / f"llama-server-{name}.log",
+                                exe=cfg.llama_server, name=name, label=label, extra={"ignore_eos": True}, args=args)
         except Exception as err:
-            notes.append(f"llama-server {kind}: not measured: {err}")
+            notes.append(f"{label}: not measured: {err}")
             continue
-        log(f"  llama-server {kind}: ready in {peer.process.startup_s:.1f} s")
+        log(f"  {label}: ready in {peer.process.startup_s:.1f} s")
         out.append(peer)
-        if kind == "f32":  # and with its n-gram speculation
-            try:
-                spec = llama_server(str(gguf), threads, parallel, context, cfg.out / "llama-server-f32-ngram.log",
-                                    exe=cfg.llama_server, name="llama_f32_ngram",
-                                    label=f"llama-server f32 {' '.join(LLAMA_SPECULATION)}",
-                                    extra={"ignore_eos": True}, args=LLAMA_SPECULATION)
-            except Exception as err:
-                notes.append(f"llama-server f32 with speculation: not measured: {err}")
-                continue
-            out.append(spec)
     return out
 
 

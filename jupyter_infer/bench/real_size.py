@@ -12,15 +12,13 @@ speculation on. After the rounds, each server's resident memory (VmRSS) and its 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ..loadgen import Arrival
+from . import cpu
 from . import workloads as wl
 from .config import BenchConfig
-from .contenders import Contender
-from .cpu import LLAMA_SPECULATION, Variant, gguf_path, ours
-from .peers import llama_server
+from .cpu import LLAMA_SPECULATION, Variant
 from .rounds import measure_rounds
 
 OFF = {"speculative": "off"}
@@ -56,30 +54,6 @@ def workloads(count: Callable[[str], int], alone: tuple[int, int], burst: tuple[
     return [alone_round(0), wl.Workload("real_burst", b.description + ", over HTTP (OpenAI completions)", b.arrivals)]
 
 
-def contenders(cfg: BenchConfig, log: Callable[[str], None], model: str, threads: int, parallel: int,
-               context: int, notes: list[str]) -> list[Contender]:
-    out: list[Contender] = []
-    for v in VARIANTS:
-        peer = ours(cfg, log, v, model, threads, parallel, notes)
-        if peer is not None:
-            out.append(peer)
-    for kind, name, args in LLAMA:
-        label = f"llama-server {kind}" + (f" {' '.join(args)}" if args else "")
-        try:
-            gguf = gguf_path(model, kind, cfg.gguf_converter, log, cfg.quantizer)
-            if gguf is None:
-                raise RuntimeError(f"no {Path(model) / f'model-{kind}.gguf'} (give --gguf-converter, and "
-                                   "--llama-quantize for q4_0 and q4_K_M, to make it)")
-            peer = llama_server(str(gguf), threads, parallel, context, cfg.out / f"llama-server-{name}.log",
-                                exe=cfg.llama_server, name=name, label=label, extra={"ignore_eos": True}, args=args)
-        except Exception as err:
-            notes.append(f"{label}: not measured: {err}")
-            continue
-        log(f"  {label}: ready in {peer.process.startup_s:.1f} s")
-        out.append(peer)
-    return out
-
-
 def memory(pid: int | None) -> dict[str, float | None]:
     """A server's resident memory now and at its peak (MB; Linux's /proc)."""
     found: dict[str, float | None] = {"rss_mb": None, "peak_rss_mb": None}
@@ -110,7 +84,7 @@ def measure(cfg: BenchConfig, log: Callable[[str], None], threads: int) -> dict[
         "f32 / q8_0 / q4_0 / q4_K_M, speculation off on both sides, then on")
     notes: list[str] = []
     longest = max(count(a.prompt) + a.max_tokens for w in loads for a in w.requests)
-    active = contenders(cfg, log, model, threads, burst[0], longest * 2, notes)
+    active = cpu.contenders(cfg, log, model, threads, burst[0], longest * 2, notes, VARIANTS, LLAMA)
     measured: dict[str, Any] = {}
     try:
         for load in loads:
