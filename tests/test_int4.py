@@ -70,6 +70,11 @@ def test_quantized_weights_are_close_and_the_search_beats_plain_min_max() -> Non
     layer = Int4Linear.from_weight(w, None)
     x = torch.randn(2, 512)
     assert layer(x.bfloat16()).dtype == torch.bfloat16
+    # A model cast or moved as a whole leaves the 4-bit weights (whose addresses the kernel
+    # holds) untouched, and still computes the same.
+    before = layer(x)
+    layer.float().to("cpu")
+    assert layer.scales.dtype == torch.float16 and torch.equal(layer(x), before)
 
 
 @pytest.fixture(params=["tiny_model_dir", "llama_model_dir"])

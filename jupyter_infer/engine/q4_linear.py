@@ -129,8 +129,8 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales", scales.contiguous(), persistent=False)
         self.register_buffer("mins", mins.contiguous(), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(), persistent=False)
-        # The kernel's weight arguments, fixed once: the buffers live on the CPU and are
-        # never replaced (this module has no other device to move to).
+        # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
+        # replaced (``_apply`` keeps ``.to()`` and ``.half()`` off them).
         self._weights = (self.nibbles.data_ptr(), self.scales.data_ptr(), self.mins.data_ptr(), self.out_features,
                          None if self.bias is None else self.bias.data_ptr())
 
@@ -147,6 +147,11 @@ class Int4Linear(nn.Module):
         if rows:
             self._run(x.data_ptr(), rows, self.in_features, *self._weights, y.data_ptr())
         return y
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        """``model.to()``, ``.half()`` and the like leave the 4-bit weights as they are: the
+        kernel holds their addresses, and its format is fixed (float16 scales, uint8 nibbles)."""
+        return self
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
