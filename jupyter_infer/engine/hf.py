@@ -32,7 +32,7 @@ from .cpu_linear import LinearReport
 from .draft_model import DraftModel
 from .hf_batch import HFBatch, left_pad_rows, row_ends, spare_columns
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
-from .hf_load import load_causal_lm, parameter_count
+from .hf_load import check_format, load_causal_lm, parameter_count
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
 from .shared_prefix import Claim, SharedPrefix, SharedPrefixes
@@ -63,6 +63,7 @@ class HFEngine(Engine):
         draft_local_files_only: bool | None = None,
     ) -> None:
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
+        check_format(model)
         self.device = pick_device(device)
         torch_dtype = pick_dtype(dtype, self.device)
         if quantize != "none":

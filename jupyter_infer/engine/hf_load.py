@@ -50,6 +50,7 @@ class LoadReport:
 def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_only: bool,
                    quantize: str, prepack: bool) -> tuple[nn.Module, LinearReport, LoadReport]:
     """The model on ``device`` with its CPU linears swapped (``cpu_linear.swap_linears``)."""
+    check_format(model)
     start = time.perf_counter()
     streamed = None
     if device == "cpu" and quantize in QUANTIZED:
@@ -84,6 +85,15 @@ def _leave_the_file(lm: nn.Module) -> None:
             for name, buf in list(module._buffers.items()):
                 if buf is not None and not buf.is_mkldnn:
                     module._buffers[name] = buf.clone()
+
+
+def check_format(model: str) -> None:
+    """Refuse, by name, a model in a format this loader does not read (before transformers
+    answers "the config file ... is not a valid JSON file" for it)."""
+    if model.lower().endswith(".gguf"):
+        raise ValueError(f"{model}: GGUF files are not served yet. Give the Hugging Face checkpoint folder "
+                         "(config.json, safetensors) instead, with InferApp.quantize='int4' or 'int8' for "
+                         "4- or 8-bit weights.")
 
 
 def resident_bytes(model: nn.Module) -> int:
