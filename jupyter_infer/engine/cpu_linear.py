@@ -118,6 +118,12 @@ QUANTIZED = {
 }
 
 
+def swappable(quantize: str, in_features: int) -> bool:
+    """Whether a linear of this input width takes ``quantize``'s format (int4 needs whole
+    groups of 32; a linear that does not stays the model's own)."""
+    return quantize != "int4" or in_features % q4_linear.GROUP == 0
+
+
 def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> LinearReport:
     """Replace ``model``'s linears in place (CPU only); say what they run on now."""
     if quantize not in QUANTIZE:
@@ -145,8 +151,8 @@ def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> 
                     weight, bias = child.weight.t(), child.bias
                 else:
                     continue
-                if make is Int4Linear.from_weight and weight.shape[1] % q4_linear.GROUP:
-                    continue  # not in whole groups: stays the model's own
+                if not swappable(quantize, weight.shape[1]):
+                    continue
                 setattr(parent, name, make(weight.detach(), None if bias is None else bias.detach()))
                 swapped += 1
     return LinearReport(kernels=kernels, layers=swapped, seconds=time.perf_counter() - start)

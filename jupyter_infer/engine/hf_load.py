@@ -27,8 +27,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
-from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, swap_linears
-from .q4_linear import GROUP, Int4Linear
+from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, swap_linears, swappable
+from .q4_linear import Int4Linear
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ class LoadReport:
 def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_only: bool,
                    quantize: str, prepack: bool) -> tuple[nn.Module, LinearReport, LoadReport]:
     """The model on ``device`` with its CPU linears swapped (``cpu_linear.swap_linears``)."""
-    check_format(model)
     start = time.perf_counter()
     streamed = None
     if device == "cpu" and quantize in QUANTIZED:
@@ -241,11 +240,12 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str) -> tuple[nn.
             for attr, child in list(parent.named_children()):
                 if type(child) not in (nn.Linear, Conv1D):
                     continue
+                in_features = child.nx if type(child) is Conv1D else child.in_features
+                if not swappable(quantize, in_features):
+                    continue  # left on meta: read with the float tensors below
                 prefix = f"{parent_name}.{attr}" if parent_name else attr
                 weight = read(f"{prefix}.weight").float()
                 weight = weight.t() if type(child) is Conv1D else weight
-                if make is Int4Linear.from_weight and weight.shape[1] % GROUP:
-                    continue  # left on meta: materialized with the float tensors below
                 bias = read(f"{prefix}.bias").float() if child.bias is not None else None
                 setattr(parent, attr, make(weight, bias))
                 swapped += 1
