@@ -152,7 +152,8 @@ async def test_a_server_asked_for_int4_where_it_cannot_run_stays_up_and_says_why
 
 LOAD_PEAK = """
 import json, sys, torch
-from jupyter_infer.engine.hf_load import current_rss, load_causal_lm
+from jupyter_infer.engine.hf_load import load_causal_lm
+from jupyter_infer.engine.process_memory import current_rss
 from transformers import GPT2LMHeadModel  # noqa: F401 (its code: the runtime's memory, not the model's)
 torch.ones(1) @ torch.ones(1)
 before = current_rss()
@@ -200,19 +201,3 @@ def test_a_float32_model_does_not_keep_its_checkpoint_file_resident(small_model_
     seen = _load_in_a_process(small_model_dir, "none")
     assert not seen["streamed"]
     assert seen["after"] - seen["before"] < 1.3 * seen["weights"] + 32 * 2**20, seen
-
-
-@pytest.mark.asyncio
-async def test_a_gguf_file_is_refused_by_name_and_the_server_stays_up(tmp_path: Path) -> None:
-    gguf = tmp_path / "model-q4_0.gguf"
-    gguf.write_bytes(b"GGUF" + bytes(60))
-    with pytest.raises(ValueError, match="model-q4_0.gguf: GGUF files are not served yet"):
-        HFEngine(str(gguf), local_files_only=True)
-    service = InferenceService(ServiceConfig(engine="auto", model=str(gguf)))
-    service.start()
-    await service.wait_ready()
-    try:
-        status = service.status()
-        assert status["engine"] == "simulated" and "GGUF files are not served yet" in str(status.get("fallback_reason"))
-    finally:
-        await service.stop()

@@ -52,6 +52,7 @@ class Variant:
     label: str
     options: dict[str, Any]
     needs_bf16: bool = False
+    gguf: str = ""  # serve the model's GGUF of this type (llama-server's own file) instead of its folder
 
     def missing(self) -> str | None:
         """Why this CPU cannot run it, or None."""
@@ -141,7 +142,19 @@ def ours(cfg: BenchConfig, log: Callable[[str], None], v: Variant, model_dir: st
     if v.missing():
         notes.append(f"{v.label}: not measured, {v.missing()}")
         return None
-    server = LocalServer(engine="hf", model=model_dir, num_threads=threads, mode="continuous",
+    model = model_dir
+    if v.gguf:
+        try:
+            found = gguf_path(model_dir, v.gguf, cfg.gguf_converter, log, cfg.quantizer)
+        except RuntimeError as err:
+            found, why = None, str(err)
+        else:
+            why = f"no {Path(model_dir) / f'model-{v.gguf}.gguf'} (--gguf-converter and --llama-quantize make it)"
+        if found is None:
+            notes.append(f"{v.label}: not measured, {why}")
+            return None
+        model = str(found)
+    server = LocalServer(engine="hf", model=model, num_threads=threads, mode="continuous",
                          max_batch_size=parallel, prefix_cache_mb=0, log_path=str(cfg.out / f"server-{v.name}.log"),
                          **v.options)
     try:

@@ -2,7 +2,7 @@
 
 The model has a real small model's shape (``make-model --size 0.5b``: Qwen2.5-0.5B's
 dimensions in the Llama architecture, 0.36 B parameters; ``--real-model`` for another, a
-trained one say). Ours in f32, int8 and int4, and llama-server on GGUFs of the same weights
+trained one say). Ours in f32, int8 and int4 (and on llama.cpp's own q4_0 file), and llama-server on GGUFs of the same weights
 in f32, q8_0, q4_0 and q4_K_M, each measured one request at a time and in a burst of 16,
 speculation off on both sides; then ours int4 and llama-server q4_0 with their n-gram
 speculation on. After the rounds, each server's resident memory (VmRSS) and its peak
@@ -27,6 +27,8 @@ VARIANTS = (
     Variant("real_int8", "ours int8", {"dtype": "float32", "quantize": "int8", **OFF}),
     Variant("real_int4", "ours int4", {"quantize": "int4", **OFF}),
     Variant("real_int4_spec", "ours int4, n-gram speculation", {"quantize": "int4"}),
+    # llama-server's own q4_0 file, served by us: the same 4-bit weights on both sides.
+    Variant("real_gguf_q4_0", "ours on the q4_0 GGUF", OFF, gguf="q4_0"),
 )
 # (GGUF type, contender name, llama-server's extra arguments)
 LLAMA = (("f32", "real_llama_f32", []), ("q8_0", "real_llama_q8_0", []), ("q4_0", "real_llama_q4_0", []),

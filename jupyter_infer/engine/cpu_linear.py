@@ -124,6 +124,17 @@ def swappable(quantize: str, in_features: int) -> bool:
     return quantize != "int4" or in_features % q4_linear.GROUP == 0
 
 
+def float_linears(dtype: torch.dtype, prepack: bool) -> tuple[type[PackedLinear] | None, str]:
+    """What builds this machine's float linears of ``dtype`` (None: the model's own stay) and
+    what status says they run on."""
+    if not (prepack and onednn_available() and dtype in (torch.float32, torch.bfloat16)):
+        return None, "eager (aten addmm)"
+    refused = onednn_refuses(dtype)
+    if refused:  # e.g. bfloat16 on a CPU without AVX-512 BW/VL/DQ: the model's own linears work
+        return None, f"eager (aten addmm): oneDNN cannot prepack here ({refused})"
+    return PackedLinear, f"onednn prepacked {str(dtype).removeprefix('torch.')}"
+
+
 def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> LinearReport:
     """Replace ``model``'s linears in place (CPU only); say what they run on now."""
     if quantize not in QUANTIZE:
@@ -131,15 +142,10 @@ def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> 
     dtype = next(model.parameters()).dtype
     if quantize in QUANTIZED:
         make, kernels = QUANTIZED[quantize]
-    elif prepack and onednn_available() and dtype in (torch.float32, torch.bfloat16):
-        refused = onednn_refuses(dtype)
-        if refused:  # e.g. bfloat16 on a CPU without AVX-512 BW/VL/DQ: the model's own linears work
-            return LinearReport(kernels=f"eager (aten addmm): oneDNN cannot prepack here ({refused})",
-                                layers=0, seconds=0.0)
-        make = PackedLinear
-        kernels = f"onednn prepacked {str(dtype).removeprefix('torch.')}"
     else:
-        return LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
+        make, kernels = float_linears(dtype, prepack)
+        if make is None:
+            return LinearReport(kernels=kernels, layers=0, seconds=0.0)
     start = time.perf_counter()
     swapped = 0
     with torch.no_grad():

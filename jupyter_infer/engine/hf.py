@@ -25,7 +25,7 @@ from transformers.utils import logging as hf_logging
 
 from ..constraints.grammar import GrammarCompiler, masks_beside
 from ..errors import InvalidRequest
-from . import kv_cache, ragged, speculate
+from . import gguf_load, kv_cache, ragged, speculate
 from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
 from .buckets import Buckets
 from .cpu_linear import LinearReport
@@ -66,13 +66,16 @@ class HFEngine(Engine):
         check_format(model)
         self.device = pick_device(device)
         torch_dtype = pick_dtype(dtype, self.device)
-        if quantize != "none":
-            check_quantize(quantize, self.device)
+        gguf = gguf_load.is_gguf(model)
+        if quantize != "none" or (gguf and self.device == "cpu"):
+            if quantize != "none":
+                check_quantize(quantize, self.device)
             if dtype == "auto":
-                torch_dtype = torch.float32  # what the int8 kernel takes and gives
+                torch_dtype = torch.float32  # what the int8 and int4 kernels take and give
         if self.device == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
-        self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=local_files_only)
+        self.tokenizer = (gguf_load.load_tokenizer(model) if gguf
+                          else AutoTokenizer.from_pretrained(model, local_files_only=local_files_only))
         self.model, linears, self.load = load_causal_lm(
             model, dtype=torch_dtype, device=self.device, local_files_only=local_files_only,
             quantize=quantize, prepack=prepack_weights)

@@ -12,12 +12,9 @@ quantized after, and ``LoadReport.streamed`` says so.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import logging
-import os
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +24,9 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
+from . import gguf_load
 from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, swap_linears, swappable
+from .process_memory import current_rss, peak_rss, release_freed
 from .q4_linear import Int4Linear
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,9 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
     """The model on ``device`` with its CPU linears swapped (``cpu_linear.swap_linears``)."""
     start = time.perf_counter()
     streamed = None
-    if device == "cpu" and quantize in QUANTIZED:
+    if gguf_load.is_gguf(model):
+        streamed = gguf_load.load_model(model, dtype=dtype, device=device, quantize=quantize, prepack=prepack)
+    elif device == "cpu" and quantize in QUANTIZED:
         folder = _safetensors_folder(model, local_files_only)
         streamed = _load_streamed(folder, dtype, quantize) if folder else None
     if streamed is None:
@@ -87,12 +88,13 @@ def _leave_the_file(lm: nn.Module) -> None:
 
 
 def check_format(model: str) -> None:
-    """Refuse, by name, a model in a format this loader does not read (before transformers
-    answers "the config file ... is not a valid JSON file" for it)."""
-    if model.lower().endswith(".gguf"):
-        raise ValueError(f"{model}: GGUF files are not served yet. Give the Hugging Face checkpoint folder "
-                         "(config.json, safetensors) instead, with InferApp.quantize='int4' or 'int8' for "
-                         "4- or 8-bit weights.")
+    """Refuse, by name, a model file this loader does not read, before transformers answers
+    "the config file ... is not a valid JSON file" for it."""
+    if gguf_load.is_gguf(model):
+        gguf_load.check_gguf(model)
+    elif Path(model).expanduser().is_file():
+        raise ValueError(f"{model}: a model is a Hugging Face checkpoint folder (config.json, safetensors), "
+                         "its Hub name, or a GGUF file (.gguf); this file is none of those")
 
 
 def resident_bytes(model: nn.Module) -> int:
@@ -116,48 +118,6 @@ def parameter_count(model: nn.Module) -> int:
     """The model's parameters, quantized linears' weights included."""
     swapped = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
     return sum(p.numel() for p in model.parameters()) + swapped
-
-
-def peak_rss() -> int:
-    """This process's peak resident memory so far: Linux's VmHWM. Not ``ru_maxrss``, which
-    keeps the high-water mark of the process that started this one (Linux carries it across
-    ``exec``): a server started by a big process would report that process's peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if os.uname().sysname == "Darwin" else peak * 1024
-
-
-def release_freed() -> None:
-    """Hand freed heap pages back to the system (glibc's ``malloc_trim``). The float weights
-    read one at a time are freed between the quantized ones that stay, so the heap cannot
-    shrink from its top: without this, loading keeps most of the float checkpoint resident."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.malloc_trim  # noqa: B018 (glibc only)
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-def current_rss() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _safetensors_folder(model: str, local_files_only: bool) -> Path | None:

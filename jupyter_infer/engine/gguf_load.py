@@ -1,0 +1,362 @@
+"""Serving a GGUF file (llama.cpp's format): ``InferApp.model = "path/to/model-q4_0.gguf"``.
+
+transformers reads a GGUF's config and tokenizer; its weight loader dequantizes every tensor
+to float, which would make a 4-bit file a float32 model. Here each linear keeps the file's
+precision instead, tensor by tensor, on the meta-built model:
+
+- 4-bit blocks (q4_0, q4_1, q4_K) become our int4 layout as they are: the same nibbles in
+  groups of 32, each with a float16 scale and min (q4_K's 6-bit sub-block scales times its
+  block scale, rounded to float16). No float copy of the weight exists on the way.
+- wider blocks (q5_*, q6_K, q8_0) are dequantized one tensor at a time and quantized to int8;
+  narrower ones (q2_K, q3_K, the i-quants) to int4; f32/f16/bf16 stay float.
+- ``quantize = "int4"`` or ``"int8"`` puts every linear in that format instead.
+
+Embeddings and norms are float32, as for a safetensors checkpoint. Tensors are read with plain
+file reads, not through the reader's memory map, so the file's pages are not resident after
+load. Off the CPU (CUDA, MPS) every tensor is dequantized to the model's dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.pytorch_utils import Conv1D
+
+from . import q4_linear
+from .cpu_linear import QUANTIZED, LinearReport, float_linears, int8_available, swappable
+from .process_memory import release_freed
+from .q4_linear import Int4Linear
+
+log = logging.getLogger(__name__)
+
+# The file's block types by the format they are served in when ``quantize`` is "none".
+_AS_INT4 = {"Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S",
+            "IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"}
+_AS_INT8 = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"}
+_FLOAT = {"F32", "F16", "BF16", "F64"}
+# Processors that only reorder a weight's rows (Llama's q/k un-permutation) or nothing: their
+# work applies to rows of blocks as it does to rows of floats.
+_ROW_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
+# GGUF's names for architectures transformers calls otherwise (its loader's own renames).
+_ALIASES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
+
+
+def is_gguf(model: str) -> bool:
+    return model.lower().endswith(".gguf")
+
+
+def check_gguf(model: str) -> None:
+    """Refuse, naming the file, a GGUF this loader cannot read (before any weight is)."""
+    path = Path(model).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{model}: no such GGUF file (a GGUF model is served from a local file path)")
+    try:
+        import gguf  # noqa: F401 (transformers' GGUF support needs it too)
+    except ImportError as err:
+        raise ValueError(f"{model}: serving a GGUF file needs the gguf package (pip install gguf)") from err
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{model}: not a GGUF file (it does not start with the GGUF magic)")
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        architecture = _fields(path.resolve())["general.architecture"]
+    except Exception as err:  # a truncated or corrupt file: gguf's reader says what it met
+        raise ValueError(f"{model}: cannot read it as GGUF ({type(err).__name__}: {err})") from err
+    known = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}
+    if _ALIASES.get(architecture, architecture) not in known:
+        raise ValueError(f"{model}: its architecture {architecture!r} is not one transformers reads from "
+                         f"GGUF ({', '.join(sorted(known))}); give its Hugging Face "
+                         "checkpoint folder instead")
+
+
+def load_tokenizer(model: str):  # noqa: ANN201 (a transformers tokenizer)
+    """The file's tokenizer as transformers builds it, with the chat template and the
+    end-of-sequence token the file names (transformers' GGUF tokenizer leaves both out)."""
+    path = Path(model).expanduser()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    fields = _fields(path.resolve())
+    if not getattr(tokenizer, "chat_template", None) and fields.get("tokenizer.chat_template"):
+        tokenizer.chat_template = fields["tokenizer.chat_template"]
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    if tokenizer.eos_token_id is None and eos is not None:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(int(eos))
+    return tokenizer
+
+
+def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
+               prepack: bool) -> tuple[nn.Module, LinearReport]:
+    """The file's model with each linear in the format chosen for it (module docstring)."""
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    path = Path(model).expanduser()
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    reader = GGUFReader(path)
+    architecture = _fields(path.resolve())["general.architecture"]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    rows_only = type(processor).__name__ in _ROW_PROCESSORS
+    names = _weights_map(lm, processor)
+    tensors = [(t.name, t.tensor_type.name, [int(s) for s in reversed(t.shape)], t.data_offset, t.n_bytes)
+               for t in reader.tensors]
+    del reader  # its memory map: every read below is a plain one
+
+    linears = _linear_weights(lm)
+    # Float linears are packed for oneDNN as they are read (packing a whole float model after
+    # would hold two copies of it).
+    packed, float_kernels = float_linears(dtype, prepack) if device == "cpu" else (None, "eager (aten addmm)")
+    start, formats = time.perf_counter(), {}
+    floats: dict[str, torch.Tensor] = {}
+    kinds: dict[str, str] = {}  # each float tensor's block type in the file
+    with torch.no_grad():
+        # Everything but the linears' weights first (norms, embeddings, biases: small), so a
+        # linear is built once with its bias.
+        for name, kind, shape, offset, size in tensors:
+            hf = names.get(name)
+            if hf is None or hf in linears:
+                continue
+            value = _dequantized(path, name, kind, shape, offset, size, processor, names)
+            floats[hf], kinds[hf] = torch.from_numpy(value).to(dtype), kind
+        for name, kind, shape, offset, size in tensors:
+            hf = names.get(name)
+            if hf not in linears:
+                continue
+            parent, attr, child = linears[hf]
+            bias = floats.pop(f"{hf.removesuffix('.weight')}.bias", None)
+            fmt = _format(kind, quantize, child, device)
+            if fmt == "int4" and kind in _DIRECT and rows_only:
+                raw = _read(path, offset, size).reshape(shape[0], -1)
+                raw = processor.process(weights=raw, name=name).weights
+                module = Int4Linear(*_DIRECT[kind](np.ascontiguousarray(raw)), bias)
+            else:
+                weight = torch.from_numpy(_dequantized(path, name, kind, shape, offset, size, processor, names))
+                module = _linear(child, weight, bias, fmt, packed, dtype)
+            setattr(parent, attr, module)
+            formats[fmt] = formats.get(fmt, 0) + 1
+            del module
+            release_freed()  # the tensor's float copies: back to the system before the next one
+        _tie_missing(lm, floats, kinds, linears, quantize, device, packed, dtype, formats)
+        for hf, value in floats.items():
+            _put(lm, hf, value)
+        _materialize_buffers(lm)
+    lm.generation_config = _generation_config(path, lm.generation_config)
+    missing = [n for n, t in [*lm.named_parameters(), *lm.named_buffers()] if t.device.type == "meta"]
+    if missing:
+        raise ValueError(f"{model}: the file has no tensor for {', '.join(missing[:5])}"
+                         f"{' …' if len(missing) > 5 else ''}")
+    report = _report(formats, float_kernels, time.perf_counter() - start)
+    return lm.to(device), report
+
+
+def _weights_map(lm: nn.Module, processor: object) -> dict[str, str]:
+    """GGUF tensor name -> the model's parameter name, by transformers' own mapping. It builds
+    gguf's name table once per submodule (319 times, ~7 s, for a 24-layer model); the table
+    depends only on the architecture and depth, so it is built once here."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    with mock.patch.object(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map)):
+        return get_gguf_hf_weights_map(lm, processor)
+
+
+@functools.lru_cache(maxsize=4)
+def _fields(path: Path) -> dict[str, object]:
+    """The file's metadata, single values unwrapped (the token lists left out)."""
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    reader = GGUFReader(path)
+    skip = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+    out = {}
+    for key in reader.fields:
+        if key not in skip:
+            value = read_field(reader, key)
+            out[key] = value[0] if len(value) == 1 else value
+    return out
+
+
+def _format(kind: str, quantize: str, child: nn.Module, device: str) -> str:
+    """"int4", "int8" or "none" (float) for one linear of this block type."""
+    in_features = child.nx if type(child) is Conv1D else child.in_features
+    if device != "cpu":
+        return "none"
+    if quantize in QUANTIZED:
+        fmt = quantize
+    elif kind in _FLOAT:
+        fmt = "none"
+    else:
+        fmt = "int4" if kind in _AS_INT4 else "int8"
+        # Where a kernel is missing here, the next wider format that runs (float always does).
+        if fmt == "int4" and q4_linear.unavailable():
+            fmt = "int8"
+        if fmt == "int8" and not int8_available():
+            fmt = "none"
+    return fmt if fmt == "none" or swappable(fmt, in_features) else "none"
+
+
+def _linear_weights(lm: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Module]]:
+    """Each linear's weight name -> (its parent, its attribute, the linear)."""
+    out = {}
+    for parent_name, parent in lm.named_modules():
+        for attr, child in parent.named_children():
+            if type(child) in (nn.Linear, Conv1D):
+                prefix = f"{parent_name}.{attr}" if parent_name else attr
+                out[f"{prefix}.weight"] = (parent, attr, child)
+    return out
+
+
+def _read(path: Path, offset: int, size: int) -> np.ndarray:
+    out = np.empty(size, dtype=np.uint8)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if f.readinto(memoryview(out)) != size:
+            raise OSError(f"{path} ends inside a tensor")
+    return out
+
+
+def _dequantized(path: Path, name: str, kind: str, shape: list[int], offset: int, size: int,
+                 processor: object, names: dict[str, str]) -> np.ndarray:
+    """One tensor as float32 in transformers' layout (its processor's reordering applied)."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    raw = _read(path, offset, size)
+    qtype = GGMLQuantizationType[kind]
+    if kind in ("F32", "F16", "F64"):
+        value = raw.view({"F32": np.float32, "F16": np.float16, "F64": np.float64}[kind]).astype(np.float32)
+    else:
+        value = dequantize(raw.reshape(shape[0] if len(shape) > 1 else 1, -1), qtype).astype(np.float32)
+    value = value.reshape(shape)
+    return np.ascontiguousarray(processor.process(weights=value, name=name, tensor_key_mapping=names,
+                                                  parsed_parameters={"tensors": {}}).weights)
+
+
+def _q4_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q4_0 blocks (float16 d, 16 bytes of nibbles; w = (q - 8) d) in our layout: the same
+    nibbles (byte j holds elements j and j + 16), scale d, min -8 d (exact in float16)."""
+    blocks = raw.reshape(raw.shape[0], -1, 18)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0]
+    return _tensors(blocks[..., 2:], d, -8 * d)
+
+
+def _q4_1(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q4_1 blocks (float16 d and m, 16 bytes of nibbles; w = q d + m): our layout exactly."""
+    blocks = raw.reshape(raw.shape[0], -1, 20)
+    d = blocks[..., :2].copy().view(np.float16)[..., 0]
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    return _tensors(blocks[..., 4:], d, m)
+
+
+def _q4_k(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q4_K super-blocks of 256 (float16 d and dmin, eight 6-bit scales and mins, 128 bytes of
+    nibbles; sub-block j: w = q d sc_j - dmin m_j) as eight of our groups each. Its nibbles
+    run by 64: the low ones of 32 bytes are one sub-block, the high ones the next."""
+    from gguf.quants import Q4_K
+
+    rows = raw.shape[0]
+    blocks = raw.reshape(-1, 144)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32)  # each sub-block's 32 values
+    nibbles = q[..., :16] | (q[..., 16:] << 4)
+    scales = (d * sc.astype(np.float32)).astype(np.float16)
+    mins = (-dmin * m.astype(np.float32)).astype(np.float16)
+    return _tensors(nibbles.reshape(rows, -1, 16), scales.reshape(rows, -1), mins.reshape(rows, -1))
+
+
+def _tensors(nibbles: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> tuple[torch.Tensor, ...]:
+    rows = nibbles.shape[0]
+    return (torch.from_numpy(np.ascontiguousarray(nibbles).reshape(rows, -1)),
+            torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float16).reshape(rows, -1)),
+            torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float16).reshape(rows, -1)))
+
+
+# The block types whose 4-bit groups are ours without a float on the way.
+_DIRECT = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
+
+
+def _linear(child: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str,
+            packed: type[nn.Module] | None, dtype: torch.dtype) -> nn.Module:
+    """The linear that replaces ``child`` (its weight in transformers' layout)."""
+    if type(child) is Conv1D:
+        weight = weight.t()  # GPT-2 keeps its weights as [in, out]; ours take [out, in]
+    if fmt in QUANTIZED:
+        return QUANTIZED[fmt][0](weight, None if bias is None else bias.float())
+    weight, bias = weight.to(dtype).contiguous(), None if bias is None else bias.to(dtype)
+    if packed is not None:
+        return packed(weight, bias)
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta", dtype=dtype)
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        layer.bias = nn.Parameter(bias, requires_grad=False)
+    return layer
+
+
+def _tie_missing(lm: nn.Module, floats: dict[str, torch.Tensor], kinds: dict[str, str],
+                 linears: dict[str, tuple[nn.Module, str, nn.Module]], quantize: str, device: str,
+                 packed: type[nn.Module] | None, dtype: torch.dtype, formats: dict[str, int]) -> None:
+    """A linear the file has no tensor for, tied to one it has (the LM head of a model with
+    tied embeddings: GGUF stores ``token_embd`` once): built from that tensor."""
+    tied = dict(getattr(lm, "all_tied_weights_keys", {}) or {})
+    for hf, (parent, attr, child) in linears.items():
+        if getattr(parent, attr) is not child:
+            continue  # built from its own tensor
+        source = tied.get(hf)
+        if source not in floats:
+            continue  # left on meta: load_model names it
+        fmt = _format(kinds[source], quantize, child, device)
+        setattr(parent, attr, _linear(nn.Linear(1, 1), floats[source].float(), None, fmt, packed, dtype))
+        formats[fmt] = formats.get(fmt, 0) + 1
+
+
+def _put(root: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner_name, _, attr = name.rpartition(".")
+    owner = root.get_submodule(owner_name)
+    if attr in owner._parameters:
+        owner._parameters[attr] = nn.Parameter(value, requires_grad=False)
+    else:
+        owner._buffers[attr] = value
+
+
+def _materialize_buffers(lm: nn.Module) -> None:
+    """Buffers the file does not hold (RoPE's inverse frequencies), computed as transformers'
+    own loading does: the model's ``_init_weights`` of the module that owns them."""
+    for owner_name in {name.rpartition(".")[0] for name, buf in lm.named_buffers() if buf.device.type == "meta"}:
+        owner = lm.get_submodule(owner_name)
+        if any(True for _ in owner.parameters(recurse=False)):
+            continue  # would re-initialize its parameters: load_model names what is missing
+        for attr, buf in list(owner._buffers.items()):
+            if buf is not None and buf.device.type == "meta":
+                owner._buffers[attr] = torch.empty_like(buf, device="cpu")
+        lm._init_weights(owner)
+
+
+def _generation_config(path: Path, default: GenerationConfig) -> GenerationConfig:
+    """End of sequence as llama.cpp reads the file: its EOS token and the end-of-turn and
+    end-of-message ones where it names them (Llama 3's ``<|eot_id|>``, ``<|eom_id|>``)."""
+    fields = _fields(path.resolve())
+    eos = [fields.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    eos = list(dict.fromkeys(int(e) for e in eos if e is not None))
+    config = GenerationConfig(**{k: v for k, v in default.to_dict().items() if not k.startswith("_")})
+    if eos:
+        config.eos_token_id = eos if len(eos) > 1 else eos[0]
+    for key in ("bos", "padding"):
+        if (value := fields.get(f"tokenizer.ggml.{key}_token_id")) is not None:
+            setattr(config, "pad_token_id" if key == "padding" else "bos_token_id", int(value))
+    return config
+
+
+def _report(formats: dict[str, int], float_kernels: str, seconds: float) -> LinearReport:
+    kernels = "; ".join(f"{QUANTIZED[f][1] if f in QUANTIZED else float_kernels} x{n}" for f, n in sorted(formats.items()))
+    return LinearReport(kernels=f"from GGUF: {kernels}", layers=sum(formats.values()), seconds=seconds)
