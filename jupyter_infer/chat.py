@@ -100,6 +100,5 @@ def parse_chat(body: Mapping[str, Any], constraint: Constraint | None) -> tuple[
                        for m in body["messages"])
         return chat, [dict(m) for m in body["messages"]] if involved else None, constraint
     if constraint is not None:
-        raise InvalidRequest("A request with tools cannot also constrain its text (response_format, structured "
-                             "outputs): send one or the other.", param=constraint.param or "response_format")
+        tools = tools.answering_with(constraint)
     return with_tools(chat, tools), [dict(m) for m in body["messages"]], tools.constraint()

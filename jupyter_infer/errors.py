@@ -20,6 +20,26 @@ class InvalidRequest(InferError):
     code = "invalid_request"
 
 
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt, or the prompt and ``max_tokens``, do not fit the model's context. Its own
+    code, as OpenAI's: clients act on it (litellm's ``ContextWindowExceededError`` and its
+    fallbacks, LangChain's ``ContextOverflowError``)."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        # The code in the text too: the openai SDK (3.x) puts only the message into
+        # ``str(error)``, which is where LangChain looks for "context_length_exceeded".
+        super().__init__(f"{message} ({self.code})", param=param)
+
+
+class UnknownModel(InferError):
+    """A model this server does not serve (OpenAI and vLLM: 404)."""
+
+    status = 404
+    code = "model_not_found"
+
+
 class Forbidden(InferError):
     status = 403
     code = "forbidden"

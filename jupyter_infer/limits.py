@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from .errors import InvalidRequest
+from .errors import ContextLengthExceeded, InvalidRequest, UnknownModel
 from .request import check_text
 
 if TYPE_CHECKING:
@@ -64,7 +64,9 @@ class Limits:
         chars = sum(map(len, texts))
         if bound is not None and chars > bound:
             max_tokens = min(self.max_prompt_tokens, max_context)
-            raise InvalidRequest(
+            # Past the model's context (not only this server's limit): what clients act on.
+            error = ContextLengthExceeded if max_context <= self.max_prompt_tokens else InvalidRequest
+            raise error(
                 f"{'The messages have' if chat else 'The prompt has'} {chars:,} characters: more than "
                 f"can fit in this server's limit of {max_tokens:,} tokens (InferApp.max_prompt_tokens, "
                 f"and the model's context), as no token of this model stands for more than "
@@ -100,11 +102,18 @@ class Limits:
                 f"{self.max_prompt_tokens} (InferApp.max_prompt_tokens). Shorten it.", param="prompt",
             )
         room = max_context - prompt_tokens
+        if room <= 0:  # no answer fits, whatever max_tokens says
+            chat = request.messages is not None
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {max_context} tokens, and the "
+                f"{'messages take' if chat else 'prompt takes'} {prompt_tokens} of them, leaving no room for "
+                "an answer. Shorten it.", param="messages" if chat else "prompt",
+            )
         if max_tokens > room:
-            raise InvalidRequest(
-                f"The prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                f"model's context of {max_context} tokens; ask for at most {max(room, 0)} tokens "
-                "or shorten the prompt.", param="max_tokens",
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {max_context} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
+                f"answer); ask for at most {room} tokens or shorten the prompt.", param="max_tokens",
             )
         if params.constraint is not None and (params.ignore_eos or params.min_tokens):
             # The grammar decides where a constrained answer ends (EOS is all it allows once
@@ -116,7 +125,7 @@ class Limits:
 def check_model(request: Request, info: EngineInfo) -> None:
     """The model the caller named is the one served here (or one of its names)."""
     if request.model is not None and request.model not in info.model_names():
-        raise InvalidRequest(
+        raise UnknownModel(
             f"The model {request.model!r} is not served here; use {info.model!r} "
             "(see GET infer/v1/models).", param="model",
         )

@@ -112,3 +112,15 @@ def test_make_model_via_jupyter_infer(tmp_path: Path) -> None:
     for name in ("config.json", "model.safetensors", "tokenizer.json", "jupyter_infer_model.json"):
         assert (target / name).is_file(), name
     assert json.loads((target / "config.json").read_text())["model_type"] == "gpt2"
+
+
+def test_make_model_takes_a_longer_context(tmp_path: Path) -> None:
+    """Tool schemas take ~430 tokens of the prompt: a 512-position model had no room to call."""
+    from jupyter_infer.cli import main
+
+    assert main(["make-model", str(tmp_path / "long"), "--size", "llama-tiny", "--context", "4096"]) == 0
+    config = json.loads((tmp_path / "long" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 4096
+    assert json.loads((tmp_path / "long" / "tokenizer_config.json").read_text())["model_max_length"] == 4096
+    with pytest.raises(SystemExit, match="from 16 to 131072"):
+        main(["make-model", str(tmp_path / "bad"), "--context", "3"])

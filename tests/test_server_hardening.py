@@ -117,6 +117,8 @@ async def test_values_near_the_nesting_limit_are_not_echoed_whole(client: httpx.
     response = await client.post("infer/v1/completions", content=f'{{"prompt": "hi", "logit_bias": {nested}}}')
     assert "logit_bias" in assert_error_shape(response, 400, openai=True)
     response = await client.post("infer/v1/completions", content=json.dumps({"prompt": "hi", "model": "m" * 100_000}))
+    assert len(assert_error_shape(response, 404, openai=True)) < 500  # an unknown model, as OpenAI answers
+    response = await client.post("infer/v1/completions", content=json.dumps({"prompt": "hi", "model": [["m"] * 9_999]}))
     assert len(assert_error_shape(response, 400, openai=True)) < 500
 
 

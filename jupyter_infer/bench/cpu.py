@@ -167,7 +167,7 @@ def ours(cfg: BenchConfig, log: Callable[[str], None], v: Variant, model_dir: st
         return None
     details = status.get("details", {})
     log(f"  {v.label}: {details.get('linear_kernels')}, loaded in {details.get('load_s', 0):.1f} s")
-    return CompletionsPeer(v.name, v.label, server.url + "infer/v1/", model_dir, headers=server.headers,
+    return CompletionsPeer(v.name, v.label, server.url + "infer/v1/", model, headers=server.headers,
                            extra=REQUEST_EXTRA, process=server)
 
 

@@ -42,6 +42,10 @@ class ToolSet:
     tools: list[Tool]
     choice: str = "auto"
     parallel: bool = True
+    legacy: bool = False  # asked as ``functions``: answered as ``message.function_call``
+    # The JSON schema a text answer must fit (``response_format`` sent beside the tools: an
+    # agent with tools and a structured final output); None: free text.
+    text_schema: dict[str, Any] | None = None
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ToolSet | None:
@@ -52,7 +56,10 @@ class ToolSet:
         choice = body.get("function_call") if legacy else body.get("tool_choice")
         if raw is None or raw == []:
             if choice not in (None, "none", "auto"):
-                raise InvalidRequest("'tool_choice' names a tool, but the request has no 'tools'.", param="tool_choice")
+                legacy = body.get("tool_choice") is None
+                what = "is 'required'" if choice == "required" else "names a tool"
+                name, tools = ("function_call", "functions") if legacy else ("tool_choice", "tools")
+                raise InvalidRequest(f"'{name}' {what}, but the request has no '{tools}'.", param=name)
             return None
         tools = _tools(raw, legacy)
         choice = _choice(choice, {t.name for t in tools}, legacy)
@@ -62,16 +69,28 @@ class ToolSet:
         parallel = True if parallel is None else parallel
         if not isinstance(parallel, bool):
             raise InvalidRequest("'parallel_tool_calls' must be true or false.", param="parallel_tool_calls")
-        return cls(tools, choice, parallel and not legacy)
+        return cls(tools, choice, parallel and not legacy, legacy)
 
     @classmethod
     def from_constraint(cls, constraint: Constraint) -> ToolSet:
         value = constraint.value
-        return cls([Tool(**t) for t in value["tools"]], value["choice"], value["parallel"])
+        return cls([Tool(**t) for t in value["tools"]], value["choice"], value["parallel"],
+                   text_schema=value.get("text_schema"))
 
     def constraint(self) -> Constraint:
-        spec = {"tools": [t.__dict__ for t in self.tools], "choice": self.choice, "parallel": self.parallel}
+        spec = {"tools": [t.__dict__ for t in self.tools], "choice": self.choice, "parallel": self.parallel,
+                "text_schema": self.text_schema}
         return Constraint("tools", json.dumps(spec), param="tools")
+
+    def answering_with(self, constraint: Constraint) -> ToolSet:
+        """This set, its text answers fitting ``constraint`` (a JSON object or schema): the
+        answer is then calls or an object that fits. Other text constraints do not combine."""
+        if constraint.kind not in ("json_object", "json_schema"):
+            raise InvalidRequest(f"A request with tools can constrain its text answer to a JSON schema or object "
+                                 f"(response_format), not a {constraint.kind}: send one or the other.",
+                                 param=constraint.param or "response_format")
+        schema = {"type": "object"} if constraint.kind == "json_object" else seconds_below_60(json.loads(constraint.spec))
+        return ToolSet(self.tools, self.choice, self.parallel, self.legacy, schema)
 
     @property
     def named(self) -> bool:
@@ -87,6 +106,11 @@ class ToolSet:
         call = f'call: "{OPEN}" ({" | ".join(f"t{i}" for i in range(len(tools)))}) "{CLOSE}"'
         calls = 'calls: call ("\\n" call)*' if self.parallel and not self.named else "calls: call"
         start = "start: calls | TEXT\nTEXT: /[^<](.|\\n)*/" if self.choice == "auto" else "start: calls"
+        if self.choice == "auto" and self.text_schema is not None:  # calls, or an object that fits
+            schema = self.text_schema
+            if isinstance(schema, dict):
+                schema = {**schema, "x-guidance": {"whitespace_flexible": False}}  # compact, as json_schema's
+            start = f"start: calls | answer\nanswer: %json{json.dumps(schema)}"
         return "\n".join([start, calls, call, *rules])
 
     def system_prompt(self) -> str:
@@ -94,7 +118,9 @@ class ToolSet:
                            for t in self.tools)
         return ("You can call these tools (each with a JSON Schema of its arguments):\n" + listed +
                 f"\nTo call a tool, answer with {OPEN}{{\"name\": <tool name>, \"arguments\": <arguments object>}}"
-                f"{CLOSE}, one per call, and nothing else.")
+                f"{CLOSE}, one per call, and nothing else." + (
+                    "\nOtherwise answer with a JSON object that fits this schema, and nothing else:\n"
+                    + json.dumps(self.text_schema) if self.text_schema is not None else ""))
 
 
 def call_head(name: str) -> str:

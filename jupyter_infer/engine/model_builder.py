@@ -167,6 +167,7 @@ def make_model(
     size: str = "tiny",
     seed: int = 0,
     vocab_size: int | None = None,
+    context: int | None = None,
 ) -> pathlib.Path:
     """Build a random-weight causal LM and its tokenizer into ``directory``.
 
@@ -189,6 +190,7 @@ def make_model(
 
     ``vocab_size`` overrides the BPE target; the model's vocabulary always
     equals the trained tokenizer's actual size, which may be smaller.
+    ``context`` overrides the size's positions (e.g. 4096: room for tool schemas).
 
     If ``directory`` already holds a complete build with the same recipe,
     it is returned untouched, so repeated calls are cheap.
@@ -202,6 +204,8 @@ def make_model(
         "size": size,
         "seed": seed,
         "vocab_size": vocab_size if vocab_size is not None else _DEFAULT_VOCAB[size],
+        # Only when asked: the builds made before the option keep matching their marker.
+        **({"context": context} if context else {}),
     }
     if _is_complete(target, marker):
         return target
@@ -215,8 +219,8 @@ def make_model(
     # never sees a half-written safetensors file under the final name.
     staging = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        tokenizer = _train_tokenizer(marker["vocab_size"], _max_positions(size))
-        model = _build_model(size, tokenizer, seed)
+        tokenizer = _train_tokenizer(marker["vocab_size"], _max_positions(size, context))
+        model = _build_model(size, tokenizer, seed, context)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(_readme(size, seed, model, tokenizer))
@@ -290,12 +294,13 @@ def _training_lines() -> list[str]:
     ]
 
 
-def _max_positions(size: str) -> int:
-    """Context length (positions) of the model built for ``size``."""
-    return {"small": 1024, "0.5b": 2048}.get(size, 512)
+def _max_positions(size: str, context: int | None = None) -> int:
+    """Context length (positions) of the model built for ``size`` (``context`` if given)."""
+    return context or {"small": 1024, "0.5b": 2048}.get(size, 512)
 
 
-def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int) -> PreTrainedModel:
+def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int,
+                 context: int | None = None) -> PreTrainedModel:
     """Instantiate a randomly initialised model sized for ``tokenizer``."""
     ids = {
         "vocab_size": len(tokenizer),
@@ -312,7 +317,7 @@ def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int) -> Pr
                          rope_theta=1_000_000.0)
         config: GPT2Config | LlamaConfig = LlamaConfig(
             **shape,
-            max_position_embeddings=_max_positions(size),
+            max_position_embeddings=_max_positions(size, context),
             **ids,
         )
         model_cls: type[PreTrainedModel] = LlamaForCausalLM
@@ -322,7 +327,7 @@ def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int) -> Pr
             n_layer=shape[0],
             n_head=shape[1],
             n_embd=shape[2],
-            n_positions=_max_positions(size),
+            n_positions=_max_positions(size, context),
             **ids,
         )
         model_cls = GPT2LMHeadModel

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import fields
@@ -295,6 +296,7 @@ class InferApp(ExtensionApp):
         return ServiceConfig(**options)
 
     def initialize_settings(self) -> None:
+        self._routed_log_handlers = route_package_logs(self.log)
         # A bad value does not run on silent defaults: the service reports the error
         # (status "failed", 503 on requests) until the configuration is fixed.
         try:
@@ -347,6 +349,27 @@ class InferApp(ExtensionApp):
             self.prometheus_collector.detach()
             self.prometheus_collector = None
         self.log.info("jupyter_infer | inference service stopped")
+        package = logging.getLogger("jupyter_infer")
+        for handler in getattr(self, "_routed_log_handlers", ()):
+            package.removeHandler(handler)
+        if getattr(self, "_routed_log_handlers", None):
+            package.setLevel(logging.NOTSET)
+
+
+def route_package_logs(log: logging.Logger) -> list[logging.Handler]:
+    """Send the package's own loggers (``jupyter_infer.*``: ignored fields, engine warnings)
+    to the server's log, in its format and at its level; left alone, Python printed their
+    warnings bare on stderr (no time, no level) and dropped the rest. Returns the handlers
+    added (removed when the extension stops: a later server in this process brings its own)."""
+    package = logging.getLogger("jupyter_infer")
+    if package.handlers:
+        return []  # routed already, or configured by the user: theirs stands
+    added = list(log.handlers)
+    for handler in added:
+        package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(log.getEffectiveLevel())
+    return added
 
 
 class ConfigurationError(Exception):

@@ -48,11 +48,19 @@ def models_list(info: EngineInfo, created: int) -> dict[str, Any]:
 
 
 # -- answers ---------------------------------------------------------------------------------------
-def finish_reason(result: RequestResult, called: bool = False) -> str:
-    """OpenAI's: ``length``, ``tool_calls`` (the answer is calls, not to a named tool), ``stop``."""
+def finish_reason(result: RequestResult, called: bool = False, legacy: bool = False) -> str:
+    """OpenAI's: ``length``, ``tool_calls`` (the answer is calls, not to a named tool;
+    ``function_call`` for a legacy ``functions`` request), ``stop``."""
     if result.finish_reason == "length":
         return "length"
-    return "tool_calls" if called else "stop"
+    if called:
+        return "function_call" if legacy else "tool_calls"
+    return "stop"
+
+
+def _function_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A ``tool_calls`` entry as the legacy ``function_call`` (no id, no type)."""
+    return {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}
 
 
 def _floor(value: float) -> float:
@@ -104,8 +112,12 @@ class Shaper:
                     # as they got) and "length", as the stream sends them.
                     content, calls = parse_calls(result.text, cut=True)
                     if content is None:
+                        legacy = self.call.tools.legacy
                         choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls or None}
-                        choice["finish_reason"] = finish_reason(result, called=not self.call.tools.named)
+                        if legacy:
+                            choice["message"] = {"role": "assistant", "content": None,
+                                                 "function_call": _function_call(calls[0]) if calls else None}
+                        choice["finish_reason"] = finish_reason(result, not self.call.tools.named, legacy)
                 if self.call.logprobs is not None:
                     choice["logprobs"] = self.chat_logprobs(result.logprobs or ())
             else:
@@ -200,7 +212,10 @@ class Shaper:
                 entry = {"index": d.index, "id": d.id, "type": "function",
                          "function": {"name": d.name, "arguments": d.arguments or ""}}
             chunk = self.chunk(index, None, usage=usage)
-            chunk["choices"][0]["delta"]["tool_calls"] = [entry]
+            if self.call.tools is not None and self.call.tools.legacy:  # one call: no index, no id
+                chunk["choices"][0]["delta"]["function_call"] = entry["function"]
+            else:
+                chunk["choices"][0]["delta"]["tool_calls"] = [entry]
             chunks.append(chunk)
         if logprobs is not None:
             if not chunks:  # the text is held back (it may open a call), the logprobs are not

@@ -134,7 +134,7 @@ class OpenAIHandler(InferHandler):
             if parsers is not None:
                 text += "".join(map(data, shape.call_chunks(i, parsers[i].finish(), usage(i))))
                 called = bool(parsers[i].calls) and not call.tools.named
-            reason = openai_answers.finish_reason(event, called=called)
+            reason = openai_answers.finish_reason(event, called, legacy=call.tools is not None and call.tools.legacy)
             return text + data(shape.chunk(i, None if chat else "", finish_reason=reason, logprobs=lp, usage=usage(i)))
 
         self.start_event_stream()

@@ -21,7 +21,7 @@ from ..chat import parse_chat as chat_messages
 from ..constraints import spec as constraint_spec
 from ..constraints.tools import ToolSet
 from ..engine import EngineInfo
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, UnknownModel
 from ..request import (
     MAX_LOGPROBS,
     SAMPLING_FIELDS,
@@ -45,10 +45,6 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_l
                          "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}
 _logged_ignored: set[str] = set()  # at most _LOG_IGNORED_MAX names: a client may send any
 _LOG_IGNORED_MAX = 100
-
-
-class UnknownModel(InvalidRequest):
-    code = "model_not_found"
 
 
 @dataclass
@@ -89,7 +85,9 @@ def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
     model = body.get("model")
     if model is None:
         return names[0]
-    if not isinstance(model, str) or model not in names:
+    if not isinstance(model, str):
+        raise InvalidRequest(f"'model' must be a model's name (a string); got {show(model)}.", param="model")
+    if model not in names:
         raise UnknownModel(
             f"The model {show(model)} is not served here; use {names[0]!r} "
             f"(see GET infer/v1/models).", param="model",
