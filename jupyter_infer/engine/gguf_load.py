@@ -68,7 +68,7 @@ def check_gguf(model: str) -> None:
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
-        architecture = _fields(path.resolve())["general.architecture"]
+        architecture = _fields(path)["general.architecture"]
     except Exception as err:  # a truncated or corrupt file: gguf's reader says what it met
         raise ValueError(f"{model}: cannot read it as GGUF ({type(err).__name__}: {err})") from err
     known = set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"}
@@ -83,7 +83,7 @@ def load_tokenizer(model: str):  # noqa: ANN201 (a transformers tokenizer)
     end-of-sequence token the file names (transformers' GGUF tokenizer leaves both out)."""
     path = Path(model).expanduser()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    fields = _fields(path.resolve())
+    fields = _fields(path)
     if not getattr(tokenizer, "chat_template", None) and fields.get("tokenizer.chat_template"):
         tokenizer.chat_template = fields["tokenizer.chat_template"]
     eos = fields.get("tokenizer.ggml.eos_token_id")
@@ -103,7 +103,7 @@ def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
     reader = GGUFReader(path)
-    architecture = _fields(path.resolve())["general.architecture"]
+    architecture = _fields(path)["general.architecture"]
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
     rows_only = type(processor).__name__ in _ROW_PROCESSORS
     names = _weights_map(lm, processor)
@@ -169,9 +169,14 @@ def _weights_map(lm: nn.Module, processor: object) -> dict[str, str]:
         return get_gguf_hf_weights_map(lm, processor)
 
 
-@functools.lru_cache(maxsize=4)
 def _fields(path: Path) -> dict[str, object]:
-    """The file's metadata, single values unwrapped (the token lists left out)."""
+    """The file's metadata, single values unwrapped (the token lists left out). Read once per
+    version of the file (a load asks three times; a file replaced in place is read again)."""
+    return _fields_of(path.resolve(), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _fields_of(path: Path, mtime_ns: int) -> dict[str, object]:
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import read_field
 
@@ -345,7 +350,7 @@ def _materialize_buffers(lm: nn.Module) -> None:
 def _generation_config(path: Path, default: GenerationConfig) -> GenerationConfig:
     """End of sequence as llama.cpp reads the file: its EOS token and the end-of-turn and
     end-of-message ones where it names them (Llama 3's ``<|eot_id|>``, ``<|eom_id|>``)."""
-    fields = _fields(path.resolve())
+    fields = _fields(path)
     eos = [fields.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos = list(dict.fromkeys(int(e) for e in eos if e is not None))
     config = GenerationConfig(**{k: v for k, v in default.to_dict().items() if not k.startswith("_")})
