@@ -56,10 +56,10 @@ class ToolSet:
         choice = body.get("function_call") if legacy else body.get("tool_choice")
         if raw is None or raw == []:
             if choice not in (None, "none", "auto"):
-                legacy = body.get("tool_choice") is None
                 what = "is 'required'" if choice == "required" else "names a tool"
-                name, tools = ("function_call", "functions") if legacy else ("tool_choice", "tools")
-                raise InvalidRequest(f"'{name}' {what}, but the request has no '{tools}'.", param=name)
+                name, listed = ("tool_choice", "tools") if body.get("tool_choice") is not None else (
+                    "function_call", "functions")
+                raise InvalidRequest(f"'{name}' {what}, but the request has no '{listed}'.", param=name)
             return None
         tools = _tools(raw, legacy)
         choice = _choice(choice, {t.name for t in tools}, legacy)

@@ -18,10 +18,11 @@ load. Off the CPU (CUDA, MPS) every tensor is dequantized to the model's dtype.
 
 from __future__ import annotations
 
+import copy
 import functools
-import logging
 import time
 from pathlib import Path
+from typing import NamedTuple
 from unittest import mock
 
 import numpy as np
@@ -32,15 +33,14 @@ from transformers.pytorch_utils import Conv1D
 
 from . import q4_linear
 from .cpu_linear import QUANTIZED, LinearReport, float_linears, int8_available, swappable
+from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import release_freed
 from .q4_linear import Int4Linear
 
-log = logging.getLogger(__name__)
-
-# The file's block types by the format they are served in when ``quantize`` is "none".
+# The file's block types served as int4 when ``quantize`` is "none"; the float ones stay
+# float, and every other (q5_*, q6_K, q8_0: wider than 4 bits) is served as int8.
 _AS_INT4 = {"Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S",
             "IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"}
-_AS_INT8 = {"Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K"}
 _FLOAT = {"F32", "F16", "BF16", "F64"}
 # Processors that only reorder a weight's rows (Llama's q/k un-permutation) or nothing: their
 # work applies to rows of blocks as it does to rows of floats.
@@ -95,23 +95,17 @@ def load_tokenizer(model: str):  # noqa: ANN201 (a transformers tokenizer)
 def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
                prepack: bool) -> tuple[nn.Module, LinearReport]:
     """The file's model with each linear in the format chosen for it (module docstring)."""
-    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     path = Path(model).expanduser()
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    reader = GGUFReader(path)
-    architecture = _fields(path)["general.architecture"]
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    file = _read_file(path)
+    processor = TENSOR_PROCESSORS.get(file.fields["general.architecture"], TensorProcessor)(config=config.to_dict())
     rows_only = type(processor).__name__ in _ROW_PROCESSORS
     names = _weights_map(lm, processor)
-    tensors = [(t.name, t.tensor_type.name, [int(s) for s in reversed(t.shape)], t.data_offset, t.n_bytes)
-               for t in reader.tensors]
-    del reader  # its memory map: every read below is a plain one
-
-    linears = _linear_weights(lm)
+    linears = linear_slots(lm)
     # Float linears are packed for oneDNN as they are read (packing a whole float model after
     # would hold two copies of it).
     packed, float_kernels = float_linears(dtype, prepack) if device == "cpu" else (None, "eager (aten addmm)")
@@ -121,35 +115,33 @@ def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
     with torch.no_grad():
         # Everything but the linears' weights first (norms, embeddings, biases: small), so a
         # linear is built once with its bias.
-        for name, kind, shape, offset, size in tensors:
-            hf = names.get(name)
-            if hf is None or hf in linears:
-                continue
-            value = _dequantized(path, name, kind, shape, offset, size, processor, names)
-            floats[hf], kinds[hf] = torch.from_numpy(value).to(dtype), kind
-        for name, kind, shape, offset, size in tensors:
-            hf = names.get(name)
+        for tensor in file.tensors:
+            hf = names.get(tensor.name)
+            if hf is not None and hf not in linears:
+                floats[hf], kinds[hf] = torch.from_numpy(_dequantized(path, tensor, processor, names)).to(dtype), tensor.kind
+        for tensor in file.tensors:
+            hf = names.get(tensor.name)
             if hf not in linears:
                 continue
             parent, attr, child = linears[hf]
             bias = floats.pop(f"{hf.removesuffix('.weight')}.bias", None)
-            fmt = _format(kind, quantize, child, device)
-            if fmt == "int4" and kind in _DIRECT and rows_only:
-                raw = _read(path, offset, size).reshape(shape[0], -1)
-                raw = processor.process(weights=raw, name=name).weights
-                module = Int4Linear(*_DIRECT[kind](np.ascontiguousarray(raw)), bias)
+            fmt = _format(tensor.kind, quantize, child, device)
+            if fmt == "int4" and tensor.kind in _DIRECT and rows_only:
+                raw = _read(path, tensor).reshape(tensor.shape[0], -1)
+                raw = processor.process(weights=raw, name=tensor.name).weights
+                module = Int4Linear(*_DIRECT[tensor.kind](np.ascontiguousarray(raw)), bias)
             else:
-                weight = torch.from_numpy(_dequantized(path, name, kind, shape, offset, size, processor, names))
-                module = _linear(child, weight, bias, fmt, packed, dtype)
+                weight = torch.from_numpy(_dequantized(path, tensor, processor, names))
+                module = _linear(weight.t() if type(child) is Conv1D else weight, bias, fmt, packed, dtype)
             setattr(parent, attr, module)
             formats[fmt] = formats.get(fmt, 0) + 1
             del module
             release_freed()  # the tensor's float copies: back to the system before the next one
         _tie_missing(lm, floats, kinds, linears, quantize, device, packed, dtype, formats)
         for hf, value in floats.items():
-            _put(lm, hf, value)
-        _materialize_buffers(lm)
-    lm.generation_config = _generation_config(path, lm.generation_config)
+            put_tensor(lm, hf, value)
+        init_missing_buffers(lm)  # what it cannot compute stays on meta, named below
+    lm.generation_config = _generation_config(file.fields, lm.generation_config)
     missing = [n for n, t in [*lm.named_parameters(), *lm.named_buffers()] if t.device.type == "meta"]
     if missing:
         raise ValueError(f"{model}: the file has no tensor for {', '.join(missing[:5])}"
@@ -169,30 +161,48 @@ def _weights_map(lm: nn.Module, processor: object) -> dict[str, str]:
         return get_gguf_hf_weights_map(lm, processor)
 
 
+class _Tensor(NamedTuple):
+    name: str
+    kind: str  # its block type's name: "Q4_0", "F32", ...
+    shape: list[int]  # in transformers' order ([out, in] for a linear)
+    offset: int  # where its bytes start in the file
+    size: int
+
+
+class _File(NamedTuple):
+    fields: dict[str, object]  # the metadata, single values unwrapped (token lists left out)
+    tensors: list[_Tensor]
+
+
 def _fields(path: Path) -> dict[str, object]:
-    """The file's metadata, single values unwrapped (the token lists left out). Read once per
-    version of the file (a load asks three times; a file replaced in place is read again)."""
-    return _fields_of(path.resolve(), path.stat().st_mtime_ns)
+    return _read_file(path).fields
+
+
+def _read_file(path: Path) -> _File:
+    """The file's metadata and where each tensor lies. Read once per version of the file
+    (config, tokenizer and weights all ask; a file replaced in place is read again)."""
+    return _read_file_at(path.resolve(), path.stat().st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=4)
-def _fields_of(path: Path, mtime_ns: int) -> dict[str, object]:
+def _read_file_at(path: Path, mtime_ns: int) -> _File:
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import read_field
 
-    reader = GGUFReader(path)
+    reader = GGUFReader(path)  # a memory map, closed with it: the weights are read plainly (_read)
     skip = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
-    out = {}
+    fields = {}
     for key in reader.fields:
         if key not in skip:
             value = read_field(reader, key)
-            out[key] = value[0] if len(value) == 1 else value
-    return out
+            fields[key] = value[0] if len(value) == 1 else value
+    tensors = [_Tensor(t.name, t.tensor_type.name, [int(s) for s in reversed(t.shape)], t.data_offset, t.n_bytes)
+               for t in reader.tensors]
+    return _File(fields, tensors)
 
 
 def _format(kind: str, quantize: str, child: nn.Module, device: str) -> str:
     """"int4", "int8" or "none" (float) for one linear of this block type."""
-    in_features = child.nx if type(child) is Conv1D else child.in_features
     if device != "cpu":
         return "none"
     if quantize in QUANTIZED:
@@ -206,43 +216,31 @@ def _format(kind: str, quantize: str, child: nn.Module, device: str) -> str:
             fmt = "int8"
         if fmt == "int8" and not int8_available():
             fmt = "none"
-    return fmt if fmt == "none" or swappable(fmt, in_features) else "none"
+    return fmt if fmt == "none" or swappable(fmt, in_features(child)) else "none"
 
 
-def _linear_weights(lm: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Module]]:
-    """Each linear's weight name -> (its parent, its attribute, the linear)."""
-    out = {}
-    for parent_name, parent in lm.named_modules():
-        for attr, child in parent.named_children():
-            if type(child) in (nn.Linear, Conv1D):
-                prefix = f"{parent_name}.{attr}" if parent_name else attr
-                out[f"{prefix}.weight"] = (parent, attr, child)
-    return out
-
-
-def _read(path: Path, offset: int, size: int) -> np.ndarray:
-    out = np.empty(size, dtype=np.uint8)
+def _read(path: Path, tensor: _Tensor) -> np.ndarray:
+    """A tensor's bytes, read into memory of their own."""
+    out = np.empty(tensor.size, dtype=np.uint8)
     with open(path, "rb") as f:
-        f.seek(offset)
-        if f.readinto(memoryview(out)) != size:
-            raise OSError(f"{path} ends inside a tensor")
+        f.seek(tensor.offset)
+        if f.readinto(memoryview(out)) != tensor.size:
+            raise OSError(f"{path} ends inside tensor {tensor.name!r}")
     return out
 
 
-def _dequantized(path: Path, name: str, kind: str, shape: list[int], offset: int, size: int,
-                 processor: object, names: dict[str, str]) -> np.ndarray:
+def _dequantized(path: Path, tensor: _Tensor, processor: object, names: dict[str, str]) -> np.ndarray:
     """One tensor as float32 in transformers' layout (its processor's reordering applied)."""
     from gguf import GGMLQuantizationType, dequantize
 
-    raw = _read(path, offset, size)
-    qtype = GGMLQuantizationType[kind]
-    if kind in ("F32", "F16", "F64"):
-        value = raw.view({"F32": np.float32, "F16": np.float16, "F64": np.float64}[kind]).astype(np.float32)
+    raw, shape = _read(path, tensor), tensor.shape
+    if tensor.kind in ("F32", "F16", "F64"):
+        value = raw.view({"F32": np.float32, "F16": np.float16, "F64": np.float64}[tensor.kind]).astype(np.float32)
     else:
-        value = dequantize(raw.reshape(shape[0] if len(shape) > 1 else 1, -1), qtype).astype(np.float32)
-    value = value.reshape(shape)
-    return np.ascontiguousarray(processor.process(weights=value, name=name, tensor_key_mapping=names,
-                                                  parsed_parameters={"tensors": {}}).weights)
+        rows = shape[0] if len(shape) > 1 else 1
+        value = dequantize(raw.reshape(rows, -1), GGMLQuantizationType[tensor.kind]).astype(np.float32)
+    return np.ascontiguousarray(processor.process(weights=value.reshape(shape), name=tensor.name,
+                                                  tensor_key_mapping=names, parsed_parameters={"tensors": {}}).weights)
 
 
 def _q4_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -291,11 +289,9 @@ def _tensors(nibbles: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> tuple
 _DIRECT = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k}
 
 
-def _linear(child: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str,
-            packed: type[nn.Module] | None, dtype: torch.dtype) -> nn.Module:
-    """The linear that replaces ``child`` (its weight in transformers' layout)."""
-    if type(child) is Conv1D:
-        weight = weight.t()  # GPT-2 keeps its weights as [in, out]; ours take [out, in]
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, packed: type[nn.Module] | None,
+            dtype: torch.dtype) -> nn.Module:
+    """A linear of ``weight`` [out, in] in ``fmt`` (float: packed for oneDNN where it can be)."""
     if fmt in QUANTIZED:
         return QUANTIZED[fmt][0](weight, None if bias is None else bias.float())
     weight, bias = weight.to(dtype).contiguous(), None if bias is None else bias.to(dtype)
@@ -321,44 +317,21 @@ def _tie_missing(lm: nn.Module, floats: dict[str, torch.Tensor], kinds: dict[str
         if source not in floats:
             continue  # left on meta: load_model names it
         fmt = _format(kinds[source], quantize, child, device)
-        setattr(parent, attr, _linear(nn.Linear(1, 1), floats[source].float(), None, fmt, packed, dtype))
+        setattr(parent, attr, _linear(floats[source].float(), None, fmt, packed, dtype))
         formats[fmt] = formats.get(fmt, 0) + 1
 
 
-def _put(root: nn.Module, name: str, value: torch.Tensor) -> None:
-    owner_name, _, attr = name.rpartition(".")
-    owner = root.get_submodule(owner_name)
-    if attr in owner._parameters:
-        owner._parameters[attr] = nn.Parameter(value, requires_grad=False)
-    else:
-        owner._buffers[attr] = value
-
-
-def _materialize_buffers(lm: nn.Module) -> None:
-    """Buffers the file does not hold (RoPE's inverse frequencies), computed as transformers'
-    own loading does: the model's ``_init_weights`` of the module that owns them."""
-    for owner_name in {name.rpartition(".")[0] for name, buf in lm.named_buffers() if buf.device.type == "meta"}:
-        owner = lm.get_submodule(owner_name)
-        if any(True for _ in owner.parameters(recurse=False)):
-            continue  # would re-initialize its parameters: load_model names what is missing
-        for attr, buf in list(owner._buffers.items()):
-            if buf is not None and buf.device.type == "meta":
-                owner._buffers[attr] = torch.empty_like(buf, device="cpu")
-        lm._init_weights(owner)
-
-
-def _generation_config(path: Path, default: GenerationConfig) -> GenerationConfig:
+def _generation_config(fields: dict[str, object], default: GenerationConfig) -> GenerationConfig:
     """End of sequence as llama.cpp reads the file: its EOS token and the end-of-turn and
     end-of-message ones where it names them (Llama 3's ``<|eot_id|>``, ``<|eom_id|>``)."""
-    fields = _fields(path)
     eos = [fields.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos = list(dict.fromkeys(int(e) for e in eos if e is not None))
-    config = GenerationConfig(**{k: v for k, v in default.to_dict().items() if not k.startswith("_")})
+    config = copy.deepcopy(default)
     if eos:
         config.eos_token_id = eos if len(eos) > 1 else eos[0]
-    for key in ("bos", "padding"):
+    for key, attr in (("bos", "bos_token_id"), ("padding", "pad_token_id")):
         if (value := fields.get(f"tokenizer.ggml.{key}_token_id")) is not None:
-            setattr(config, "pad_token_id" if key == "padding" else "bos_token_id", int(value))
+            setattr(config, attr, int(value))
     return config
 
 

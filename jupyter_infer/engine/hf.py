@@ -67,11 +67,10 @@ class HFEngine(Engine):
         self.device = pick_device(device)
         torch_dtype = pick_dtype(dtype, self.device)
         gguf = gguf_load.is_gguf(model)
-        if quantize != "none" or (gguf and self.device == "cpu"):
-            if quantize != "none":
-                check_quantize(quantize, self.device)
-            if dtype == "auto":
-                torch_dtype = torch.float32  # what the int8 and int4 kernels take and give
+        if quantize != "none":
+            check_quantize(quantize, self.device)  # refused off the CPU
+        if (quantize != "none" or gguf) and self.device == "cpu" and dtype == "auto":
+            torch_dtype = torch.float32  # what the int8 and int4 kernels take and give
         if self.device == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         self.tokenizer = (gguf_load.load_tokenizer(model) if gguf

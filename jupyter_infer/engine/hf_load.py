@@ -26,6 +26,7 @@ from transformers.pytorch_utils import Conv1D
 
 from . import gguf_load
 from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, swap_linears, swappable
+from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
 from .q4_linear import Int4Linear
 
@@ -196,29 +197,24 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str) -> tuple[nn.
     make, kernels = QUANTIZED[quantize]
     start, swapped = time.perf_counter(), 0
     with torch.no_grad():
-        for parent_name, parent in list(lm.named_modules()):
-            for attr, child in list(parent.named_children()):
-                if type(child) not in (nn.Linear, Conv1D):
-                    continue
-                in_features = child.nx if type(child) is Conv1D else child.in_features
-                if not swappable(quantize, in_features):
-                    continue  # left on meta: read with the float tensors below
-                prefix = f"{parent_name}.{attr}" if parent_name else attr
-                weight = read(f"{prefix}.weight").float()
-                weight = weight.t() if type(child) is Conv1D else weight
-                bias = read(f"{prefix}.bias").float() if child.bias is not None else None
-                setattr(parent, attr, make(weight, bias))
-                swapped += 1
-                del weight, bias
-                release_freed()
+        for weight_name, (parent, attr, child) in linear_slots(lm).items():
+            if not swappable(quantize, in_features(child)):
+                continue  # left on meta: read with the float tensors below
+            weight = read(weight_name).float()
+            weight = weight.t() if type(child) is Conv1D else weight
+            bias = read(f"{weight_name.removesuffix('.weight')}.bias").float() if child.bias is not None else None
+            setattr(parent, attr, make(weight, bias))
+            swapped += 1
+            del weight, bias
+            release_freed()
         seconds = time.perf_counter() - start
         for name, param in list(lm.named_parameters(remove_duplicate=False)):
             if param.device.type == "meta":
-                _set(lm, name, nn.Parameter(read(name).to(dtype), requires_grad=False))
+                put_tensor(lm, name, read(name).to(dtype))
         for name, buf in list(lm.named_buffers()):
             if buf.device.type == "meta" and name in files:
-                _set(lm, name, read(name).to(buf.dtype), buffer=True)
-        if not _init_non_persistent(lm):
+                put_tensor(lm, name, read(name).to(buf.dtype))
+        if not init_missing_buffers(lm):
             return None
     try:
         lm.generation_config = GenerationConfig.from_pretrained(folder)
@@ -227,28 +223,3 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str) -> tuple[nn.
     if any(t.device.type == "meta" for t in [*lm.parameters(), *lm.buffers()]):
         return None
     return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds)
-
-
-def _set(root: nn.Module, name: str, value: torch.Tensor, *, buffer: bool = False) -> None:
-    owner_name, _, attr = name.rpartition(".")
-    owner = root.get_submodule(owner_name)
-    if buffer:
-        owner._buffers[attr] = value
-    else:
-        owner._parameters[attr] = value
-
-
-def _init_non_persistent(lm: nn.Module) -> bool:
-    """Compute buffers the checkpoint does not hold (RoPE's inverse frequencies) as
-    transformers' own loading does: the model's ``_init_weights`` of their module, which
-    must own no parameters (those would be re-initialized)."""
-    owners = {name.rpartition(".")[0] for name, _ in lm.named_non_persistent_buffers()}
-    for owner_name in owners:
-        owner = lm.get_submodule(owner_name)
-        if any(True for _ in owner.parameters(recurse=False)):
-            return False
-        for attr, buf in list(owner._buffers.items()):
-            if buf is not None and buf.device.type == "meta":
-                owner._buffers[attr] = torch.empty_like(buf, device="cpu")
-        lm._init_weights(owner)
-    return True

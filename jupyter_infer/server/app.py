@@ -349,11 +349,7 @@ class InferApp(ExtensionApp):
             self.prometheus_collector.detach()
             self.prometheus_collector = None
         self.log.info("jupyter_infer | inference service stopped")
-        package = logging.getLogger("jupyter_infer")
-        for handler in getattr(self, "_routed_log_handlers", ()):
-            package.removeHandler(handler)
-        if getattr(self, "_routed_log_handlers", None):
-            package.setLevel(logging.NOTSET)
+        unroute_package_logs(getattr(self, "_routed_log_handlers", []))
 
 
 def route_package_logs(log: logging.Logger) -> list[logging.Handler]:
@@ -370,6 +366,15 @@ def route_package_logs(log: logging.Logger) -> list[logging.Handler]:
     if package.level == logging.NOTSET:
         package.setLevel(log.getEffectiveLevel())
     return added
+
+
+def unroute_package_logs(added: list[logging.Handler]) -> None:
+    """Undo ``route_package_logs`` (its handlers and the level it set)."""
+    package = logging.getLogger("jupyter_infer")
+    for handler in added:
+        package.removeHandler(handler)
+    if added:
+        package.setLevel(logging.NOTSET)
 
 
 class ConfigurationError(Exception):

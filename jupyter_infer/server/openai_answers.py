@@ -113,10 +113,9 @@ class Shaper:
                     content, calls = parse_calls(result.text, cut=True)
                     if content is None:
                         legacy = self.call.tools.legacy
-                        choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls or None}
-                        if legacy:
-                            choice["message"] = {"role": "assistant", "content": None,
-                                                 "function_call": _function_call(calls[0]) if calls else None}
+                        said = ({"function_call": _function_call(calls[0]) if calls else None} if legacy
+                                else {"tool_calls": calls or None})
+                        choice["message"] = {"role": "assistant", "content": None, **said}
                         choice["finish_reason"] = finish_reason(result, not self.call.tools.named, legacy)
                 if self.call.logprobs is not None:
                     choice["logprobs"] = self.chat_logprobs(result.logprobs or ())
