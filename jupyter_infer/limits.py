@@ -77,8 +77,8 @@ class Limits:
         """Every limit a request must meet; returns it with an open ``max_tokens`` resolved
         to as many as fit. ``estimated``: the prompt's size is a guess (an upstream tokenizes)."""
         params = request.params
+        room = max_context - prompt_tokens
         if params.max_tokens is None:
-            room = max_context - prompt_tokens
             params = replace(params, max_tokens=max(1, min(self.max_new_tokens, room)))
             request = replace(request, params=params)
         max_tokens = params.max_tokens
@@ -95,19 +95,18 @@ class Limits:
                 f"'min_tokens' ({params.min_tokens}) is above 'max_tokens' ({max_tokens}).",
                 param="min_tokens",
             )
-        if prompt_tokens > self.max_prompt_tokens:
-            about = "about " if estimated else ""
-            raise InvalidRequest(
-                f"The prompt has {about}{prompt_tokens} tokens, above this server's limit of "
-                f"{self.max_prompt_tokens} (InferApp.max_prompt_tokens). Shorten it.", param="prompt",
-            )
-        room = max_context - prompt_tokens
-        if room <= 0:  # no answer fits, whatever max_tokens says
+        about = "about " if estimated else ""
+        if room <= 0:  # no answer fits, whatever max_tokens or this server's limits say
             chat = request.messages is not None
             raise ContextLengthExceeded(
                 f"This model's maximum context length is {max_context} tokens, and the "
-                f"{'messages take' if chat else 'prompt takes'} {prompt_tokens} of them, leaving no room for "
-                "an answer. Shorten it.", param="messages" if chat else "prompt",
+                f"{'messages take' if chat else 'prompt takes'} {about}{prompt_tokens} of them, leaving no room "
+                "for an answer. Shorten it.", param="messages" if chat else "prompt",
+            )
+        if prompt_tokens > self.max_prompt_tokens:
+            raise InvalidRequest(
+                f"The prompt has {about}{prompt_tokens} tokens, above this server's limit of "
+                f"{self.max_prompt_tokens} (InferApp.max_prompt_tokens). Shorten it.", param="prompt",
             )
         if max_tokens > room:
             raise ContextLengthExceeded(
