@@ -9,8 +9,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from jupyter_infer.config import ServiceConfig
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
 
 Script = Callable[[str, str, asyncio.StreamWriter], Awaitable[None]]
 

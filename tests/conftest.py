@@ -26,7 +26,7 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(models_dir: Path) -> Path:
     """A GPT-2-shaped model with random weights and a locally trained BPE tokenizer."""
-    from jupyter_infer.engine.model_builder import make_model
+    from jupyter_infer.commands.model_builder import make_model
 
     return make_model(models_dir / "tiny", "tiny")
 
@@ -34,7 +34,7 @@ def tiny_model_dir(models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def llama_model_dir(models_dir: Path) -> Path:
     """A Llama-shaped model (RoPE, grouped-query attention), built locally."""
-    from jupyter_infer.engine.model_builder import make_model
+    from jupyter_infer.commands.model_builder import make_model
 
     return make_model(models_dir / "llama-tiny", "llama-tiny")
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine import Sampled
 from jupyter_infer.engine.simulated import SimulatedBatch, SimulatedEngine
+from jupyter_infer.values.config import ServiceConfig
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"token {TOKEN}"}
@@ -93,7 +93,7 @@ def use_scripted_engine(monkeypatch: pytest.MonkeyPatch, gate: EngineGate | None
             prefill_ms_per_token=config.simulated_prefill_ms_per_token,
         )
 
-    monkeypatch.setattr("jupyter_infer.loops.load_engine", load)
+    monkeypatch.setattr("jupyter_infer.loops.loop_factory.load_engine", load)
 
 
 # -- Server-Sent Events, parsed as the spec says ---------------------------------------------

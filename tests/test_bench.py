@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_infer.bench import cpu, structured
-from jupyter_infer.bench import workloads as wl
-from jupyter_infer.bench.report import evaluate_targets, format_tables, format_targets
-from jupyter_infer.cli import main
+from jupyter_infer.commands.bench import cpu, structured
+from jupyter_infer.commands.bench import workloads as wl
+from jupyter_infer.commands.bench.report import evaluate_targets, format_tables, format_targets
+from jupyter_infer.commands.cli import main
 
 CONTENDERS = ("sequential", "static", "window", "continuous", "hf_cb", "ceiling")
 LABELS = ("sequential generate", "static batch (padded generate)", "ours: window", "ours: continuous",
@@ -288,7 +288,7 @@ def test_the_noise_gauge_counts_the_server_under_test_as_its_own() -> None:
     import sys
     import time
 
-    from jupyter_infer.bench.rounds import _cpu_sample, _other_cpu_share
+    from jupyter_infer.commands.bench.rounds import _cpu_sample, _other_cpu_share
 
     server = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
     try:
@@ -306,9 +306,9 @@ def test_one_at_a_time_prompts_are_new_every_round_and_the_same_for_every_conten
     """A server that remembers what it saw across requests (llama-server's ngram-mod keeps its
     n-gram table) must not be timed on answers it has seen: the warm-up and every round of the
     one-at-a-time workloads send new prompts, the same to every contender in a round."""
-    from jupyter_infer.bench.contenders import Contender, Run
-    from jupyter_infer.bench.cpu import workloads
-    from jupyter_infer.bench.rounds import measure_rounds
+    from jupyter_infer.commands.bench.contenders import Contender, Run
+    from jupyter_infer.commands.bench.cpu import workloads
+    from jupyter_infer.commands.bench.rounds import measure_rounds
 
     class Recorder(Contender):
         def __init__(self, name: str) -> None:

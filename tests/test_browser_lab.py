@@ -421,7 +421,7 @@ def test_constrained_rows_and_fast_forwarded_steps(lab: Lab, page: Any) -> None:
     expect(panel.locator("g.ji-row.ji-constrained")).to_have_count(5)
     _shot(panel, "lab-panel-constrained.png")
     # The notebook's timeline (the same renderer, bundled) draws the server's records alike.
-    from jupyter_infer.widgets.timeline import timeline_data
+    from jupyter_infer.kernel.widgets.timeline import timeline_data
 
     kind_of = {"json_schema", "choice", "regex", "response_format"}
     labels = {rid: f"{body['prompt']} ({next((k for k in body if k in kind_of), 'free text')})"
@@ -485,7 +485,7 @@ def _long_history_payload() -> dict[str, Any]:
 
 def _draw_long_history(page: Any) -> None:
     """Draw a long history with the notebook widget's own bundle."""
-    from jupyter_infer.widgets.timeline import timeline_data
+    from jupyter_infer.kernel.widgets.timeline import timeline_data
 
     payload = _long_history_payload()
     labels = {r["id"]: f"#{i + 1} {q}" for i, (r, q) in enumerate(zip(payload["requests"], _questions(), strict=False))}
@@ -497,7 +497,7 @@ def _draw_long_history(page: Any) -> None:
 def _draw_with_bundle(page: Any, rows: list[dict[str, Any]], batches: list[dict[str, Any]], title: str) -> None:
     """Draw rows with the notebook widget's own bundle (static/timeline.js, the same renderer
     as the panel) inside the page, so that it gets JupyterLab's theme variables."""
-    static = ROOT / "jupyter_infer" / "widgets" / "static"
+    static = ROOT / "jupyter_infer" / "kernel" / "widgets" / "static"
     page.evaluate(
         """([js, css, state]) => {
             document.getElementById('ji-long-history')?.remove();

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_infer.cli import main
-from jupyter_infer.loadgen import make_workload
-from jupyter_infer.metrics import percentile
+from jupyter_infer.commands.cli import main
+from jupyter_infer.commands.loadgen import make_workload
+from jupyter_infer.values.metrics import percentile
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -58,7 +58,7 @@ def test_loadgen_in_process_prints_percentiles(capsys: pytest.CaptureFixture[str
 
 @pytest.mark.slow
 def test_loadgen_over_http(capsys: pytest.CaptureFixture[str]) -> None:
-    from jupyter_infer.server.launcher import LocalServer
+    from jupyter_infer.kernel.launcher import LocalServer
 
     with LocalServer(engine="simulated", simulated_token_delay_ms=[0, 1], simulated_prefill_ms_per_token=0) as server:
         code = main(["loadgen", "--url", server.url, "--token", server.token, "-n", "12", "--rate", "50",
@@ -116,7 +116,7 @@ def test_make_model_via_jupyter_infer(tmp_path: Path) -> None:
 
 def test_make_model_takes_a_longer_context(tmp_path: Path) -> None:
     """Tool schemas take ~430 tokens of the prompt: a 512-position model had no room to call."""
-    from jupyter_infer.cli import main
+    from jupyter_infer.commands.cli import main
 
     assert main(["make-model", str(tmp_path / "long"), "--size", "llama-tiny", "--context", "4096"]) == 0
     config = json.loads((tmp_path / "long" / "config.json").read_text())

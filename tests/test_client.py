@@ -23,7 +23,8 @@ from jupyter_client import BlockingKernelClient
 from jupyter_core.paths import jupyter_runtime_dir
 
 from jupyter_infer import Client
-from jupyter_infer.client import (
+from jupyter_infer.errors import EngineUnavailable, InferError, InvalidRequest, ServerTimeout
+from jupyter_infer.kernel.client import (
     AsyncTokenStream,
     Completion,
     arrival_times,
@@ -31,10 +32,9 @@ from jupyter_infer.client import (
     embedded,
     find_kernel_server,
 )
-from jupyter_infer.client.discovery import clear_cache
-from jupyter_infer.client.http import VIEW_TIMEOUT_S
-from jupyter_infer.errors import EngineUnavailable, InferError, InvalidRequest, ServerTimeout
-from jupyter_infer.server.launcher import LocalServer
+from jupyter_infer.kernel.client.discovery import clear_cache
+from jupyter_infer.kernel.client.http import VIEW_TIMEOUT_S
+from jupyter_infer.kernel.launcher import LocalServer
 
 FAST = {"engine": "simulated", "simulated_token_delay_ms": [1.0, 3.0]}
 
@@ -131,8 +131,8 @@ def test_embedded_engines_log_their_fallback_once_quietly(
 ) -> None:
     """Two embedded ``auto`` engines whose model cannot load (notebook 02 runs two): one INFO
     record (a WARNING reaches a cell as red stderr), and each status says why."""
-    from jupyter_infer.config import ServiceConfig
-    from jupyter_infer.service import InferenceService
+    from jupyter_infer.service.inference import InferenceService
+    from jupyter_infer.values.config import ServiceConfig
 
     missing = str(tmp_path / "no-such-model")
     caplog.set_level(logging.INFO, logger="jupyter_infer.engine")
@@ -185,7 +185,7 @@ def test_a_kernel_started_by_the_server_finds_it(server: LocalServer) -> None:
 def test_discovery_is_cached_per_process(
     server: LocalServer, no_discovery: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from jupyter_infer.client import discovery
+    from jupyter_infer.kernel.client import discovery
 
     probed: list[str] = []
     monkeypatch.setattr(discovery, "probe", lambda url, token: probed.append(url))  # answers: None = ok
@@ -411,7 +411,7 @@ def test_a_stopped_server_does_not_hang_the_client(server: LocalServer) -> None:
 
 
 def test_unreachable_server() -> None:
-    from jupyter_infer.server.launcher import free_port
+    from jupyter_infer.kernel.launcher import free_port
 
     with pytest.raises(EngineUnavailable, match="Cannot reach"):
         Client(f"http://127.0.0.1:{free_port()}/", "t").status()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from client_helpers import ScriptedServer, answer_json
 
-from jupyter_infer.client import find_kernel_server
-from jupyter_infer.client.discovery import PROBE_TIMEOUT_S, running_servers
+from jupyter_infer.kernel.client import find_kernel_server
+from jupyter_infer.kernel.client.discovery import PROBE_TIMEOUT_S, running_servers
 
 
 def test_running_servers_are_read_from_the_runtime_dir(tmp_path: Path) -> None:

@@ -107,13 +107,13 @@ async def test_tools_beside_a_response_format_answer_with_calls_or_an_object_tha
 
 @pytest.mark.slow
 def test_the_packages_logs_reach_the_servers_log_with_time_and_level(tmp_path: Path) -> None:
-    """An ignored field is logged once, by ``jupyter_infer.server.openai_requests``: before,
+    """An ignored field is logged once, by ``jupyter_infer.wire.openai_requests``: before,
     no handler took it (INFO dropped; a warning printed bare on stderr)."""
     import re
 
     import httpx
 
-    from jupyter_infer.server.launcher import LocalServer
+    from jupyter_infer.kernel.launcher import LocalServer
 
     log = tmp_path / "server.log"
     with LocalServer(engine="simulated", simulated_token_delay_ms=[0, 1], log_path=str(log)) as server:

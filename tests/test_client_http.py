@@ -11,8 +11,8 @@ import pytest
 from client_helpers import ScriptedServer, answer, answer_json, sse, start_event_stream
 
 from jupyter_infer import Client
-from jupyter_infer.client.http import VIEW_TIMEOUT_S
 from jupyter_infer.errors import InferError, QueueFull, RequestFailed, ServerTimeout
+from jupyter_infer.kernel.client.http import VIEW_TIMEOUT_S
 
 # The frozen-server tests name the timer that ended a call by its message ("sent nothing for
 # 0.5 s" is read_timeout's); the clock only backs that up, with a bound far above the timeouts

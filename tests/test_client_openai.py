@@ -10,8 +10,8 @@ import pytest
 from server_helpers import eventually
 from upstream_helpers import MODEL, ScriptedUpstream
 
-from jupyter_infer.client import Client
-from jupyter_infer.client.openai_backend import is_openai_url
+from jupyter_infer.kernel.client import Client
+from jupyter_infer.kernel.client.openai_backend import is_openai_url
 
 
 def test_which_urls_are_plain_openai_servers() -> None:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.constraints.spec import from_body
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
 
 SCHEMA = {"type": "object", "properties": {
     "title": {"type": "string", "maxLength": 6}, "count": {"type": "integer", "minimum": 0, "maximum": 40},
@@ -214,10 +214,10 @@ class Block:
             raise ImportError("no torch here")
 sys.meta_path.insert(0, Block())
 import asyncio, json
-from jupyter_infer.config import ServiceConfig
+from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.constraints.spec import from_body
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.service import InferenceService
+from jupyter_infer.values.request import Request, SamplingParams
+from jupyter_infer.service.inference import InferenceService
 async def main():
     service = InferenceService(ServiceConfig(engine="simulated", simulated_token_delay_ms=(0.0, 0.0)))
     service.start()

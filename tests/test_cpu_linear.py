@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.config import ServiceConfig
+from jupyter_infer.commands.model_builder import CORPUS
 from jupyter_infer.engine import cpu_linear, hf_device
 from jupyter_infer.engine.cpu_linear import Int8Linear, PackedLinear, swap_linears
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.model_builder import CORPUS
+from jupyter_infer.values.config import ServiceConfig
 
 needs_int8 = pytest.mark.skipif(not cpu_linear.int8_available(), reason="no x86 quantized kernels (fbgemm) here")
 
@@ -82,8 +82,8 @@ def test_int8_is_refused_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: 
 @needs_int8
 @pytest.mark.asyncio
 async def test_int8_serves_through_the_service(tiny_model_dir: Path) -> None:
-    from jupyter_infer.request import Request, SamplingParams
-    from jupyter_infer.service import InferenceService
+    from jupyter_infer.service.inference import InferenceService
+    from jupyter_infer.values.request import Request, SamplingParams
 
     service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), quantize="int8"))
     service.start()

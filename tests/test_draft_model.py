@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.config import ServiceConfig
+from jupyter_infer.commands.model_builder import make_model
 from jupyter_infer.engine import StepPlan
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.model_builder import make_model
+from jupyter_infer.values.config import ServiceConfig
 from tests.test_hf_engine import _seq, reference
 from tests.test_speculative import COPY, _answers
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from jupyter_infer.errors import TooManySubscribers
-from jupyter_infer.events import EventBus, coalesce_tokens
+from jupyter_infer.values.events import EventBus, coalesce_tokens
 
 pytestmark = pytest.mark.asyncio
 

@@ -7,9 +7,9 @@ import pytest
 
 from jupyter_infer.engine import Sampled, StepPlan
 from jupyter_infer.errors import QueueFull
-from jupyter_infer.request import Request, SamplingParams
 from jupyter_infer.scheduler import Scheduler
-from jupyter_infer.sequence import Sequence, Status
+from jupyter_infer.values.request import Request, SamplingParams
+from jupyter_infer.values.sequence import Sequence, Status
 from tests.test_scheduler_core import core
 
 

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jupyter_infer.request import GENERATE_FIELDS
+from jupyter_infer.kernel.launcher import LocalServer
 from jupyter_infer.server.handlers import routes
-from jupyter_infer.server.launcher import LocalServer
 from jupyter_infer.server.openai_handlers import OpenAIHandler
-from jupyter_infer.server.openai_requests import CHAT_FIELDS, COMPLETION_FIELDS
+from jupyter_infer.wire.fields import GENERATE_FIELDS
+from jupyter_infer.wire.openai_requests import CHAT_FIELDS, COMPLETION_FIELDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -17,14 +17,14 @@ from gguf_files import write_llama_gguf
 from server_helpers import TOKEN, server_config
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine import gguf_load, q4_linear
 from jupyter_infer.engine.cpu_linear import Int8Linear
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import Int4Linear, dequantize
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
 
 gguf = pytest.importorskip("gguf")
 needs_int4 = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))

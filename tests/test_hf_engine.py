@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine import Rows, Sampled, StepPlan, kv_cache, load_engine
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_device import cpu_has_native_bf16, pick_device
-from jupyter_infer.request import Request, RequestResult, SamplingParams
-from jupyter_infer.sequence import Sequence
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, RequestResult, SamplingParams
+from jupyter_infer.values.sequence import Sequence
 
 PROMPTS = [
     "Attention lets every token look at the others",

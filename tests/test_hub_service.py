@@ -27,7 +27,7 @@ import httpx
 import pytest
 import tool_venvs
 
-from jupyter_infer.server.launcher import free_port
+from jupyter_infer.kernel.launcher import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,7 +92,7 @@ class Hub:
 
     def start(self) -> None:
         command = [
-            sys.executable, "-m", "jupyter_infer.cli", "serve", "--InferApp.engine=simulated",
+            sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--InferApp.engine=simulated",
             # 5 ms a token: short answers are quick, a long one runs long enough to cancel.
             "--InferApp.simulated_token_delay_ms=5", "--InferApp.simulated_token_delay_ms=5",
             "--InferApp.simulated_prefill_ms_per_token=0",
@@ -155,7 +155,7 @@ class Hub:
                 self.proc.wait()
         self.proc = None
         for info in self.runtime_dir.glob("jpserver-*.json"):  # the service, if still running
-            _kill(json.loads(info.read_text()).get("pid"), "jupyter_infer.cli")
+            _kill(json.loads(info.read_text()).get("pid"), "jupyter_infer.commands.cli")
         pid_file = self.root / "jupyterhub-proxy.pid"  # the proxy, if the hub left it running
         if pid_file.exists():
             _kill(int(pid_file.read_text().strip() or 0), "configurable-http-proxy")

@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine import hf_device, q4_linear
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import GROUP, Int4Linear, dequantize, quantize
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
 
 pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
 
@@ -166,7 +166,7 @@ print(json.dumps({"before": before, "peak": load.peak_rss_bytes, "weights": load
 
 @pytest.fixture(scope="module")
 def small_model_dir(models_dir: Path) -> Path:
-    from jupyter_infer.engine.model_builder import make_model
+    from jupyter_infer.commands.model_builder import make_model
 
     return make_model(models_dir / "small", "small")
 

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 import jupyter_infer
-from jupyter_infer.widgets.timeline import timeline_data
+from jupyter_infer.kernel.widgets.timeline import timeline_data
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "labextension"
 BUILT = ROOT / "jupyter_infer" / "labextension"
-WIDGET = ROOT / "jupyter_infer" / "widgets" / "static"
+WIDGET = ROOT / "jupyter_infer" / "kernel" / "widgets" / "static"
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,7 +54,7 @@ def test_built_assets_match_their_sources() -> None:
     stamp = json.loads((BUILT / "source-stamp.json").read_text())
     assert source_hash(stamp["sources"]) == stamp["sha256"], (
         "labextension/ changed since the committed build: run `npm ci && npm run build` in "
-        "labextension/ and commit jupyter_infer/labextension and jupyter_infer/widgets/static"
+        "labextension/ and commit jupyter_infer/labextension and jupyter_infer/kernel/widgets/static"
     )
     # The anywidget bundle and stylesheet come from the same build.
     assert (WIDGET / "timeline.css").read_text() == (SOURCE / "style" / "timeline.css").read_text()

@@ -1,13 +1,12 @@
-"""The package's floors: lower ones never import upper ones, and no module imports itself back
-through others (imports inside functions and under TYPE_CHECKING count too)."""
+"""The package's floors (docs/architecture.md): lower ones never import upper ones, and no
+module imports itself back through others (imports inside functions and under TYPE_CHECKING
+count too)."""
 
 from __future__ import annotations
 
 import ast
 from collections import defaultdict
 from pathlib import Path
-
-import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "jupyter_infer"
 
@@ -88,26 +87,62 @@ def test_there_are_no_import_circles() -> None:
     assert cycles(packages) == []
 
 
-@pytest.mark.parametrize(("floor", "above"), [
-    ("engine", ["scheduler", "upstream", "service", "services", "loops", "router", "server", "client"]),
-    ("scheduler", ["upstream", "service", "services", "loops", "router", "server", "client"]),
-    ("sequence", ["engine", "scheduler", "service", "server", "client"]),
-    ("request", ["engine", "scheduler", "sequence", "service", "server", "client"]),
-    ("constraints", ["engine", "scheduler", "sequence", "upstream", "service", "router", "server", "client"]),
-    ("upstream", ["service", "services", "loops", "router", "server", "client"]),
-    ("service", ["router", "services", "server", "client"]),
-    ("router", ["services", "server", "client"]),
-    ("server", ["scheduler", "upstream", "loops"]),
-    ("client", ["scheduler", "upstream", "loops", "server"]),
-])
-def test_a_floor_imports_nothing_from_the_floors_above_it(floor: str, above: list[str]) -> None:
-    graph = import_graph()
-    prefix = f"jupyter_infer.{floor}"
-    upward = sorted(
-        f"{a} -> {b}" for a, targets in graph.items() if a == prefix or a.startswith(prefix + ".")
-        for b in targets if any(b == f"jupyter_infer.{u}" or b.startswith(f"jupyter_infer.{u}.") for u in above)
-    )
-    assert upward == []
+# The layer picture (docs/architecture.md), bottom up: a module may import its own floor and
+# the floors below it, never one above. The top-level ``__init__`` (lazy names) stands apart.
+FLOORS = [
+    ("errors", "_version"),
+    ("values",),
+    ("constraints",),
+    ("wire",),
+    ("engine",),
+    ("scheduler",),
+    ("upstream",),
+    ("loops",),
+    ("service",),
+    ("server",),
+    ("kernel",),
+    ("commands",),
+]
+LEVEL = {name: i for i, floor in enumerate(FLOORS) for name in floor}
+# The server and the kernel side reach a model only through the service seam.
+THROUGH_THE_SERVICE = {"server": {"scheduler", "upstream", "loops"}, "kernel": {"scheduler", "upstream", "loops", "server"}}
+
+
+def floor_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every arrow that breaks the picture: to a floor above, or around the service seam."""
+    bad = []
+    for a, targets in graph.items():
+        fa = floor_of(a)
+        if fa is None:
+            continue
+        for b in targets:
+            fb = floor_of(b)
+            if fb is None or LEVEL[fb] > LEVEL[fa] or fb in THROUGH_THE_SERVICE.get(fa, ()):
+                bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_every_module_lives_on_a_floor_of_the_picture() -> None:
+    homeless = sorted(n for n in module_names() if n != "jupyter_infer" and floor_of(n) not in LEVEL)
+    assert homeless == []
+
+
+def test_no_floor_imports_one_above_it() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_two_modules_share_a_name() -> None:
+    # A name says one thing: two ``loop.py`` or two ``config.py`` make a reader ask which.
+    seen: dict[str, list[str]] = defaultdict(list)
+    for name, path in module_names().items():
+        if path.name != "__init__.py":
+            seen[path.stem].append(name)
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
 
 
 def test_the_checker_sees_a_circle_and_an_upward_import() -> None:
@@ -115,6 +150,13 @@ def test_the_checker_sees_a_circle_and_an_upward_import() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     graph = import_graph()
     assert "jupyter_infer.engine" in graph["jupyter_infer.scheduler.scheduler"]
+    assert "jupyter_infer.scheduler" in graph["jupyter_infer.upstream.admission"]
+    assert upward_imports({"jupyter_infer.engine.hf": {"jupyter_infer.loops.engine_loop"},
+                           "jupyter_infer.server.app": {"jupyter_infer.loops.loop_factory"},
+                           "jupyter_infer.loops.engine_loop": {"jupyter_infer.engine.hf"}}) == [
+        "jupyter_infer.engine.hf -> jupyter_infer.loops.engine_loop",
+        "jupyter_infer.server.app -> jupyter_infer.loops.loop_factory",
+    ]
 
 
 MAX_MODULE_LINES = 450  # a module longer than this holds more than one job

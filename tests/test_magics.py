@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from jupyter_infer.magics import questions_are_prompts, split_options
-from jupyter_infer.server.launcher import LocalServer
+from jupyter_infer.kernel.launcher import LocalServer
+from jupyter_infer.kernel.magics import questions_are_prompts, split_options
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_panel_send_button_in_a_real_kernel(kernel: Any) -> None:
     """A click on Send (a comm message, as the browser sends it) runs the prompts on the
     kernel's loop; the run goes on after the click's handler returns."""
     status, messages, _ = run(kernel, (
-        "from jupyter_infer.widgets import InferPanel\n"
+        "from jupyter_infer.kernel.widgets import InferPanel\n"
         "panel = InferPanel(prompts=['What is RAG?', 'What is attention?'])\n"
         "panel.max_tokens.value = 8\n"
         "print(panel.send_button.comm.comm_id)"
@@ -217,7 +217,7 @@ def test_send_and_cancel_twelve_times_leaves_no_stray_traceback(kernel: Any) -> 
     once tokens stream; then a cell that collects garbage (where such logs appear): nothing
     on stderr, and the server ended every request."""
     _, messages, _ = run(kernel, (
-        "from jupyter_infer.widgets import InferPanel\n"
+        "from jupyter_infer.kernel.widgets import InferPanel\n"
         "panel = InferPanel(prompts=['Explain batching at length'] * 4)\n"
         "panel.max_tokens.value = 400\n"
         "print(panel.send_button.comm.comm_id, panel.cancel_button.comm.comm_id)"

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.engine.make_model import add_arguments
-from jupyter_infer.engine.model_builder import (
+from jupyter_infer.commands.make_model import add_arguments
+from jupyter_infer.commands.model_builder import (
     MARKER_FILE,
     SIZES,
     default_cache_dir,

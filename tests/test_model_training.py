@@ -7,8 +7,8 @@ import json
 import math
 from pathlib import Path
 
+from jupyter_infer.commands.model_training import train_model
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.model_training import train_model
 
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
 

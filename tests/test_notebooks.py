@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from jupyter_infer.server.launcher import LocalServer
+from jupyter_infer.kernel.launcher import LocalServer
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 pytestmark = pytest.mark.slow

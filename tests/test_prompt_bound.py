@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine.simulated import SimulatedEngine
 from jupyter_infer.engine.token_bound import NORMALIZER_MARGIN, longest_token_chars
 from jupyter_infer.errors import InvalidRequest
-from jupyter_infer.request import Request
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request
 
 TEXTS = st.text(st.characters(codec="utf-8"), max_size=300) | st.text("ab \n\tZé😀ﬃ", max_size=300)
 PROPERTY = settings(max_examples=300, deadline=None, derandomize=True, database=None)

@@ -6,7 +6,7 @@ import pytest
 
 from jupyter_infer.engine.logits_processors import processors_for
 from jupyter_infer.errors import InvalidRequest
-from jupyter_infer.request import parse_generate_body
+from jupyter_infer.wire.fields import parse_generate_body
 
 
 @pytest.mark.parametrize(

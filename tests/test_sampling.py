@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jupyter_infer.engine.sampling import RowSampler, filter_logits, prompt_logprobs, sample
-from jupyter_infer.request import SamplingParams
+from jupyter_infer.values.request import SamplingParams
 
 EOS = 0
 
@@ -82,7 +82,7 @@ def test_prompt_logprobs_score_each_next_token() -> None:
 
 
 def test_ignored_openai_fields_are_logged_once_per_name(caplog: pytest.LogCaptureFixture) -> None:
-    from jupyter_infer.server import openai_requests
+    from jupyter_infer.wire import openai_requests
 
     caplog.set_level("INFO", logger=openai_requests.__name__)
     allowed = openai_requests.COMPLETION_FIELDS

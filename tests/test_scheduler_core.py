@@ -7,14 +7,14 @@ from collections.abc import Sequence as Seq
 
 import pytest
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine import Sampled, StepPlan
 from jupyter_infer.errors import QueueFull
-from jupyter_infer.events import EventBus
-from jupyter_infer.metrics import MetricsCollector
-from jupyter_infer.request import Request, SamplingParams
 from jupyter_infer.scheduler import Recorder, Scheduler
-from jupyter_infer.sequence import Sequence, Status
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.events import EventBus
+from jupyter_infer.values.metrics import MetricsCollector
+from jupyter_infer.values.request import Request, SamplingParams
+from jupyter_infer.values.sequence import Sequence, Status
 
 EOS = 0
 

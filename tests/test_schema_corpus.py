@@ -1,4 +1,4 @@
-"""The JSON schema corpus of issue 19 (``jupyter_infer/bench/schemas.py``): large enough, every
+"""The JSON schema corpus of issue 19 (``jupyter_infer/commands/bench/schemas.py``): large enough, every
 schema valid, free text mostly bounded, and llguidance compiles (nearly) all of it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from jupyter_infer.bench.schemas import corpus, hostile
+from jupyter_infer.commands.bench.schemas import corpus, hostile
 
 
 def strings(schema: Any) -> Iterator[dict]:
@@ -70,7 +70,7 @@ def test_the_hostile_cases_are_there() -> None:
 def test_llguidance_compiles_the_corpus(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from jupyter_infer.bench.grammar_libs import LLGuidance, run_schema
+    from jupyter_infer.commands.bench.grammar_libs import LLGuidance, run_schema
 
     lib = LLGuidance(AutoTokenizer.from_pretrained(tiny_model_dir))
     results = {name: run_schema(lib, schema, 4) for name, schema in corpus()}

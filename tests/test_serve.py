@@ -16,9 +16,9 @@ from unittest import mock
 import httpx
 import pytest
 
-from jupyter_infer import serve
-from jupyter_infer.cli import main
-from jupyter_infer.server.launcher import free_port
+from jupyter_infer.commands import serve
+from jupyter_infer.commands.cli import main
+from jupyter_infer.kernel.launcher import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -55,7 +55,7 @@ def test_serve_runs_the_extension_alone_and_stops_cleanly_on_interrupt(tmp_path:
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
     log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_infer.cli", "serve", "--InferApp.engine=simulated",
+        [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--InferApp.engine=simulated",
          f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}"],
         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
     )

@@ -417,7 +417,8 @@ async def test_a_body_that_arrives_too_slowly_is_answered_408_before_the_close(
 async def test_an_unexpected_error_is_a_json_500_without_internals_and_counted(
     client: httpx.AsyncClient, jp_serverapp: Any, monkeypatch: pytest.MonkeyPatch, path: str, openai: bool
 ) -> None:
-    from jupyter_infer.server import handlers, openai_requests
+    from jupyter_infer.server import handlers
+    from jupyter_infer.wire import openai_requests
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise KeyError("secret internals at 0x7f")

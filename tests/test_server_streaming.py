@@ -22,7 +22,7 @@ from server_helpers import (
     use_scripted_engine,
 )
 
-from jupyter_infer.server.launcher import LocalServer
+from jupyter_infer.kernel.launcher import LocalServer
 from jupyter_infer.server.sse import format_event
 
 pytestmark = pytest.mark.timeout(60)

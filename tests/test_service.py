@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from server_helpers import eventually
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine.simulated import SimulatedEngine
 from jupyter_infer.errors import EngineUnavailable, InvalidRequest, QueueFull, RequestFailed
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
 
 pytestmark = pytest.mark.asyncio
 
@@ -335,7 +335,7 @@ async def test_a_cancel_during_a_routers_fallback_reaches_the_fallback() -> None
     lost between the two backends, or the request runs on for nobody."""
     import threading
 
-    from jupyter_infer.router import RouterService
+    from jupyter_infer.service.router import RouterService
 
     loaded = threading.Event()
 
@@ -363,7 +363,7 @@ async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole()
     each chunk costs its own tokens (a precedence slip once made every chunk after the
     first cost nothing, and the interference it demonstrates vanished)."""
     from jupyter_infer.engine import StepPlan
-    from jupyter_infer.sequence import Sequence
+    from jupyter_infer.values.sequence import Sequence
 
     engine = SimulatedEngine(prefill_ms_per_token=2.0, prefill_base_ms=0.0)
     slept: list[float] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.engine.simulated_answers import CONCEPT_NAMES, compose_answer, matched_concepts
-from jupyter_infer.prompts import SAMPLE_PROMPTS
+from jupyter_infer.values.prompts import SAMPLE_PROMPTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "simulated_answers_expected.json").read_text("utf-8"))

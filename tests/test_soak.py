@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from jupyter_infer.soak_report import Round, format_report, report
+from jupyter_infer.commands.soak_report import Round, format_report, report
 
 
 def a_round(rss: float, lost: int = 0) -> Round:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.engine import Rows, StepPlan
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.ngram import propose
-from jupyter_infer.request import Request, RequestResult, SamplingParams
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, RequestResult, SamplingParams
 from tests.test_hf_engine import _real_kv, _seq, reference
 
 # Answers that quote their prompt: code being rewritten, a record whose fields repeat.

@@ -14,9 +14,9 @@ from client_helpers import fast_service
 from pydantic import Field
 
 from jupyter_infer import Client
-from jupyter_infer.client.tools import function_tool
-from jupyter_infer.server.launcher import LocalServer
-from jupyter_infer.tool_agent import run_tool_agent
+from jupyter_infer.kernel.client.function_tools import function_tool
+from jupyter_infer.kernel.launcher import LocalServer
+from jupyter_infer.kernel.tool_agent import run_tool_agent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,7 +95,7 @@ def test_the_agent_on_a_real_model(tiny_model_dir: Path) -> None:
 def test_calls_an_unconstrained_upstream_might_make_become_error_results() -> None:
     """Found in review: behind an upstream that does not constrain its calls, a call to an
     unknown tool or with arguments that are not JSON raised out of the agent."""
-    from jupyter_infer.tool_agent import _arguments, _run
+    from jupyter_infer.kernel.tool_agent import _arguments, _run
 
     assert _arguments({"function": {"arguments": "{not json"}}) is None
     assert _arguments({"function": {"arguments": "[1]"}}) is None

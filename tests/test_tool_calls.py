@@ -84,7 +84,7 @@ def test_null_means_the_default() -> None:
 def test_an_upstream_gets_the_schema_as_sent() -> None:
     """Name and strict go upstream as the client sent them (strict only when it said so)."""
     from jupyter_infer.constraints.spec import from_body
-    from jupyter_infer.upstream.wire import constraint_fields
+    from jupyter_infer.wire.upstream_openai import constraint_fields
 
     loose = constraint_fields(from_body({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "object"}}}}))
@@ -146,7 +146,7 @@ def test_closing_a_schema_walks_subschemas_only() -> None:
 
 
 def test_parallel_results_are_one_user_turn() -> None:
-    from jupyter_infer.chat import parse_messages
+    from jupyter_infer.wire.chat import parse_messages
 
     chat = parse_messages({"messages": [
         {"role": "user", "content": "Weather in Paris and Rome?"},
@@ -170,8 +170,8 @@ def test_a_cut_call_is_kept_when_asked() -> None:
 def test_an_upstream_gets_the_conversation_as_sent() -> None:
     """Found in review: an upstream got our tool prompt and flattened history besides the
     tools field; it gets the client's messages and renders them its own way."""
-    from jupyter_infer.native import parse_generate
-    from jupyter_infer.upstream.wire import request_body
+    from jupyter_infer.wire.native import parse_generate
+    from jupyter_infer.wire.upstream_openai import request_body
 
     sent = [{"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": None, "tool_calls": [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.errors import (
     InvalidRequest,
     QueueFull,
@@ -13,14 +12,15 @@ from jupyter_infer.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from jupyter_infer.events import EventBus
-from jupyter_infer.metrics import MetricsCollector
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.router import Rule
 from jupyter_infer.scheduler import Recorder
-from jupyter_infer.sequence import Sequence, Status
-from jupyter_infer.upstream.scheduler import UpstreamScheduler
-from jupyter_infer.upstream.wire import (
+from jupyter_infer.service.routing import Rule
+from jupyter_infer.upstream.admission import UpstreamScheduler
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.events import EventBus
+from jupyter_infer.values.metrics import MetricsCollector
+from jupyter_infer.values.request import Request, SamplingParams
+from jupyter_infer.values.sequence import Sequence, Status
+from jupyter_infer.wire.upstream_openai import (
     error_message,
     estimate_tokens,
     http_error,

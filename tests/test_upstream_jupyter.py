@@ -15,7 +15,7 @@ import httpx
 import pytest
 from server_helpers import AUTH, eventually, parse_sse
 
-from jupyter_infer.server.launcher import LocalServer
+from jupyter_infer.kernel.launcher import LocalServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

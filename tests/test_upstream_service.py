@@ -10,7 +10,6 @@ import pytest
 from server_helpers import eventually
 from upstream_helpers import MODEL, ScriptedUpstream
 
-from jupyter_infer.config import ServiceConfig
 from jupyter_infer.errors import (
     EngineUnavailable,
     InvalidRequest,
@@ -18,8 +17,9 @@ from jupyter_infer.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from jupyter_infer.request import Request, SamplingParams
-from jupyter_infer.service import InferenceService
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
 
 pytestmark = pytest.mark.asyncio
 

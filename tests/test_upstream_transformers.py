@@ -25,7 +25,7 @@ from nbclient import NotebookClient
 from server_helpers import AUTH, TOKEN, eventually, parse_sse
 from upstream_helpers import CountingProxy, free_port, wait_for_http
 
-from jupyter_infer.server.launcher import LocalServer
+from jupyter_infer.kernel.launcher import LocalServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -195,7 +195,7 @@ def test_the_magics_work_against_the_plain_server_with_no_jupyter_server_between
         "%%infer --max-tokens 5\nHello straight to the model server",
         "%infer_burst 4 --max-tokens 6",
         "%infer_status",
-        "from jupyter_infer.client import default_client\n"
+        "from jupyter_infer.kernel.client import default_client\n"
         "b = default_client().batches()\n"
         "print(b['timings'], sorted({x['source'] for x in b['batches']}), max(x['size'] for x in b['batches']))",
     )]

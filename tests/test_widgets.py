@@ -18,9 +18,7 @@ import ipywidgets as widgets
 import pytest
 
 from jupyter_infer import Client
-from jupyter_infer.config import ServiceConfig
-from jupyter_infer.service import InferenceService
-from jupyter_infer.widgets import (
+from jupyter_infer.kernel.widgets import (
     BatchTimeline,
     InferPanel,
     RunSummary,
@@ -28,9 +26,11 @@ from jupyter_infer.widgets import (
     percentile,
     timeline_data,
 )
-from jupyter_infer.widgets import panel as panel_module
+from jupyter_infer.kernel.widgets import panel as panel_module
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
 
-STATIC = Path(__file__).resolve().parent.parent / "jupyter_infer" / "widgets" / "static"
+STATIC = Path(__file__).resolve().parent.parent / "jupyter_infer" / "kernel" / "widgets" / "static"
 
 # A past run as infer/batches returns it: a joins b's running batch (continuous mode).
 PAYLOAD = {

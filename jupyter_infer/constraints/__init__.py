@@ -2,6 +2,6 @@
 enforces it inside the batch (``grammar``: compiled once per spec, a matcher per row), and the
 tool-call format built on it (``tools``)."""
 
-from ..request import Constraint, ConstraintKind
+from ..values.request import Constraint, ConstraintKind
 
 __all__ = ["Constraint", "ConstraintKind"]

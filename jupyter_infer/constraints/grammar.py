@@ -58,7 +58,7 @@ def grammar_text(constraint: Constraint) -> str:
         lark = gbnf_to_lark(spec) if "::=" in spec else spec  # GBNF (llama.cpp's, vLLM's) or Lark
         return llguidance.LLMatcher.grammar_from_lark(lark)
     if kind == "tools":
-        from .tools import ToolSet  # the tool set's grammar is a Lark grammar of calls
+        from .tools import ToolSet
 
         return llguidance.LLMatcher.grammar_from_lark(ToolSet.from_constraint(constraint).lark())
     raise ValueError(f"unknown constraint kind {kind!r}")

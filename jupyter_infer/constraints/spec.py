@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidRequest
-from ..request import CONSTRAINT_FIELDS, Constraint, show
+from ..values.request import Constraint, show
 
 MAX_SPEC_CHARS = 256 * 1024  # a schema, grammar or tool list this long is refused before compiling
 MAX_CHOICES = 10_000
@@ -27,6 +27,10 @@ _VLLM_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "gram
               "json_object": "json_object"}
 _GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}
+# The fields that constrain an answer: the native API takes them all, the OpenAI routes all but
+# the four short names.
+CONSTRAINT_FIELDS = {"json_schema", "regex", "choice", "grammar", "response_format", "structured_outputs",
+                     "guided_json", "guided_regex", "guided_choice", "guided_grammar"}
 NATIVE_FIELDS = ("json_schema", "regex", "choice", "grammar")
 OPENAI_FIELDS = CONSTRAINT_FIELDS - set(NATIVE_FIELDS)  # what the OpenAI routes read
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequest
-from ..request import show
+from ..values.request import show
 from .spec import MAX_SPEC_CHARS, Constraint, closed_schema, seconds_below_60
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -8,8 +8,9 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..config import ServiceConfig
-from .base import Batch, Engine, EngineInfo, KVUsage, Rows, Sampled, StepPlan
+from ..values.config import ServiceConfig
+from ..values.engine_info import EngineInfo
+from .base import Batch, Engine, KVUsage, Rows, Sampled, StepPlan
 
 __all__ = ["Batch", "Engine", "EngineInfo", "KVUsage", "Rows", "Sampled", "StepPlan", "load_engine"]
 
@@ -46,7 +47,7 @@ def _simulated(config: ServiceConfig, fallback_reason: str | None = None) -> Eng
 
 
 def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
-    from .hf import HFEngine  # imports torch and transformers; missing ones fall back
+    from .hf import HFEngine
 
     model, local_only = _local_or_hub(config.model, auto)
     draft, draft_local_only = _local_or_hub(config.draft_model, auto) if config.speculation == "draft" else ("", True)

@@ -5,35 +5,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from ..values.engine_info import EngineInfo
 
 if TYPE_CHECKING:
     from ..constraints.grammar import GrammarCompiler
-    from ..request import TokenLogprob
-    from ..sequence import Sequence
-
-
-@dataclass
-class EngineInfo:
-    engine: str  # "hf" | "simulated" | "openai" | "router"
-    model: str
-    device: str
-    dtype: str
-    max_context: int  # prompt + generated tokens one row can hold
-    fallback_reason: str | None = None
-    details: dict = field(default_factory=dict)
-    # Every model served, as v1/models cards ({"id", "route"}): a router's, one per backend.
-    # Empty: just ``model``.
-    models: list[dict[str, Any]] = field(default_factory=list)
-
-    def model_names(self) -> list[str]:
-        """The served model's name first, then the names a request may use for it (or, for
-        a router, for any of its backends: their models and the backends' own names)."""
-        names = [self.model, Path(self.model).name, "default"]
-        for card in self.models:
-            names += [card["id"], Path(card["id"]).name, card.get("route")]
-        return list(dict.fromkeys(n for n in names if n))
+    from ..values.request import TokenLogprob
+    from ..values.sequence import Sequence
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from ..config import QUANTIZE
+from ..values.config import QUANTIZE
 from . import q4_linear
 from .cpu_features import cpu_has_vnni
 from .q4_linear import Int4Linear

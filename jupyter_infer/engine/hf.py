@@ -25,8 +25,9 @@ from transformers.utils import logging as hf_logging
 
 from ..constraints.grammar import GrammarCompiler, masks_beside
 from ..errors import InvalidRequest
+from ..values.engine_info import EngineInfo
 from . import gguf_load, kv_cache, ragged, speculate
-from .base import Engine, EngineInfo, KVUsage, Rows, Sampled
+from .base import Engine, KVUsage, Rows, Sampled
 from .buckets import Buckets
 from .cpu_linear import LinearReport
 from .draft_model import DraftModel
@@ -39,7 +40,7 @@ from .shared_prefix import Claim, SharedPrefix, SharedPrefixes
 from .token_bound import longest_token_chars
 
 if TYPE_CHECKING:
-    from ..sequence import Sequence
+    from ..values.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from ..request import SamplingParams
+    from ..values.request import SamplingParams
 
 
 class LogitsProcessor(Protocol):

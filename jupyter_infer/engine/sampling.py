@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..constraints.grammar import Grammar, GrammarRow
-from ..request import SamplingParams, TokenLogprob
+from ..values.request import SamplingParams, TokenLogprob
 from .base import Sampled
 from .logits_processors import LogitsProcessor, processors_for
 

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..constraints.grammar import GrammarCompiler, GrammarRow
-from ..request import TokenLogprob
-from .base import Engine, EngineInfo, Sampled
+from ..values.engine_info import EngineInfo
+from ..values.request import TokenLogprob
+from .base import Engine, Sampled
 from .simulated_answers import compose_answer
 from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
 
 if TYPE_CHECKING:
-    from ..sequence import Sequence
+    from ..values.sequence import Sequence
 
 
 SIMULATED_RUN = 12  # answer tokens a constrained row reads into one string (or text) before closing it

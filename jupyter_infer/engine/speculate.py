@@ -30,7 +30,7 @@ from .ngram import propose
 from .sampling import RowSampler, filter_logits, sample
 
 if TYPE_CHECKING:
-    from ..sequence import Sequence
+    from ..values.sequence import Sequence
     from .draft_model import DraftModel
     from .hf_batch import HFBatch
 

@@ -1,8 +1,8 @@
-"""Scheduling: the sync core that decides (``Scheduler``), the async loop that runs its plans
-on the engine thread (``EngineLoop``), and the recorder of what happened."""
+"""Scheduling, synchronous and engine-free of I/O: the core that decides which sequences run in
+the next step (``Scheduler``), the owners' fair order (``fair``), and the recorder of what
+happened (``Recorder``). The async loop that runs its plans is ``loops.engine_loop``."""
 
-from .loop import EngineLoop
 from .recorder import Recorder
 from .scheduler import Scheduler
 
-__all__ = ["EngineLoop", "Recorder", "Scheduler"]
+__all__ = ["Recorder", "Scheduler"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 
-from ..sequence import Sequence, Status
+from ..values.sequence import Sequence, Status
 
 
 class Owners:

@@ -22,12 +22,13 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
-from ..events import EventBus
-from ..metrics import BatchRecord, MetricsCollector, wall
+from ..values.events import EventBus
+from ..values.metrics import BatchRecord, MetricsCollector, wall
 
 if TYPE_CHECKING:
-    from ..engine import EngineInfo, StepPlan
-    from ..sequence import Sequence
+    from ..engine import StepPlan
+    from ..values.engine_info import EngineInfo
+    from ..values.sequence import Sequence
 
 
 RECENT_IDS = 1024  # finished request ids remembered (a reconnecting EventSource names one)

@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING
 
 from ..engine import Sampled, StepPlan
 from ..errors import ConstraintFailed, QueueFull
-from ..request import TokenLogprob
-from ..sequence import Sequence, Status
+from ..values.request import TokenLogprob
+from ..values.sequence import Sequence, Status
 from .fair import Owners
 from .recorder import Recorder
 
 if TYPE_CHECKING:
-    from ..config import ServiceConfig
     from ..engine import Engine
+    from ..values.config import ServiceConfig
 
 DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefills
 

@@ -14,11 +14,10 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Dict, Float, Int, List, Unicode
 
 from .._version import __version__
-from ..client.discovery import normalize_url
-from ..config import DTYPES, ENGINES, MODES, ServiceConfig
 from ..engine import Engine
-from ..service import InferenceService
-from ..services import make_service
+from ..service.inference import InferenceService
+from ..service.service_factory import make_service
+from ..values.config import DTYPES, ENGINES, MODES, ServiceConfig, normalize_url
 from . import prometheus
 from .handler_base import SERVICE_KEY
 from .handlers import routes

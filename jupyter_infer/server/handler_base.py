@@ -43,9 +43,9 @@ from ..errors import (
     QueueFull,
     refusal_reason,
 )
-from ..request import Request, RequestResult, TokenEvent, show
-from ..service import InferenceService
-from ..stream import RequestStream
+from ..service.inference import InferenceService
+from ..values.request import Request, RequestResult, TokenEvent, show
+from ..values.stream import RequestStream
 from .sse import EventStreamHandler, format_event
 from .viewer import Viewer
 

@@ -15,9 +15,9 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..errors import Forbidden, InvalidRequest, NotFound
-from ..events import coalesce_tokens
-from ..native import parse_generate
-from ..request import show
+from ..values.events import coalesce_tokens
+from ..values.request import show
+from ..wire.native import parse_generate
 from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .openai_handlers import (
     ChatCompletionsHandler,

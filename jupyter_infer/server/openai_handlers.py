@@ -12,13 +12,13 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from ..chat import parse_messages
 from ..constraints.tools import CallParser
 from ..errors import InferError, InvalidRequest, NotFound
-from ..metrics import wall
-from ..request import RequestResult, TokenEvent, show
-from ..stream import RequestStream
-from . import openai_answers, openai_requests
+from ..values.metrics import wall
+from ..values.request import RequestResult, TokenEvent, show
+from ..values.stream import RequestStream
+from ..wire import openai_answers, openai_requests
+from ..wire.chat import parse_messages
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .sse import format_event
 

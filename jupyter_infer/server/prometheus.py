@@ -17,8 +17,8 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..metrics import BatchRecord, RequestRecord
-from ..protocol import Service
+from ..service.protocol import Service
+from ..values.metrics import BatchRecord, RequestRecord
 
 _PREFIX = "jupyter_infer_"
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -16,8 +16,8 @@ from jupyter_server.base.handlers import APIHandler
 from tornado.iostream import StreamClosedError
 
 from ..errors import InferError
-from ..request import RequestResult, TokenEvent
-from ..stream import RequestStream
+from ..values.request import RequestResult, TokenEvent
+from ..values.stream import RequestStream
 
 T = TypeVar("T")
 

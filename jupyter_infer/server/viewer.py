@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..events import coalesce_tokens
+from ..values.events import coalesce_tokens
 from .sse import format_event
 
 ANONYMOUS = "another user"

@@ -2,13 +2,12 @@
 Ray Serve, another jupyter_infer) behind this server's queue, priorities, cancellation,
 metrics and timeline.
 
-``UpstreamServer`` is the upstream as seen from here (model, reachability, streams with
-retries); ``UpstreamLoop`` runs the front's scheduling core in front of it; ``wire`` holds the
-request and chunk formats.
+``connection``: the upstream as seen from here (``UpstreamServer``: model, reachability,
+streams with retries); ``admission``: who may send to it now (the scheduling core's queue
+and fair share, without an engine). The loop that runs them is ``loops.upstream_loop``; the
+request and chunk formats are ``wire.upstream_openai``.
 """
 
-from .loop import UpstreamLoop
-from .server import UpstreamServer
-from .wire import estimate_tokens
+from .connection import UpstreamServer
 
-__all__ = ["UpstreamLoop", "UpstreamServer", "estimate_tokens"]
+__all__ = ["UpstreamServer"]

@@ -6,7 +6,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = dirname(dirname(fileURLToPath(import.meta.url)));
-const out = join(here, '..', 'jupyter_infer', 'widgets', 'static');
+const out = join(here, '..', 'jupyter_infer', 'kernel', 'widgets', 'static');
 
 await build({
   entryPoints: [join(here, 'src', 'timeline', 'widget.ts')],

@@ -1,5 +1,5 @@
 // What the batch timeline draws. Field names follow the server's records (`infer/batches`)
-// and `jupyter_infer.widgets.timeline.timeline_data`; times are epoch seconds.
+// and `jupyter_infer.kernel.widgets.timeline.timeline_data`; times are epoch seconds.
 
 /** One request: a row of the timeline. */
 export interface ITimelineRow {

@@ -1,6 +1,6 @@
 // The notebook's batch timeline (anywidget): the same renderer as the side panel, drawing the
-// model's traits `requests`, `batches`, `now` and `title` (jupyter_infer/widgets/timeline.py).
-// Bundled by scripts/build-widget.mjs into jupyter_infer/widgets/static/timeline.js.
+// model's traits `requests`, `batches`, `now` and `title` (jupyter_infer/kernel/widgets/timeline.py).
+// Bundled by scripts/build-widget.mjs into jupyter_infer/kernel/widgets/static/timeline.js.
 
 import { TimelineView } from './render';
 import { ITimelineBatch, ITimelineRow } from './types';

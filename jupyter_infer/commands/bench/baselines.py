@@ -1,0 +1,146 @@
+"""The contenders without a scheduler: ``model.generate`` one request at a time, one padded
+``generate`` for the whole burst, and the ceiling (bare decode steps, no scheduling at all)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ...engine.hf_batch import left_pad_rows
+from .contenders import Contender, Run
+from .workloads import Workload
+
+
+class _Clock:
+    """A ``generate`` streamer that only notes when tokens come out (its first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.puts: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    @property
+    def first_token(self) -> float | None:
+        return self.puts[1] if len(self.puts) > 1 else None
+
+
+def _generate(model: Any, rows: list[list[int]], new_tokens: int, pad_id: int) -> tuple[torch.Tensor, _Clock]:
+    """One ``model.generate`` call over left-padded ``rows``, greedy, exactly ``new_tokens``."""
+    ids, mask = left_pad_rows(rows, pad_id)
+    clock = _Clock()
+    out = model.generate(
+        input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+        pad_token_id=pad_id, streamer=clock,
+    )
+    return out[:, ids.shape[1]:], clock
+
+
+class Sequential(Contender):
+    """The naive server: ``model.generate`` for one request at a time, in arrival order."""
+
+    name, label, closed_only = "sequential", "sequential generate", True
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def warmup(self, workload: Workload) -> None:
+        self.run(Workload(workload.name, "warm-up", workload.arrivals[:2]))
+
+    def run(self, workload: Workload) -> Run:
+        start = time.perf_counter()
+        ttft, latency, tokens = [], [], 0
+        for arrival in workload.arrivals:
+            out, clock = _generate(self.engine.model, [self.engine.tokenize(arrival.prompt)],
+                                   arrival.max_tokens, self.engine.pad_token_id)
+            done = time.perf_counter()
+            tokens += out.shape[1]
+            ttft.append((clock.first_token - start) * 1000)
+            latency.append((done - start) * 1000)
+        return Run(time.perf_counter() - start, tokens, ttft, latency)
+
+
+class StaticBatch(Contender):
+    """Static batching: one padded ``model.generate`` call for the whole burst.
+
+    Every row runs to the longest output; only the tokens each request asked for count.
+    """
+
+    name, label, closed_only = "static", "static batch (padded generate)", True
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def run(self, workload: Workload) -> Run:
+        rows = [self.engine.tokenize(a.prompt) for a in workload.arrivals]
+        longest = max(a.max_tokens for a in workload.arrivals)
+        start = time.perf_counter()
+        out, clock = _generate(self.engine.model, rows, longest, self.engine.pad_token_id)
+        done = time.perf_counter()
+        n = len(rows)
+        return Run(
+            done - start, workload.total_tokens,
+            [(clock.first_token - start) * 1000] * n, [(done - start) * 1000] * n,
+            {"padded_tokens": int(out.numel())},
+        )
+
+
+class DecodeCeiling(Contender):
+    """The ceiling: the raw cost of decode steps with the KV cache and no scheduling at all.
+
+    Prefills every row (not counted), then times only the bare forward + argmax of each
+    decode step, each step running exactly the rows that still want tokens. Tokens per
+    second over those steps is what no scheduler on this machine can beat.
+    """
+
+    name, label, closed_only = "ceiling", "ceiling (bare decode steps)", True
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def run(self, workload: Workload) -> Run:
+        from transformers import DynamicCache
+
+        model = self.engine.model
+        device = model.device
+        rows = [self.engine.tokenize(a.prompt) for a in workload.arrivals]
+        want = torch.tensor([a.max_tokens for a in workload.arrivals])
+        ids, mask = (t.to(device) for t in left_pad_rows(rows, self.engine.pad_token_id))
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                        cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=1)
+            last = out.logits[:, -1].argmax(-1)
+            prefill_s = time.perf_counter() - t0
+            cache, positions = out.cache, mask.sum(-1)
+            decode_s, tokens, step = 0.0, 0, 1
+            alive = torch.arange(len(rows))
+            while True:
+                keep = (want[alive] > step).nonzero().flatten()
+                if len(keep) == 0:
+                    break
+                if len(keep) < len(alive):  # rows that are done leave, as they would in any good scheduler
+                    index = keep.to(device)
+                    for layer in cache.layers:
+                        layer.keys, layer.values = layer.keys[index], layer.values[index]
+                    mask, positions, last, alive = mask[index], positions[index], last[index], alive[keep]
+                mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=-1)
+                t = time.perf_counter()
+                out = model(input_ids=last[:, None], attention_mask=mask, position_ids=positions[:, None],
+                            cache=cache, use_cache=True)
+                last = out.logits[:, -1].argmax(-1)
+                decode_s += time.perf_counter() - t
+                cache, positions, tokens, step = out.cache, positions + 1, tokens + len(alive), step + 1
+        total = time.perf_counter() - t0
+        return Run(decode_s, tokens, extra={
+            "prefill_s": prefill_s,
+            "decode_step_ms": decode_s / max(step - 1, 1) * 1000,
+            # The same bare loop counted end to end, prefill included: the practical best.
+            "bare_loop_tokens_per_s": workload.total_tokens / total,
+        })

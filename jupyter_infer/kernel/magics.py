@@ -1,0 +1,346 @@
+"""IPython magics: ``%load_ext jupyter_infer`` gives ``%infer``, ``%%infer``, ``%infer_panel``,
+``%infer_burst`` and ``%infer_status``.
+
+They use one client per kernel (``jupyter_infer.kernel.client.default_client``): the Jupyter server
+that runs this kernel, found by itself, or whatever ``JUPYTER_INFER_URL``/``TOKEN`` name.
+Errors a user can hit print as one short line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import html
+import re
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import wait
+from queue import SimpleQueue
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from ..errors import InferError
+from ..values.prompts import SAMPLE_PROMPTS
+from .client import Client, Completion, arrival_times, default_client
+
+STREAM_REDRAW_S = 0.1  # the streamed output is redrawn at most 10 times a second
+BURST_POLL_S = 0.4
+
+
+def _short_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Print an ``InferError`` as one readable line instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except InferError as err:
+            print(f"jupyter_infer: {err.message}", file=sys.stderr)
+        except KeyboardInterrupt:
+            print("jupyter_infer: interrupted; the server cancels the request.", file=sys.stderr)
+            raise  # stop "run all" here, as any interrupted cell does
+        return None
+
+    return wrapper
+
+
+def split_options(line: str) -> tuple[str, str]:
+    """Split ``--max-tokens 20 --no-stream What is a KV cache?`` into options and the prompt.
+
+    Options are leading ``-``/``--`` words (with a value unless they are flags); ``--`` ends
+    them. The prompt keeps its own spacing and quotes.
+    """
+    flags = {"--no-stream", "--help", "-h"}
+    rest = line.lstrip()
+    options: list[str] = []
+    while rest.startswith("-"):
+        word, _, after = rest.partition(" ")
+        if word == "--":
+            rest = after.lstrip()
+            break
+        if not word.startswith("--") and len(word) > 1 and word[1].isdigit():
+            break  # a negative number is prompt text
+        options.append(word)
+        rest = after.lstrip()
+        if word not in flags and "=" not in word:
+            value, _, after = rest.partition(" ")
+            options.append(value)
+            rest = after.lstrip()
+    return " ".join(options), rest
+
+
+def _stream_into_display(client: Client, prompt: str, params: dict[str, Any]) -> None:
+    """Stream a completion into one display that is updated in place."""
+    handle = display({"text/plain": "…"}, raw=True, display_id=True)
+    stream = client.stream(prompt, **params)
+    last = 0.0
+    try:
+        for _ in stream:
+            now = time.monotonic()
+            if now - last >= STREAM_REDRAW_S:
+                last = now
+                handle.update({"text/plain": stream.text + " ▌"}, raw=True)
+    except BaseException:
+        handle.update({"text/plain": stream.text}, raw=True)  # no placeholder or cursor left behind
+        raise
+    footer = (
+        f"[{stream.tokens} tokens · first token {stream.ttft_ms:.0f} ms · "
+        f"total {stream.total_ms / 1000:.2f} s · {stream.id}]"
+        if stream.ttft_ms is not None and stream.total_ms is not None else f"[{stream.id}]"
+    )
+    handle.update({"text/plain": f"{stream.text}\n\n{footer}"}, raw=True)
+
+
+def _show_completion(result: Completion) -> None:
+    footer = (
+        f"[{result.completion_tokens} tokens · {result.finish_reason} · first token "
+        f"{_ms(result.ttft_ms)} · total {_ms(result.total_ms)} · batch #{result.batch_id} "
+        f"of {result.batch_size} · {result.id}]"
+    )
+    display({"text/plain": f"{result.text}\n\n{footer}"}, raw=True)
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f} ms"
+
+
+@magics_class
+class InferMagics(Magics):
+    """The jupyter_infer magics; one client per kernel."""
+
+    def __init__(self, shell: Any, client: Client | None = None) -> None:
+        super().__init__(shell)
+        self._client = client
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = default_client()
+        return self._client
+
+    @magic_arguments()
+    @argument("--max-tokens", type=int, default=None, help="most tokens to generate (server default: 64)")
+    @argument("--temperature", type=float, default=None, help="0 = greedy (default); up to 2")
+    @argument("--seed", type=int, default=None, help="sampling seed, for repeatable answers")
+    @argument("--no-stream", action="store_true", help="wait for the whole answer, then show it with its batch")
+    @argument("prompt", nargs="*", help="the prompt (line magic); for %%%%infer the cell body is the prompt")
+    @line_cell_magic
+    @_short_errors
+    def infer(self, line: str, cell: str | None = None) -> None:
+        """Complete a prompt with the inference engine; tokens stream into the output.
+
+        Line magic, options first, then the prompt::
+
+            %infer What is dynamic batching?
+            %infer --max-tokens 32 --seed 1 Explain the KV cache
+
+        Cell magic, the options on the first line, the cell is the prompt::
+
+            %%infer --max-tokens 64 --temperature 0.7
+            Explain speculative decoding
+            in two sentences.
+
+        The answer streams into one output that updates in place, then shows how many tokens
+        came, the time to the first token and the total. With ``--no-stream`` it shows the
+        whole answer at once, with the batch it ran in. The engine is the Jupyter server that
+        runs this kernel (or ``JUPYTER_INFER_URL``); see ``%infer_status``.
+        """
+        options, prompt = (line, cell) if cell is not None else split_options(line)
+        args = parse_argstring(self.infer, options)
+        if cell is not None and args.prompt:
+            raise UsageError("%%infer takes options on its first line; the prompt is the cell body.")
+        prompt = prompt.strip()
+        if not prompt:
+            raise UsageError("Give a prompt: `%infer What is a KV cache?`, or a %%infer cell with text.")
+        params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+        if args.no_stream:
+            _show_completion(self.client.generate(prompt, **params))
+        else:
+            _stream_into_display(self.client, prompt, params)
+
+    @line_magic
+    @_short_errors
+    def infer_panel(self, line: str = "") -> Any:
+        """Show the inference panel: prompts, controls, live outputs, batch timeline, summary.
+
+        ``%infer_panel`` (empty), ``%infer_panel 8`` (filled with 8 sample prompts).
+        """
+        from .widgets import InferPanel
+
+        panel = InferPanel(self.client)
+        if line.strip():
+            try:
+                panel.fill(int(line.strip()))
+            except ValueError:
+                raise UsageError("%infer_panel takes an optional number of sample prompts.") from None
+        display(panel)
+
+    @magic_arguments()
+    @argument("n", type=int, help="how many prompts (sample prompts, cycled)")
+    @argument("--rate", type=float, default=None,
+              help="Poisson arrivals at this many requests per second (default: all at once)")
+    @argument("--max-tokens", type=int, default=32, help="most tokens per answer (default 32)")
+    @argument("--seed", type=int, default=0, help="seed of the arrival times")
+    @line_magic
+    @_short_errors
+    def infer_burst(self, line: str) -> Any:
+        """Send N prompts at once (or as Poisson arrivals) and show how they were batched.
+
+        ``%infer_burst 16`` sends 16 sample prompts together; ``%infer_burst 32 --rate 20
+        --max-tokens 48`` spreads them as Poisson arrivals at 20 requests/s. The batch
+        timeline draws one row per request (queued, prefill, decoding; colour = batch) and
+        updates while the burst runs, with a summary under it (TTFT and latency p50/p95,
+        tokens/s, mean batch size, batch-size histogram; where widgets do not render, the
+        output's text is that summary). Returns nothing; the view is in ``_infer_burst``.
+        """
+        from .widgets import RunView
+
+        args = parse_argstring(self.infer_burst, line)
+        if args.n < 1:
+            raise UsageError("%infer_burst needs N >= 1.")
+        prompts = [SAMPLE_PROMPTS[i % len(SAMPLE_PROMPTS)] for i in range(args.n)]
+        client = self.client
+        view = RunView(title=f"burst of {args.n}" + (f" at {args.rate:g}/s" if args.rate else ", all at once"))
+        for i, prompt in enumerate(prompts):
+            view.track(f"#{i + 1}", f"#{i + 1} {prompt}")
+        handle = display(view, display_id=True)
+        facts: SimpleQueue[tuple[int, dict[str, Any]]] = SimpleQueue()  # filled on the client's I/O thread
+        future = client.submit(_burst(client, prompts, args.rate, args.seed, {"max_tokens": args.max_tokens}, facts))
+        try:
+            while not future.done():
+                # Widgets change only here, on the kernel's thread; the burst runs on the client's.
+                wait([future], timeout=BURST_POLL_S)
+                _observe(view, facts)
+                try:
+                    view.refresh(client)
+                except InferError:
+                    view.redraw()
+            errors = future.result()
+        except BaseException:
+            future.cancel()
+            raise
+        _observe(view, facts)
+        view.refresh(client)
+        self.shell.user_ns["_infer_burst"] = view
+        handle.update(view)  # the same widget; its text (nbconvert, terminals) now holds the summary
+        if errors:
+            print(f"jupyter_infer: {len(errors)} of {args.n} requests failed: {errors[0]}", file=sys.stderr)
+
+    @line_magic
+    @_short_errors
+    def infer_status(self, line: str = "") -> None:
+        """Show where requests go (server or embedded), the engine, model, device, mode, the
+        queue and the main metrics."""
+        client = self.client
+        status = client.status()
+        metrics = client.metrics()
+        display(_status_bundle(client, status, metrics), raw=True)
+
+
+async def _burst(
+    client: Client, prompts: list[str], rate: float | None, seed: int, params: dict[str, Any],
+    facts: SimpleQueue[tuple[int, dict[str, Any]]],
+) -> list[str]:
+    """Stream every prompt (at once, or as Poisson arrivals), reporting to ``facts`` what each
+    request's row learns as it learns it: sent, its id and first token, its end. Streams, not
+    ``generate``: the rows of a live timeline then hold facts, not guesses. Returns the errors."""
+    delays = arrival_times(len(prompts), rate, seed)
+
+    async def one(i: int, prompt: str) -> str | None:
+        await asyncio.sleep(delays[i])
+        stream = client.astream(prompt, **params)
+        facts.put((i, {"queued_at": time.time()}))
+        try:
+            async for _ in stream:
+                if stream.fragments == 1:
+                    facts.put((i, {"id": stream.id, "first_token_at": stream.first_token_at, "outcome": "running"}))
+                facts.put((i, {"tokens": stream.tokens}))  # tokens/s so far
+        except InferError as err:
+            facts.put((i, {"id": stream.id, "finished_at": time.time(), "outcome": "error"}))
+            return err.message
+        result = stream.completion
+        facts.put((i, {"id": result.id, "finished_at": result.received_at, "tokens": result.completion_tokens,
+                       "outcome": "cancelled" if result.finish_reason == "cancelled" else "ok"}))
+        return None
+
+    return [e for e in await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))) if e]
+
+
+def _observe(view: Any, facts: SimpleQueue[tuple[int, dict[str, Any]]]) -> None:
+    """Record the facts that came in since the last call."""
+    while not facts.empty():
+        i, fields = facts.get()
+        view.record(f"#{i + 1}", **fields)
+
+
+def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, Any]) -> dict[str, str]:
+    requests = metrics.get("requests", {})
+    ttft = metrics.get("ttft_ms") or {}
+    latency = metrics.get("latency_ms") or {}
+    rows = [
+        ("connection", str(client.connection)),
+        ("state", status.get("state")),
+        ("engine", status.get("engine")),
+        ("model", status.get("model")),
+        ("device", f"{status.get('device')} ({status.get('dtype')})"),
+        ("scheduling mode", status.get("mode")),
+        ("fallback reason", status.get("fallback_reason") or "–"),
+        ("queue / running", f"{status.get('queue_depth', metrics.get('queue_depth'))} / {status.get('running', requests.get('running'))}"),
+        ("requests", ", ".join(f"{k} {requests.get(k, 0)}" for k in ("ok", "failed", "cancelled", "rejected"))),
+        ("TTFT p50 / p95", f"{_ms(ttft.get('p50'))} / {_ms(ttft.get('p95'))}"),
+        ("latency p50 / p95", f"{_ms(latency.get('p50'))} / {_ms(latency.get('p95'))}"),
+        ("tokens/s", str(metrics.get("tokens_per_s") or "–")),
+        ("mean batch size", str(metrics.get("mean_batch_size") or "–")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    table = "".join(
+        f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
+        f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows
+    )
+    return {"text/plain": text, "text/html": f"<table>{table}</table>"}
+
+
+MAGIC_NAMES = ("infer", "infer_burst", "infer_panel", "infer_status")
+# One of our line magics whose argument ends in "?": a question, not a help request.
+_ASKING = re.compile(r"(?P<indent>[ \t]*)%(?P<name>{})[ \t]+(?P<args>.*[^?\s].*\?)[ \t]*".format("|".join(MAGIC_NAMES)))
+_TRIPLE_QUOTE = re.compile("\"{3}|'{3}")
+
+
+def questions_are_prompts(lines: list[str]) -> list[str]:
+    """An input transformer: ``%infer What is dynamic batching?`` asks the question.
+
+    IPython reads any line that ends in ``?`` as a help request (``%infer What is X?`` would
+    look up ``X``); questions end in ``?``. This cleanup transform runs before IPython's own
+    and turns such a line of ours into the call IPython makes for ``%infer …``, so it is not
+    read as help; ``%infer?`` and ``%infer??`` (nothing between) still show the help. Lines
+    inside a triple-quoted string are left alone.
+    """
+    out = []
+    in_string = False
+    for line in lines:
+        match = None if in_string else _ASKING.fullmatch(line.rstrip("\r\n"))
+        if match:
+            line = f"{match['indent']}get_ipython().run_line_magic({match['name']!r}, {match['args'].strip()!r})\n"
+        elif len(_TRIPLE_QUOTE.findall(line)) % 2:
+            in_string = not in_string
+        out.append(line)
+    return out
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext jupyter_infer``: the magics, and questions that end in ``?``."""
+    ipython.register_magics(InferMagics(ipython))
+    if questions_are_prompts not in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.append(questions_are_prompts)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext jupyter_infer``: questions ending in ``?`` are help requests again."""
+    if questions_are_prompts in ipython.input_transformers_cleanup:
+        ipython.input_transformers_cleanup.remove(questions_are_prompts)

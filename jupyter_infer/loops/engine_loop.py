@@ -1,0 +1,198 @@
+"""The async engine loop: the engine's one thread, the engine's rows, and the request streams.
+
+Each turn asks the scheduling core for a plan, runs it on the engine thread, hands the
+tokens back to the core and pushes the released text to each request's stream. It owns
+the executor, the engine's rows (one ``Rows`` value: the decoding batch and any prompt
+part-way through its prefill) and the streams, and nothing else: what to run is the
+core's decision, what happened is the recorder's to tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..constraints.grammar import Grammar, compile_in_time
+from ..engine import Engine, Rows, StepPlan
+from ..errors import InvalidRequest
+from ..scheduler.scheduler import Scheduler
+from ..values.engine_info import EngineInfo
+from ..values.limits import check_model, check_token_ids
+from ..values.request import TokenEvent
+from ..values.sequence import Sequence
+from .request_loop import LoopSnapshot, RequestLoop
+from .tokenizing import off_loop, text_size
+
+if TYPE_CHECKING:
+    from ..scheduler.recorder import Recorder
+    from ..values.config import ServiceConfig
+    from ..values.request import Constraint, Request
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop(RequestLoop):
+    def __init__(
+        self, load: Callable[[], Engine], config: ServiceConfig, recorder: Recorder, *, check_model: bool = True,
+    ) -> None:
+        super().__init__(config, recorder, check_model=check_model)
+        self._load = load
+        self.engine: Engine | None = None
+        self._rows: Rows | None = None  # what the engine holds for the running sequences
+        self._executor: ThreadPoolExecutor | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def info(self) -> EngineInfo | None:
+        return self.engine.info if self.engine else None
+
+    async def stop(self, reason: str = "the inference server is shutting down") -> None:
+        """Stop the loop; every queued or running request ends with an error. Returns once a
+        step that was running on the engine thread has ended."""
+        task, self._task = self._task, None
+        self._stop_reason = reason
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._abort_all(reason)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+        self._rows = None
+        self._state = "stopped"
+
+    # -- requests ---------------------------------------------------------------------------
+    async def prepare(self, request: Request) -> Sequence:
+        """Tokenize ``request`` (or take its token ids, checked against the vocabulary, and
+        their text as its prompt; or render its chat) and check it against the limits."""
+        await self.wait_ready()
+        engine, limits = self.engine, self.limits
+        limits.screen(request, engine.max_token_chars, engine.info.max_context)
+        if request.prompt_ids is not None:
+            prompt_ids = list(request.prompt_ids)
+            check_token_ids(prompt_ids, engine.vocab_size, "prompt")
+            request = replace(request, prompt=await off_loop(engine.detokenize, prompt_ids, size=len(prompt_ids)))
+        else:
+            if request.messages is not None:
+                request = replace(request, prompt=await off_loop(
+                    engine.render_chat, request.messages, size=text_size(request.messages)))
+            prompt_ids = await off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
+        check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
+        if self.check_model:
+            check_model(request, engine.info)
+        request = limits.check(request, len(prompt_ids), engine.info.max_context)
+        seq = Sequence(request, prompt_ids)
+        if request.params.constraint is not None:
+            seq.grammar = await self._grammar(request.params.constraint)
+        return seq
+
+    async def _grammar(self, constraint: Constraint) -> Grammar:
+        """The compiled constraint, waited for here, before the queue: no step waits on it."""
+        if self.engine.grammars is None:
+            raise InvalidRequest(f"The {self.engine.info.engine} engine cannot constrain its answers "
+                                 f"({constraint.describe()}).")
+        return await compile_in_time(self.engine.grammars, constraint, self.config.grammar_timeout_s)
+
+    def tokenizer(self) -> Engine:
+        return self.engine
+
+    # -- views ------------------------------------------------------------------------------
+    def prefix_cache(self) -> dict[str, Any] | None:
+        return self.engine.prefix_cache_stats() if self.engine is not None else None
+
+    def kv_cache(self) -> dict[str, Any] | None:
+        # Read while a step may run on the engine thread: a gauge, off by a step at most.
+        usage = self.engine.kv_usage(self._rows) if self.engine is not None else None
+        return usage.to_json() if usage is not None else None
+
+    def snapshot(self) -> LoopSnapshot:
+        snap = super().snapshot()
+        engine = self.engine
+        if engine is not None:
+            snap.prefix_cache, snap.kv_cache = self.prefix_cache(), self.kv_cache()
+            snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.max_token_chars,
+                                                                           engine.info.max_context)
+            if engine.grammars is not None:
+                snap.status["structured_outputs"] = engine.grammars.stats()
+            snap.status["speculative"] = {"method": engine.speculative_method,
+                                          "max_tokens": engine.speculative_tokens,
+                                          "max_rows": engine.speculative_max_rows,
+                                          "draft_model": engine.info.details.get("draft_model")}
+        return snap
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jupyter-infer-engine")
+        try:
+            self.engine = await loop.run_in_executor(self._executor, self._load)
+            self.scheduler = Scheduler(self.config, self.engine, self.recorder)
+            if self.engine.grammars is not None:
+                self.engine.grammars.fast_forward = self.config.grammar_fast_forward
+            cfg = self.config
+            self.engine.configure_speculation(cfg.speculation, cfg.speculative_tokens, cfg.speculative_max_rows)
+            self._state = "ready"
+        except Exception as err:
+            self._state, self.load_error = "failed", f"{type(err).__name__}: {err}"
+            log.error("jupyter_infer: the engine failed to load: %s", self.load_error)
+        finally:
+            self._ready.set()
+        if self._state != "ready":
+            return
+        self.recorder.ready(self.engine.info)
+        core = self.scheduler
+        while True:
+            plan, wake_at = core.schedule(time.monotonic())
+            self._end_finished()
+            self._free_rows_of_the_gone()
+            if plan is None:
+                await self._wait(wake_at)
+                continue
+            started = time.monotonic()
+            try:
+                sampled, self._rows = await loop.run_in_executor(self._executor, self.engine.step, plan, self._rows)
+            except Exception as err:
+                self._fail(plan, err, in_engine=True)
+                continue
+            try:
+                released = core.postprocess(plan, sampled, started, time.monotonic())
+            except Exception as err:  # a bug here must not stop the loop for everyone
+                self._fail(plan, err, in_engine=False)
+                continue
+            for seq, tokens, fragment in released:
+                logprobs, prompt_logprobs = seq.take_logprobs()
+                if fragment or logprobs or prompt_logprobs is not None:
+                    self._streams[seq.id].push(TokenEvent(
+                        seq.id, len(seq.output_ids), tokens[-1], fragment, logprobs, prompt_logprobs))
+            self._end_finished()
+
+    def _fail(self, plan: StepPlan, err: Exception, *, in_engine: bool) -> None:
+        log.error("jupyter_infer: engine step %s (%s) failed", plan.step_id, plan.kind, exc_info=err)
+        if in_engine and plan.kind == "decode" and self._rows is not None:
+            self._rows.decoding = None  # a decode may have half-updated the batch: start clean
+        message = f"The engine failed while running this request: {type(err).__name__}: {err}"
+        self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
+        self._end_finished()
+        self._free_rows_of_the_gone()
+
+    def _free_rows_of_the_gone(self) -> None:
+        """Free at once the KV of requests that left when no step may come soon to do it: all
+        of it once nothing runs (the last rows of a batch), and a prompt's part-way through
+        its prefill (room for its whole prompt). The next step drops a decoding row that left
+        while others run."""
+        rows = self._rows
+        if rows is None:
+            return
+        if not self.scheduler.running and not self.scheduler.parked:
+            self._rows = None
+        elif rows.prefilling:
+            live = {s.id for s in self.scheduler.running}
+            rows.prefilling = {i: row for i, row in rows.prefilling.items() if i in live}

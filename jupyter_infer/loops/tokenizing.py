@@ -1,0 +1,43 @@
+"""Tokenizer calls that never freeze the Jupyter server they run in.
+
+A long text is tokenized (or a chat rendered) on a worker thread: that can take long enough
+to stall every other handler of the server. Whatever a tokenizer raises on a text becomes a
+400: it is the text that it cannot take.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import InferError, InvalidRequest
+
+# Texts longer than this are tokenized on a worker thread.
+TOKENIZE_INLINE_CHARS = 4096
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def text_size(messages: list[dict[str, str]]) -> int:
+    """The characters of a chat's messages (what its rendering costs, about)."""
+    return sum(len(m["content"]) for m in messages)
+
+
+async def off_loop(fn: Callable[[Any], T], arg: Any, *, size: int) -> T:
+    """``fn(arg)`` (the tokenizer, the chat template), on a worker thread when ``size`` is
+    large. A tokenizer's failure is a 400 (a Rust tokenizer's panic is even a
+    ``BaseException``)."""
+    try:
+        if size <= TOKENIZE_INLINE_CHARS:
+            return fn(arg)
+        return await asyncio.to_thread(fn, arg)
+    except (InferError, asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:
+        log.warning("jupyter_infer: the tokenizer failed on a text", exc_info=err)
+        raise InvalidRequest(
+            f"The model's tokenizer could not read this text ({type(err).__name__}); "
+            "check it for unusual characters.", param="prompt",
+        ) from None

@@ -1,0 +1,259 @@
+"""``InferenceService``: one engine (local, simulated, or an upstream server) behind the front's
+queue; a ``Service`` (``protocol.py``) as the handlers, the embedded client, the bench, the
+demo and loadgen know it.
+
+It holds the limits, the metrics and the events, and a loop: an ``EngineLoop`` for a local
+engine, an ``UpstreamLoop`` for ``engine = "openai"``. Both are ``RequestLoop``s: they
+``prepare`` a request (tokenize or estimate, check), run it, and give a ``snapshot`` of their
+state, so nothing here depends on which kind it is. ``engine = "router"`` is a
+``RouterService`` over several of these (``services.make_service`` picks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from ..engine import Engine
+from ..errors import InferError, refusal_reason
+from ..loops.loop_factory import make_loop
+from ..loops.tokenizing import off_loop, text_size
+from ..values.config import ServiceConfig
+from ..values.engine_info import EngineInfo
+from ..values.events import EventBus, Subscription
+from ..values.limits import check_token_ids
+from ..values.metrics import MetricsCollector, RequestRecord, wall
+from ..values.request import Request, check_text
+from ..values.stream import RequestStream
+from .owners import OwnerBudget
+
+if TYPE_CHECKING:
+    from ..upstream.connection import UpstreamServer
+
+
+class InferenceService:
+    """One engine (local or upstream) behind the front's queue.
+
+    Behind a router, ``route`` names the backend on its records and events (and a request's
+    model is not checked again: the router's rule matched it), ``parent`` is the router's
+    collector (which sums every backend), ``events`` the router's bus and ``batch_ids`` the
+    counter the backends share, so their batch records merge. ``upstream``
+    replaces the upstream server of ``engine = "openai"`` (tests).
+    """
+
+    def __init__(
+        self, config: ServiceConfig | None = None, *, engine_loader: Callable[[], Engine] | None = None,
+        route: str | None = None, parent: MetricsCollector | None = None, events: EventBus | None = None,
+        batch_ids: Iterator[int] | None = None, upstream: UpstreamServer | None = None,
+    ) -> None:
+        self.config = config or ServiceConfig()
+        cfg = self.config
+        if cfg.engine == "router":
+            raise ValueError("InferenceService runs one engine; make_service(config) builds a router.")
+        self.route = route
+        self.collector = MetricsCollector(keep=cfg.keep_records, parent=parent)
+        self.events = events or EventBus(capacity=cfg.event_buffer, max_subscribers=cfg.max_event_subscribers)
+        self._loop = make_loop(cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
+                               batch_ids=batch_ids, upstream=upstream)
+        self.limits = self._loop.limits
+        self.budget = OwnerBudget(cfg.owner_tokens_per_minute)
+        self.collector.on_request_finished.append(self._settle)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start loading the engine in the background (on the running event loop); requests
+        wait until it is ready. Idempotent."""
+        self._loop.start()
+
+    async def stop(self, reason: str = "the inference server is shutting down") -> None:
+        await self._loop.stop(reason)
+
+    @property
+    def started(self) -> bool:
+        return self._loop.started
+
+    @property
+    def state(self) -> str:
+        """``stopped`` | ``loading`` | ``ready`` | ``failed``, and ``unreachable`` for an
+        upstream that does not answer now (it may come back; requests get 503 meanwhile)."""
+        return self._loop.state
+
+    async def wait_ready(self, timeout: float | None = None) -> EngineInfo:
+        return await self._loop.wait_ready(timeout)
+
+    @property
+    def info(self) -> EngineInfo | None:
+        """What the engine serves, once it is loaded."""
+        return self._loop.info
+
+    # -- requests ---------------------------------------------------------------------------
+    async def submit(self, request: Request) -> RequestStream:
+        """Check ``request`` against the limits and queue it; raise ``InvalidRequest``,
+        ``QueueFull`` or ``EngineUnavailable`` without queueing anything.
+
+        A request with ``prompt_ids`` runs those tokens (checked against the vocabulary);
+        otherwise ``prompt`` (or the rendered ``messages``) is tokenized. An upstream gets the
+        chat as a chat, and the prompt's size is estimated. ``request`` is not changed: the
+        loop prepares a resolved copy."""
+        try:
+            info = await self._loop.wait_ready()
+            seq = await self._loop.prepare(request)
+            self.budget.reserve(request.owner, seq.id, seq.num_prompt_tokens + seq.params.max_tokens, time.monotonic())
+        except InferError as err:
+            self._loop.recorder.rejected(refusal_reason(err.status))
+            raise
+        except Exception:  # a bug: the caller answers it; it still counts
+            self._loop.recorder.rejected("error", "failed")
+            raise
+        try:
+            stream = self._loop.submit(seq)
+        except InferError:
+            self.budget.settle(seq.id, 0)  # not queued: it cost nothing
+            raise
+        stream.model, stream.route = info.model, self.route
+        return stream
+
+    def _settle(self, record: RequestRecord) -> None:
+        self.budget.settle(record.id, (record.prompt_tokens if record.first_token_at is not None else 0)
+                           + record.completion_tokens)
+
+    def knows(self, request_id: str) -> bool:
+        """Whether ``request_id`` is queued, running, or among the recently finished (an
+        EventSource reconnecting after the end names one of those)."""
+        return self._loop.knows(request_id)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a queued or running request; False if no such request is live."""
+        return self._loop.cancel(request_id)
+
+    def owner_of(self, request_id: str) -> str | None:
+        """Who sent a queued, running or recently finished request (``None``: no such request)."""
+        return self._loop.owner_of(request_id)
+
+    # -- the tokenizer ----------------------------------------------------------------------
+    @property
+    def has_tokenizer(self) -> bool:
+        """Whether the tokenize routes work here (an upstream tokenizes on its own)."""
+        return self._loop.tokenizes
+
+    async def _tokenizer(self) -> Engine:
+        await self._loop.wait_ready()
+        return self._loop.tokenizer()
+
+    async def tokenize(self, text: str) -> list[int]:
+        """``text`` as the generate routes tokenize a prompt."""
+        engine = await self._tokenizer()
+        return await off_loop(engine.tokenize, check_text(text, "prompt"), size=len(text))
+
+    async def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """A chat as the prompt the chat route would run."""
+        engine = await self._tokenizer()
+        for message in messages:
+            check_text(message["content"], "messages")
+        return await off_loop(engine.render_chat, messages, size=text_size(messages))
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        engine = await self._tokenizer()
+        check_token_ids(token_ids, engine.vocab_size, "tokens")
+        return await off_loop(engine.detokenize, token_ids, size=len(token_ids))
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token's own text (log probability answers name tokens by it)."""
+        engine = self._loop.tokenizer()
+        return [engine.detokenize([t]) for t in token_ids]
+
+    def reject(self, reason: str, *, outcome: str = "rejected") -> None:
+        """Count a request refused (or, ``outcome="failed"``, failed) before it reached the
+        service (e.g. a bad body)."""
+        self._loop.recorder.rejected(reason, outcome)
+
+    # -- views ------------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return self._loop.counts()[0]
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the engine: decoding, or a long prompt being prefilled in chunks."""
+        return self._loop.counts()[1]
+
+    @property
+    def reachable(self) -> bool | None:
+        """Whether the upstream answers (``None``: not checked yet, or a local engine)."""
+        return self._loop.reachable
+
+    def prefix_cache(self) -> dict[str, Any] | None:
+        """The engine's prefix cache: on or off, memory, hits, misses, reused tokens
+        (``None`` while no engine is loaded, or for an engine without one)."""
+        return self._loop.prefix_cache()
+
+    def kv_cache(self) -> dict[str, Any] | None:
+        """What the running rows hold in KV memory: bytes held, real tokens, bytes per token,
+        and the waste ratio (padding and spare room; 1.0 is none). ``None`` for an engine
+        that keeps no KV here (simulated, upstream)."""
+        return self._loop.kv_cache()
+
+    def subscribe(self) -> Subscription:
+        """Live lifecycle events (``infer/events``); ``TooManySubscribers`` over the cap."""
+        return self.events.subscribe()
+
+    def status(self) -> dict[str, Any]:
+        info, snap = self._loop.info, self._loop.snapshot()
+        out = {
+            "state": self.state,
+            "load_error": self._loop.load_error,
+            "mode": self.config.mode,
+            "engine": info.engine if info else None,
+            "model": info.model if info else None,
+            "device": info.device if info else None,
+            "dtype": info.dtype if info else None,
+            "max_context": info.max_context if info else None,
+            "fallback_reason": info.fallback_reason if info else None,
+            "details": info.details if info else {},
+            "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"}
+            | {"max_prompt_chars": None} | snap.limits,
+            "queue_depth": len(snap.waiting),
+            "running": len(snap.running),
+            "parked": len(snap.parked),
+            "prefix_cache": snap.prefix_cache,
+            "kv_cache": snap.kv_cache,
+            "configured": {"engine": self.config.engine, "model": self.config.model},
+            **snap.status,
+        }
+        if self.route is not None:
+            out["route"] = self.route
+        return out
+
+    def metrics(self) -> dict[str, Any]:
+        """``GET infer/metrics``: aggregates since start."""
+        snap = self._loop.snapshot()
+        snapshot = self.collector.snapshot(queue_depth=len(snap.waiting), running=len(snap.running))
+        snapshot["requests"]["parked"] = len(snap.parked)
+        snapshot["events"] = self.events.stats()
+        for owner, live in self._loop.owner_counts().items():
+            snapshot["owners"][owner] = {**snapshot["owners"].get(owner, {}), **live}
+        snapshot["prefix_cache"] = snap.prefix_cache
+        snapshot["kv_cache"] = snap.kv_cache
+        snapshot["structured_outputs"] = snap.status.get("structured_outputs")  # compiles, their times
+        return snapshot
+
+    def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:
+        """``GET infer/batches``: recent batch and request records, and who is running or
+        waiting now; enough to draw a timeline of a past run. ``requests`` defaults to the
+        records of those batches' members (four per batch)."""
+        snap = self._loop.snapshot()
+        records = self.collector.recent_batches(limit)
+        if snap.open_batch is not None:  # the open one too, so a live timeline is current
+            records = [*records[1 - limit:], snap.open_batch] if limit > 1 else [snap.open_batch]
+        return {
+            "batches": [b.to_json() for b in records],
+            "requests": [r.to_json() for r in self.collector.request_records(requests or 4 * limit)],
+            "running": snap.running,
+            "waiting": snap.waiting,
+            "parked": snap.parked,
+            "mode": self.config.mode,
+            "source": snap.source,
+            "now": wall(time.monotonic()),
+        }

@@ -1,0 +1,96 @@
+"""The scheduling core for an upstream server (``engine = "openai"``).
+
+The same queue, priorities, ``429`` and admission as the engine's core: ``max_batch_size``
+bounds the requests in flight upstream, the highest priority starts first, and an idle front
+waits ``idle_admit_delay_ms`` so that a burst starts together. What differs is that there are
+no steps: an admitted request runs upstream on its own, its text arrives chunk by chunk, and
+it leaves (finished, failed, cancelled) the moment it ends. Synchronous and free of I/O, like
+the engine's core; the ``UpstreamLoop`` does the HTTP.
+
+Spans (the batch records of an upstream) change when requests start or leave. Requests that
+the upstream finishes together (a burst with one ``max_tokens``) leave a millisecond apart,
+each on its own chunk: their departures are recorded together, ``idle_admit_delay_ms`` after
+the first (or at the next start), as an engine records every row that leaves in one step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..scheduler import Scheduler
+from ..values.sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from ..scheduler import Recorder
+    from ..values.config import ServiceConfig
+
+
+class UpstreamScheduler(Scheduler):
+    def __init__(self, config: ServiceConfig, recorder: Recorder) -> None:
+        super().__init__(config, None, recorder)
+        self.prefill_budget = None  # the upstream pads and batches on its own
+        self._left_at: float | None = None  # a departure not yet recorded in the spans
+
+    def _may_join(self) -> bool:
+        return True  # upstream requests do not wait for each other's steps
+
+    def start(self, now: float) -> tuple[list[Sequence], float | None]:
+        """The queued requests to send upstream now (they are running from here on), or
+        ``([], wake_at)``: nothing to start before ``wake_at`` (``None``: until something
+        arrives or leaves)."""
+        newcomers, wake_at = self._admit(now)
+        if newcomers:
+            self._left_at = None  # admitted() opened a span of who runs now
+        elif self._left_at is not None:
+            due = self._left_at + self.config.idle_admit_delay_ms / 1000
+            if now >= due:
+                self._left_at = None
+                self.recorder.left(self.running, now)
+            else:
+                wake_at = due if wake_at is None else min(wake_at, due)
+        return newcomers, wake_at
+
+    def cancel(self, request_id: str, now: float) -> bool:
+        """Cancel a request: a running one leaves at once (the loop closes its upstream
+        stream), a queued one is dropped."""
+        seq = self._live.get(request_id)
+        if seq is None:
+            return False
+        if seq.status is Status.RUNNING:
+            self._leave(seq, "cancelled", now)
+            return True
+        return super().cancel(request_id, now)
+
+    def receive(self, seq: Sequence, text: str, now: float) -> str:
+        """A chunk of ``seq``'s text arrived; returns what to pass on ("" if it already left)."""
+        if seq.status is not Status.RUNNING or not text:
+            return ""
+        first = seq.record.first_token_at is None
+        seq.receive(text, now)
+        self.recorder.streamed(seq, text, first, len(self.running), now)
+        return text
+
+    def complete(
+        self, seq: Sequence, finish_reason: str, now: float,
+        usage: tuple[int | None, int | None] | None = None,
+    ) -> None:
+        """The upstream finished ``seq`` (``usage``: its prompt and completion token counts)."""
+        if seq.status is not Status.RUNNING:
+            return
+        if usage is not None:
+            self.recorder.usage(seq, *usage)
+        seq.finish_reason = finish_reason
+        self._leave(seq, "ok", now)
+
+    def fail_request(self, seq: Sequence, error: str, now: float) -> None:
+        """``seq`` failed upstream; the others go on."""
+        if seq.status is Status.RUNNING:
+            self._leave(seq, "failed", now, error)
+
+    def _leave(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
+        self._retire(seq, outcome, now, error)
+        if not self.running:  # the last one out closes the span at once
+            self._left_at = None
+            self.recorder.left([], now)
+        elif self._left_at is None:
+            self._left_at = now

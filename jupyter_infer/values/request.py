@@ -1,0 +1,216 @@
+"""What a caller asks for (``Request``) and what comes back (``TokenEvent``, ``RequestResult``).
+
+Validation lives here so that every front (HTTP handlers, the OpenAI routes, the embedded
+client) rejects the same bad input with the same message, before anything is enqueued.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import reprlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import InvalidRequest
+
+# vLLM has no cap; ours bounds the per-token stop check (lm-eval sends a task's `until`
+# strings plus EOS, often 5-10).
+MAX_STOP_SEQUENCES = 64
+MAX_LOGPROBS = 20  # most alternatives per token a request may ask for (vLLM's default too)
+# Each token checks every stop sequence against the text's tail, on the event loop: a long
+# one would make every step of the batch slow.
+MAX_STOP_CHARS = 256
+_counter = itertools.count()
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxother = 60  # a value quoted back in an error message stays short
+_shown.maxlevel = 3
+
+
+def show(value: Any) -> str:
+    """``repr(value)``, cut short: error messages quote what was sent without echoing a
+    megabyte or recursing into a deeply nested value."""
+    return _shown.repr(value)
+
+
+def short(name: str) -> str:
+    """A name (a field, a parameter) as sent, cut short for an error message."""
+    return name if len(name) <= 60 else show(name)
+
+
+def check_text(text: str, name: str) -> str:
+    """Refuse text that is not valid Unicode: a lone surrogate (JSON's ``"\\ud800"``, or
+    the bytes ED A0 80) cannot be encoded, tokenized or streamed back."""
+    bad = _SURROGATE.search(text)
+    if bad is not None:
+        raise InvalidRequest(
+            f"'{name}' holds a lone surrogate (U+{ord(bad.group()):04X} at character {bad.start()}), "
+            "which is not valid Unicode text. Send UTF-8 text; in JSON, a character outside the "
+            "Basic Multilingual Plane is a surrogate pair such as \\ud83d\\ude00.", param=name,
+        )
+    return text
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:12]}"
+
+
+ConstraintKind = Literal["json_object", "json_schema", "regex", "choice", "grammar", "tools"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The answer must match ``spec``: a JSON schema (JSON text, its keys in the order sent,
+    which is the order the answer's keys come in; ``{}`` for any object), a regex, a JSON
+    list of choices, a grammar (Lark or GBNF) or a tool set (JSON: ``tools``, ``choice``,
+    ``parallel``). ``name`` is the schema's name and ``strict`` its flag, as sent (an upstream
+    gets them back); ``param`` is the request field it came in (errors name it)."""
+
+    kind: ConstraintKind
+    spec: str
+    name: str | None = None
+    strict: bool | None = None
+    param: str | None = field(default=None, compare=False)
+
+    @property
+    def value(self) -> Any:
+        """``spec`` as the client sent it (parsed back from JSON where it is JSON)."""
+        return self.spec if self.kind in ("regex", "grammar") else json.loads(self.spec)
+
+    def describe(self) -> str:
+        """Its kind as a noun, for error messages ("The JSON schema constraint ...")."""
+        return {"json_object": "JSON object", "json_schema": "JSON schema", "regex": "regex",
+                "choice": "choice", "grammar": "grammar", "tools": "tools"}[self.kind]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature == 0`` means greedy decoding; ``max_tokens=None``
+    means as many as fit (the service resolves it before queueing); ``max_tokens=0`` runs
+    only the prompt (for its log probabilities).
+
+    The penalties and ``logit_bias`` follow vLLM: ``repetition_penalty`` divides positive
+    (multiplies negative) logits of tokens seen in the prompt or output; ``frequency_penalty``
+    subtracts per occurrence in the output, ``presence_penalty`` once. ``min_tokens`` masks
+    EOS (and defers stop strings) until that many tokens exist; ``ignore_eos`` keeps going
+    past EOS. ``logprobs``: ``None`` computes none, ``k`` the chosen token's and ``k``
+    alternatives; ``prompt_logprobs`` the same for every prompt token (``echo``).
+    """
+
+    max_tokens: int | None = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    # The answer must match it (``constraints/``): a schema, regex, choice, grammar or tools.
+    constraint: Constraint | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One position's log probability: the token there, its logprob under the model's raw
+    distribution (before temperature, penalties or bias, as vLLM's default), and the top
+    alternatives ``(token_id, logprob)``, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to generate from: a ``prompt``, or chat ``messages`` that the service renders
+    with the model's chat template. A value: the service never changes it (``prepare``
+    makes the resolved copy it runs), so a router can hand the same request to a fallback."""
+
+    prompt: str
+    params: SamplingParams = field(default_factory=SamplingParams)
+    messages: list[dict[str, str]] | None = None
+    # The chat as the client sent it, where tools are involved (calls, results, ``tools``):
+    # what an upstream server gets, to render its own way; ``messages`` is this server's.
+    wire_messages: list[dict[str, Any]] | None = None
+    # Token ids to run instead of tokenizing ``prompt`` (OpenAI's token-array prompts);
+    # the service then fills ``prompt`` with their text.
+    prompt_ids: list[int] | None = None
+    priority: int = 0
+    model: str | None = None  # the model (or router backend) the caller named; None: any
+    # Who sent it: the Jupyter (or JupyterHub) user the handler authenticated; "local" in a
+    # kernel. What fair sharing and per-user views go by.
+    owner: str = "local"
+    owner_weight: float = 1.0  # its owner's share of the rows against others' (fair_share_weights)
+    id: str = field(default_factory=new_request_id)
+    arrival: float = field(default_factory=time.monotonic)
+    # FIFO tie-break within a priority, immune to equal timestamps.
+    order: int = field(default_factory=lambda: next(_counter))
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    request_id: str
+    index: int
+    token_id: int
+    text: str  # the new text fragment (may be "" while a multi-byte character is incomplete)
+    # Only for requests that ask: the log probabilities of the tokens since the previous
+    # event (usually one), and the prompt's on the request's first event.
+    logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    id: str
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    batch_id: int | None
+    batch_size: int
+    queued_ms: float
+    ttft_ms: float | None
+    total_ms: float
+    token_ids: tuple[int, ...] = field(default=(), repr=False)  # the generated tokens
+    prompt_ids: tuple[int, ...] = field(default=(), repr=False)
+    prompt_text: str = field(default="", repr=False)
+    # Only for requests that ask (``SamplingParams.logprobs`` / ``prompt_logprobs``); the
+    # prompt's first entry is None (nothing predicts the first token).
+    logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = field(default=None, repr=False)
+    route: str | None = None  # the router's backend that served it (engine = "router")
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+            "batch": {"id": self.batch_id, "size": self.batch_size},
+            "timings": {
+                "queued_ms": round(self.queued_ms, 2),
+                "ttft_ms": None if self.ttft_ms is None else round(self.ttft_ms, 2),
+                "total_ms": round(self.total_ms, 2),
+            },
+        }
+        if self.route is not None:
+            out["route"] = self.route
+        return out
