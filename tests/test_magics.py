@@ -182,7 +182,7 @@ def test_interrupt_cancels_the_request(kernel: Any) -> None:
 
 
 def metrics(kc: Any) -> dict[str, int]:
-    _, messages, _ = run(kc, "print(__import__('json').dumps(__import__('jupyter_infer').client.default_client()"
+    _, messages, _ = run(kc, "print(__import__('json').dumps(__import__('jupyter_infer.kernel.client', fromlist=['default_client']).default_client()"
                              ".metrics()['requests']))")
     import json
 
@@ -248,4 +248,4 @@ def test_send_and_cancel_twelve_times_leaves_no_stray_traceback(kernel: Any) -> 
     assert "cancelled" in "".join(texts(messages, "stream"))
     stderr += [m["content"]["text"] for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
     assert not stderr, stderr
-    poll("m = __import__('jupyter_infer').client.default_client().metrics()['requests']; print(m['queued'] + m['running'])", "0")
+    poll("m = __import__('jupyter_infer.kernel.client', fromlist=['default_client']).default_client().metrics()['requests']; print(m['queued'] + m['running'])", "0")
