@@ -125,7 +125,7 @@ def test_cancel_queued_ends_now_and_running_at_the_next_step() -> None:
     run_step(s, 0.0)
     s.add(queued, 0.0)
     assert s.cancel(queued.id, 0.01)
-    assert [x.id for x in s.pop_finished()] == [queued.id] and queued.record.outcome == "cancelled"
+    assert [x.id for x in s.queue.pop_finished()] == [queued.id] and queued.record.outcome == "cancelled"
     assert s.cancel(running.id, 0.01) and running.status is Status.RUNNING
     assert s.schedule(0.02)[0] is None  # the cancelled row left before anything else ran
     assert running.record.outcome == "cancelled" and not s.running
@@ -153,7 +153,7 @@ def test_a_failed_group_prefill_retries_each_newcomer_alone() -> None:
         s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
     s.fail(plan, "boom", 0.01)
-    assert not s.pop_finished() and all(x.status is Status.WAITING and x.alone for x in rows)
+    assert not s.queue.pop_finished() and all(x.status is Status.WAITING and x.alone for x in rows)
     assert s.schedule(0.02)[0].seqs == [rows[0]]  # each alone now, in their order
 
 
@@ -165,7 +165,7 @@ def test_a_request_cancelled_during_a_failed_group_prefill_is_not_run_again() ->
     plan, _ = s.schedule(0.0)
     s.cancel(rows[1].id, 0.005)  # the caller leaves while the prefill runs
     s.fail(plan, "boom", 0.01)
-    assert [x.id for x in s.pop_finished()] == [rows[1].id]
+    assert [x.id for x in s.queue.pop_finished()] == [rows[1].id]
     assert rows[1].record.outcome == "cancelled" and rows[1] not in s.waiting
     assert [x.id for x in s.waiting] == [rows[0].id, rows[2].id]
 
@@ -180,7 +180,7 @@ def test_a_failed_decode_fails_every_running_row_and_only_those() -> None:
     plan, _ = s.schedule(0.01)
     assert plan.kind == "decode"
     s.fail(plan, "boom", 0.02)
-    assert {x.id for x in s.pop_finished()} == {a.id, b.id}
+    assert {x.id for x in s.queue.pop_finished()} == {a.id, b.id}
     assert a.record.error == "boom" and c.status is Status.WAITING
 
 
@@ -281,7 +281,7 @@ def test_an_idle_engine_prefills_a_long_prompt_whole_and_the_rest_of_one_whose_s
     assert run_step(s, 0.01).kind == "decode"
     chunk_step(s, 0.02, last=False)  # admitted while a decodes: chunked
     assert run_step(s, 0.03).kind == "decode"  # a's last token: it finishes
-    assert [x.id for x in s.pop_finished()] == [a.id]
+    assert [x.id for x in s.queue.pop_finished()] == [a.id]
     plan, _ = s.schedule(0.04)
     assert plan.seqs == [c] and plan.num_scheduled == [6]  # the rest, at once
 
@@ -337,7 +337,7 @@ def test_a_prompt_cancelled_while_prefilling_ends_at_the_next_step() -> None:
     plan, _ = s.schedule(0.03)
     assert plan.kind == "decode" and plan.seqs == [a]
     assert s.running == [a] and b.record.outcome == "cancelled"
-    assert [x.id for x in s.pop_finished()] == [b.id]
+    assert [x.id for x in s.queue.pop_finished()] == [b.id]
 
 
 def test_a_failed_chunk_fails_only_its_request() -> None:

@@ -14,7 +14,7 @@ from jupyter_infer.errors import (
 )
 from jupyter_infer.scheduler import Recorder
 from jupyter_infer.service.routing import Rule
-from jupyter_infer.upstream.admission import UpstreamScheduler
+from jupyter_infer.upstream.admission import UpstreamAdmission
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.events import EventBus
 from jupyter_infer.values.metrics import MetricsCollector
@@ -31,10 +31,10 @@ from jupyter_infer.wire.upstream_openai import (
 URL = "http://upstream.test/v1"
 
 
-def core(**config) -> UpstreamScheduler:
+def core(**config) -> UpstreamAdmission:
     config.setdefault("idle_admit_delay_ms", 0.0)
     cfg = ServiceConfig(engine="openai", upstream_url=URL, **config)
-    return UpstreamScheduler(cfg, Recorder(cfg.mode, MetricsCollector(), EventBus(), source="upstream"))
+    return UpstreamAdmission(cfg, Recorder(cfg.mode, MetricsCollector(), EventBus(), source="upstream"))
 
 
 def seq(prompt: str = "hello", priority: int = 0, prompt_tokens: int = 2) -> Sequence:
@@ -101,7 +101,7 @@ def test_a_cancelled_running_request_leaves_at_once_and_its_late_text_is_dropped
     assert s.cancel(a.id, 0.01) and a.status is Status.FINISHED
     assert a.record.outcome == "cancelled" and s.running == [b]
     assert s.receive(a, "late", 0.02) == "" and a.text == ""
-    assert [x.id for x in s.pop_finished()] == [a.id]
+    assert [x.id for x in s.queue.pop_finished()] == [a.id]
     assert not s.cancel(a.id, 0.03)
 
 

@@ -116,6 +116,8 @@ class EngineLoop(RequestLoop):
     def snapshot(self) -> LoopSnapshot:
         snap = super().snapshot()
         engine = self.engine
+        if self.scheduler is not None:  # the chunk in use is the engine's unless configured
+            snap.limits["prefill_chunk_tokens"] = self.scheduler.chunk_tokens
         if engine is not None:
             snap.prefix_cache, snap.kv_cache = self.prefix_cache(), self.kv_cache()
             snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.max_token_chars,

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import EngineUnavailable, InferError, RequestFailed
 from ..values.limits import Limits
@@ -23,7 +23,7 @@ from ..values.stream import RequestStream
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..scheduler.recorder import Recorder
-    from ..scheduler.scheduler import Scheduler
+    from ..scheduler.request_queue import RequestQueue
     from ..values.config import ServiceConfig
     from ..values.engine_info import EngineInfo
     from ..values.metrics import BatchRecord
@@ -31,6 +31,17 @@ if TYPE_CHECKING:
     from ..values.sequence import Sequence
 
 log = logging.getLogger(__name__)
+
+
+class Core(Protocol):
+    """What a loop asks its sync core (the engine's ``Scheduler``, the upstream's
+    ``UpstreamAdmission``): both keep their requests in a ``RequestQueue``."""
+
+    queue: RequestQueue
+
+    def add(self, seq: Sequence, now: float) -> None: ...
+
+    def cancel(self, request_id: str, now: float) -> bool: ...
 
 
 @dataclass
@@ -64,7 +75,7 @@ class RequestLoop(abc.ABC):
         self.recorder = recorder
         self._state = "stopped"  # stopped | loading | ready | failed
         self.load_error: str | None = None
-        self.scheduler: Scheduler | None = None  # made once ready
+        self.scheduler: Core | None = None  # made once ready
         self._streams: dict[str, RequestStream] = {}
         self._errors: dict[str, InferError] = {}  # why a request failed, when the loop knows better
         self._stop_reason: str | None = None
@@ -111,7 +122,7 @@ class RequestLoop(abc.ABC):
     def _abort_all(self, reason: str) -> None:
         """The loop stops: every queued or running request ends with ``reason``."""
         if self.scheduler is not None:
-            self.scheduler.abort(reason, time.monotonic())
+            self.scheduler.queue.abort(reason, time.monotonic())
             self._end_finished()
         if self._ready is not None:
             self._ready.set()  # wake submitters that wait for loading
@@ -148,7 +159,7 @@ class RequestLoop(abc.ABC):
 
     def owner_of(self, request_id: str) -> str | None:
         """Who sent a live or recently finished request (``None``: no such request)."""
-        live = self.scheduler.owner_of(request_id) if self.scheduler is not None else None
+        live = self.scheduler.queue.owner_of(request_id) if self.scheduler is not None else None
         return live if live is not None else self.recorder.recent_owner(request_id)
 
     def cancel(self, request_id: str) -> bool:
@@ -161,15 +172,16 @@ class RequestLoop(abc.ABC):
     # -- views ------------------------------------------------------------------------------
     def counts(self) -> tuple[int, int]:
         """Requests queued and running now (what the gauges read, without a snapshot)."""
-        core = self.scheduler
-        return (len(core.waiting), len(core.running)) if core is not None else (0, 0)
+        queue = self.scheduler.queue if self.scheduler is not None else None
+        return (len(queue.waiting), len(queue.running)) if queue is not None else (0, 0)
 
     def owner_counts(self) -> dict[str, dict[str, int]]:
         """Per owner: requests queued, running and parked now."""
-        core, out = self.scheduler, {}
-        if core is None:
+        out: dict[str, dict[str, int]] = {}
+        if self.scheduler is None:
             return out
-        for key, seqs in (("queued", core.waiting), ("running", core.running), ("parked", core.parked)):
+        queue = self.scheduler.queue
+        for key, seqs in (("queued", queue.waiting), ("running", queue.running), ("parked", queue.parked)):
             for seq in seqs:
                 counts = out.setdefault(seq.request.owner, {"queued": 0, "running": 0, "parked": 0})
                 counts[key] += 1
@@ -184,15 +196,12 @@ class RequestLoop(abc.ABC):
         return None
 
     def snapshot(self) -> LoopSnapshot:
-        core = self.scheduler
-        if core is None:
+        if self.scheduler is None:
             return LoopSnapshot(source=self.source, open_batch=self.recorder.batch)
+        queue = self.scheduler.queue
         return LoopSnapshot(
-            waiting=[s.id for s in core.waiting], running=[s.id for s in core.running],
-            parked=[s.id for s in core.parked],
-            open_batch=self.recorder.batch, source=self.source,
-            # The chunk size in use is the engine's unless configured: known once it is loaded.
-            limits={"prefill_chunk_tokens": core.chunk_tokens},
+            waiting=[s.id for s in queue.waiting], running=[s.id for s in queue.running],
+            parked=[s.id for s in queue.parked], open_batch=self.recorder.batch, source=self.source,
         )
 
     # -- shared by both loops ---------------------------------------------------------------
@@ -207,7 +216,7 @@ class RequestLoop(abc.ABC):
 
     def _end_finished(self) -> None:
         """End the streams of the sequences the core finished: their result, or why they failed."""
-        for seq in self.scheduler.pop_finished():
+        for seq in self.scheduler.queue.pop_finished():
             stream = self._streams.pop(seq.id, None)
             error = self._errors.pop(seq.id, None) or seq.failure
             if stream is None:

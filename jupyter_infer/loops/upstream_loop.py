@@ -2,7 +2,7 @@
 
 It is a ``RequestLoop``, the seam the service talks to (prepare, submit, cancel, snapshot),
 with the ``EngineLoop``'s division of labour: the sync core
-(``UpstreamScheduler``) decides which queued requests start, the ``Recorder`` tells what
+(``UpstreamAdmission``) decides which queued requests start, the ``Recorder`` tells what
 happened. Each started request is an asyncio task that streams from the upstream and passes
 every chunk on as a ``TokenEvent``; cancelling it closes its upstream connection at once.
 While the upstream does not answer, a watcher probes it, so ``status`` sees it come back.
@@ -17,7 +17,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from ..errors import InferError, InvalidRequest, UpstreamError
-from ..upstream.admission import UpstreamScheduler
+from ..upstream.admission import UpstreamAdmission
 from ..upstream.connection import UpstreamConfigError, UpstreamServer
 from ..values.engine_info import EngineInfo
 from ..values.limits import check_model
@@ -51,7 +51,7 @@ class UpstreamLoop(RequestLoop):
     ) -> None:
         super().__init__(config, recorder, check_model=check_model)
         self.server = server or UpstreamServer(config)
-        self.scheduler: UpstreamScheduler | None = None
+        self.scheduler: UpstreamAdmission | None = None
         self._tasks: dict[str, asyncio.Task] = {}  # one per request in flight upstream
         self._watcher: asyncio.Task | None = None
         self._suspect = asyncio.Event()  # set when a request could not reach it
@@ -136,7 +136,7 @@ class UpstreamLoop(RequestLoop):
             self._ready.set()
             return
         await self.server.probe()  # an upstream that is down now is not fatal: it may come
-        self.scheduler = UpstreamScheduler(self.config, self.recorder)
+        self.scheduler = UpstreamAdmission(self.config, self.recorder)
         self._state = "ready"
         self._ready.set()
         self.recorder.ready(self.server.info)

@@ -1,8 +1,10 @@
-"""Scheduling, synchronous and engine-free of I/O: the core that decides which sequences run in
-the next step (``Scheduler``), the owners' fair order (``fair``), and the recorder of what
-happened (``Recorder``). The async loop that runs its plans is ``loops.engine_loop``."""
+"""Scheduling, synchronous and free of I/O: the core that decides which sequences run in the
+next step (``Scheduler``), the queue every core keeps its requests in (``RequestQueue``: limits,
+the owners' fair order from ``fair``, every request's end), and the recorder of what happened
+(``Recorder``). The async loop that runs the plans is ``loops.engine_loop``."""
 
 from .recorder import Recorder
+from .request_queue import RequestQueue
 from .scheduler import Scheduler
 
-__all__ = ["Recorder", "Scheduler"]
+__all__ = ["Recorder", "RequestQueue", "Scheduler"]

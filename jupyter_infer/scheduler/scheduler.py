@@ -33,11 +33,11 @@ import itertools
 from typing import TYPE_CHECKING
 
 from ..engine import Sampled, StepPlan
-from ..errors import ConstraintFailed, QueueFull
+from ..errors import ConstraintFailed
 from ..values.request import TokenLogprob
 from ..values.sequence import Sequence, Status
-from .fair import Owners
 from .recorder import Recorder
+from .request_queue import RequestQueue
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -47,88 +47,54 @@ DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefill
 
 
 class Scheduler:
-    def __init__(self, config: ServiceConfig, engine: Engine | None, recorder: Recorder) -> None:
+    def __init__(self, config: ServiceConfig, engine: Engine, recorder: Recorder) -> None:
         self.config = config
-        self.engine = engine  # read for detokenize and EOS only (None upstream): steps run in the loop
+        self.engine = engine  # read for detokenize and EOS only: steps run in the loop
         self.recorder = recorder
+        self.queue = RequestQueue(config, recorder)  # waiting, running, parked; every request's end
         self.max_batch_size = config.batch_size
         self.prefill_budget: int | None = config.max_prefill_tokens  # None: no budget
-        self.waiting: list[Sequence] = []
-        self.running: list[Sequence] = []  # admitted, in the order they joined: prefilling or decoding
-        # Admitted rows sitting out while another owner has their place; their KV stays.
-        self.parked: list[Sequence] = []
-        # Parking needs an engine that keeps a row's state aside (an upstream cannot pause).
-        self.fair = config.fair_share
-        self.can_park = config.fair_share and engine is not None and config.mode == "continuous"
-        self.owners = Owners(config.fair_share, config.owner_max_running)
+        # Parking keeps a row's KV aside while another owner has its place.
+        self.can_park = config.fair_share and config.mode == "continuous"
         # The classic window batcher runs whole batches; chunks need an engine that can.
         own = getattr(engine, "prefill_chunk_tokens", 0)
         wanted = own if config.prefill_chunk_tokens is None else config.prefill_chunk_tokens
         self.chunk_tokens = wanted if config.mode == "continuous" and own else 0
-        self._live: dict[str, Sequence] = {}
-        self._finished: list[Sequence] = []
-        self._window_opened: float | None = None
-        self._last_arrival = 0.0
         self._decodes_since_prefill = 0
         self._step_ids = itertools.count(1)
         self._parking: list[str] = []  # rows parked, and resumed, since the last plan
         self._resuming: list[str] = []
 
     # -- requests ---------------------------------------------------------------------------
+    @property
+    def waiting(self) -> list[Sequence]:
+        return self.queue.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        """Admitted, in the order they joined: prefilling or decoding."""
+        return self.queue.running
+
+    @property
+    def parked(self) -> list[Sequence]:
+        """Admitted rows sitting out while another owner has their place; their KV stays."""
+        return self.queue.parked
+
     def add(self, seq: Sequence, now: float) -> None:
         """Queue ``seq``; raise ``QueueFull`` (queueing nothing) when the queue is full."""
-        if len(self.waiting) >= self.config.max_queue_size:
-            self.recorder.rejected("queue_full")
-            raise QueueFull(
-                f"The queue is full ({self.config.max_queue_size} waiting requests). Retry "
-                "shortly, or raise InferApp.max_queue_size.", retry_after=1.0,
-            )
-        limit = self.config.owner_max_queued
-        if limit and sum(s.request.owner == seq.request.owner for s in self.waiting) >= limit:
-            self.recorder.rejected("owner_queue_full")
-            raise QueueFull(
-                f"You have {limit} requests waiting already (InferApp.owner_max_queued): wait for "
-                "some to finish, then retry.", retry_after=1.0,
-            )
-        if not self.waiting:  # the first request into an empty queue opens the window
-            self._window_opened = now
-        self._last_arrival = now
-        self.waiting.append(seq)
-        self._live[seq.id] = seq
-        self.recorder.queued(seq, len(self.waiting))
+        self.queue.add(seq, now)
 
     def cancel(self, request_id: str, now: float) -> bool:
-        """Cancel a request: dropped now if queued, at the next step if running."""
-        seq = self._live.get(request_id)
+        """Cancel a request: dropped now if queued or parked (its KV goes with the next step's
+        ``keep``), at the next step if running."""
+        seq = self.queue.live(request_id)
         if seq is None:
             return False
-        if seq.status is Status.WAITING:
-            self.waiting.remove(seq)
-            self._finish(seq, "cancelled", now)
-        elif seq.status is Status.PARKED:  # its KV goes with the next step's ``keep``
-            self.parked.remove(seq)
-            self._finish(seq, "cancelled", now)
-        else:
+        if seq.status is Status.RUNNING:
             seq.cancelled = True
+        else:
+            self.queue.drop(seq, now)
         return True
-
-    def owner_of(self, request_id: str) -> str | None:
-        """Who sent a queued, running or parked request (``None``: no such live request)."""
-        seq = self._live.get(request_id)
-        return None if seq is None else seq.request.owner
-
-    def abort(self, reason: str, now: float) -> None:
-        """Every queued, running and parked request ends with ``reason`` (the service stops)."""
-        for seq in self.waiting + self.running + self.parked:
-            self._finish(seq, "failed", now, error=reason)
-        self.waiting.clear()
-        self.running.clear()
-        self.parked.clear()
-        self.recorder.left([], now)
-
-    def pop_finished(self) -> list[Sequence]:
-        finished, self._finished = self._finished, []
-        return finished
 
     @property
     def decoding(self) -> list[Sequence]:
@@ -186,29 +152,11 @@ class Scheduler:
         if self.running:
             if not self._may_join():
                 return [], None
-        else:
-            # An idle engine waits for the window (window mode), or a few ms (continuous):
-            # a burst landing over some ms then shares one prefill instead of two.
-            if self._window_opened is None:
-                self._window_opened = now
-            if cfg.mode == "window":
-                deadline = self._window_opened + cfg.batch_window_ms / 1000
-            else:
-                quiet = cfg.idle_admit_delay_ms / 1000
-                deadline = min(self._window_opened + 10 * quiet, self._last_arrival + quiet)
-            if len(self.waiting) < self.max_batch_size and now < deadline:
-                return [], deadline
+        elif (deadline := self.queue.idle_wait(now)) is not None:
+            return [], deadline  # a burst landing over some ms shares one prefill
         newcomers = self._pick(self.max_batch_size - len(self.running), now)
-        if not newcomers:
-            return [], None
-        admitted = set(map(id, newcomers))
-        self.waiting = [s for s in self.waiting if id(s) not in admitted]
-        # Leftovers of a window batch open the next window now.
-        self._window_opened = now if self.waiting else None
-        for seq in newcomers:
-            seq.status = Status.RUNNING
-        self.running.extend(newcomers)
-        self.recorder.admitted(newcomers, self.running, now)
+        if newcomers:
+            self.queue.start(newcomers, now)
         return newcomers, None
 
     def _may_join(self) -> bool:
@@ -234,7 +182,7 @@ class Scheduler:
         budget = self.prefill_budget
         if self.running and self.chunk_tokens:  # what the running rows wait for, at most
             budget = self.chunk_tokens if budget is None else min(budget, self.chunk_tokens)
-        owners = self.owners
+        owners = self.queue.owners
         owners.reset(self.running, self.parked, self.waiting)
         newcomers: list[Sequence] = []
         longest = 0
@@ -372,7 +320,7 @@ class Scheduler:
                     continue
                 self.running.remove(seq)
                 if seq.cancelled:  # cancelled meanwhile: it ends here, it is not run again
-                    self._finish(seq, "cancelled", now)
+                    self.queue.finish(seq, "cancelled", now)
                     continue
                 seq.status, seq.alone, seq.num_computed = Status.WAITING, True, 0
                 again.append(seq)
@@ -386,15 +334,4 @@ class Scheduler:
         self.recorder.left(self.running, now)
 
     def _retire(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
-        self.running.remove(seq)
-        self._finish(seq, outcome, now, error)
-
-    def _finish(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
-        seq.status = Status.FINISHED
-        rec = seq.record
-        rec.outcome, rec.finished_at, rec.error = outcome, now, error
-        if outcome == "cancelled":
-            rec.finish_reason = "cancelled"
-        del self._live[seq.id]
-        self.recorder.finished(seq)
-        self._finished.append(seq)
+        self.queue.retire(seq, outcome, now, error)

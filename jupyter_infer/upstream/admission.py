@@ -1,8 +1,10 @@
-"""The scheduling core for an upstream server (``engine = "openai"``).
+"""Who may go to an upstream server now (``engine = "openai"``).
 
-The same queue, priorities, ``429`` and admission as the engine's core: ``max_batch_size``
-bounds the requests in flight upstream, the highest priority starts first, and an idle front
-waits ``idle_admit_delay_ms`` so that a burst starts together. What differs is that there are
+The same queue, owners' fair order, priorities, ``429`` and idle wait as the engine's core
+(both keep their requests in a ``RequestQueue``; neither is the other): ``max_batch_size``
+bounds the requests in flight upstream, the next to start is the owners' fair pick (highest
+priority first within an owner), and an idle front waits ``idle_admit_delay_ms`` so that a
+burst starts together. What differs is that there are
 no steps: an admitted request runs upstream on its own, its text arrives chunk by chunk, and
 it leaves (finished, failed, cancelled) the moment it ends. Synchronous and free of I/O, like
 the engine's core; the ``UpstreamLoop`` does the HTTP.
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..scheduler import Scheduler
+from ..scheduler.request_queue import RequestQueue
 from ..values.sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -25,14 +27,25 @@ if TYPE_CHECKING:
     from ..values.config import ServiceConfig
 
 
-class UpstreamScheduler(Scheduler):
+class UpstreamAdmission:
     def __init__(self, config: ServiceConfig, recorder: Recorder) -> None:
-        super().__init__(config, None, recorder)
-        self.prefill_budget = None  # the upstream pads and batches on its own
+        self.config = config
+        self.recorder = recorder
+        self.queue = RequestQueue(config, recorder)  # the upstream pads and batches on its own
         self._left_at: float | None = None  # a departure not yet recorded in the spans
 
-    def _may_join(self) -> bool:
-        return True  # upstream requests do not wait for each other's steps
+    @property
+    def waiting(self) -> list[Sequence]:
+        return self.queue.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        """In flight upstream."""
+        return self.queue.running
+
+    def add(self, seq: Sequence, now: float) -> None:
+        """Queue ``seq``; raise ``QueueFull`` (queueing nothing) when the queue is full."""
+        self.queue.add(seq, now)
 
     def start(self, now: float) -> tuple[list[Sequence], float | None]:
         """The queued requests to send upstream now (they are running from here on), or
@@ -50,17 +63,30 @@ class UpstreamScheduler(Scheduler):
                 wake_at = due if wake_at is None else min(wake_at, due)
         return newcomers, wake_at
 
+    def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
+        """Requests start whenever there is room (they do not wait for each other's steps);
+        an idle front waits ``idle_admit_delay_ms`` so that a burst starts together."""
+        queue = self.queue
+        if not queue.waiting:
+            return [], None
+        if not queue.running and (deadline := queue.idle_wait(now)) is not None:
+            return [], deadline
+        newcomers = queue.pick(self.config.batch_size - len(queue.running))
+        if newcomers:
+            queue.start(newcomers, now)
+        return newcomers, None
+
     def cancel(self, request_id: str, now: float) -> bool:
         """Cancel a request: a running one leaves at once (the loop closes its upstream
         stream), a queued one is dropped."""
-        seq = self._live.get(request_id)
+        seq = self.queue.live(request_id)
         if seq is None:
             return False
         if seq.status is Status.RUNNING:
             self._leave(seq, "cancelled", now)
-            return True
-        return super().cancel(request_id, now)
-
+        else:
+            self.queue.drop(seq, now)
+        return True
     def receive(self, seq: Sequence, text: str, now: float) -> str:
         """A chunk of ``seq``'s text arrived; returns what to pass on ("" if it already left)."""
         if seq.status is not Status.RUNNING or not text:
@@ -88,7 +114,7 @@ class UpstreamScheduler(Scheduler):
             self._leave(seq, "failed", now, error)
 
     def _leave(self, seq: Sequence, outcome: str, now: float, error: str | None = None) -> None:
-        self._retire(seq, outcome, now, error)
+        self.queue.retire(seq, outcome, now, error)
         if not self.running:  # the last one out closes the span at once
             self._left_at = None
             self.recorder.left([], now)
