@@ -3,8 +3,9 @@
 Synchronous and free of I/O, like nano-vllm's ``Scheduler``: the engine loop calls
 ``schedule(now)`` for a ``StepPlan`` (prefill newcomers, or decode one token for every
 decoding row), runs it, and hands the tokens to ``postprocess``. Time comes in as ``now``,
-so the policy can be tested with a fake clock. Every sequence that ends (finished,
-cancelled, failed) is collected for the loop, which ``pop_finished()``s it to end its stream.
+so the policy can be tested with a fake clock. The requests live in a ``RequestQueue``
+(``queue``), which collects every sequence that ends (finished, cancelled, failed) until the
+loop takes it (``queue.pop_finished()``) to end its stream.
 
 One rule, as in vLLM v1: each step schedules some tokens of some sequences, and their
 ``num_computed`` catches up with their tokens: a whole prompt, a chunk of a long one, or the
