@@ -21,6 +21,7 @@ from ..values.config import DTYPES, ENGINES, MODES, ServiceConfig, normalize_url
 from . import prometheus
 from .handler_base import SERVICE_KEY
 from .handlers import routes
+from .startup_heap import freeze_when_ready, thaw
 
 D = ServiceConfig.default  # every default comes from ServiceConfig
 
@@ -275,6 +276,7 @@ class InferApp(ExtensionApp):
     # -- lifecycle --------------------------------------------------------------------------
     config_error: str | None = None
     prometheus_collector: prometheus.ServiceCollector | None = None  # the service's part of /metrics
+    _heap_frozen: asyncio.Task | None = None  # True once the startup heap is frozen
 
     def service_config(self) -> ServiceConfig:
         """The traits as a ``ServiceConfig``; raises ``ValueError`` saying what to fix."""
@@ -322,14 +324,22 @@ class InferApp(ExtensionApp):
             asyncio.get_running_loop()
         except RuntimeError:
             return  # the usual case: the loop starts later; _start_jupyter_server_extension starts us
-        self.service.start()  # already on the server's loop (e.g. under pytest-jupyter)
+        self._start_service()  # already on the server's loop (e.g. under pytest-jupyter)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(routes())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Start loading the engine on the server's running loop."""
-        self.service.start()  # a no-op if it already started
+        self._start_service()
+
+    def _start_service(self) -> None:
+        """Start loading the engine (a no-op if it started already); once it is ready, the
+        heap is frozen so that full garbage collections stay short (``startup_heap``)."""
+        self.service.start()
+        if self._heap_frozen is None:
+            self._heap_frozen = asyncio.get_running_loop().create_task(
+                freeze_when_ready(self.service), name="jupyter-infer-freeze-heap")
 
     async def stop_extension(self) -> None:
         """Stop the service: running requests end with an error event. Never raises."""
@@ -347,6 +357,11 @@ class InferApp(ExtensionApp):
         if self.prometheus_collector is not None:
             self.prometheus_collector.detach()
             self.prometheus_collector = None
+        frozen, self._heap_frozen = self._heap_frozen, None
+        if frozen is not None and frozen.done() and not frozen.cancelled() and frozen.result():
+            thaw()
+        elif frozen is not None:
+            frozen.cancel()
         self.log.info("jupyter_infer | inference service stopped")
         unroute_package_logs(getattr(self, "_routed_log_handlers", []))
 
