@@ -167,6 +167,12 @@ class InferApp(ExtensionApp):
         a sixth of float32's), loaded without a float32 copy of the model. x86 CPUs with AVX2;
         speed, memory and quality in docs/engine.md."""
     ).tag(config=True)
+    generation_defaults = Bool(
+        D("generation_defaults"), help="""'hf' engine: where an OpenAI request leaves out temperature,
+        top_p, top_k or repetition_penalty, use the checkpoint's own (its generation_config.json;
+        shown in infer/status as sampling_defaults). Off: OpenAI's defaults. The native
+        infer/generate route is greedy unless asked, either way."""
+    ).tag(config=True)
     simulated_token_delay_ms = List(
         Float(), default_value=list(D("simulated_token_delay_ms")),
         help="The simulated engine's per-step decode delay, drawn uniformly from [low, high] ms.",

@@ -212,6 +212,7 @@ class InferenceService:
             "max_context": info.max_context if info else None,
             "fallback_reason": info.fallback_reason if info else None,
             "details": info.details if info else {},
+            "sampling_defaults": info.sampling_defaults if info else {},
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"}
             | {"max_prompt_chars": None} | snap.limits,
             "queue_depth": len(snap.waiting),

@@ -42,6 +42,8 @@ class ServiceConfig:
     prepack_weights: bool = True
     quantize: str = "none"  # "int8" (fbgemm) or "int4" (groups of 32, our kernel): x86 CPU; docs/engine.md
     seed: int = 0
+    # The checkpoint's generation config sets the sampling an OpenAI request leaves out
+    generation_defaults: bool = True
     simulated_token_delay_ms: tuple[float, float] = (10.0, 40.0)
     simulated_prefill_ms_per_token: float = 0.2
     # -- scheduling -----------------------------------------------------------------------------

@@ -20,6 +20,9 @@ class EngineInfo:
     # Every model served, as v1/models cards ({"id", "route"}): a router's, one per backend.
     # Empty: just ``model``.
     models: list[dict[str, Any]] = field(default_factory=list)
+    # The checkpoint's sampling defaults (its generation config), for fields an OpenAI request
+    # leaves out; empty: OpenAI's.
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     def model_names(self) -> list[str]:
         """The served model's name first, then the names a request may use for it (or, for

@@ -104,10 +104,14 @@ def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
 
 def parse_sampling(
     body: Mapping[str, Any], *, max_new_tokens: int, default_max_tokens: int | None = 64,
-    default_temperature: float = 0.0,
+    default_temperature: float = 0.0, defaults: Mapping[str, float] | None = None,
 ) -> SamplingParams:
     """Sampling parameters from a JSON body (the service checks them against its limits).
-    Every neutral value (``0``, ``0.0``, ``1.0`` for ``repetition_penalty``) is accepted."""
+    Every neutral value (``0``, ``0.0``, ``1.0`` for ``repetition_penalty``) is accepted.
+    ``defaults``: the model's own values for the fields the body leaves out (its generation
+    config: ``EngineInfo.sampling_defaults``)."""
+    defaults = {"temperature": default_temperature, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0,
+                **(defaults or {})}
     max_tokens = body.get("max_tokens", default_max_tokens)
     if max_tokens is None:
         max_tokens = default_max_tokens
@@ -120,18 +124,18 @@ def parse_sampling(
             f"'max_tokens' must be an integer from 0 to {max_new_tokens}; got {show(max_tokens)}.",
             param="max_tokens",
         )
-    top_k = _integer(body, "top_k", 0, -1, 100_000) or 0
+    top_k = _integer(body, "top_k", int(defaults["top_k"]), -1, 100_000) or 0
     min_tokens = _integer(body, "min_tokens", 0, 0, max_new_tokens) or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise InvalidRequest(
             f"'min_tokens' ({min_tokens}) is above 'max_tokens' ({max_tokens}).", param="min_tokens"
         )
     # 1.0 is no penalty; 0 (which clients send meaning "none") is taken as 1.0 too.
-    repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, 10.0) or 1.0
+    repetition_penalty = _number(body, "repetition_penalty", defaults["repetition_penalty"], 0.0, 10.0) or 1.0
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", default_temperature, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        temperature=_number(body, "temperature", defaults["temperature"], 0.0, 2.0),
+        top_p=_number(body, "top_p", defaults["top_p"], 0.0, 1.0),
         top_k=max(top_k, 0),  # vLLM's -1 and 0 both mean "no top-k"
         seed=_integer(body, "seed", None, -(2**63), 2**64 - 1),
         stop=parse_stop(body.get("stop")),

@@ -203,7 +203,7 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
         sampling["max_tokens"] = body.get("max_completion_tokens")
     params = parse_sampling(
         sampling, max_new_tokens=max_new_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
-        default_temperature=OPENAI_DEFAULT_TEMPERATURE,
+        default_temperature=OPENAI_DEFAULT_TEMPERATURE, defaults=info.sampling_defaults,
     )
     params = replace(params, logprobs=logprobs, prompt_logprobs=logprobs if echo else None,
                      constraint=constraint_spec.from_body(body))
@@ -237,7 +237,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     # server's limit and the room left in the context.
     params = parse_sampling(
         sampling, max_new_tokens=max_new_tokens, default_max_tokens=None,
-        default_temperature=OPENAI_DEFAULT_TEMPERATURE,
+        default_temperature=OPENAI_DEFAULT_TEMPERATURE, defaults=info.sampling_defaults,
     )
     params = replace(params, logprobs=top if logprobs else None, constraint=constraint)
 

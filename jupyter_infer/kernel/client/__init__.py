@@ -10,7 +10,7 @@ One concern per module:
 - ``embedded``: an ``InferenceService`` in this process;
 - ``openai_backend``: a plain OpenAI-compatible server (vLLM, TGI, ...), client-side timings;
 - ``streams``: ``TokenStream``/``AsyncTokenStream``;
-- ``loop``: the I/O thread whose event loop runs every request;
+- ``io_thread``: the I/O thread whose event loop runs every request;
 - ``results``: ``Completion``; ``arrivals``: ``arrival_times`` (Poisson arrivals).
 """
 
