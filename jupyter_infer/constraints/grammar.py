@@ -93,7 +93,12 @@ class GrammarCompiler:
     def for_hf(cls, hf_tokenizer: Any, vocab: int, eos_ids: Seq[int]) -> GrammarCompiler:
         import llguidance.hf
 
-        return cls(llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab, eos_token=sorted(eos_ids)), vocab)
+        tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab, eos_token=sorted(eos_ids))
+        text_ids = {i for i, added in getattr(hf_tokenizer, "added_tokens_decoder", {}).items()
+                    if not added.special and i < vocab}
+        if text_ids:
+            tokenizer = _added_tokens_as_text(tokenizer, hf_tokenizer, vocab, sorted(eos_ids), text_ids)
+        return cls(tokenizer, vocab)
 
     @classmethod
     def for_tokens(cls, tokens: Seq[bytes], encode: Any, eos_id: int) -> GrammarCompiler:
@@ -157,6 +162,29 @@ class GrammarCompiler:
                 "fast_forward": self.fast_forward}
 
 
+def _added_tokens_as_text(tokenizer: llguidance.LLTokenizer, hf_tokenizer: Any, vocab: int, eos_ids: list[int],
+                          text_ids: set[int]) -> llguidance.LLTokenizer:
+    """``tokenizer`` with the checkpoint's added tokens that are not special (Qwen's
+    ``<tool_call>``, ``<think>``) as the text they stand for. llguidance takes every added token
+    for a special one, yet its masks allow them where their text fits and the model's tokenizer
+    turns forced text into them: consuming one then fails the row ("token <think>[151667]
+    doesn't satisfy the grammar"). A grammar can still name one by id (``<[151667]>``)."""
+    tokens = [tokenizer.decode_bytes([i]) for i in range(vocab)]
+    special = [i for i in range(vocab) if tokenizer.is_special_token(i) and i not in text_ids]
+
+    class _Tokens:  # what llguidance's TokenizerWrapper reads
+        eos_token_id, bos_token_id = eos_ids[0] if eos_ids else None, None
+        special_token_ids = special
+
+        def __init__(self) -> None:
+            self.tokens = tokens
+
+        def __call__(self, data: bytes) -> list[int]:
+            return hf_tokenizer.encode(data.decode("utf-8", errors="replace"), add_special_tokens=False)
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Tokens()), n_vocab=vocab, eos_token=eos_ids)
+
+
 def _first_line(message: str) -> str:
     line = message.strip().splitlines()[0] if message.strip() else "the grammar library refused it"
     return line[:300]
@@ -216,7 +244,11 @@ class GrammarRow:
         as a long prompt is chunked, not in one wide step that stalls the batch."""
         if not self.forwarding or self.matcher.is_stopped() or self.matcher.is_error():
             return []
-        return list(self.matcher.compute_ff_tokens())[:FORCED_PER_STEP]
+        run = list(self.matcher.compute_ff_tokens())[:FORCED_PER_STEP]
+        # The forced bytes are tokenized by the model's tokenizer: only the part of the run
+        # the matcher accepts is forced (a token it takes for a special one would fail the row;
+        # see _added_tokens_as_text), the row samples the rest.
+        return run[: self.matcher.validate_tokens(run)] if run else run
 
     def fast_forward(self, eos: int | None) -> list[int]:
         """The tokens that follow the row's chosen one without sampling, consumed: the forced

@@ -59,6 +59,7 @@ def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
         local_files_only=local_only,
         draft_local_files_only=draft_local_only,
         generation_defaults=config.generation_defaults,
+        split_reasoning=config.split_reasoning,
         prefix_cache_mb=config.prefix_cache_mb,
         prepack_weights=config.prepack_weights,
         quantize=config.quantize,

@@ -31,7 +31,7 @@ from .base import Engine, KVUsage, Rows, Sampled
 from .buckets import Buckets
 from .cpu_linear import LinearReport
 from .draft_model import DraftModel
-from .generation_defaults import sampling_defaults
+from .generation_defaults import reasons, sampling_defaults
 from .hf_batch import HFBatch, left_pad_rows, row_ends, spare_columns
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
 from .hf_load import check_format, load_causal_lm, parameter_count
@@ -64,6 +64,7 @@ class HFEngine(Engine):
         draft_model: str = "",
         draft_local_files_only: bool | None = None,
         generation_defaults: bool = True,
+        split_reasoning: bool = True,
     ) -> None:
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
         check_format(model)
@@ -121,6 +122,7 @@ class HFEngine(Engine):
         self.info = self._engine_info(model, torch_dtype, parameters, linears, quantize)
         if generation_defaults:
             self.info.sampling_defaults = sampling_defaults(self.model.generation_config)
+        self.info.reasoning = split_reasoning and reasons(self.tokenizer)
 
     def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
                      quantize: str) -> EngineInfo:

@@ -173,6 +173,12 @@ class InferApp(ExtensionApp):
         shown in infer/status as sampling_defaults). Off: OpenAI's defaults. The native
         infer/generate route is greedy unless asked, either way."""
     ).tag(config=True)
+    split_reasoning = Bool(
+        D("split_reasoning"), help="""'hf' engine, a reasoning model (Qwen3, DeepSeek-R1's distills: its
+        chat template and vocabulary have <think> and </think>): the OpenAI chat answer's <think>
+        section comes as message.reasoning_content (streamed as delta.reasoning_content), the rest
+        as content. Off: all in content."""
+    ).tag(config=True)
     simulated_token_delay_ms = List(
         Float(), default_value=list(D("simulated_token_delay_ms")),
         help="The simulated engine's per-step decode delay, drawn uniformly from [low, high] ms.",

@@ -19,6 +19,7 @@ from ..values.request import RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
 from ..wire import openai_answers, openai_requests
 from ..wire.chat import parse_messages
+from ..wire.reasoning import ReasoningSplitter, opens_reasoning
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .sse import format_event
 
@@ -72,7 +73,8 @@ class OpenAIHandler(InferHandler):
             self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
         streams = await self.submit_all(call.requests)
         call.model = streams[0].model or call.model  # behind a router: the model that serves it
-        shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts)
+        reasoning = self._opened_reasoning(streams) if chat and info.reasoning else None
+        shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts, reasoning)
         if call.stream:
             await self._stream_choices(streams, call, shape)
             return
@@ -85,6 +87,10 @@ class OpenAIHandler(InferHandler):
         if not self.gone.is_set():
             self.finish(shape.whole(results))
 
+    def _opened_reasoning(self, streams: list[RequestStream]) -> list[bool]:
+        """Per choice, whether its prompt opened the reasoning section (its last tokens' text)."""
+        return [opens_reasoning("".join(self.service.token_texts(list(s.prompt_ids[-4:])))) for s in streams]
+
     async def _stream_choices(
         self, streams: list[RequestStream], call: openai_requests.OpenAIRequest, shape: openai_answers.Shaper,
     ) -> None:
@@ -96,6 +102,8 @@ class OpenAIHandler(InferHandler):
         opened = [chat] * len(streams)  # completions: the echo chunk is sent (chat: role chunk)
         # A chat with tools: each choice's text is read as calls or content as it comes.
         parsers = [CallParser() for _ in streams] if call.tools is not None else None
+        # A reasoning model: the reasoning section is split out first (reasoning_content).
+        splitters = [ReasoningSplitter(inside) for inside in shape.reasoning] if shape.reasoning else None
 
         def data(obj: Any) -> str:
             return format_event(json.dumps(obj))
@@ -114,6 +122,12 @@ class OpenAIHandler(InferHandler):
             return data(shape.chunk(i, text, logprobs=shape.echo_logprobs(streams[i].prompt_ids, prompt_logprobs),
                                     usage=usage(i)))
 
+        def content(i: int, piece: str, lp: dict[str, Any] | None) -> str:
+            """Answer text as content chunks (with tools: as calls or content)."""
+            if parsers is not None:
+                return "".join(map(data, shape.call_chunks(i, parsers[i].feed(piece), usage(i), lp)))
+            return data(shape.chunk(i, piece, logprobs=lp, usage=usage(i))) if piece or lp is not None else ""
+
         def render(i: int, event: TokenEvent | RequestResult) -> str:
             if isinstance(event, TokenEvent):
                 text = "" if opened[i] else echo(i, event.prompt_logprobs)
@@ -121,16 +135,22 @@ class OpenAIHandler(InferHandler):
                 records[i] += len(event.logprobs)
                 lp = shape.event_logprobs(event.logprobs, chars[i])
                 chars[i] += len(event.text)
-                if parsers is not None:
-                    return text + "".join(map(data, shape.call_chunks(i, parsers[i].feed(event.text), usage(i), lp)))
-                if event.text or lp is not None:
-                    text += data(shape.chunk(i, event.text, logprobs=lp, usage=usage(i)))
+                if splitters is None:
+                    return text + content(i, event.text, lp)
+                pieces = splitters[i].feed(event.text)
+                for kind, piece in pieces or [("content", "")]:
+                    text += (data(shape.reasoning_chunk(i, piece, logprobs=lp, usage=usage(i))) if kind == "reasoning"
+                             else content(i, piece, lp))
+                    lp = None  # the tokens' logprobs ride on the first chunk
                 return text
             text = "" if opened[i] else echo(i, event.prompt_logprobs)
             tokens[i] = event.completion_tokens
             rest = (event.logprobs or ())[records[i]:]
             lp = shape.event_logprobs(rest, chars[i]) if rest else None
             called = False
+            for kind, piece in splitters[i].finish() if splitters is not None else ():
+                text += (data(shape.reasoning_chunk(i, piece, usage=usage(i))) if kind == "reasoning"
+                         else content(i, piece, None))
             if parsers is not None:
                 text += "".join(map(data, shape.call_chunks(i, parsers[i].finish(), usage(i))))
                 called = bool(parsers[i].calls) and not call.tools.named

@@ -213,6 +213,7 @@ class InferenceService:
             "fallback_reason": info.fallback_reason if info else None,
             "details": info.details if info else {},
             "sampling_defaults": info.sampling_defaults if info else {},
+            "reasoning": info.reasoning if info else False,
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"}
             | {"max_prompt_chars": None} | snap.limits,
             "queue_depth": len(snap.waiting),

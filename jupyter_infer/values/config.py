@@ -44,6 +44,7 @@ class ServiceConfig:
     seed: int = 0
     # The checkpoint's generation config sets the sampling an OpenAI request leaves out
     generation_defaults: bool = True
+    split_reasoning: bool = True  # a reasoning model's <think> section as reasoning_content
     simulated_token_delay_ms: tuple[float, float] = (10.0, 40.0)
     simulated_prefill_ms_per_token: float = 0.2
     # -- scheduling -----------------------------------------------------------------------------

@@ -23,6 +23,8 @@ class EngineInfo:
     # The checkpoint's sampling defaults (its generation config), for fields an OpenAI request
     # leaves out; empty: OpenAI's.
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    # Its chat answers may hold a <think> section, split out as reasoning_content.
+    reasoning: bool = False
 
     def model_names(self) -> list[str]:
         """The served model's name first, then the names a request may use for it (or, for

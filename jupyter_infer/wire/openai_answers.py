@@ -12,6 +12,7 @@ from ..errors import InferError
 from ..values.engine_info import EngineInfo
 from ..values.request import RequestResult, TokenLogprob
 from .openai_requests import OpenAIRequest
+from .reasoning import split_reasoning
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -72,8 +73,11 @@ class Shaper:
     choices). ``texts`` names tokens (a token id list → each token's text)."""
 
     def __init__(self, chat: bool, request_id: str, call: OpenAIRequest,
-                 texts: Callable[[list[int]], list[str]] | None = None) -> None:
+                 texts: Callable[[list[int]], list[str]] | None = None, reasoning: list[bool] | None = None) -> None:
         self.chat = chat
+        # A reasoning model's chat: per choice, whether its prompt opened the section
+        # (reasoning.py); None: answers are content only.
+        self.reasoning = reasoning if chat else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id.removeprefix("req-")
         self.call = call
         self.model = call.model
@@ -106,16 +110,20 @@ class Shaper:
         for index, result in enumerate(results):
             choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result), "logprobs": None}
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": result.text}
+                reasoning, text = (split_reasoning(result.text, self.reasoning[index]) if self.reasoning
+                                   else (None, result.text))
+                choice["message"] = {"role": "assistant", "content": text}
+                if reasoning is not None:
+                    choice["message"]["reasoning_content"] = reasoning
                 if self.call.tools is not None:
                     # Cut short by max_tokens: the calls so far (the last one's arguments as far
                     # as they got) and "length", as the stream sends them.
-                    content, calls = parse_calls(result.text, cut=True)
+                    content, calls = parse_calls(text, cut=True)
                     if content is None:
                         legacy = self.call.tools.legacy
                         said = ({"function_call": _function_call(calls[0]) if calls else None} if legacy
                                 else {"tool_calls": calls or None})
-                        choice["message"] = {"role": "assistant", "content": None, **said}
+                        choice["message"] = {**choice["message"], "content": None, **said}
                         choice["finish_reason"] = finish_reason(result, not self.call.tools.named, legacy)
                 if self.call.logprobs is not None:
                     choice["logprobs"] = self.chat_logprobs(result.logprobs or ())
@@ -195,6 +203,13 @@ class Shaper:
         if self.call.include_usage or self.call.continuous_usage:
             out["usage"] = usage
         return out
+
+    def reasoning_chunk(self, index: int, text: str, *, logprobs: dict[str, Any] | None = None,
+                        usage: dict[str, int] | None = None) -> dict[str, Any]:
+        """A piece of the reasoning section, as ``delta.reasoning_content``."""
+        chunk = self.chunk(index, None, logprobs=logprobs, usage=usage)
+        chunk["choices"][0]["delta"]["reasoning_content"] = text
+        return chunk
 
     def call_chunks(self, index: int, deltas: list[CallDelta], usage: dict[str, int] | None = None,
                     logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:

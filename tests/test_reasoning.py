@@ -1,0 +1,114 @@
+"""Reasoning models: the answer's ``<think>`` section as ``reasoning_content`` (streamed as
+``delta.reasoning_content``), the rest as ``content``, whether the answer opens the section
+(Qwen3) or its chat template does (DeepSeek-R1's distills)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from server_helpers import TOKEN, server_config, service_of
+
+from jupyter_infer.wire.reasoning import ReasoningSplitter, split_reasoning
+
+# The answer the model must write (a constraint makes a random model do it): a section, then
+# the answer.
+QWEN3_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+                  "{# the model thinks first, between <think> and </think> #}")
+R1_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+               "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}{# ...</think> #}")
+SHAPES = {  # template, the regex the answer follows, and where its reasoning and content are
+    "qwen3": (QWEN3_TEMPLATE, r"<think>[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}"),
+    "r1": (R1_TEMPLATE, r"[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}"),
+}
+
+
+def reasoning_model(source: Path, folder: Path, template: str) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shutil.copytree(source, folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens(["<think>", "</think>"])  # tokens of their own, as in Qwen3's vocabulary
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def shape(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def jp_server_config(shape: str, tiny_model_dir: Path, tmp_path: Path) -> dict[str, Any]:
+    folder = reasoning_model(tiny_model_dir, tmp_path / shape, SHAPES[shape][0])
+    return server_config(engine="hf", model=str(folder), max_new_tokens=64)
+
+
+async def test_the_think_section_comes_as_reasoning_content_whole_and_streamed(
+    shape: str, jp_serverapp: Any, jp_fetch: Any, jp_http_port: int, jp_base_url: str,
+) -> None:
+    await service_of(jp_serverapp).wait_ready()
+    assert json.loads((await jp_fetch("infer", "status")).body)["reasoning"] is True
+    regex = SHAPES[shape][1]
+    api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1",
+                             api_key=TOKEN, max_retries=0)
+    body = {"model": "default", "messages": [{"role": "user", "content": "Which is it?"}], "max_tokens": 40, "temperature": 0,
+            "extra_body": {"structured_outputs": {"regex": regex}}}
+    try:
+        answer = (await api.chat.completions.create(**body)).choices[0]
+        reasoning, content = answer.message.model_extra["reasoning_content"], answer.message.content
+        assert re.fullmatch(r"[a-z]{2,6} [a-z]{2,6}", reasoning) and re.fullmatch(r"[A-Z][a-z]{2,6}", content)
+        assert answer.finish_reason == "stop"
+        streamed = {"reasoning_content": "", "content": ""}
+        async for chunk in await api.chat.completions.create(**body, stream=True):
+            delta = chunk.choices[0].delta
+            streamed["reasoning_content"] += (delta.model_extra or {}).get("reasoning_content") or ""
+            streamed["content"] += delta.content or ""
+        assert streamed == {"reasoning_content": reasoning, "content": content}  # greedy: the same answer
+    finally:
+        await api.close()
+
+
+async def test_split_reasoning_off_leaves_the_section_in_content(
+    shape: str, jp_serverapp: Any, jp_fetch: Any, jp_http_port: int, jp_base_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = service_of(jp_serverapp)
+    info = await service.wait_ready()
+    monkeypatch.setattr(info, "reasoning", False)  # what InferApp.split_reasoning = False gives
+    api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1",
+                             api_key=TOKEN, max_retries=0)
+    try:
+        answer = await api.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Which is it?"}], max_tokens=40, temperature=0,
+            extra_body={"structured_outputs": {"regex": SHAPES[shape][1]}})
+    finally:
+        await api.close()
+    message = answer.choices[0].message
+    assert "</think>" in message.content and "reasoning_content" not in (message.model_extra or {})
+
+
+@pytest.mark.parametrize(("text", "inside", "expected"), [
+    ("<think>\nhmm, 2+2</think>\n\nIt is 4.", False, ("\nhmm, 2+2", "It is 4.")),
+    ("hmm</think>It is 4.", True, ("hmm", "It is 4.")),
+    ("<think>cut short by max_tokens", False, ("cut short by max_tokens", "")),
+    ("No section <think> here", False, (None, "No section <think> here")),
+    ("  <thin", False, (None, "  <thin")),
+])
+def test_a_split_is_the_same_whole_and_in_any_pieces(text: str, inside: bool, expected: tuple) -> None:
+    assert split_reasoning(text, inside) == expected
+    for size in (1, 2, 3, 7):
+        splitter = ReasoningSplitter(inside)
+        pieces = [p for i in range(0, len(text), size) for p in splitter.feed(text[i:i + size])] + splitter.finish()
+        reasoning = "".join(t for kind, t in pieces if kind == "reasoning")
+        assert (reasoning if splitter.reasoned else None, "".join(t for k, t in pieces if k == "content")) == expected
