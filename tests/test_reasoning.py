@@ -20,7 +20,8 @@ from jupyter_infer.wire.reasoning import ReasoningSplitter, split_reasoning
 # the answer.
 QWEN3_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                   "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-                  "{# the model thinks first, between <think> and </think> #}")
+                  # Qwen3's switch: the section comes empty in the prompt, so the model answers at once.
+                  "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
 R1_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}{# ...</think> #}")
 SHAPES = {  # template, the regex the answer follows, and where its reasoning and content are
@@ -112,3 +113,32 @@ def test_a_split_is_the_same_whole_and_in_any_pieces(text: str, inside: bool, ex
         pieces = [p for i in range(0, len(text), size) for p in splitter.feed(text[i:i + size])] + splitter.finish()
         reasoning = "".join(t for kind, t in pieces if kind == "reasoning")
         assert (reasoning if splitter.reasoned else None, "".join(t for k, t in pieces if k == "content")) == expected
+
+
+@pytest.mark.parametrize("shape", ["qwen3"])
+async def test_chat_template_kwargs_reach_the_template(shape: str, client: Any, http: Any) -> None:
+    """vLLM's ``chat_template_kwargs``: Qwen3's ``enable_thinking: false`` puts an empty section
+    in the prompt; what the template does not read changes nothing; a bad value is a 400."""
+    messages = [{"role": "user", "content": "Which is it?"}]
+
+    async def prompt_tokens(**extra: Any) -> int:
+        answer = await client.chat.completions.create(model="default", messages=messages, max_tokens=2,
+                                                      temperature=0, extra_body=extra)
+        return answer.usage.prompt_tokens
+
+    assert await prompt_tokens(chat_template_kwargs={"enable_thinking": False}) > await prompt_tokens()
+    assert await prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == await prompt_tokens()
+    for bad in ([1], {"add_generation_prompt": False}, {"not a name": 1}):
+        answer = await http.post("chat/completions", json={"messages": messages, "chat_template_kwargs": bad})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_an_upstream_server_gets_the_template_variables_as_sent() -> None:
+    from jupyter_infer.values.request import Request
+    from jupyter_infer.wire.upstream_openai import request_body
+
+    request = Request(prompt="", messages=[{"role": "user", "content": "hi"}],
+                      chat_template_kwargs={"enable_thinking": False})
+    path, body = request_body(request, "qwen3")
+    assert path == "chat/completions" and body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in request_body(Request(prompt="", messages=request.messages), "qwen3")[1]

@@ -271,7 +271,8 @@ class Engine(abc.ABC):
         has no such thing)."""
         return None
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """A chat as one prompt; engines with a chat template override this."""
+    def render_chat(self, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None) -> str:
+        """A chat as one prompt; engines with a chat template override this (and read
+        ``template_kwargs``)."""
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join(lines) + "\nassistant:"

@@ -159,16 +159,17 @@ class HFEngine(Engine):
     def vocab_size(self) -> int:
         return int(self.model.get_input_embeddings().num_embeddings)
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None) -> str:
         if getattr(self.tokenizer, "chat_template", None):
             from jinja2 import TemplateError
 
             try:
-                return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                          **(template_kwargs or {}))
             except TemplateError as err:  # e.g. "Conversation roles must alternate user/assistant"
                 raise InvalidRequest(f"The model's chat template refused these messages: {err}",
                                      param="messages") from None
-        return super().render_chat(messages)
+        return super().render_chat(messages, template_kwargs)
 
     # -- steps ------------------------------------------------------------------------------
     def prefill(

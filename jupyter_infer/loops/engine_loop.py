@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..constraints.grammar import Grammar, compile_in_time
@@ -82,8 +83,9 @@ class EngineLoop(RequestLoop):
             request = replace(request, prompt=await off_loop(engine.detokenize, prompt_ids, size=len(prompt_ids)))
         else:
             if request.messages is not None:
-                request = replace(request, prompt=await off_loop(
-                    engine.render_chat, request.messages, size=text_size(request.messages)))
+                render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs)
+                request = replace(request, prompt=await off_loop(render, request.messages,
+                                                                 size=text_size(request.messages)))
             prompt_ids = await off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
         if self.check_model:

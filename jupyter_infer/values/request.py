@@ -146,6 +146,9 @@ class Request:
     # The chat as the client sent it, where tools are involved (calls, results, ``tools``):
     # what an upstream server gets, to render its own way; ``messages`` is this server's.
     wire_messages: list[dict[str, Any]] | None = None
+    # Variables for the chat template, as vLLM's ``chat_template_kwargs`` (Qwen3's
+    # ``enable_thinking``); an upstream server gets them as sent.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Token ids to run instead of tokenizing ``prompt`` (OpenAI's token-array prompts);
     # the service then fills ``prompt`` with their text.
     prompt_ids: list[int] | None = None

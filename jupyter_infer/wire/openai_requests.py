@@ -35,7 +35,8 @@ _COMMON = SAMPLING_FIELDS | constraint_spec.OPENAI_FIELDS | {
     "model", "stream", "stream_options", "n", "user", "metadata", "store", "service_tier"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix", "max_completion_tokens"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                         "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}
+                         "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+                         "chat_template_kwargs"}
 _logged_ignored: set[str] = set()  # at most _LOG_IGNORED_MAX names: a client may send any
 _LOG_IGNORED_MAX = 100
 
@@ -217,6 +218,30 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
                          continuous, n, echo, logprobs, ignored)
 
 
+# What apply_chat_template itself takes: a template variable of these names would change the
+# call, not the template.
+_TEMPLATE_RESERVED = {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                      "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                      "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+MAX_TEMPLATE_KWARGS = 32
+
+
+def parse_template_kwargs(value: Any) -> dict[str, Any] | None:
+    """vLLM's ``chat_template_kwargs``: variables for the chat template (Qwen3's
+    ``enable_thinking: false``), JSON values under names the template reads."""
+    if value is None:
+        return None
+    param = "chat_template_kwargs"
+    if not isinstance(value, dict) or len(value) > MAX_TEMPLATE_KWARGS:
+        raise InvalidRequest(f"'{param}' must be an object of at most {MAX_TEMPLATE_KWARGS} template variables, "
+                             'e.g. {"enable_thinking": false}.', param=param)
+    for name in value:
+        if not name.isidentifier() or name in _TEMPLATE_RESERVED:
+            raise InvalidRequest(f"'{param}' may not set {show(name)}: give template variables, "
+                                 "such as enable_thinking.", param=param)
+    return dict(value)
+
+
 def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices: int) -> OpenAIRequest:
     """``POST infer/v1/chat/completions`` → one ``Request`` per choice (the service renders
     the chat with the model's chat template)."""
@@ -241,8 +266,11 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     )
     params = replace(params, logprobs=top if logprobs else None, constraint=constraint)
 
+    template_kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
+
     def make(messages: list[dict[str, str]], p: SamplingParams) -> Request:
-        return _requested(Request(prompt="", messages=[dict(m) for m in messages], params=p, wire_messages=wire), body)
+        return _requested(Request(prompt="", messages=[dict(m) for m in messages], params=p, wire_messages=wire,
+                                  chat_template_kwargs=template_kwargs), body)
 
     return OpenAIRequest(_choices([chat], n, params, make, max_choices), model, stream, include_usage,
                          continuous, n, False, top if logprobs else None, ignored, ToolSet.from_body(body))

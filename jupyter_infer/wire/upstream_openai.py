@@ -25,6 +25,8 @@ def request_body(request: Request, model: str) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
     if request.messages is not None:
         path, body["messages"] = "chat/completions", request.wire_messages or request.messages
+        if request.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = request.chat_template_kwargs
     else:
         path, body["prompt"] = "completions", request.prompt
     body.update(sampling_fields(request.params))
