@@ -8,7 +8,8 @@ this way). Almost all of them live as long as the process: the modules, the mode
 
 So once the engine is ready, what is alive is frozen (``gc.freeze``: moved to a permanent
 generation that no collection walks), and later full collections walk only what came after.
-The young generations are collected first, so the model load's recent garbage is not kept.
+One full collection runs first, as vLLM's ``freeze_gc_heap`` does: garbage frozen with the
+rest could never be reclaimed (a cycle holding a tensor from the load would hold it for good).
 When the service stops, the heap is thawed (``gc.unfreeze``), so that what the stopped service
 leaves behind can be collected. The kernel side never freezes: that heap is the user's.
 """
@@ -32,7 +33,7 @@ async def freeze_when_ready(service: _Ready) -> bool:
         await service.wait_ready()
     except Exception:
         return False
-    gc.collect(1)
+    gc.collect()
     gc.freeze()
     log.debug("jupyter_infer: %d objects frozen (gc.freeze) once the engine was ready", gc.get_freeze_count())
     return True
