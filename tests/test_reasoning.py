@@ -128,7 +128,7 @@ async def test_chat_template_kwargs_reach_the_template(shape: str, client: Any, 
 
     assert await prompt_tokens(chat_template_kwargs={"enable_thinking": False}) > await prompt_tokens()
     assert await prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == await prompt_tokens()
-    for bad in ([1], {"add_generation_prompt": False}, {"not a name": 1}):
+    for bad in ([1], {"add_generation_prompt": False}, {"not a name": 1}, {"a" * 65: 1}):
         answer = await http.post("chat/completions", json={"messages": messages, "chat_template_kwargs": bad})
         assert answer.status_code == 400 and answer.json()["error"]["param"] == "chat_template_kwargs"
 

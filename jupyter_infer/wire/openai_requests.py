@@ -236,7 +236,7 @@ def parse_template_kwargs(value: Any) -> dict[str, Any] | None:
         raise InvalidRequest(f"'{param}' must be an object of at most {MAX_TEMPLATE_KWARGS} template variables, "
                              'e.g. {"enable_thinking": false}.', param=param)
     for name in value:
-        if not name.isidentifier() or name in _TEMPLATE_RESERVED:
+        if not name.isidentifier() or len(name) > 64 or name in _TEMPLATE_RESERVED:
             raise InvalidRequest(f"'{param}' may not set {show(name)}: give template variables, "
                                  "such as enable_thinking.", param=param)
     return dict(value)
