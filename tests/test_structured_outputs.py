@@ -111,7 +111,8 @@ async def test_tool_calls(client: openai.AsyncOpenAI, tool_choice: Any) -> None:
 
 async def test_streamed_tool_calls_accumulate_as_the_sdk_does(client: openai.AsyncOpenAI) -> None:
     async with client.chat.completions.stream(model="default", messages=ASK, tools=[WEATHER],
-                                              tool_choice="required", temperature=0) as stream:
+                                              tool_choice="required", temperature=0,
+                                              parallel_tool_calls=False) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_completion()
     assert "tool_calls.function.arguments.delta" in kinds

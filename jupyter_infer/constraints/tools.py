@@ -1,11 +1,11 @@
 """Tool calls on any model: the tools in the prompt, a grammar for the calls, and the calls
 read back out of the text (whole, or streamed as OpenAI streams them).
 
-The format is Hermes' (Qwen's, many others'): one ``<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>`` per call, in compact JSON, the name first. ``tool_choice`` decides the
-grammar: ``required`` and a named function are constrained from the first token (the name
-is one of the declared ones and the arguments fit that tool's schema); ``auto`` allows
-either text (which then may not open with ``<``) or calls; ``none`` constrains nothing.
+The calls are written in the model family's format (``tool_formats``: Hermes' ``<tool_call>``
+by default, Llama 3's JSON, Mistral's, Granite's). ``tool_choice`` decides the grammar:
+``required`` and a named function are constrained from the first token (the name is one of
+the declared ones and the arguments fit that tool's schema); ``auto`` allows either text
+(which then may not start as calls do) or calls; ``none`` constrains nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ import json
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InvalidRequest
 from ..values.request import show
 from .spec import MAX_SPEC_CHARS, Constraint, closed_schema, seconds_below_60
+from .tool_formats import FORMATS, HERMES, ToolFormat, lark_literal
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_HEAD = re.compile(r'<tool_call>\{"name":"([A-Za-z0-9_.-]{1,64})","arguments":')
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]*")
+# A call's arguments as Jinja's ``tojson`` lays them out (the templates' own rendering of a call).
+_ARGUMENT_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_TOOLS = 512
 
 
@@ -46,6 +48,9 @@ class ToolSet:
     # The JSON schema a text answer must fit (``response_format`` sent beside the tools: an
     # agent with tools and a structured final output); None: free text.
     text_schema: dict[str, Any] | None = None
+    format: str = "hermes"  # how the model writes calls (tool_formats), set for the model that runs it
+    # The format's marker as the model's special token ({text: id}), where it is one.
+    specials: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ToolSet | None:
@@ -75,12 +80,26 @@ class ToolSet:
     def from_constraint(cls, constraint: Constraint) -> ToolSet:
         value = constraint.value
         return cls([Tool(**t) for t in value["tools"]], value["choice"], value["parallel"],
-                   text_schema=value.get("text_schema"))
+                   text_schema=value.get("text_schema"), format=value.get("format", "hermes"),
+                   specials=value.get("specials") or {})
 
     def constraint(self) -> Constraint:
         spec = {"tools": [t.__dict__ for t in self.tools], "choice": self.choice, "parallel": self.parallel,
-                "text_schema": self.text_schema}
+                "text_schema": self.text_schema, "format": self.format, "specials": self.specials}
         return Constraint("tools", json.dumps(spec), param="tools")
+
+    def written_as(self, fmt: ToolFormat, specials: Mapping[str, int]) -> ToolSet:
+        """This set, its calls in ``fmt`` (``specials``: the model's special tokens by text)."""
+        marker = {fmt.marker: specials[fmt.marker]} if fmt.marker in specials else {}
+        return replace(self, format=fmt.name, specials=marker)
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        return FORMATS[self.format]
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """The tools as OpenAI's ``tools`` list (what a chat template's ``tools`` reads)."""
+        return [{"type": "function", "function": t.__dict__} for t in self.tools]
 
     def answering_with(self, constraint: Constraint) -> ToolSet:
         """This set, its text answers fitting ``constraint`` (a JSON object or schema): the
@@ -90,7 +109,7 @@ class ToolSet:
                                  f"(response_format), not a {constraint.kind}: send one or the other.",
                                  param=constraint.param or "response_format")
         schema = {"type": "object"} if constraint.kind == "json_object" else seconds_below_60(json.loads(constraint.spec))
-        return ToolSet(self.tools, self.choice, self.parallel, self.legacy, schema)
+        return replace(self, text_schema=schema)
 
     @property
     def named(self) -> bool:
@@ -98,40 +117,47 @@ class ToolSet:
 
     def lark(self) -> str:
         """The grammar of this set's answers (llguidance's Lark, with ``%json`` schemas)."""
+        fmt = self.tool_format
         tools = [t for t in self.tools if not self.named or t.name == self.choice]
         # The call object is literal text around each tool's arguments, which are their own
         # schema's root (so its "#" and "#/$defs/..." references resolve where they were written).
         rules = [rule for i, t in enumerate(tools) for rule in (
-            f't{i}: {json.dumps(call_head(t.name))} a{i} "}}"', f"a{i}: %json{json.dumps(_arguments_schema(t))}")]
-        call = f'call: "{OPEN}" ({" | ".join(f"t{i}" for i in range(len(tools)))}) "{CLOSE}"'
-        calls = 'calls: call ("\\n" call)*' if self.parallel and not self.named else "calls: call"
-        start = "start: calls | TEXT\nTEXT: /[^<](.|\\n)*/" if self.choice == "auto" else "start: calls"
+            f't{i}: {json.dumps(fmt.head(t.name))} a{i} "}}"', f"a{i}: %json{json.dumps(_arguments_schema(t))}")]
+        call = " ".join(_lits(fmt.open) + [f'({" | ".join(f"t{i}" for i in range(len(tools)))})'] + _lits(fmt.close))
+        several = self.parallel and fmt.parallel and not self.named
+        more = f" ({' '.join(_lits(fmt.sep) + ['call'])})*" if several else ""
+        calls = " ".join(_lits(fmt.marker, self.specials) + _lits(fmt.begin) + [f"call{more}"] + _lits(fmt.end))
+        not_calls = re.sub(r"([\\\]\[^-])", r"\\\1", fmt.text_may_not_start())
+        start = f"start: calls | TEXT\nTEXT: /[^{not_calls}](.|\\n)*/" if self.choice == "auto" else "start: calls"
         if self.choice == "auto" and self.text_schema is not None:  # calls, or an object that fits
             schema = self.text_schema
             if isinstance(schema, dict):
                 schema = {**schema, "x-guidance": {"whitespace_flexible": False}}  # compact, as json_schema's
             start = f"start: calls | answer\nanswer: %json{json.dumps(schema)}"
-        return "\n".join([start, calls, call, *rules])
+        return "\n".join([start, f"calls: {calls}", f"call: {call}", *rules])
 
     def system_prompt(self) -> str:
+        """The built-in tool prompt, for a model whose chat template does not render tools."""
+        fmt = self.tool_format
         listed = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
                            for t in self.tools)
+        example = fmt.calls([("<tool name>", "<arguments object>")]).replace('"<tool name>"', "<tool name>")
+        several = f", calls separated by {json.dumps(fmt.sep)}" if fmt.parallel and fmt.sep.strip() else ""
         return ("You can call these tools (each with a JSON Schema of its arguments):\n" + listed +
-                f"\nTo call a tool, answer with {OPEN}{{\"name\": <tool name>, \"arguments\": <arguments object>}}"
-                f"{CLOSE}, one per call, and nothing else." + (
+                f"\nTo call a tool, answer with {example}{several}, and nothing else." + (
                     "\nOtherwise answer with a JSON object that fits this schema, and nothing else:\n"
                     + json.dumps(self.text_schema) if self.text_schema is not None else ""))
 
 
-def call_head(name: str) -> str:
-    """A call's JSON up to its arguments: the name first (a stream names the call at once)."""
-    return '{"name":' + json.dumps(name) + ',"arguments":'
+def _lits(text: str, specials: Mapping[str, int] | None = None) -> list[str]:
+    """``text`` as Lark pieces (none for no text)."""
+    return [lark_literal(text, specials or {})] if text else []
 
 
 def _arguments_schema(tool: Tool) -> dict[str, Any]:
     """A tool's arguments: its parameters' schema, closed to the keys it declares
     (``closed_schema``: a call names its arguments, it does not invent more), compact."""
-    return {**seconds_below_60(closed_schema(dict(tool.parameters))), "x-guidance": {"whitespace_flexible": False}}
+    return {**seconds_below_60(closed_schema(dict(tool.parameters))), "x-guidance": _ARGUMENT_LAYOUT}
 
 
 def _tools(raw: Any, legacy: bool) -> list[Tool]:
@@ -182,10 +208,17 @@ def _choice(choice: Any, names: set[str], legacy: bool) -> str:
     return name
 
 
+def tools_format(constraint: Constraint | None) -> str:
+    """The tool format a request's answer is written in (a tool set's; else Hermes')."""
+    if constraint is None or constraint.kind != "tools":
+        return HERMES.name
+    return json.loads(constraint.spec).get("format", HERMES.name)
+
+
 # -- the calls back out ------------------------------------------------------------------------
-def call_text(name: str, arguments: str) -> str:
+def call_text(name: str, arguments: str, fmt: ToolFormat = HERMES) -> str:
     """One call as the model writes it (an assistant message's ``tool_calls`` rendered back)."""
-    return f"{OPEN}{call_head(name)}{arguments or '{}'}}}{CLOSE}"
+    return fmt.calls([(name, arguments)])
 
 
 def new_call_id() -> str:
@@ -204,64 +237,128 @@ class CallDelta:
     arguments: str | None = None
 
 
+def _eat(buffer: str, literal: str) -> int | None:
+    """Where ``literal`` ends at the start of ``buffer``, whitespace aside on both sides:
+    -1 while ``buffer`` is a beginning of it, ``None`` when it is not there."""
+    i = 0
+    for ch in literal:
+        if ch.isspace():
+            continue
+        while i < len(buffer) and buffer[i].isspace():
+            i += 1
+        if i == len(buffer):
+            return -1
+        if buffer[i] != ch:
+            return None
+        i += 1
+    return i
+
+
 @dataclass
 class CallParser:
     """Reads the text of a tool-set answer as it streams: ``feed`` each piece, ``finish``
-    at the end; ``calls`` are the complete calls (OpenAI's ``tool_calls`` entries)."""
+    at the end; ``calls`` are the complete calls (OpenAI's ``tool_calls`` entries). The text
+    is read in ``format``, its layout's whitespace aside, its marker there or not (a special
+    token's text is left out of decoded text)."""
 
+    format: ToolFormat = HERMES
     buffer: str = ""
     mode: str | None = None  # None (undecided), "text", "calls"
     calls: list[dict[str, Any]] = field(default_factory=list)
-    complete: int = 0  # calls whose closing tag came
+    complete: int = 0  # calls whose closing text came
+    content: str = ""
     _in_call: bool = False
-    _done: bool = False  # the current call's arguments are whole (its closing tag is next)
+    _done: bool = False  # the current call's arguments are whole (its closing text is next)
+    _ended: bool = False  # the calls' end came (or text that is not a call: the rest is ignored)
     _depth: int = 0  # where the arguments' JSON is: nesting, inside a string, after a backslash
     _in_str: bool = False
     _esc: bool = False
-    content: str = ""
 
     def feed(self, text: str) -> list[CallDelta]:
         self.buffer += text
         if self.mode is None:
-            if not self.buffer:
+            mode = self._mode()
+            if mode is None:
                 return []
-            if OPEN.startswith(self.buffer[: len(OPEN)]) and len(self.buffer) < len(OPEN):
-                return []  # could still open a call
-            self.mode = "calls" if self.buffer.startswith(OPEN) else "text"
+            self.mode = mode
+            if mode == "calls":
+                self.buffer = self.buffer.lstrip()
+                marker = self.format.marker
+                if marker and self.buffer.startswith(marker):
+                    self.buffer = self.buffer[len(marker):]
         if self.mode == "text":
             out, self.buffer = self.buffer, ""
             self.content += out
             return [CallDelta(content=out)] if out else []
         return self._calls()
 
+    def _mode(self) -> str | None:
+        """Calls or text, once the start tells (``None``: not yet)."""
+        got = self.buffer.lstrip()
+        if not got:
+            return None
+        marker = self.format.marker
+        if marker:
+            if marker.startswith(got) and len(got) < len(marker):
+                return None
+            if got.startswith(marker):
+                got = got[len(marker):]
+        at = _eat(got, self.format.first())
+        return None if at == -1 else ("text" if at is None else "calls")
+
     def _calls(self) -> list[CallDelta]:
         out: list[CallDelta] = []
-        while True:
-            if not self._in_call:
-                self.buffer = self.buffer.lstrip("\n")
-                head = _HEAD.match(self.buffer)
-                if head is None:
-                    return out
-                call = {"id": new_call_id(), "type": "function", "function": {"name": head.group(1), "arguments": ""}}
-                self.calls.append(call)
-                out.append(CallDelta(index=len(self.calls) - 1, id=call["id"], name=head.group(1), arguments=""))
-                self.buffer, self._in_call, self._done = self.buffer[head.end():], True, False
-                self._depth, self._in_str, self._esc = 0, False, False
+        while not self._ended:
+            if not self._in_call and not self._head(out):
+                return out
             if not self._done:
+                if not self.calls[-1]["function"]["arguments"]:
+                    self.buffer = self.buffer.lstrip()  # the layout's space before the arguments
                 end = self._arguments_end()
                 out += self._piece(self.buffer if end < 0 else self.buffer[:end])
                 self.buffer = "" if end < 0 else self.buffer[end:]
                 if end < 0:
                     return out
                 self._done = True
-            if len(self.buffer) < 1 + len(CLOSE):  # the call's "}</tool_call>" is still coming
+            at = _eat(self.buffer, "}" + self.format.close)  # the call object's own "}", its closing text
+            if at == -1:
                 return out
-            self.buffer, self._in_call = self.buffer[1 + len(CLOSE):], False
+            self._in_call = False
             self.complete += 1
+            if at is None:  # not the format's: the calls end here
+                self._ended = True
+                return out
+            self.buffer = self.buffer[at:]
+        return out
+
+    def _head(self, out: list[CallDelta]) -> bool:
+        """The next call's start, up to its arguments (``False``: not yet, or the calls ended)."""
+        fmt = self.format
+        lead = fmt.first() if not self.calls else fmt.sep + fmt.open + '{"name": "'
+        at = _eat(self.buffer, lead)
+        if at is None or at == -1:
+            ended = _eat(self.buffer, fmt.end) if fmt.end else None
+            self._ended = at is None and ended != -1
+            return False
+        name = _NAME_CHARS.match(self.buffer, at)
+        if name.end() == len(self.buffer):
+            return False  # the name is still coming
+        rest = _eat(self.buffer[name.end():], f'", "{fmt.arguments}": ')
+        if rest == -1:
+            return False
+        if rest is None or not _NAME.match(name.group()):
+            self._ended = True
+            return False
+        call = {"id": new_call_id(), "type": "function", "function": {"name": name.group(), "arguments": ""}}
+        self.calls.append(call)
+        out.append(CallDelta(index=len(self.calls) - 1, id=call["id"], name=name.group(), arguments=""))
+        self.buffer, self._in_call, self._done = self.buffer[name.end() + rest:], True, False
+        self._depth, self._in_str, self._esc = 0, False, False
+        return True
 
     def _arguments_end(self) -> int:
         """Where in ``buffer`` the arguments' JSON ends (the call object's own ``}``), or -1:
-        read as JSON, so a ``}</tool_call>`` inside a string does not end them."""
+        read as JSON, so a closing text inside a string does not end them."""
         for i, ch in enumerate(self.buffer):
             if self._in_str:
                 if self._esc:
@@ -293,7 +390,7 @@ class CallParser:
             self.mode = "text"
             return self.feed("")
         if self.mode == "calls" and self._in_call:
-            if self._done:  # whole arguments, only the closing tag missing: a whole call
+            if self._done:  # whole arguments, only the closing text missing: a whole call
                 self.buffer, self._in_call = "", False
                 self.complete += 1
                 return []
@@ -302,11 +399,11 @@ class CallParser:
         return []
 
 
-def parse_calls(text: str, *, cut: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_calls(text: str, fmt: ToolFormat = HERMES, *, cut: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
     """A whole answer: its text content (``None`` when it is calls) and its complete calls;
     ``cut``: a call cut short by ``max_tokens`` too, with the arguments it had (as OpenAI
     answers one; they are not whole JSON)."""
-    parser = CallParser()
+    parser = CallParser(fmt)
     parser.feed(text)
     parser.finish()
     if parser.mode == "calls":

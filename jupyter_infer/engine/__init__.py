@@ -60,6 +60,7 @@ def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
         draft_local_files_only=draft_local_only,
         generation_defaults=config.generation_defaults,
         split_reasoning=config.split_reasoning,
+        tool_call_format=config.tool_call_format,
         prefix_cache_mb=config.prefix_cache_mb,
         prepack_weights=config.prepack_weights,
         quantize=config.quantize,

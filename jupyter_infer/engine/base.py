@@ -7,6 +7,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from ..constraints.tool_formats import HERMES, ToolFormat
 from ..values.engine_info import EngineInfo
 
 if TYPE_CHECKING:
@@ -203,6 +204,11 @@ class Engine(abc.ABC):
     # Compiles the constraints of structured outputs for this engine's tokenizer (``None``:
     # this engine cannot constrain its answers, and such requests are refused).
     grammars: GrammarCompiler | None = None
+    # How this model writes tool calls, whether its chat template renders a request's tools
+    # itself (``render_chat``'s ``tools``), and the format's marker as its special token.
+    tool_format: ToolFormat = HERMES
+    renders_tools = False
+    tool_specials: dict[str, int] = {}  # noqa: RUF012 - never mutated; engines assign their own
     # Speculation (``configure_speculation``; the service's loop turns it on): where the
     # drafts come from ("off", "ngram", "draft"), most draft tokens a row proposes a step, and
     # the most decoding rows that still propose.
@@ -271,8 +277,9 @@ class Engine(abc.ABC):
         has no such thing)."""
         return None
 
-    def render_chat(self, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         """A chat as one prompt; engines with a chat template override this (and read
-        ``template_kwargs``)."""
+        ``template_kwargs``, and ``tools`` where ``renders_tools``)."""
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join(lines) + "\nassistant:"

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from ..constraints import tool_formats
 from ..constraints.grammar import GrammarCompiler, masks_beside
 from ..errors import InvalidRequest
 from ..values.engine_info import EngineInfo
@@ -65,6 +66,7 @@ class HFEngine(Engine):
         draft_local_files_only: bool | None = None,
         generation_defaults: bool = True,
         split_reasoning: bool = True,
+        tool_call_format: str = "",
     ) -> None:
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
         check_format(model)
@@ -123,6 +125,19 @@ class HFEngine(Engine):
         if generation_defaults:
             self.info.sampling_defaults = sampling_defaults(self.model.generation_config)
         self.info.reasoning = split_reasoning and reasons(self.tokenizer)
+        self._tool_calls(tool_call_format)
+
+    def _tool_calls(self, configured: str) -> None:
+        """The checkpoint's tool-call format (its template's, or ``configured``), and its
+        marker's special token where it is one."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        self.tool_format, self.renders_tools = tool_formats.of_template(template, configured)
+        marker = self.tool_format.marker
+        ids = self.tokenizer.encode(marker, add_special_tokens=False) if marker else []
+        special = marker and len(ids) == 1 and marker in getattr(self.tokenizer, "all_special_tokens", ())
+        self.tool_specials = {marker: ids[0]} if special else {}
+        self.info.tool_calls = {"format": self.tool_format.name,
+                                "prompt": "chat template" if self.renders_tools else "built-in"}
 
     def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
                      quantize: str) -> EngineInfo:
@@ -159,17 +174,20 @@ class HFEngine(Engine):
     def vocab_size(self) -> int:
         return int(self.model.get_input_embeddings().num_embeddings)
 
-    def render_chat(self, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
         if getattr(self.tokenizer, "chat_template", None):
             from jinja2 import TemplateError
 
             try:
                 return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                          **(template_kwargs or {}))
-            except TemplateError as err:  # e.g. "Conversation roles must alternate user/assistant"
+                                                          tools=tools, **(template_kwargs or {}))
+            except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:
+                # "Conversation roles must alternate user/assistant", a template's own
+                # raise_exception, or one that reads a field these messages lack.
                 raise InvalidRequest(f"The model's chat template refused these messages: {err}",
                                      param="messages") from None
-        return super().render_chat(messages, template_kwargs)
+        return super().render_chat(messages, template_kwargs, tools)
 
     # -- steps ------------------------------------------------------------------------------
     def prefill(

@@ -26,6 +26,7 @@ from ..values.engine_info import EngineInfo
 from ..values.limits import check_model, check_token_ids
 from ..values.request import TokenEvent
 from ..values.sequence import Sequence
+from ..wire.chat import chat_for_model
 from .request_loop import LoopSnapshot, RequestLoop
 from .tokenizing import off_loop, text_size
 
@@ -83,9 +84,12 @@ class EngineLoop(RequestLoop):
             request = replace(request, prompt=await off_loop(engine.detokenize, prompt_ids, size=len(prompt_ids)))
         else:
             if request.messages is not None:
-                render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs)
-                request = replace(request, prompt=await off_loop(render, request.messages,
-                                                                 size=text_size(request.messages)))
+                messages, tools, constraint = chat_for_model(request, engine.tool_format, engine.renders_tools,
+                                                             engine.tool_specials)
+                render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs, tools=tools)
+                size = text_size(messages) + (len(constraint.spec) if tools and constraint else 0)
+                request = replace(request, prompt=await off_loop(render, messages, size=size),
+                                  params=replace(request.params, constraint=constraint))
             prompt_ids = await off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
         if self.check_model:

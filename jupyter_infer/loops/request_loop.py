@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..constraints.tools import tools_format
 from ..errors import EngineUnavailable, InferError, RequestFailed
 from ..values.limits import Limits
 from ..values.stream import RequestStream
@@ -148,6 +149,7 @@ class RequestLoop(abc.ABC):
     def submit(self, seq: Sequence) -> RequestStream:
         """Queue a prepared sequence (the loop must be ready); raises ``QueueFull``."""
         stream = RequestStream(seq.id, self.cancel, seq.prompt_ids)
+        stream.tool_format = tools_format(seq.request.params.constraint)
         self.scheduler.add(seq, time.monotonic())
         self._streams[seq.id] = stream
         self._wakeup.set()

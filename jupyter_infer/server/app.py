@@ -179,6 +179,13 @@ class InferApp(ExtensionApp):
         section comes as message.reasoning_content (streamed as delta.reasoning_content), the rest
         as content. Off: all in content."""
     ).tag(config=True)
+    tool_call_format = Unicode(
+        D("tool_call_format"), help="""'hf' engine: how the model writes tool calls, where its chat
+        template does not tell: 'hermes' (<tool_call>{...}</tool_call>: Qwen, Hermes), 'llama3_json'
+        ({"name": ..., "parameters": ...}: Llama 3.1-3.3), 'mistral' ([TOOL_CALLS][...]), 'granite'
+        (<|tool_call|>[...]). Empty: read from the chat template (hermes when it shows none).
+        Shown in infer/status as tool_calls."""
+    ).tag(config=True)
     simulated_token_delay_ms = List(
         Float(), default_value=list(D("simulated_token_delay_ms")),
         help="The simulated engine's per-step decode delay, drawn uniformly from [low, high] ms.",

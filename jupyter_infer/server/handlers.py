@@ -17,7 +17,7 @@ from tornado.iostream import StreamClosedError
 from ..errors import Forbidden, InvalidRequest, NotFound
 from ..values.events import coalesce_tokens
 from ..values.request import show
-from ..wire.native import parse_generate
+from ..wire.native import parse_generate, with_tool_format
 from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .openai_handlers import (
     ChatCompletionsHandler,
@@ -39,9 +39,10 @@ class GenerateHandler(InferHandler):
     @answers_errors
     async def post(self) -> None:
         request = parse_generate(self.read_json(), max_new_tokens=self.max_new_tokens)
-        result = await self.whole_result(await self.submit(request))
+        stream = await self.submit(request)
+        result = await self.whole_result(stream)
         if result is not None:
-            self.finish(result.to_json())
+            self.finish(with_tool_format(result.to_json(), request, stream))
 
 
 class GenerateStreamHandler(InferHandler):

@@ -12,6 +12,7 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
+from ..constraints.tool_formats import FORMATS
 from ..constraints.tools import CallParser
 from ..errors import InferError, InvalidRequest, NotFound
 from ..values.metrics import wall
@@ -74,7 +75,8 @@ class OpenAIHandler(InferHandler):
         streams = await self.submit_all(call.requests)
         call.model = streams[0].model or call.model  # behind a router: the model that serves it
         reasoning = self._opened_reasoning(streams) if chat and info.reasoning else None
-        shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts, reasoning)
+        shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts, reasoning,
+                                      [s.tool_format for s in streams])
         if call.stream:
             await self._stream_choices(streams, call, shape)
             return
@@ -101,7 +103,7 @@ class OpenAIHandler(InferHandler):
         records = [0] * len(streams)  # logprob records sent so far, per choice
         opened = [chat] * len(streams)  # completions: the echo chunk is sent (chat: role chunk)
         # A chat with tools: each choice's text is read as calls or content as it comes.
-        parsers = [CallParser() for _ in streams] if call.tools is not None else None
+        parsers = [CallParser(FORMATS[s.tool_format]) for s in streams] if call.tools is not None else None
         # A reasoning model: the reasoning section is split out first (reasoning_content).
         splitters = [ReasoningSplitter(inside) for inside in shape.reasoning] if shape.reasoning else None
 

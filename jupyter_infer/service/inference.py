@@ -214,6 +214,7 @@ class InferenceService:
             "details": info.details if info else {},
             "sampling_defaults": info.sampling_defaults if info else {},
             "reasoning": info.reasoning if info else False,
+            "tool_calls": info.tool_calls if info else None,
             "limits": {k: v for k, v in asdict(self.limits).items() if k != "mode"}
             | {"max_prompt_chars": None} | snap.limits,
             "queue_depth": len(snap.waiting),

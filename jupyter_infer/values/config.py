@@ -20,6 +20,8 @@ ROUTER_POLICIES = ("sensitivity", "complexity")  # built in; "module:function" n
 MODES = ("continuous", "window")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("none", "int8", "int4")
+# How a model writes tool calls (constraints/tool_formats.FORMATS; "": its chat template says).
+TOOL_CALL_FORMATS = ("", "hermes", "llama3_json", "mistral", "granite")
 SPECULATIVE = ("auto", "ngram", "draft", "off")
 DEFAULT_MODEL = "sshleifer/tiny-gpt2"
 # Measured best on CPU (docs/benchmark.md): the classic batcher closes at 16, continuous
@@ -45,6 +47,7 @@ class ServiceConfig:
     # The checkpoint's generation config sets the sampling an OpenAI request leaves out
     generation_defaults: bool = True
     split_reasoning: bool = True  # a reasoning model's <think> section as reasoning_content
+    tool_call_format: str = ""  # how the model writes tool calls; "": its chat template says
     simulated_token_delay_ms: tuple[float, float] = (10.0, 40.0)
     simulated_prefill_ms_per_token: float = 0.2
     # -- scheduling -----------------------------------------------------------------------------
@@ -126,6 +129,8 @@ class ServiceConfig:
             fail("dtype", f"one of {', '.join(DTYPES)}")
         if self.quantize not in QUANTIZE:
             fail("quantize", f"one of {', '.join(QUANTIZE)}")
+        if self.tool_call_format not in TOOL_CALL_FORMATS:
+            fail("tool_call_format", f"one of {', '.join(map(repr, TOOL_CALL_FORMATS))}")
         _set(self, "draft_model", self.draft_model.strip())
         if self.speculative not in SPECULATIVE:
             fail("speculative", f"one of {', '.join(SPECULATIVE)}")

@@ -25,6 +25,8 @@ class EngineInfo:
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     # Its chat answers may hold a <think> section, split out as reasoning_content.
     reasoning: bool = False
+    # How its chat answers call tools: {"format": "hermes", "prompt": "chat template" | "built-in"}.
+    tool_calls: dict[str, str] = field(default_factory=lambda: {"format": "hermes", "prompt": "built-in"})
 
     def model_names(self) -> list[str]:
         """The served model's name first, then the names a request may use for it (or, for

@@ -20,6 +20,7 @@ class RequestStream:
         self.prompt_ids: list[int] = prompt_ids or []  # the tokens the request runs on
         self.model: str | None = None  # the model that serves it (the service fills it in)
         self.route: str | None = None  # the router's backend that serves it
+        self.tool_format = "hermes"  # how its answer writes tool calls (constraints/tool_formats)
         self._cancel = cancel
         self._events: asyncio.Queue[TokenEvent | _End] = asyncio.Queue()
         self._result: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()

@@ -1,15 +1,19 @@
 """Chat messages as the model reads them: OpenAI's message list (text parts, tool calls, tool
-results) checked and flattened to ``{role, content}`` text for the chat template, and the
-tools described in the system message. One place, for the OpenAI route and the native API."""
+results) checked, and either given to a chat template that renders tools itself (calls and
+results as structured messages, ``tools=``) or flattened to ``{role, content}`` text with the
+tools described in the system message in the model's call format. One place, for the OpenAI
+route and the native API."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..constraints.tools import ToolSet, call_text
+from ..constraints.tool_formats import HERMES, ToolFormat
+from ..constraints.tools import ToolSet
 from ..errors import InvalidRequest
-from ..values.request import Constraint, show
+from ..values.request import Constraint, Request, show
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "user", "function": "user"}  # a tool's result is the user's turn, in <tool_response>
@@ -34,8 +38,8 @@ def _message_text(message: Mapping[str, Any], index: int) -> str:
     raise InvalidRequest(f"messages[{index}].content must be a string.", param="messages")
 
 
-def _calls_text(calls: Any, index: int) -> list[str]:
-    """An assistant message's ``tool_calls``, as the model wrote them (``tools.call_text``)."""
+def _calls(calls: Any, index: int) -> list[tuple[str, str]]:
+    """An assistant message's ``tool_calls`` as ``(name, arguments)``, checked."""
     if not isinstance(calls, list):
         raise InvalidRequest(f"messages[{index}].tool_calls must be a list.", param="messages")
     out = []
@@ -46,7 +50,7 @@ def _calls_text(calls: Any, index: int) -> list[str]:
         arguments = fn.get("arguments") or "{}"
         if not isinstance(arguments, str):
             raise InvalidRequest(f"messages[{index}].tool_calls: 'arguments' is a JSON string.", param="messages")
-        out.append(call_text(fn["name"], arguments))
+        out.append((fn["name"], arguments))
     return out
 
 
@@ -57,8 +61,9 @@ def with_tools(chat: list[dict[str, str]], tools: ToolSet) -> list[dict[str, str
     return [{"role": "system", "content": tools.system_prompt()}, *chat]
 
 
-def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Chat ``messages`` as ``{role, content}`` text (roles mapped to the template's)."""
+def parse_messages(body: Mapping[str, Any], fmt: ToolFormat = HERMES) -> list[dict[str, str]]:
+    """Chat ``messages`` as ``{role, content}`` text (roles mapped to the template's; calls
+    written back as the model writes them, in ``fmt``)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list of {role, content}.", param="messages")
@@ -80,7 +85,7 @@ def parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
                 chat[-1]["content"] += "\n" + text
                 continue
         elif role == "assistant" and message.get("tool_calls"):
-            text = "\n".join([text, *_calls_text(message["tool_calls"], i)]).lstrip("\n")
+            text = "\n".join([text, fmt.calls(_calls(message["tool_calls"], i))]).lstrip("\n")
         chat.append({"role": ROLES[role], "content": text})
     if not any(m["content"].strip() for m in chat):
         raise InvalidRequest("All messages are empty: send some text.", param="messages")
@@ -102,3 +107,53 @@ def parse_chat_and_tools(body: Mapping[str, Any], constraint: Constraint | None)
     if constraint is not None:
         tools = tools.answering_with(constraint)
     return with_tools(chat, tools), [dict(m) for m in body["messages"]], tools.constraint()
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Checked messages (``parse_messages`` has read them) as a chat template that renders
+    tools reads them: calls as ``tool_calls`` with their arguments as objects (templates
+    write them with ``tojson``), results as ``tool`` messages."""
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        role, text = message["role"], _message_text(message, i)
+        if role in ("tool", "function"):
+            entry: dict[str, Any] = {"role": "tool", "content": text}
+            for key in ("tool_call_id", "name"):
+                if isinstance(message.get(key), str):
+                    entry[key] = message[key]
+        elif role == "assistant" and message.get("tool_calls"):
+            sent = message["tool_calls"]
+            calls = [{"type": "function", "id": sent[n].get("id") or f"call_{i}_{n}",
+                      "function": {"name": name, "arguments": _arguments_value(arguments)}}
+                     for n, (name, arguments) in enumerate(_calls(sent, i))]
+            entry = {"role": "assistant", "content": text, "tool_calls": calls}
+        else:
+            entry = {"role": ROLES[role], "content": text}
+        out.append(entry)
+    return out
+
+
+def _arguments_value(arguments: str) -> Any:
+    """A call's arguments as an object where they are JSON (else the text as sent)."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def chat_for_model(request: Request, fmt: ToolFormat, renders_tools: bool, specials: Mapping[str, int]) -> tuple[
+        list[dict[str, Any]], list[dict[str, Any]] | None, Constraint | None]:
+    """A chat request as the model that runs it reads it: the messages to render, the tools
+    its template renders (``None``: the template does not, or none were sent), and the
+    answer's constraint, its calls in the model's format ``fmt``."""
+    constraint = request.params.constraint
+    tools = None
+    if constraint is not None and constraint.kind == "tools":
+        tools = ToolSet.from_constraint(constraint).written_as(fmt, specials)
+        constraint = tools.constraint()
+    if request.wire_messages is None:  # no tools, no calls or results: the messages as parsed
+        return list(request.messages or []), None, constraint
+    if renders_tools:
+        return template_messages(request.wire_messages), tools.openai_tools() if tools else None, constraint
+    chat = parse_messages({"messages": request.wire_messages}, fmt)
+    return (with_tools(chat, tools) if tools is not None else chat), None, constraint

@@ -10,6 +10,7 @@ from typing import Any
 from ..constraints.spec import from_body
 from ..errors import InvalidRequest
 from ..values.request import Request
+from ..values.stream import RequestStream
 from .chat import parse_chat_and_tools
 from .fields import parse_generate_body
 
@@ -35,3 +36,12 @@ def parse_generate(body: Any, *, max_new_tokens: int) -> Request:
     if constraint is None:
         return request
     return replace(request, params=replace(request.params, constraint=constraint))
+
+
+def with_tool_format(answer: dict[str, Any], request: Request, stream: RequestStream) -> dict[str, Any]:
+    """A native answer, with ``tool_format`` (how its text writes tool calls: the model's
+    family, ``constraints/tool_formats``) where the request offered tools."""
+    constraint = request.params.constraint
+    if constraint is not None and constraint.kind == "tools":
+        answer["tool_format"] = stream.tool_format
+    return answer

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..constraints.tool_formats import FORMATS, HERMES
 from ..constraints.tools import CallDelta, parse_calls
 from ..errors import InferError
 from ..values.engine_info import EngineInfo
@@ -73,7 +74,8 @@ class Shaper:
     choices). ``texts`` names tokens (a token id list → each token's text)."""
 
     def __init__(self, chat: bool, request_id: str, call: OpenAIRequest,
-                 texts: Callable[[list[int]], list[str]] | None = None, reasoning: list[bool] | None = None) -> None:
+                 texts: Callable[[list[int]], list[str]] | None = None, reasoning: list[bool] | None = None,
+                 tool_formats: list[str] | None = None) -> None:
         self.chat = chat
         # A reasoning model's chat: per choice, whether its prompt opened the section
         # (reasoning.py); None: answers are content only.
@@ -83,6 +85,8 @@ class Shaper:
         self.model = call.model
         self.created = int(time.time())
         self.texts = texts or (lambda ids: [str(t) for t in ids])
+        # Per choice, how its answer writes tool calls (the model that ran it: tool_formats).
+        self.tool_formats = tool_formats or [HERMES.name] * len(call.requests)
 
     def _base(self, chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -118,7 +122,7 @@ class Shaper:
                 if self.call.tools is not None:
                     # Cut short by max_tokens: the calls so far (the last one's arguments as far
                     # as they got) and "length", as the stream sends them.
-                    content, calls = parse_calls(text, cut=True)
+                    content, calls = parse_calls(text, FORMATS[self.tool_formats[index]], cut=True)
                     if content is None:
                         legacy = self.call.tools.legacy
                         said = ({"function_call": _function_call(calls[0]) if calls else None} if legacy

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..constraints.tools import CLOSE, OPEN, call_head
+from ..constraints.tool_formats import HERMES
 from ..errors import InferError, InvalidRequest, UpstreamError, UpstreamUnavailable
 from ..values.request import Constraint, Request, SamplingParams
 
@@ -99,12 +99,12 @@ class CallsAsText:
             if not isinstance(fn, dict):
                 continue
             if isinstance(fn.get("name"), str) and fn["name"]:
-                out.append(("}" + CLOSE + "\n" if self.open else "") + OPEN + call_head(fn["name"]))
+                out.append(("}" + HERMES.close + HERMES.sep if self.open else "") + HERMES.open + HERMES.head(fn["name"]))
                 self.open = True
             if isinstance(fn.get("arguments"), str):
                 out.append(fn["arguments"])
         if finished and self.open:
-            out.append("}" + CLOSE)
+            out.append("}" + HERMES.close)
             self.open = False
         return "".join(out)
 

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...constraints.spec import closed_schema
+from ...constraints.tool_formats import FORMATS
 from ...constraints.tools import parse_calls
 from ...errors import EngineUnavailable, InferError
 from .arrivals import arrival_times
@@ -162,7 +163,7 @@ class Client:
         data = await self._backend.generate(body)
         completion = Completion.from_json(data, prompt=None, sent_at=sent, received_at=time.time())
         if tools:
-            content, calls = parse_calls(completion.text)
+            content, calls = parse_calls(completion.text, FORMATS[data.get("tool_format", "hermes")])
             if calls:  # else the text stays as it came (a call cut short by max_tokens included)
                 completion.tool_calls, completion.text = calls, content or ""
         return completion

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ...errors import EngineUnavailable
+from ...wire.native import with_tool_format
 from .backend import Accepted, Final, Fragment, StreamItem
 from .io_thread import IOThread
 
@@ -104,9 +105,10 @@ class EmbeddedBackend:
 
     async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         service = self._started()
-        stream = await service.submit(self._request(body))
+        request = self._request(body)
+        stream = await service.submit(request)
         try:
-            return (await stream.result()).to_json()
+            return with_tool_format((await stream.result()).to_json(), request, stream)
         except asyncio.CancelledError:
             stream.cancel()
             raise
