@@ -133,9 +133,9 @@ class HFEngine(Engine):
         template = getattr(self.tokenizer, "chat_template", None)
         self.tool_format, self.renders_tools = tool_formats.of_template(template, configured)
         marker = self.tool_format.marker
-        ids = self.tokenizer.encode(marker, add_special_tokens=False) if marker else []
-        special = marker and len(ids) == 1 and marker in getattr(self.tokenizer, "all_special_tokens", ())
-        self.tool_specials = {marker: ids[0]} if special else {}
+        added = {t.content: (i, t.special) for i, t in getattr(self.tokenizer, "added_tokens_decoder", {}).items()}
+        token, special = added.get(marker, (None, False))
+        self.tool_specials = {marker: token} if marker and special else {}
         self.info.tool_calls = {"format": self.tool_format.name,
                                 "prompt": "chat template" if self.renders_tools else "built-in"}
 

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..constraints.grammar import Grammar, compile_in_time
@@ -26,9 +25,8 @@ from ..values.engine_info import EngineInfo
 from ..values.limits import check_model, check_token_ids
 from ..values.request import TokenEvent
 from ..values.sequence import Sequence
-from ..wire.chat import chat_for_model
 from .request_loop import LoopSnapshot, RequestLoop
-from .tokenizing import off_loop, text_size
+from .tokenizing import off_loop, render_prompt
 
 if TYPE_CHECKING:
     from ..scheduler.recorder import Recorder
@@ -84,12 +82,8 @@ class EngineLoop(RequestLoop):
             request = replace(request, prompt=await off_loop(engine.detokenize, prompt_ids, size=len(prompt_ids)))
         else:
             if request.messages is not None:
-                messages, tools, constraint = chat_for_model(request, engine.tool_format, engine.renders_tools,
-                                                             engine.tool_specials)
-                render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs, tools=tools)
-                size = text_size(messages) + (len(constraint.spec) if tools and constraint else 0)
-                request = replace(request, prompt=await off_loop(render, messages, size=size),
-                                  params=replace(request.params, constraint=constraint))
+                prompt, constraint = await render_prompt(engine, request)
+                request = replace(request, prompt=prompt, params=replace(request.params, constraint=constraint))
             prompt_ids = await off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
         if self.check_model:

@@ -10,9 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import InferError, InvalidRequest
+from ..values.request import Constraint, Request
+from ..wire.chat import chat_for_model
+
+if TYPE_CHECKING:
+    from ..engine import Engine
 
 # Texts longer than this are tokenized on a worker thread.
 TOKENIZE_INLINE_CHARS = 4096
@@ -23,6 +29,17 @@ log = logging.getLogger(__name__)
 def text_size(messages: list[dict[str, str]]) -> int:
     """The characters of a chat's messages (what its rendering costs, about)."""
     return sum(len(m["content"]) for m in messages)
+
+
+async def render_prompt(engine: Engine, request: Request) -> tuple[str, Constraint | None]:
+    """A chat request's prompt as ``engine``'s model reads it (its chat template, with the
+    tools where the template renders them), and the request's constraint with tool calls in
+    the model's format."""
+    messages, tools, constraint = chat_for_model(request, engine.tool_format, engine.renders_tools,
+                                                 engine.tool_specials)
+    render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs, tools=tools)
+    size = text_size(messages) + (len(constraint.spec) if tools and constraint else 0)
+    return await off_loop(render, messages, size=size), constraint
 
 
 async def off_loop(fn: Callable[[Any], T], arg: Any, *, size: int) -> T:

@@ -19,7 +19,6 @@ from ..values.metrics import wall
 from ..values.request import RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
 from ..wire import openai_answers, openai_requests
-from ..wire.chat import parse_messages
 from ..wire.reasoning import ReasoningSplitter, opens_reasoning
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .sse import format_event
@@ -220,7 +219,8 @@ class ModelHandler(ModelsHandler):
 
 
 class TokenizeHandler(OpenAIHandler):
-    """``POST infer/tokenize`` (vLLM's shape): ``{prompt}`` or ``{messages}`` →
+    """``POST infer/tokenize`` (vLLM's shape): ``{prompt}`` or ``{messages}`` (with ``tools``
+    and ``chat_template_kwargs`` as a chat sends them) →
     ``{count, max_model_len, tokens, token_strs}``, as the generate routes tokenize."""
 
     @web.authenticated
@@ -232,7 +232,7 @@ class TokenizeHandler(OpenAIHandler):
         if not isinstance(body, dict):
             raise InvalidRequest("The request body must be a JSON object with 'prompt' or 'messages'.")
         if "messages" in body:
-            prompt = await self.service.render_chat(parse_messages(body))
+            prompt = await self.service.render_chat(openai_requests.chat_to_render(body))
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):

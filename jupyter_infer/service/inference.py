@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine import Engine
 from ..errors import InferError, refusal_reason
 from ..loops.loop_factory import make_loop
-from ..loops.tokenizing import off_loop, text_size
+from ..loops.tokenizing import off_loop, render_prompt
 from ..values.config import ServiceConfig
 from ..values.engine_info import EngineInfo
 from ..values.events import EventBus, Subscription
@@ -147,12 +147,12 @@ class InferenceService:
         engine = await self._tokenizer()
         return await off_loop(engine.tokenize, check_text(text, "prompt"), size=len(text))
 
-    async def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """A chat as the prompt the chat route would run."""
+    async def render_chat(self, request: Request) -> str:
+        """A chat request's prompt, as the chat route would run it (tools included)."""
         engine = await self._tokenizer()
-        for message in messages:
+        for message in request.messages or ():
             check_text(message["content"], "messages")
-        return await off_loop(engine.render_chat, messages, size=text_size(messages))
+        return (await render_prompt(engine, request))[0]
 
     async def detokenize(self, token_ids: list[int]) -> str:
         engine = await self._tokenizer()

@@ -234,8 +234,8 @@ class RouterService:
     async def tokenize(self, text: str) -> list[int]:
         return await self._tokenizing().tokenize(text)
 
-    async def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return await self._tokenizing().render_chat(messages)
+    async def render_chat(self, request: Request) -> str:
+        return await self._tokenizing().render_chat(request)
 
     async def detokenize(self, token_ids: list[int]) -> str:
         return await self._tokenizing().detokenize(token_ids)

@@ -274,3 +274,11 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
 
     return OpenAIRequest(_choices([chat], n, params, make, max_choices), model, stream, include_usage,
                          continuous, n, False, top if logprobs else None, ignored, ToolSet.from_body(body))
+
+
+def chat_to_render(body: dict[str, Any]) -> Request:
+    """A tokenize body's chat (``messages``, ``tools``, ``chat_template_kwargs``) as the
+    request whose prompt the chat route would run."""
+    messages, wire_messages, constraint = parse_chat_and_tools(body, None)
+    return Request("", SamplingParams(constraint=constraint), messages=messages, wire_messages=wire_messages,
+                   chat_template_kwargs=parse_template_kwargs(body.get("chat_template_kwargs")))

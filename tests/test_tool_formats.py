@@ -1,0 +1,170 @@
+"""Tool calls in the model family's own format (issue 31): the checkpoint's chat template
+renders the tools, the calls and their results; the model's answer is constrained to, and read
+back from, the format that template teaches (Hermes/Qwen, Llama 3 JSON, Mistral, Granite)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from family_templates import TEMPLATES, family_checkpoint
+from server_helpers import server_config, service_of
+
+from jupyter_infer.constraints.tool_formats import FORMATS, HERMES, of_template
+from jupyter_infer.constraints.tools import CallParser, ToolSet, parse_calls
+from jupyter_infer.values.config import TOOL_CALL_FORMATS, ServiceConfig
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 12}}, "required": ["zone"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The tools' own text as each family's template shows them.
+TOOLS_SHOWN = {"hermes": "<tools>", "llama3_json": "Given the following functions", "mistral": "[AVAILABLE_TOOLS]",
+               "granite": "available_tools", "configured": '"parameters": <arguments object>'}
+
+
+# -- the formats, without a model ----------------------------------------------------------------
+def test_the_family_is_read_from_the_template() -> None:
+    for family, template in TEMPLATES.items():
+        assert of_template(template) == (FORMATS[family], True)
+    builtin = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    assert of_template(builtin) == (HERMES, False) and of_template(None) == (HERMES, False)
+    assert of_template(builtin, "llama3_json") == (FORMATS["llama3_json"], False)  # the setting wins
+    assert of_template(TEMPLATES["mistral"], "hermes") == (HERMES, True)
+
+
+def test_a_format_the_server_does_not_know_is_refused_at_startup() -> None:
+    assert TOOL_CALL_FORMATS == ("", *FORMATS)
+    with pytest.raises(ValueError, match="tool_call_format must be one of"):
+        ServiceConfig(tool_call_format="pythonic")
+
+
+@pytest.mark.parametrize("family", list(FORMATS))
+@pytest.mark.parametrize("marker", [True, False])
+def test_each_family_reads_back_whole_and_streamed(family: str, marker: bool) -> None:
+    """Calls as the family writes them, whitespace as the templates lay it out or none; the
+    marker there or not (a special token's text is not in decoded text)."""
+    fmt = FORMATS[family]
+    calls = [("get_weather", '{"city": "Paris"}'), ("get_time", '{"zone": 2}')][: 2 if fmt.parallel else 1]
+    text = fmt.calls(calls)
+    if not marker:
+        text = text.removeprefix(fmt.marker)
+    content, whole = parse_calls(text, fmt)
+    assert content is None and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole] == [
+        (name, json.loads(args)) for name, args in calls]
+    parser, deltas = CallParser(fmt), []
+    for ch in text:
+        deltas += parser.feed(ch)
+    deltas += parser.finish()
+    assert [d.name for d in deltas if d.name] == [name for name, _ in calls]
+    assert all(d.content is None for d in deltas) and parser.complete == len(calls)
+    assert parse_calls("Sunny in Paris.", fmt) == ("Sunny in Paris.", [])
+
+
+def test_the_built_in_prompt_shows_the_configured_format() -> None:
+    tools = ToolSet.from_body({"tools": [WEATHER]}).written_as(FORMATS["mistral"], {})
+    assert '[TOOL_CALLS][{"name": <tool name>, "arguments": <arguments object>}]' in tools.system_prompt()
+    # A text answer may not start as the calls do; a special-token marker is that token.
+    assert "TEXT: /[^\\[]" in tools.lark()
+    assert '<[2000]> "["' in tools.written_as(FORMATS["mistral"], {"[TOOL_CALLS]": 2000}).lark()
+
+
+# -- through the server, one checkpoint per family --------------------------------------------------
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny model with 2,048 positions (tool prompts are long), and a copy per family."""
+    from jupyter_infer.commands.model_builder import make_model
+
+    base = tmp_path_factory.mktemp("families")
+    tiny = make_model(base / "tiny-2k", "tiny", context=2048)
+    return {"configured": tiny, **{family: family_checkpoint(tiny, base / family, family) for family in TEMPLATES}}
+
+
+@pytest.fixture(params=[*TEMPLATES, "configured"])
+def family(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def jp_server_config(family_dirs: dict[str, Path], family: str) -> dict[str, Any]:
+    if family == "configured":  # a template that renders no tools, the format set by hand
+        return server_config(engine="hf", model=str(family_dirs[family]), max_new_tokens=64,
+                             tool_call_format="llama3_json")
+    return server_config(engine="hf", model=str(family_dirs[family]), max_new_tokens=64)
+
+
+async def _prompt(http: Any, body: dict[str, Any]) -> str:
+    """The prompt a chat body runs on (infer/tokenize renders it as the chat route does)."""
+    infer = str(http.base_url).rstrip("/").removesuffix("v1")
+    answer = (await http.post(infer + "tokenize", json=body)).json()
+    assert "tokens" in answer, answer
+    return (await http.post(infer + "detokenize", json={"tokens": answer["tokens"]})).json()["prompt"]
+
+
+async def test_the_family_template_renders_the_tools_and_its_calls_come_back(
+        client: Any, http: Any, family: str, jp_serverapp: Any) -> None:
+    service = service_of(jp_serverapp)
+    await service.wait_ready()
+    fmt = FORMATS["llama3_json" if family == "configured" else family]
+    assert service.status()["tool_calls"] == {
+        "format": fmt.name, "prompt": "built-in" if family == "configured" else "chat template"}
+    assert TOOLS_SHOWN[family] in await _prompt(http, {"messages": ASK, "tools": [WEATHER]})
+
+    # Parallel calls asked only where the family writes one call an answer (Llama 3): a random
+    # model given the choice writes calls until max_tokens.
+    ask = dict(model="default", messages=ASK, tools=[WEATHER, CLOCK], tool_choice="required", temperature=0,
+               parallel_tool_calls=not fmt.parallel)
+    whole = (await client.chat.completions.create(**ask, max_tokens=60)).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content is None
+    calls = whole.message.tool_calls
+    assert calls and all(c.function.name in ("get_weather", "get_time") for c in calls)
+    assert all(isinstance(json.loads(c.function.arguments), dict) for c in calls) and len(calls) == 1
+    streamed: dict[int, list[str]] = {}
+    async for chunk in await client.chat.completions.create(**ask, max_tokens=60, stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            streamed.setdefault(delta.index, ["", ""])
+            streamed[delta.index][0] += delta.function.name or ""
+            streamed[delta.index][1] += delta.function.arguments or ""
+    assert [tuple(v) for _, v in sorted(streamed.items())] == [(c.function.name, c.function.arguments) for c in calls]
+
+    # The call and its result go back through the template, as the family renders them.
+    call = calls[0]
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+    prompt = await _prompt(http, {"messages": history, "tools": [WEATHER, CLOCK]})
+    assert fmt.call(call.function.name, json.dumps(json.loads(call.function.arguments))) in prompt
+    assert "18 C, sunny" in prompt
+    after = await client.chat.completions.create(model="default", messages=history, tools=[WEATHER, CLOCK],
+                                                 max_tokens=8, temperature=0)
+    assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+async def test_the_native_answer_is_the_family_text_and_names_its_format(
+        jp_fetch: Any, family: str, jp_serverapp: Any) -> None:
+    fmt = FORMATS["llama3_json" if family == "configured" else family]
+    answer = json.loads((await jp_fetch("infer", "generate", method="POST", body=json.dumps(
+        {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60}))).body)
+    assert answer["tool_format"] == fmt.name
+    # A special token's text (Mistral's, Granite's marker) is not in the decoded text.
+    assert answer["text"].startswith(fmt.begin + fmt.open + fmt.head("get_weather"))
+    assert parse_calls(answer["text"], fmt)[1][0]["function"]["name"] == "get_weather"
+
+
+async def test_a_template_that_refuses_the_history_is_a_400(client: Any, family: str) -> None:
+    """Llama 3.1's template raises on two calls in one turn: a 400 that says so, not a 500."""
+    import openai
+
+    if family != "llama3_json":
+        pytest.skip("only Llama 3's template refuses parallel calls")
+    two = [{"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "P"}'}}
+           for i in range(2)]
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": two},
+               *({"role": "tool", "tool_call_id": f"c{i}", "content": "18 C"} for i in range(2))]
+    with pytest.raises(openai.BadRequestError, match="chat template refused"):
+        await client.chat.completions.create(model="default", messages=history, tools=[WEATHER], max_tokens=4)
+    ok = await client.chat.completions.create(model="default", messages=ASK, max_tokens=4)
+    assert ok.choices[0].finish_reason in ("stop", "length")
