@@ -16,18 +16,20 @@ from server_helpers import TOKEN, server_config, service_of
 
 from jupyter_infer.wire.reasoning import ReasoningSplitter, split_reasoning
 
-# The answer the model must write (a constraint makes a random model do it): a section, then
-# the answer.
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
+
 QWEN3_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                   "{% if add_generation_prompt %}<|assistant|>{% endif %}"
                   # Qwen3's switch: the section comes empty in the prompt, so the model answers at once.
                   "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
 R1_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}{# ...</think> #}")
-SHAPES = {  # template, the regex the answer follows, and where its reasoning and content are
-    "qwen3": (QWEN3_TEMPLATE, r"<think>[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}"),
-    "r1": (R1_TEMPLATE, r"[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}"),
-}
+SHAPES = {"qwen3": QWEN3_TEMPLATE, "r1": R1_TEMPLATE}  # the model opens the section, or its template does
+ANSWER = r"[A-Z][a-z]{2,6}"  # what the constraint asks of the answer after its section
+# With the split off, a constraint applies from the first token: it spells the section out.
+SPELLED = {"qwen3": r"<think>[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}",
+           "r1": r"[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}"}
 
 
 def reasoning_model(source: Path, folder: Path, template: str) -> Path:
@@ -51,33 +53,64 @@ def shape(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def jp_server_config(shape: str, tiny_model_dir: Path, tmp_path: Path) -> dict[str, Any]:
-    folder = reasoning_model(tiny_model_dir, tmp_path / shape, SHAPES[shape][0])
-    return server_config(engine="hf", model=str(folder), max_new_tokens=64)
+    folder = reasoning_model(tiny_model_dir, tmp_path / shape, SHAPES[shape])
+    return server_config(engine="hf", model=str(folder), max_new_tokens=128)
 
 
 async def test_the_think_section_comes_as_reasoning_content_whole_and_streamed(
     shape: str, jp_serverapp: Any, jp_fetch: Any, jp_http_port: int, jp_base_url: str,
 ) -> None:
+    """The constraint applies after the section (a random model is steered through one by
+    logit_bias: it opens the section, then closes it at once), whole and streamed."""
     await service_of(jp_serverapp).wait_ready()
     assert json.loads((await jp_fetch("infer", "status")).body)["reasoning"] is True
-    regex = SHAPES[shape][1]
+    think, end = json.loads((await jp_fetch("infer", "tokenize", method="POST",
+                                            body=json.dumps({"prompt": "<think></think>"}))).body)["tokens"]
     api = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{jp_http_port}{jp_base_url}infer/v1",
                              api_key=TOKEN, max_retries=0)
-    body = {"model": "default", "messages": [{"role": "user", "content": "Which is it?"}], "max_tokens": 40, "temperature": 0,
-            "extra_body": {"structured_outputs": {"regex": regex}}}
+    body = {"model": "default", "messages": [{"role": "user", "content": "Which is it?"}], "max_tokens": 40,
+            "temperature": 0, "logit_bias": {str(think): 50, str(end): 100},
+            "extra_body": {"structured_outputs": {"regex": ANSWER}}}
     try:
         answer = (await api.chat.completions.create(**body)).choices[0]
         reasoning, content = answer.message.model_extra["reasoning_content"], answer.message.content
-        assert re.fullmatch(r"[a-z]{2,6} [a-z]{2,6}", reasoning) and re.fullmatch(r"[A-Z][a-z]{2,6}", content)
-        assert answer.finish_reason == "stop"
+        assert reasoning == "" and re.fullmatch(ANSWER, content) and answer.finish_reason == "stop"
         streamed = {"reasoning_content": "", "content": ""}
         async for chunk in await api.chat.completions.create(**body, stream=True):
             delta = chunk.choices[0].delta
             streamed["reasoning_content"] += (delta.model_extra or {}).get("reasoning_content") or ""
             streamed["content"] += delta.content or ""
         assert streamed == {"reasoning_content": reasoning, "content": content}  # greedy: the same answer
+        # Tool calls too come after the section.
+        calls = (await api.chat.completions.create(
+            **{**body, "extra_body": {}, "max_tokens": 120}, tools=[WEATHER], tool_choice="required",
+            parallel_tool_calls=False)).choices[0]
+        assert calls.message.model_extra["reasoning_content"] == "" and calls.finish_reason == "tool_calls", calls
+        assert calls.message.tool_calls[0].function.name == "get_weather"
     finally:
         await api.close()
+
+
+@pytest.mark.parametrize("where", ["may", "open"])
+def test_a_constraint_applies_after_the_reasoning_section(where: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The section holds any text but its closing tag (a tag's beginning included); the
+    answer after it fits the constraint; a model that may reason may also answer at once."""
+    from jupyter_infer.engine.hf import HFEngine
+    from jupyter_infer.values.request import Constraint
+
+    engine = HFEngine(str(reasoning_model(tiny_model_dir, tmp_path / "m", QWEN3_TEMPLATE)), dtype="float32",
+                      num_threads=1)
+    grammar = engine.grammars.compile(Constraint("regex", ANSWER, after_reasoning=where))
+
+    def fits(text: str) -> bool:
+        row = grammar.row()
+        return row.matcher.consume_tokens(engine.tokenize(text)) and row.matcher.is_accepting()
+
+    opened = "<think>" if where == "may" else ""
+    assert fits(opened + "a <b> << </t x </thinkers</think>\n\nWord")
+    assert fits(opened + "</think>Word")
+    assert not fits(opened + "x</think>word") and not fits(opened + "x</think>Word</think>")
+    assert fits("Word") is (where == "may")
 
 
 async def test_split_reasoning_off_leaves_the_section_in_content(
@@ -92,7 +125,7 @@ async def test_split_reasoning_off_leaves_the_section_in_content(
     try:
         answer = await api.chat.completions.create(
             model="default", messages=[{"role": "user", "content": "Which is it?"}], max_tokens=40, temperature=0,
-            extra_body={"structured_outputs": {"regex": SHAPES[shape][1]}})
+            extra_body={"structured_outputs": {"regex": SPELLED[shape]}})
     finally:
         await api.close()
     message = answer.choices[0].message

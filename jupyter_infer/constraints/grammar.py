@@ -41,7 +41,31 @@ LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, step_max_it
               max_grammar_size=500_000, verbose_errors=False)
 
 
+# A reasoning model's <think> section before a constrained answer: any text without
+# "</think>", then the answer. PARTIAL lets the section hold a tag's beginning ("</t x"):
+# llguidance's lexer never backtracks, so a lone "<" lexeme would commit to "</think>".
+# A few newlines may follow the section (Qwen3 writes two; the reasoning splitter drops them),
+# not a random model's endless run of them.
+_REASONING = {
+    "may": "start: think? WS? @answer\nthink: \"<think>\" thought\n",
+    "open": "start: thought WS? @answer\n",
+}
+_THOUGHT = ('thought: (PLAIN | PARTIAL)* "</think>"\nPLAIN: /[^<]+/\n'
+            'PARTIAL: /<(\\/(t(h(i(nk?)?)?)?)?)?/\nWS: /\\n{1,3}/')
+
+
 def grammar_text(constraint: Constraint) -> str:
+    """The llguidance grammar of a constraint, after a reasoning section where it says so."""
+    text = _answer_grammar(constraint)
+    if not constraint.after_reasoning:
+        return text
+    # A Lark text as it stands (grammar_from_lark gives it back unwrapped), or the library's JSON.
+    answer = json.loads(text)["grammars"] if text.startswith("{") else [{"lark_grammar": text}]
+    start = {"lark_grammar": _REASONING[constraint.after_reasoning] + _THOUGHT}
+    return json.dumps({"grammars": [start, {**answer[0], "name": "answer"}, *answer[1:]]})
+
+
+def _answer_grammar(constraint: Constraint) -> str:
     """The llguidance grammar of a constraint (tools: ``tools.py`` has built it already)."""
     kind, spec = constraint.kind, constraint.spec
     if kind == "json_object":
@@ -83,7 +107,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: llguidance.LLTokenizer, vocab: int) -> None:
         self.tokenizer = tokenizer
         self.vocab = vocab
-        self._cache: OrderedDict[tuple[str, str], Grammar] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str], Grammar] = OrderedDict()
         self._lock = threading.Lock()  # compiles run on worker threads
         self.compiled = 0
         self.fast_forward = True  # rows append their grammar's forced tokens (InferApp.grammar_fast_forward)
@@ -119,15 +143,15 @@ class GrammarCompiler:
     def cached(self, constraint: Constraint) -> Grammar | None:
         """The grammar of ``constraint`` if it is compiled already (``None``: compile it)."""
         with self._lock:
-            grammar = self._cache.get((constraint.kind, constraint.spec))
+            grammar = self._cache.get((constraint.kind, constraint.spec, constraint.after_reasoning))
             if grammar is not None:
-                self._cache.move_to_end((constraint.kind, constraint.spec))
+                self._cache.move_to_end((constraint.kind, constraint.spec, constraint.after_reasoning))
             return grammar
 
     def compile(self, constraint: Constraint) -> Grammar:
         """The grammar of ``constraint`` (cached); ``InvalidRequest`` naming the constraint's
         field when it does not compile. Runs the library's compiler (GIL released)."""
-        key = (constraint.kind, constraint.spec)
+        key = (constraint.kind, constraint.spec, constraint.after_reasoning)
         grammar = self.cached(constraint)
         if grammar is not None:
             return grammar

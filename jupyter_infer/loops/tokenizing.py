@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import InferError, InvalidRequest
 from ..values.request import Constraint, Request
 from ..wire.chat import chat_for_model
+from ..wire.reasoning import opens_reasoning
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -34,12 +36,15 @@ def text_size(messages: list[dict[str, str]]) -> int:
 async def render_prompt(engine: Engine, request: Request) -> tuple[str, Constraint | None]:
     """A chat request's prompt as ``engine``'s model reads it (its chat template, with the
     tools where the template renders them), and the request's constraint with tool calls in
-    the model's format."""
+    the model's format, applied after the reasoning section of a model that reasons."""
     messages, tools, constraint = chat_for_model(request, engine.tool_format, engine.renders_tools,
                                                  engine.tool_specials)
     render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs, tools=tools)
     size = text_size(messages) + (len(constraint.spec) if tools and constraint else 0)
-    return await off_loop(render, messages, size=size), constraint
+    prompt = await off_loop(render, messages, size=size)
+    if constraint is not None and engine.info.reasoning:
+        constraint = replace(constraint, after_reasoning="open" if opens_reasoning(prompt[-64:]) else "may")
+    return prompt, constraint
 
 
 async def off_loop(fn: Callable[[Any], T], arg: Any, *, size: int) -> T:

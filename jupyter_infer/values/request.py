@@ -68,13 +68,16 @@ class Constraint:
     which is the order the answer's keys come in; ``{}`` for any object), a regex, a JSON
     list of choices, a grammar (Lark or GBNF) or a tool set (JSON: ``tools``, ``choice``,
     ``parallel``). ``name`` is the schema's name and ``strict`` its flag, as sent (an upstream
-    gets them back); ``param`` is the request field it came in (errors name it)."""
+    gets them back); ``param`` is the request field it came in (errors name it).
+    ``after_reasoning``: a reasoning model's answer may open a ``<think>`` section first
+    ("may"), or the prompt opened one ("open"); the constraint applies after it ends."""
 
     kind: ConstraintKind
     spec: str
     name: str | None = None
     strict: bool | None = None
     param: str | None = field(default=None, compare=False)
+    after_reasoning: Literal["", "may", "open"] = ""
 
     @property
     def value(self) -> Any:
