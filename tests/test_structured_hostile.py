@@ -88,6 +88,8 @@ async def test_hostile_constraints_are_answered_or_refused_in_time(http: httpx.A
     answer = await http.post("infer/v1/chat/completions", json=body)
     took = time.monotonic() - started
     assert answer.status_code in (200, 400), (name, answer.status_code, answer.text[:300])
+    if name == "an enum of 20,000 values":  # 289 KB of schema that compiles in milliseconds: no byte cap refuses it
+        assert answer.status_code == 200, answer.text[:300]
     assert took < LIMIT_S + 10, (name, took)
     if answer.status_code == 400:
         assert answer.json()["error"]["type"] == "invalid_request_error"

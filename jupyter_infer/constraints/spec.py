@@ -19,7 +19,11 @@ from typing import Any
 from ..errors import InvalidRequest
 from ..values.request import Constraint, show
 
-MAX_SPEC_CHARS = 256 * 1024  # a schema, grammar or tool list this long is refused before compiling
+# A schema, grammar or tool list this long is refused before compiling. What bounds a
+# constraint is the request body's size (InferApp.max_body_bytes, 1 MB) and what compiles
+# within InferApp.grammar_timeout_s; this only keeps the walks over a spec (closing a
+# schema, its formats) small where an admin raises the body limit.
+MAX_SPEC_CHARS = 4 * 1024 * 1024
 MAX_CHOICES = 10_000
 
 # vLLM's names → ours; the native API takes the short names as top-level fields.
