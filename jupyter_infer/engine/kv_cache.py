@@ -7,6 +7,11 @@ step writes one column in place. transformers' ``DynamicLayer`` concatenates the
 every step instead, which cost a quarter of a GPT-2-small decode step at batch 16 on CPU.
 ``merge`` and ``select_rows`` write their result straight into such a buffer: one copy of
 the cache when rows join or leave, not three (pad, concatenate, re-buffer at the next step).
+
+Hybrid models (Granite 4, Qwen3-Next, LFM2, Falcon-H1) have linear-attention, Mamba or
+convolution layers beside attention: transformers keeps their per-row conv and recurrent
+states in ``LinearAttentionLayer``s. A state has no columns: rows join by concatenating their
+states, leave by selecting them (``_merge_states``, ``_select_states``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ import copy
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+try:  # transformers >= 5: the per-row states of linear-attention / Mamba / conv layers
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin as _StateLayer
+except ImportError:  # pragma: no cover - older transformers keep such states elsewhere
+    class _StateLayer:  # type: ignore[no-redef]
+        """Nothing is one."""
 
 SPARE_COLUMNS = 64  # room added whenever the buffer is full: one reallocation per 64 steps
 
@@ -113,6 +124,10 @@ def bytes_held(cache: DynamicCache) -> int:
     buffers, not the views of them)."""
     total = 0
     for layer in cache.layers:
+        if isinstance(layer, _StateLayer):
+            total += sum(states[i].numel() * states[i].element_size() for states, i in _states(layer))
+        if not holds_kv(layer):
+            continue
         buffers = (getattr(layer, "_key_buf", None), getattr(layer, "_value_buf", None))
         if buffers[0] is None:
             buffers = (getattr(layer, "keys", None), getattr(layer, "values", None))
@@ -167,10 +182,39 @@ def set_spare(cache: DynamicCache, spare: int) -> None:
             layer.spare = spare
 
 
+def _states(layer: _StateLayer) -> list[tuple[dict, int]]:
+    """A state layer's initialized states, as (their dict, index) places."""
+    return [(states, i) for states, ready in ((layer.conv_states, layer.is_conv_states_initialized),
+                                              (layer.recurrent_states, layer.is_recurrent_states_initialized))
+            for i, tensor in states.items() if ready[i] and tensor is not None]
+
+
+def _merge_states(old: _StateLayer, new: _StateLayer, width: int) -> None:
+    """``new``'s rows' states after ``old``'s (a state has no columns: nothing to pad)."""
+    for (states, i), (other, _) in zip(_states(old), _states(new), strict=True):
+        states[i] = torch.cat([states[i], other[i]])
+    old.cumulative_length_linear = old.cumulative_length_linear.new_tensor(width)
+
+
+def _select_states(layer: _StateLayer, index: torch.Tensor, length: int) -> None:
+    for states, i in _states(layer):
+        states[i] = states[i].index_select(0, index.to(states[i].device))
+    layer.cumulative_length_linear = layer.cumulative_length_linear.new_tensor(length)
+
+
+def holds_kv(layer: object) -> bool:
+    """Whether a cache layer holds keys and values (a state-only layer does not)."""
+    return not isinstance(layer, _StateLayer) or isinstance(layer, DynamicLayer)
+
+
 def merge(running: DynamicCache, newcomers: DynamicCache, width: int, spare: int = SPARE_COLUMNS) -> DynamicCache:
     """Rows of ``newcomers`` after those of ``running``, both left-padded to ``width``, with
     ``spare`` columns of room."""
     for old, new in zip(running.layers, newcomers.layers, strict=True):
+        if isinstance(old, _StateLayer):
+            _merge_states(old, new, width)
+        if not holds_kv(old):
+            continue
         if not isinstance(old, GrowingLayer):
             _set(old, torch.cat([left_pad(old.keys, width, 2), left_pad(new.keys, width, 2)]),
                  torch.cat([left_pad(old.values, width, 2), left_pad(new.values, width, 2)]))
@@ -192,12 +236,20 @@ def shallow_copy(cache: DynamicCache) -> DynamicCache:
     """A cache object of its own over the same tensors: ``select_rows`` on it leaves this one be."""
     clone = copy.copy(cache)
     clone.layers = [copy.copy(layer) for layer in cache.layers]
+    for layer in clone.layers:
+        if isinstance(layer, _StateLayer):  # its states live in dicts: the copy gets its own
+            layer.conv_states, layer.recurrent_states = dict(layer.conv_states), dict(layer.recurrent_states)
     return clone
 
 
 def select_rows(cache: DynamicCache, index: torch.Tensor, start: int, spare: int = SPARE_COLUMNS) -> None:
     """Keep the rows in ``index`` and the columns from ``start`` on (``spare`` columns of room)."""
+    length = next((layer.keys.shape[2] for layer in cache.layers if holds_kv(layer)), start) - start
     for layer in cache.layers:
+        if isinstance(layer, _StateLayer):
+            _select_states(layer, index, length)
+        if not holds_kv(layer):
+            continue
         if not isinstance(layer, GrowingLayer):
             _set(layer, layer.keys[index, :, start:], layer.values[index, :, start:])
             continue
