@@ -20,7 +20,7 @@ import copy
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 try:  # transformers >= 5: the per-row states of linear-attention / Mamba / conv layers
     from transformers.cache_utils import LinearAttentionCacheLayerMixin as _StateLayer
@@ -78,11 +78,22 @@ class GrowingLayer(DynamicLayer):
 
 
 def new_cache(config) -> DynamicCache:
-    """A ``DynamicCache`` whose full-attention layers are ``GrowingLayer``s."""
+    """A ``DynamicCache`` whose full-attention layers are ``GrowingLayer``s. A sliding-window
+    layer keeps every column too: transformers' own drops those past the window, which a batch
+    whose rows are left-padded to one width cannot line up with its mask (a prompt longer than
+    the window failed: Gemma 3 1B's is 512 tokens); the mask, built from the config's window,
+    hides them."""
     cache = DynamicCache(config=config)
-    if cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
+    if _sliding(cache):
+        cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
+                        for layer in cache.layers]
+    elif cache.layers and all(type(layer) is DynamicLayer for layer in cache.layers):
         cache.layers = [GrowingLayer() for _ in cache.layers]
     return cache
+
+
+def _sliding(cache: DynamicCache) -> bool:
+    return any(isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers)
 
 
 def reusable(config) -> bool:
@@ -200,6 +211,11 @@ def _select_states(layer: _StateLayer, index: torch.Tensor, length: int) -> None
     for states, i in _states(layer):
         states[i] = states[i].index_select(0, index.to(states[i].device))
     layer.cumulative_length_linear = layer.cumulative_length_linear.new_tensor(length)
+
+
+def holds_state(layer: object) -> bool:
+    """Whether a cache layer holds per-row states (Mamba, linear attention, convolution)."""
+    return isinstance(layer, _StateLayer)
 
 
 def holds_kv(layer: object) -> bool:

@@ -1,0 +1,82 @@
+"""The architectures transformers runs, served batched (issue 31): tiny random checkpoints of
+each, rows joining a running batch and leaving it, greedy answers equal to transformers'
+``generate`` for each prompt. Hybrid models (Granite 4, Qwen3-Next, LFM2, Falcon-H1) keep
+per-row states beside their attention; Gemma 2/3 and Mistral have sliding windows, here
+shorter than the prompts (a prompt past the window failed: Gemma 3 1B's is 512 tokens)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_hf_engine import LENGTHS, PROMPTS, reference, run_with_late_joiners
+
+from jupyter_infer.engine import kv_cache
+from jupyter_infer.engine.hf import HFEngine
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512)
+HYBRIDS = {
+    "granitemoehybrid": dict(layer_types=["mamba", "attention", "mamba", "attention"], mamba_n_heads=4,
+                             mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1, mamba_expand=2, num_local_experts=0,
+                             shared_intermediate_size=128, position_embedding_type="rope"),
+    "qwen3_next": dict(layer_types=["linear_attention", "full_attention"] * 2, head_dim=16, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    "lfm2": dict(layer_types=["conv", "full_attention"] * 2),
+    "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1,
+                      head_dim=16),
+}
+SLIDING = {
+    "gemma2": dict(head_dim=16, sliding_window=8),
+    "gemma3_text": dict(head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"] * 2),
+    "mistral": dict(sliding_window=8),
+}
+OTHERS = {
+    "qwen2": {}, "qwen3": dict(head_dim=16), "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                                               moe_intermediate_size=32),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2), "gemma": dict(head_dim=16), "phi3": dict(pad_token_id=0),
+    "olmo2": {}, "granite": {}, "smollm3": dict(pad_token_id=0), "starcoder2": dict(sliding_window=None),
+    "gpt_neox": dict(num_key_value_heads=None), "cohere": {},
+}
+ARCHITECTURES = {**HYBRIDS, **SLIDING, **OTHERS}
+
+
+def checkpoint(kind: str, tokenizer_dir: Path, folder: Path) -> Path:
+    """A random-weight ``kind`` model with the tiny model's tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    folder.mkdir(parents=True)
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    options = {k: v for k, v in {**SMALL, **ARCHITECTURES[kind]}.items() if v is not None or k == "sliding_window"}
+    config = AutoConfig.for_model(kind, vocab_size=len(tokenizer), **options)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+async def test_rows_join_and_leave_a_batch_and_equal_generate(kind: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = checkpoint(kind, tiny_model_dir, tmp_path / kind)
+    engine = HFEngine(str(folder), dtype="float32", num_threads=1)
+    layers = kv_cache.new_cache(engine.model.config).layers
+    if kind in HYBRIDS:  # really a model with state layers
+        assert any(kv_cache.holds_state(layer) for layer in layers)
+    results = await run_with_late_joiners(engine, "continuous")
+    assert results[3].batch_id != results[0].batch_id and results[3].batch_size > 2  # the late pair joined
+    for result, prompt, n in zip(results, PROMPTS, LENGTHS, strict=True):
+        assert list(result.token_ids) == reference(folder, prompt, n), (kind, prompt)
+    shutil.rmtree(folder)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["granitemoehybrid", "gemma3_text"])
+async def test_window_mode_too(kind: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = checkpoint(kind, tiny_model_dir, tmp_path / kind)
+    results = await run_with_late_joiners(HFEngine(str(folder), dtype="float32", num_threads=1), "window")
+    for result, prompt, n in zip(results, PROMPTS, LENGTHS, strict=True):
+        assert list(result.token_ids) == reference(folder, prompt, n), (kind, prompt)
