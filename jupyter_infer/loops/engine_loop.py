@@ -10,6 +10,7 @@ core's decision, what happened is the recorder's to tell.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -136,6 +137,10 @@ class EngineLoop(RequestLoop):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jupyter-infer-engine")
         try:
             self.engine = await loop.run_in_executor(self._executor, self._load)
+            # The load leaves garbage (cycles through its modules and tensors): one full
+            # collection now, before any request, not a quarter-second one under the first
+            # burst (the server then freezes what is left: server/startup_heap).
+            await loop.run_in_executor(self._executor, gc.collect)
             self.scheduler = Scheduler(self.config, self.engine, self.recorder)
             if self.engine.grammars is not None:
                 self.engine.grammars.fast_forward = self.config.grammar_fast_forward

@@ -10,6 +10,8 @@ So once the engine is ready, what is alive is frozen (``gc.freeze``: moved to a 
 generation that no collection walks), and later full collections walk only what came after.
 One full collection runs first, as vLLM's ``freeze_gc_heap`` does: garbage frozen with the
 rest could never be reclaimed (a cycle holding a tensor from the load would hold it for good).
+The engine loop runs it after the load, before it says it is ready, so that it does not stall
+the first requests (an upstream service loads no model: nothing worth a collection).
 When the service stops, the heap is thawed (``gc.unfreeze``), so that what the stopped service
 leaves behind can be collected. The kernel side never freezes: that heap is the user's.
 """
@@ -33,7 +35,6 @@ async def freeze_when_ready(service: _Ready) -> bool:
         await service.wait_ready()
     except Exception:
         return False
-    gc.collect()
     gc.freeze()
     log.debug("jupyter_infer: %d objects frozen (gc.freeze) once the engine was ready", gc.get_freeze_count())
     return True
