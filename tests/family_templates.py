@@ -1,6 +1,7 @@
 """Chat templates that render tools, calls and results as each family's published templates
 do (cut down to that part): Qwen 2.5's Hermes tags, Llama 3.1's JSON with "parameters",
-Mistral's [TOOL_CALLS] list, Granite 3's <|tool_call|> list; and a tiny checkpoint with one."""
+Mistral's [TOOL_CALLS] list (its call ids nine alphanumerics, or the template raises),
+Granite 3's <|tool_call|> list; and a tiny checkpoint with one."""
 
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ MISTRAL = """{{- bos_token }}{%- for message in messages %}{% if message.role ==
 {%- if tools and loop.last %}{{ '[AVAILABLE_TOOLS] [' }}{% for t in tools %}{{ t | tojson }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}{{ '][/AVAILABLE_TOOLS]' }}{% endif %}
 {{- '[INST] ' + message.content + '[/INST]' }}
 {%- elif message.role == 'assistant' and message.tool_calls %}{{ '[TOOL_CALLS] [' }}
-{%- for call in message.tool_calls %}{{ '{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + '}' }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}{{ ']' + eos_token }}
-{%- elif message.role == 'tool' %}{{ '[TOOL_RESULTS] {"content": ' + (message.content | tojson) + '}[/TOOL_RESULTS]' }}
+{%- for call in message.tool_calls %}{% if call.id is not defined or call.id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}
+{{- '{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + ', "id": "' + call.id + '"}' }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}{{ ']' + eos_token }}
+{%- elif message.role == 'tool' %}{% if message.tool_call_id is not defined or message.tool_call_id | length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}
+{{- '[TOOL_RESULTS] {"content": ' + (message.content | tojson) + ', "call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
 {%- elif message.role == 'assistant' %}{{ ' ' + message.content + eos_token }}
 {%- endif %}{% endfor %}"""
 

@@ -136,7 +136,8 @@ async def test_the_family_template_renders_the_tools_and_its_calls_come_back(
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
     prompt = await _prompt(http, {"messages": history, "tools": [WEATHER, CLOCK]})
-    assert fmt.call(call.function.name, json.dumps(json.loads(call.function.arguments))) in prompt
+    # (up to the object's end: Mistral's template adds the call's id to it)
+    assert fmt.call(call.function.name, json.dumps(json.loads(call.function.arguments)))[:-1] in prompt
     assert "18 C, sunny" in prompt
     after = await client.chat.completions.create(model="default", messages=history, tools=[WEATHER, CLOCK],
                                                  max_tokens=8, temperature=0)

@@ -35,6 +35,9 @@ class ToolFormat:
     end: str = ""  # after the last call
     arguments: str = "arguments"  # the key the arguments go under
     parallel: bool = True  # the family writes several calls in one answer
+    # The length a call id must have in the family's templates (Mistral's: nine alphanumerics,
+    # or the template raises); 0: any id.
+    id_length: int = 0
 
     def call(self, name: str, arguments: str) -> str:
         """One call object, as the family writes it (``arguments``: JSON text)."""
@@ -62,7 +65,7 @@ HERMES = ToolFormat("hermes", open="<tool_call>\n", close="\n</tool_call>", sep=
 FORMATS = {f.name: f for f in (
     HERMES,
     ToolFormat("llama3_json", arguments="parameters", parallel=False, sep="; "),
-    ToolFormat("mistral", marker="[TOOL_CALLS]", begin="[", sep=", ", end="]"),
+    ToolFormat("mistral", marker="[TOOL_CALLS]", begin="[", sep=", ", end="]", id_length=9),
     ToolFormat("granite", marker="<|tool_call|>", begin="[", sep=", ", end="]"),
 )}
 

@@ -6,6 +6,7 @@ route and the native API."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -109,10 +110,17 @@ def parse_chat_and_tools(body: Mapping[str, Any], constraint: Constraint | None)
     return with_tools(chat, tools), [dict(m) for m in body["messages"]], tools.constraint()
 
 
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def template_messages(messages: list[dict[str, Any]], fmt: ToolFormat = HERMES) -> list[dict[str, Any]]:
     """Checked messages (``parse_messages`` has read them) as a chat template that renders
     tools reads them: calls as ``tool_calls`` with their arguments as objects (templates
-    write them with ``tojson``), results as ``tool`` messages."""
+    write them with ``tojson``), results as ``tool`` messages; call ids as the family's
+    templates take them (Mistral's: nine alphanumerics, the same for a call and its result)."""
+
+    def call_id(sent: Any) -> Any:
+        if not fmt.id_length or not isinstance(sent, str):
+            return sent
+        return hashlib.sha256(sent.encode()).hexdigest()[: fmt.id_length]
+
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         role, text = message["role"], _message_text(message, i)
@@ -120,10 +128,10 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             entry: dict[str, Any] = {"role": "tool", "content": text}
             for key in ("tool_call_id", "name"):
                 if isinstance(message.get(key), str):
-                    entry[key] = message[key]
+                    entry[key] = call_id(message[key]) if key == "tool_call_id" else message[key]
         elif role == "assistant" and message.get("tool_calls"):
             sent = message["tool_calls"]
-            calls = [{"type": "function", "id": sent[n].get("id") or f"call_{i}_{n}",
+            calls = [{"type": "function", "id": call_id(sent[n].get("id") or f"call_{i}_{n}"),
                       "function": {"name": name, "arguments": _arguments_value(arguments)}}
                      for n, (name, arguments) in enumerate(_calls(sent, i))]
             entry = {"role": "assistant", "content": text, "tool_calls": calls}
@@ -154,6 +162,6 @@ def chat_for_model(request: Request, fmt: ToolFormat, renders_tools: bool, speci
     if request.wire_messages is None:  # no tools, no calls or results: the messages as parsed
         return list(request.messages or []), None, constraint
     if renders_tools:
-        return template_messages(request.wire_messages), tools.openai_tools() if tools else None, constraint
+        return template_messages(request.wire_messages, fmt), tools.openai_tools() if tools else None, constraint
     chat = parse_messages({"messages": request.wire_messages}, fmt)
     return (with_tools(chat, tools) if tools is not None else chat), None, constraint
