@@ -274,10 +274,11 @@ class GrammarRow:
         # see _added_tokens_as_text), the row samples the rest.
         return run[: self.matcher.validate_tokens(run)] if run else run
 
-    def fast_forward(self, eos: int | None) -> list[int]:
+    def fast_forward(self, eos: int | None, run: list[int] | None = None) -> list[int]:
         """The tokens that follow the row's chosen one without sampling, consumed: the forced
-        run, then ``eos`` once the grammar is complete (so the row spends no step on either)."""
-        run = self.forced()
+        run (or ``run``, a beginning of it), then ``eos`` once the grammar is complete (so the
+        row spends no step on either)."""
+        run = self.forced() if run is None else list(run)
         self.advance(run)
         if self.forwarding and eos is not None and self.done:
             run.append(eos)

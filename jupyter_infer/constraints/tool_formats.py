@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidRequest
 
@@ -94,6 +95,15 @@ def of_template(template: str | None, configured: str = "") -> tuple[ToolFormat,
         if sign in template:
             return FORMATS[name], renders
     return HERMES, False
+
+
+def of_tokenizer(tokenizer: Any, configured: str = "") -> tuple[ToolFormat, bool, dict[str, int]]:
+    """A checkpoint's tool format (its chat template's, or ``configured``), whether the
+    template renders tools, and the format's marker as its special token where it is one."""
+    fmt, renders = of_template(getattr(tokenizer, "chat_template", None), configured)
+    added = {t.content: (i, t.special) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+    token, special = added.get(fmt.marker, (None, False))
+    return fmt, renders, ({fmt.marker: token} if fmt.marker and special else {})
 
 
 def lark_literal(text: str, specials: Mapping[str, int]) -> str:

@@ -16,6 +16,7 @@ a prefix another running row starts with hold it once (``shared_prefix.py``).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from .hf_load import check_format, load_causal_lm, parameter_count
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
 from .shared_prefix import Claim, SharedPrefix, SharedPrefixes
+from .step_cost import StepCost
 from .token_bound import longest_token_chars
 
 if TYPE_CHECKING:
@@ -121,23 +123,15 @@ class HFEngine(Engine):
         # each: a second read of every weight.
         per_layer = 2**20 if self.device == "cpu" else 64 * 2**20
         self.bucket_bytes = config.num_hidden_layers * per_layer if self._ragged else weight_bytes
+        self.tool_format, self.renders_tools, self.tool_specials = tool_formats.of_tokenizer(
+            self.tokenizer, tool_call_format)
         self.info = self._engine_info(model, torch_dtype, parameters, linears, quantize)
         if generation_defaults:
             self.info.sampling_defaults = sampling_defaults(self.model.generation_config)
         self.info.reasoning = split_reasoning and reasons(self.tokenizer)
-        self._tool_calls(tool_call_format)
-
-    def _tool_calls(self, configured: str) -> None:
-        """The checkpoint's tool-call format (its template's, or ``configured``), and its
-        marker's special token where it is one."""
-        template = getattr(self.tokenizer, "chat_template", None)
-        self.tool_format, self.renders_tools = tool_formats.of_template(template, configured)
-        marker = self.tool_format.marker
-        added = {t.content: (i, t.special) for i, t in getattr(self.tokenizer, "added_tokens_decoder", {}).items()}
-        token, special = added.get(marker, (None, False))
-        self.tool_specials = {marker: token} if marker and special else {}
-        self.info.tool_calls = {"format": self.tool_format.name,
-                                "prompt": "chat template" if self.renders_tools else "built-in"}
+        # What a decode step costs here: how wide a forced run is fed (step_cost). On the CPU
+        # only: a GPU's forward returns before it ran, and its steps are overhead-bound anyway.
+        self.step_cost = StepCost() if self.device == "cpu" else None
 
     def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
                      quantize: str) -> EngineInfo:
@@ -150,6 +144,8 @@ class HFEngine(Engine):
             device=self.device,
             dtype=str(dtype).removeprefix("torch."),
             max_context=int(max_context),
+            tool_calls={"format": self.tool_format.name,
+                        "prompt": "chat template" if self.renders_tools else "built-in"},
             details={
                 "architecture": (config.architectures or [type(self.model).__name__])[0],
                 "parameters": parameters,
@@ -408,13 +404,17 @@ class HFEngine(Engine):
         drafts = speculate.drafts(buckets, seqs, self.speculative_tokens, self.speculative_max_rows,
                                   self.draft if self.speculative_method == "draft" else None)
         blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
+        started = time.perf_counter()
         logits = self._forward(blocks, every=bool(drafts))
+        cost = self.step_cost
+        if cost is not None:
+            cost.add(sum(block.ids.numel() for block in blocks), time.perf_counter() - started)
         if masks is not None:
             masks.result()
         if drafts:
             sampled = speculate.verify(logits, blocks, buckets, drafts, samplers, self.speculative_tokens)
         else:
-            sampled, start = sample(logits, samplers), 0
+            sampled, start = sample(logits, samplers, cost.width if cost is not None else None), 0
             for bucket, block in zip(buckets, blocks, strict=True):
                 bucket.advance(block, sampled.tokens[start : (start := start + len(bucket.ids))])
         return sampled  # in the batch's order, as seqs are (Engine.step answers in the plan's)

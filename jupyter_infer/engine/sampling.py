@@ -10,6 +10,7 @@ one ``log_softmax`` over just those rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -67,15 +68,22 @@ class RowSampler:
             processors.append(grammar.row())
         return cls(params, generator, processors, min(eos_ids) if eos_ids else None)
 
-    def fast_forward(self) -> list[int]:
-        """The tokens a constrained row appends without sampling after its chosen one: those
-        its grammar allows no alternative to, then EOS once it is complete (so the row does
-        not spend a step on either). None for a row that asks for logprobs (every token it
-        gets has its own)."""
+    def forced(self) -> list[int]:
+        """The tokens its grammar allows no alternative to after the chosen one (not yet
+        consumed); none for a row that asks for logprobs (every token it gets has its own)."""
         grammar = self.grammar
         if grammar is None or self.params.logprobs is not None:
             return []
-        run = grammar.fast_forward(self.eos)
+        return grammar.forced()
+
+    def fast_forward(self, run: list[int] | None = None) -> list[int]:
+        """The tokens a constrained row appends without sampling after its chosen one: those
+        its grammar allows no alternative to (``run``: a beginning of ``forced()``), then EOS
+        once it is complete (so the row does not spend a step on either)."""
+        grammar = self.grammar
+        if grammar is None or self.params.logprobs is not None:
+            return []
+        run = grammar.fast_forward(self.eos, run)
         if run and len(self.processors) > 1:  # the penalties see the run too
             for processor in self.processors[:-1]:
                 processor.advance(run)
@@ -107,6 +115,10 @@ class RowSampler:
         shaped = self.shape(logits) if self.processors else logits.float()
         if self.params.greedy:
             return int(torch.argmax(shaped))
+        if self.grammar is not None and int(torch.isfinite(shaped).sum()) == 1:
+            # A token the grammar forces takes no draw: the row's generator moves as it does
+            # when fast-forward appends the token, so a seed gives one answer either way.
+            return int(torch.argmax(shaped))
         probs = torch.softmax(filter_logits(shaped, self.params), dim=-1)
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
 
@@ -122,24 +134,32 @@ def grammar_rows(samplers: Seq[RowSampler]) -> list[GrammarRow]:
     return [s.grammar for s in samplers if s.grammar is not None]
 
 
-def sample(logits: torch.Tensor, samplers: Seq[RowSampler]) -> Sampled:
+def sample(logits: torch.Tensor, samplers: Seq[RowSampler],
+           width: Callable[[list[int]], int | None] | None = None) -> Sampled:
     """One token per row of ``logits`` (shape ``[rows, vocab]``; ``samplers`` are the rows').
 
     Greedy rows share one ``argmax``; sampled rows draw with their own generator so that a
     request with a seed gets the same tokens whatever batch it lands in. Each row's
     processors are advanced by its token; a constrained row may get more than one (its
-    grammar's forced tokens, ``RowSampler.fast_forward``).
+    grammar's forced tokens, ``RowSampler.fast_forward``), as many as ``width`` (each row's
+    tokens to feed next → the step width worth feeding; ``step_cost``) lets it: the rest of a
+    run is forced again next step.
     """
     tokens = torch.argmax(logits, dim=-1).tolist()
     rows = [[t] for t in tokens]
-    forced = None
+    runs: dict[int, list[int]] = {}
     for row, sampler in enumerate(samplers):
         if not sampler.plain:
             tokens[row] = sampler.choose(logits[row])
             rows[row] = [tokens[row]]
         if sampler.processors:
             sampler.advance((tokens[row],))
-            more = sampler.fast_forward()
+            runs[row] = sampler.forced()
+    forced = None
+    if runs:
+        wide = width([1 + len(runs.get(row, ())) for row in range(len(samplers))]) if width else None
+        for row, run in runs.items():
+            more = samplers[row].fast_forward(run if wide is None else run[: wide - 1])
             if more:
                 rows[row] += more
                 forced = forced or [0] * len(samplers)
