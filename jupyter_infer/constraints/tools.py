@@ -208,13 +208,6 @@ def _choice(choice: Any, names: set[str], legacy: bool) -> str:
     return name
 
 
-def tools_format(constraint: Constraint | None) -> str:
-    """The tool format a request's answer is written in (a tool set's; else Hermes')."""
-    if constraint is None or constraint.kind != "tools":
-        return HERMES.name
-    return json.loads(constraint.spec).get("format", HERMES.name)
-
-
 # -- the calls back out ------------------------------------------------------------------------
 def call_text(name: str, arguments: str, fmt: ToolFormat = HERMES) -> str:
     """One call as the model writes it (an assistant message's ``tool_calls`` rendered back)."""

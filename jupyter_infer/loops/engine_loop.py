@@ -105,6 +105,9 @@ class EngineLoop(RequestLoop):
     def tokenizer(self) -> Engine:
         return self.engine
 
+    def tool_format(self) -> str:
+        return self.engine.tool_format.name
+
     # -- views ------------------------------------------------------------------------------
     def prefix_cache(self) -> dict[str, Any] | None:
         return self.engine.prefix_cache_stats() if self.engine is not None else None

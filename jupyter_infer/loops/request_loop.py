@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..constraints.tools import tools_format
 from ..errors import EngineUnavailable, InferError, RequestFailed
 from ..values.limits import Limits
 from ..values.stream import RequestStream
@@ -146,10 +145,17 @@ class RequestLoop(abc.ABC):
         is none."""
         raise NotImplementedError
 
+    def tool_format(self) -> str:
+        """How the answers of this loop's model write tool calls (``constraints/tool_formats``;
+        an upstream's come back as Hermes' text)."""
+        return "hermes"
+
     def submit(self, seq: Sequence) -> RequestStream:
         """Queue a prepared sequence (the loop must be ready); raises ``QueueFull``."""
         stream = RequestStream(seq.id, self.cancel, seq.prompt_ids)
-        stream.tool_format = tools_format(seq.request.params.constraint)
+        constraint = seq.request.params.constraint
+        if constraint is not None and constraint.kind == "tools":
+            stream.tool_format = self.tool_format()
         self.scheduler.add(seq, time.monotonic())
         self._streams[seq.id] = stream
         self._wakeup.set()
