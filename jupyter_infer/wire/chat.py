@@ -163,5 +163,7 @@ def chat_for_model(request: Request, fmt: ToolFormat, renders_tools: bool, speci
         return list(request.messages or []), None, constraint
     if renders_tools:
         return template_messages(request.wire_messages, fmt), tools.openai_tools() if tools else None, constraint
+    if fmt == HERMES:  # what the request was parsed into already (parse_chat_and_tools)
+        return list(request.messages or []), None, constraint
     chat = parse_messages({"messages": request.wire_messages}, fmt)
     return (with_tools(chat, tools) if tools is not None else chat), None, constraint
