@@ -187,5 +187,26 @@ def install(model: torch.nn.Module) -> bool:
         return False
     AttentionInterface.register(ATTENTION, block_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
+    before = config._attn_implementation
     model.set_attn_implementation(ATTENTION)
-    return model.config._attn_implementation == ATTENTION
+    if config._attn_implementation == ATTENTION and _reaches_block_attention(model):
+        return True
+    model.set_attn_implementation(before)
+    return False
+
+
+def _reaches_block_attention(model: torch.nn.Module) -> bool:
+    """Whether a forward's step reaches ``block_attention``: a model whose layers do not pass
+    their keyword arguments on to the attention call (Falcon's) would run plain SDPA and never
+    fill the blocks' caches. One token, once, at load."""
+    from .kv_cache import holds_kv, new_cache
+
+    cache = new_cache(model.config)
+    device = next(model.parameters()).device
+    one = torch.zeros((1, 1), dtype=torch.long, device=device)
+    try:
+        with torch.inference_mode():
+            forward(model, [Block(cache, one, torch.ones_like(one), one)])
+    except Exception:  # noqa: BLE001 - a model the probe cannot run is one ragged steps cannot either
+        return False
+    return all(getattr(layer, "keys", None) is not None for layer in cache.layers if holds_kv(layer))
