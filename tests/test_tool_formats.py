@@ -155,12 +155,11 @@ async def test_the_native_answer_is_the_family_text_and_names_its_format(
     assert parse_calls(answer["text"], fmt)[1][0]["function"]["name"] == "get_weather"
 
 
+@pytest.mark.parametrize("family", ["llama3_json"], indirect=True)  # the template that refuses parallel calls
 async def test_a_template_that_refuses_the_history_is_a_400(client: Any, family: str) -> None:
     """Llama 3.1's template raises on two calls in one turn: a 400 that says so, not a 500."""
     import openai
 
-    if family != "llama3_json":
-        pytest.skip("only Llama 3's template refuses parallel calls")
     two = [{"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "P"}'}}
            for i in range(2)]
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": two},
