@@ -166,5 +166,10 @@ async def test_a_template_that_refuses_the_history_is_a_400(client: Any, family:
                *({"role": "tool", "tool_call_id": f"c{i}", "content": "18 C"} for i in range(2))]
     with pytest.raises(openai.BadRequestError, match="chat template refused"):
         await client.chat.completions.create(model="default", messages=history, tools=[WEATHER], max_tokens=4)
+    # Tools nested past what the template's tojson can walk: the template's refusal, not "the tokenizer".
+    deep = json.loads('{"type": "object", "properties": {"a": ' * 400 + "{}" + "}}" * 400)
+    with pytest.raises(openai.BadRequestError, match="chat template refused"):
+        await client.chat.completions.create(model="default", messages=ASK, max_tokens=4, tools=[
+            {"type": "function", "function": {"name": "t", "parameters": deep}}])
     ok = await client.chat.completions.create(model="default", messages=ASK, max_tokens=4)
     assert ok.choices[0].finish_reason in ("stop", "length")

@@ -178,9 +178,10 @@ class HFEngine(Engine):
             try:
                 return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                                           tools=tools, **(template_kwargs or {}))
-            except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as err:
+            except (TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as err:
                 # "Conversation roles must alternate user/assistant", a template's own
-                # raise_exception, or one that reads a field these messages lack.
+                # raise_exception, one that reads a field these messages lack, or tools
+                # nested too deep for its ``tojson``.
                 raise InvalidRequest(f"The model's chat template refused these messages: {err}",
                                      param="messages") from None
         return super().render_chat(messages, template_kwargs, tools)
