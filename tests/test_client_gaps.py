@@ -37,7 +37,7 @@ async def test_past_the_context_is_context_length_exceeded(client: openai.AsyncO
         await client.chat.completions.create(model="default", messages=[{"role": "user", "content": long}])
     assert seen.value.code == "context_length_exceeded"
     assert "maximum context length is 512 tokens" in seen.value.message and "max_tokens (1)" not in seen.value.message
-    with pytest.raises(openai.BadRequestError) as seen:  # past this server's 2048 too: the context is what binds
+    with pytest.raises(openai.BadRequestError) as seen:  # under the server's limit: the context is what binds
         await client.completions.create(model="default", prompt=" a" * 2200)  # under the character bound
     assert seen.value.code == "context_length_exceeded", seen.value.message
     with pytest.raises(openai.BadRequestError) as seen:  # the prompt fits, the answer asked for does not

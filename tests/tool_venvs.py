@@ -1,7 +1,10 @@
 """The heavy ecosystem tools the compatibility tests drive, each installed under
 ``.venv-tools/<name>``: lm-eval and guidellm in a virtual environment of its own (their pins
 conflict with each other and with ours, and neither belongs in the project's own environment),
-and JupyterHub's proxy, configurable-http-proxy, from npm (for tests/test_hub_service.py).
+Jupyter AI installed *beside* us (an environment that sees the project's own through a ``.pth``
+file, as a user's ``pip install jupyter-ai`` next to jupyter_infer would, without every other
+test's server loading its extensions), and JupyterHub's proxy, configurable-http-proxy, from
+npm (for tests/test_hub_service.py).
 
 Created on first use (from PyPI, torch from the CPU wheel the Makefile pins too; from npm),
 reused after; ``make tools`` (a prerequisite of ``make test``) builds them ahead of the test
@@ -16,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -24,10 +28,15 @@ ROOT = Path(__file__).resolve().parent.parent / ".venv-tools"
 TOOLS: dict[str, list[list[str]]] = {
     "lm-eval": [["lm-eval[api]==0.4.13", "transformers==5.24.0"]],
     "guidellm": [["torch==2.13.0"], ["guidellm==0.8.1"]],
+    "jupyter-ai": [["jupyter-ai[jupyternaut]==3.2.0"]],
 }
+# Tools that run inside the project's environment: theirs sees ours (site.addsitedir in a .pth
+# file, so that our editable install's own .pth files are read too); what they add shadows it.
+BESIDE_US = {"jupyter-ai"}
 # Node packages, one `npm install` each (exact versions: 5.2.0 is the newest that runs on node 20).
 NPM_TOOLS: dict[str, str] = {"configurable-http-proxy": "configurable-http-proxy@5.2.0"}
-COMMANDS = {"lm-eval": "lm_eval", "guidellm": "guidellm", "configurable-http-proxy": "configurable-http-proxy"}
+COMMANDS = {"lm-eval": "lm_eval", "guidellm": "guidellm", "configurable-http-proxy": "configurable-http-proxy",
+            "jupyter-ai": "python"}
 
 
 def _stamp(name: str) -> Path:
@@ -51,9 +60,10 @@ def ensure(name: str) -> Path:
     if name in NPM_TOOLS:
         _npm_install(env, NPM_TOOLS[name])
     else:
-        _pip_install(env, TOOLS[name])
+        _pip_install(env, TOOLS[name], beside_us=name in BESIDE_US)
     # The stamp says the tool runs, not only that the installer returned.
-    subprocess.run([str(command), "--help"], check=True, env=_clean_env(), capture_output=True)
+    check = ["-c", "import jupyter_ai_jupyternaut, jupyter_infer"] if name in BESIDE_US else ["--help"]
+    subprocess.run([str(command), *check], check=True, env=_clean_env(), capture_output=True)
     _stamp(name).touch()
     return command
 
@@ -66,9 +76,14 @@ def _npm_install(env: Path, package: str) -> None:
                     "--loglevel=error", package], check=True)
 
 
-def _pip_install(env: Path, steps: list[list[str]]) -> None:
+def _pip_install(env: Path, steps: list[list[str]], beside_us: bool = False) -> None:
     venv.EnvBuilder(with_pip=True, clear=True).create(env)
     python = env / "bin" / "python"
+    if beside_us:
+        ours = sysconfig.get_path("purelib")  # this interpreter's: the project's .venv
+        theirs = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                check=True, capture_output=True, text=True).stdout.strip()
+        Path(theirs, "zz_jupyter_infer_env.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
     for step in steps:
         subprocess.run([str(python), "-m", "pip", "install", "-q", *step], check=True,
                        env={**_clean_env(), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})

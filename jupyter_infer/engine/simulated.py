@@ -7,10 +7,10 @@ RNG) for the whole batch, so batching many requests is as much a win here as on 
 Of the sampling parameters it honours what a scripted answer can: ``max_tokens``, ``stop``,
 ``seed`` (which answer), ``min_tokens`` and ``ignore_eos`` (the answer starts over instead
 of ending). Temperature, top-k/p, penalties and ``logit_bias`` do not change a scripted
-answer. Log probabilities are deterministic stand-ins with the right shapes: the chosen
-token is always the most likely, with logprob ``-0.1 * (1 + id % 10)``; the ``k - 1``
-alternatives after it are the next token ids, each 1.0 less likely; a prompt's first token
-has none.
+answer. A chat that offers tools gets a call when its user names one (``simulated_calls``).
+Log probabilities are deterministic stand-ins with the right shapes: the chosen token is
+always the most likely, with logprob ``-0.1 * (1 + id % 10)``; the ``k - 1`` alternatives
+after it are the next token ids, each 1.0 less likely; a prompt's first token has none.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ..values.engine_info import EngineInfo
 from ..values.request import TokenLogprob
 from .base import Engine, Sampled
 from .simulated_answers import compose_answer
+from .simulated_calls import reads_whole, simulated_call
 from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class SimulatedBatch:
     grammars: list[GrammarRow | None] = field(default_factory=list)
     read: list[int] = field(default_factory=list)
     run: list[int] = field(default_factory=list)  # answer tokens taken since a constrained row last closed
+    whole: list[bool] = field(default_factory=list)  # a call, or a text beside tools: read all of it
 
     def filter(self, ids: list[str]) -> SimulatedBatch | None:
         if not ids:
@@ -56,16 +58,17 @@ class SimulatedBatch:
         self.grammars = [self.grammars[row[i]] for i in ids]
         self.read = [self.read[row[i]] for i in ids]
         self.run = [self.run[row[i]] for i in ids]
+        self.whole = [self.whole[row[i]] for i in ids]
         self.ids = list(ids)
         return self
 
     def take(self, ids: list[str]) -> SimulatedBatch:
-        copy = SimulatedBatch(list(self.ids), self.answers, self.grammars, self.read, self.run)
+        copy = SimulatedBatch(list(self.ids), self.answers, self.grammars, self.read, self.run, self.whole)
         return copy.filter(ids)
 
     def concatenate(self, other: SimulatedBatch) -> SimulatedBatch:
         return SimulatedBatch(self.ids + other.ids, self.answers + other.answers, self.grammars + other.grammars,
-                              self.read + other.read, self.run + other.run)
+                              self.read + other.read, self.run + other.run, self.whole + other.whole)
 
 
 @dataclass
@@ -83,7 +86,9 @@ class SimulatedEngine(Engine):
         token_delay_ms: tuple[float, float] = (10.0, 40.0),
         prefill_ms_per_token: float = 0.2,
         prefill_base_ms: float = 5.0,
-        max_context: int = 4096,
+        # What the models users serve read (32k): an agent's system prompt and tools fit
+        # (Jupyternaut's are ~14k of these tokens).
+        max_context: int = 32768,
         fallback_reason: str | None = None,
     ) -> None:
         self.info = EngineInfo(
@@ -137,12 +142,15 @@ class SimulatedEngine(Engine):
         return sampled, batch, rest
 
     def _start(self, seqs: list[Sequence]) -> tuple[Sampled, SimulatedBatch]:
-        """The rows of prefilled ``seqs``: each reads out its composed answer."""
+        """The rows of prefilled ``seqs``: each reads out its composed answer, or the tool call
+        it makes (``simulated_calls``)."""
+        calls = [simulated_call(s.request) for s in seqs]
         batch = SimulatedBatch(
             [s.id for s in seqs],
-            [self.tokenize(compose_answer(s.request.prompt, self._seed_for(s))) for s in seqs],
+            [self.tokenize(call or compose_answer(s.request.prompt, self._seed_for(s))) for s, call in zip(seqs, calls, strict=True)],
             [s.grammar.row() if s.grammar is not None else None for s in seqs],
             [0] * len(seqs), [0] * len(seqs),
+            [call is not None or reads_whole(s.request) for s, call in zip(seqs, calls, strict=True)],
         )
         sampled = self._sampled(self._tokens(batch, seqs), seqs, batch)
         if any(s.params.prompt_logprobs is not None for s in seqs):
@@ -169,7 +177,11 @@ class SimulatedEngine(Engine):
             chosen = [self._allowed_next(grammar, batch, row)]
             grammar.advance(chosen)
             if seq.params.logprobs is None:
-                chosen += grammar.fast_forward(EOS_ID)
+                forced = grammar.fast_forward(EOS_ID)
+                chosen += forced
+                answer, read = batch.answers[row], batch.read[row]
+                if batch.whole[row] and answer[read:read + len(forced)] == forced:
+                    batch.read[row] += len(forced)  # a call reads on past what its grammar wrote
             tokens.append(chosen)
         return tokens
 
@@ -179,7 +191,7 @@ class SimulatedEngine(Engine):
         (EOS, a quote, a brace, a bracket) it allows, else the lowest id."""
         allowed = grammar.allowed(self.vocab_size)
         answer, read = batch.answers[row], batch.read[row]
-        if read < len(answer) and allowed[answer[read]] and batch.run[row] < SIMULATED_RUN:
+        if read < len(answer) and allowed[answer[read]] and (batch.whole[row] or batch.run[row] < SIMULATED_RUN):
             batch.read[row] += 1
             batch.run[row] += 1
             return answer[read]

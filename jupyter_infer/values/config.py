@@ -56,7 +56,7 @@ class ServiceConfig:
     max_batch_size: int = 0  # 0: DEFAULT_BATCH_SIZE[mode]
     max_queue_size: int = 256
     max_new_tokens: int = 512
-    max_prompt_tokens: int = 2048
+    max_prompt_tokens: int = 32768  # the models users run read 32k; an agent's tools and system prompt take ~10k
     max_prefill_tokens: int = 4096
     idle_admit_delay_ms: float = 5.0
     # A longer prompt is prefilled in chunks of this many tokens, between decode steps of the

@@ -1,0 +1,59 @@
+"""The simulated engine runs an agent loop with no model, through the OpenAI API: a tool the
+user names is called, its string arguments from the message's quoted words; after the tool's
+result, or when no tool is named, the answer is text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+WRITE = {"type": "function", "function": {
+    "name": "write", "description": "Write a file.",
+    "parameters": {"type": "object", "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
+                   "required": ["file_path", "content"]}}}
+COUNT = {"type": "function", "function": {
+    "name": "count", "description": "Count up to n.",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+
+
+async def test_a_named_tool_is_called_with_the_quoted_words(client: Any) -> None:
+    said = 'Please write `notes.txt` with "hello from a notebook" in it.'
+    answer = await client.chat.completions.create(
+        model="simulated", messages=[{"role": "user", "content": said}], tools=[COUNT, WRITE])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0].function
+    assert call.name == "write"
+    assert json.loads(call.arguments) == {"file_path": "notes.txt", "content": "hello from a notebook"}
+
+
+async def test_after_the_result_the_answer_is_text(client: Any) -> None:
+    said = "write `a.txt` with `hi`"
+    first = (await client.chat.completions.create(
+        model="simulated", messages=[{"role": "user", "content": said}], tools=[WRITE])).choices[0].message
+    messages = [{"role": "user", "content": said}, first.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "written"}]
+    second = (await client.chat.completions.create(model="simulated", messages=messages, tools=[WRITE])).choices[0]
+    assert second.finish_reason == "stop" and not second.message.tool_calls and second.message.content
+
+
+async def test_no_tool_named_is_a_text_answer_and_required_still_calls(client: Any) -> None:
+    messages = [{"role": "user", "content": "What is the KV cache?"}]
+    text = (await client.chat.completions.create(model="simulated", messages=messages, tools=[COUNT, WRITE])).choices[0]
+    assert text.finish_reason == "stop" and "cache" in text.message.content.lower()
+    # All of the composed answer (40 words or more), not a string's 12 tokens.
+    assert len(text.message.content.split()) >= 40 and text.message.content.endswith(".")
+    due = (await client.chat.completions.create(model="simulated", messages=messages, tools=[COUNT, WRITE],
+                                                 tool_choice="required")).choices[0]
+    call = due.message.tool_calls[0].function
+    assert call.name == "count" and isinstance(json.loads(call.arguments)["n"], int)  # the grammar wrote n
+
+
+async def test_a_tool_name_inside_a_word_is_not_named(client: Any) -> None:
+    messages = [{"role": "user", "content": "Our rewrite counts as a recount."}]
+    answer = (await client.chat.completions.create(model="simulated", messages=messages, tools=[COUNT, WRITE])).choices[0]
+    assert answer.finish_reason == "stop" and not answer.message.tool_calls
