@@ -86,3 +86,17 @@ async def test_window_mode_too(kind: str, tiny_model_dir: Path, tmp_path: Path) 
     results = await run_with_late_joiners(HFEngine(str(folder), dtype="float32", num_threads=1), "window")
     for result, prompt, n in zip(results, PROMPTS, LENGTHS, strict=True):
         assert list(result.token_ids) == reference(folder, prompt, n), (kind, prompt)
+
+
+@pytest.mark.parametrize(("kind", "attention"), [("granitemoehybrid", 2), ("qwen3_next", 2), ("lfm2", 2),
+                                                 ("falcon_h1", 4), ("gemma3_text", 4), ("qwen2", 4)])
+def test_the_kv_gauge_counts_the_layers_that_keep_keys_and_values(kind: str, attention: int) -> None:
+    """A hybrid's recurrent layers hold a state of fixed size, not keys and values per token:
+    the KV gauge (infer/status, the buckets' budget) counts only its attention layers."""
+    from transformers import AutoConfig
+
+    options = {k: v for k, v in {**SMALL, **ARCHITECTURES[kind]}.items() if v is not None or k == "sliding_window"}
+    config = AutoConfig.for_model(kind, vocab_size=100, **options)
+    heads = config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    assert kv_cache.bytes_per_token(config, torch.float32) == 2 * attention * heads * head_dim * 4

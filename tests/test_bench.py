@@ -252,7 +252,7 @@ def test_bench_quick_structured(tiny_model_dir: Path, tmp_path: Path, capsys: py
     assert code == 0, out
     assert "[i] structured, validity" in out and "[i] structured, 16 streams" in out
     workloads = json.loads((out_dir / "results.json").read_text())["workloads"]
-    assert set(workloads) == {"structured_corpus", "structured_burst", "structured_alone"}
+    assert set(workloads) == {"structured_corpus", "structured_burst", "structured_sampled", "structured_alone"}
     corpus = workloads["structured_corpus"]
     median = corpus["contenders"]["corpus"]["median"]
     assert median["answers"] == len(structured.corpus()) == len(corpus["answers"])
@@ -268,6 +268,16 @@ def test_bench_quick_structured(tiny_model_dir: Path, tmp_path: Path, capsys: py
     assert burst["ff"]["median"]["forced_share"] > 0 and burst["no_ff"]["median"]["forced_share"] == 0
     assert burst["ff"]["median"]["steps"] < burst["no_ff"]["median"]["steps"]
     assert burst["unconstrained"]["median"]["tokens"] == workloads["structured_burst"]["total_new_tokens"]
+    # Sampled (issue 31): the seeded constrained answers are as long every pass, so their
+    # unconstrained twins generate the same tokens; every finished constrained answer is valid
+    # (a sampled one may run to max_tokens: a random model draws long strings).
+    sampled = workloads["structured_sampled"]["contenders"]
+    assert set(sampled) == {"unconstrained", "ff"}
+    m = sampled["ff"]["median"]
+    assert m["finished"] + m["length"] == 16 and m["finished"] >= 8 and m["valid"] == m["finished"]
+    assert sampled["ff"]["median"]["tokens"] == sampled["unconstrained"]["median"]["tokens"] \
+        == workloads["structured_sampled"]["total_new_tokens"]
+    assert "structured, sampled: constrained + fast-forward >= 0.9 x unconstrained" in out
     alone = workloads["structured_alone"]["contenders"]
     assert {"unconstrained", "new_schema"} == set(alone)
     assert alone["new_schema"]["median"]["compiled"] > median["answers"]  # a new compile each

@@ -147,10 +147,20 @@ def bytes_held(cache: DynamicCache) -> int:
 
 
 def bytes_per_token(config, dtype: torch.dtype) -> int:
-    """One token's keys and values over every layer of a model with ``config``."""
+    """One token's keys and values over every attention layer of a model with ``config``."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    return 2 * attention_layers(config) * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def attention_layers(config) -> int:
+    """The layers that keep keys and values per token: a hybrid's recurrent ones (Mamba,
+    linear attention, short convolutions) hold a state of fixed size instead; a layer with
+    both (Falcon-H1's ``hybrid``) counts. Sliding-window layers count: we keep all columns."""
+    types = getattr(config, "layer_types", None) or getattr(config, "layers_block_type", None)
+    if not types:
+        return config.num_hidden_layers
+    return sum(t == "hybrid" or ("attention" in t and "linear" not in t) for t in types)
 
 
 def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -13,6 +13,9 @@ when its grammar is complete and the model picks EOS), no prefix cache and no sp
   and the same ragged batch: what the targets compare with), and each the twins' mean (a full
   batch to the end); completion tokens per second, steps, and the share of the tokens the
   grammars forced.
+- ``structured_sampled``: the burst's streams sampled as agents sample (temperature 0.7, top_p
+  0.9, a seed each), constrained + fast-forward against unconstrained twins with the same
+  seeds, each as many tokens as its constrained answer had (a first pass finds them).
 - ``structured_alone``: one request at a time on an idle engine: the TTFT of a schema never
   seen before (a property renamed, so the compile cache misses) against an unconstrained
   request; the compiler's p50/p99 compile times.
@@ -37,6 +40,7 @@ from .workloads import Workload, bench_prompts
 
 CORPUS_BATCH = 16  # corpus answers in flight together
 ALONE_TOKENS = 4  # what a TTFT request generates: its first token is the point
+SAMPLED = {"temperature": 0.7, "top_p": 0.9}  # how agents sample (issue 31's figure)
 # Speculation off: it serves the unconstrained twins (greedy, nothing to shape) and not the
 # constrained rows, so the ratios would measure it instead of the grammars' cost.
 SERVICE = {"speculative": "off"}
@@ -201,10 +205,15 @@ class Streams(Contender):
     asks (its constrained twin's length), or (``mean_length``) all the mean of those."""
 
     def __init__(self, engine: Any, name: str, label: str, *, schemas: list[tuple[str, dict]] | None = None,
-                 fast_forward: bool = True, max_tokens: int = 256, mean_length: bool = False) -> None:
+                 fast_forward: bool = True, max_tokens: int = 256, mean_length: bool = False,
+                 sampled: bool = False) -> None:
         self.engine, self.name, self.label = engine, name, label
         self.schemas, self.fast_forward, self.max_tokens = schemas, fast_forward, max_tokens
-        self.mean_length = mean_length
+        self.mean_length, self.sampled = mean_length, sampled
+
+    def sampling(self, stream: int) -> dict[str, Any]:
+        """Greedy, or (``sampled``) ``SAMPLED`` with a seed per stream: twins draw alike."""
+        return {**SAMPLED, "seed": stream} if self.sampled else {}
 
     def run(self, workload: Workload) -> Run:
         return asyncio.run(serving(self.engine, lambda service: self._burst(service, workload),
@@ -217,12 +226,29 @@ class Streams(Contender):
             lengths = [a.max_tokens for a in workload.arrivals]
             if self.mean_length:
                 lengths = [round(statistics.mean(lengths))] * len(lengths)
-            asks = [ask(service, a.prompt, n, ignore_eos=True) for a, n in zip(workload.arrivals, lengths, strict=True)]
+            asks = [ask(service, a.prompt, n, ignore_eos=True, **self.sampling(i))
+                    for i, (a, n) in enumerate(zip(workload.arrivals, lengths, strict=True))]
         else:
-            asks = [ask(service, a.prompt, self.max_tokens, *s)
-                    for a, s in zip(workload.arrivals, self.schemas, strict=True)]
+            asks = [ask(service, a.prompt, self.max_tokens, *s, **self.sampling(i))
+                    for i, (a, s) in enumerate(zip(workload.arrivals, self.schemas, strict=True))]
         answers = await asyncio.gather(*asks)
         return answers_run(answers, loop.time() - start, batch_stats(service), self.schemas is not None)
+
+
+def sampled_workload(engine: Any, burst: Workload, chosen: list[tuple[str, dict]], max_tokens: int) -> Workload:
+    """The burst's prompts, each asking for as many tokens as its sampled constrained answer
+    has (one pass of them; the seeds make every later pass draw the same)."""
+    first = Streams(engine, "first", "first pass", schemas=chosen, max_tokens=max_tokens, sampled=True)
+
+    async def lengths(service: Any) -> list[int]:
+        answers = await asyncio.gather(*(ask(service, a.prompt, max_tokens, *s, **first.sampling(i))
+                                         for i, (a, s) in enumerate(zip(burst.arrivals, chosen, strict=True))))
+        return [max(1, a.tokens) for a in answers]
+
+    counts = in_fresh_thread(lambda: asyncio.run(serving(engine, lengths, **SERVICE)))
+    return Workload("structured_sampled", f"{len(counts)} streams at once, sampled (temperature {SAMPLED['temperature']}, "
+                    f"top_p {SAMPLED['top_p']}, a seed each; {min(counts)}-{max(counts)} tokens, mean "
+                    f"{statistics.mean(counts):.0f})", [Arrival(0.0, a.prompt, n) for a, n in zip(burst.arrivals, counts, strict=True)])
 
 
 # -- one at a time: TTFT ------------------------------------------------------------------------
@@ -303,6 +329,13 @@ def measure(engine: Any, eos_token_ids: frozenset[int], count: Callable[[str], i
             Streams(engine, "no_ff", "constrained, no fast-forward", schemas=chosen, fast_forward=False,
                     max_tokens=max_tokens),
             Streams(engine, "ff", "constrained + fast-forward", schemas=chosen, max_tokens=max_tokens),
+        ], repeats, log)}
+        sampled = sampled_workload(engine, burst, chosen, max_tokens)
+        log(f"  sampled: {sampled.description}")
+        out[sampled.name] = {**sampled.describe(), "schemas": [n for n, _ in chosen], "contenders": measure_rounds(sampled, [
+            Streams(engine, "unconstrained", "unconstrained, sampled, twin's length", sampled=True),
+            Streams(engine, "ff", "constrained + fast-forward, sampled", schemas=chosen, max_tokens=max_tokens,
+                    sampled=True),
         ], repeats, log)}
         alone = alone_workload(count, alone_n)
         log(f"  one at a time: {alone.description}")
