@@ -67,7 +67,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         [str(python), "-m", "jupyter_server", "--allow-root", "--no-browser", f"--port={port}",
          f"--ServerApp.root_dir={root}", f"--IdentityProvider.token={TOKEN}", "--InferApp.engine=simulated",
          "--InferApp.simulated_token_delay_ms=1", "--InferApp.simulated_token_delay_ms=1",
-         "--MCPExtensionApp.mcp_port=0",  # Jupyter AI's MCP server: not its fixed 3001, busy elsewhere
+         # Jupyter AI's MCP server: not its fixed 3001, busy elsewhere (0 makes its client dial port 0).
+         f"--MCPExtensionApp.mcp_port={free_port()}",
          *jupyternaut_options(f"http://127.0.0.1:{port}", TOKEN, "simulated")],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     server = Lab(root, port, proc)

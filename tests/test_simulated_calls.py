@@ -57,3 +57,16 @@ async def test_a_tool_name_inside_a_word_is_not_named(client: Any) -> None:
     messages = [{"role": "user", "content": "Our rewrite counts as a recount."}]
     answer = (await client.chat.completions.create(model="simulated", messages=messages, tools=[COUNT, WRITE])).choices[0]
     assert answer.finish_reason == "stop" and not answer.message.tool_calls
+
+
+async def test_a_chat_is_answered_about_its_users_last_message(client: Any) -> None:
+    """A long system prompt about other things (Jupyternaut's: agents, notebooks, tools) does
+    not steer the answer: the browser pass found its replies about agents and notebooks."""
+    system = "You are an AI agent in Jupyter notebooks. " * 40 + "Agents call tools; notebooks run cells."
+    question = {"role": "user", "content": "What is the KV cache?"}
+    steered = await client.chat.completions.create(
+        model="simulated", messages=[{"role": "system", "content": system}, question], tools=[WRITE], temperature=0)
+    alone = await client.chat.completions.create(model="simulated", messages=[question], temperature=0)
+    first = steered.choices[0].message.content.split(". ")[0]
+    assert "cache" in first.lower(), steered.choices[0].message.content
+    assert steered.choices[0].message.content == alone.choices[0].message.content

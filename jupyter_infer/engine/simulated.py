@@ -28,7 +28,7 @@ from ..values.engine_info import EngineInfo
 from ..values.request import TokenLogprob
 from .base import Engine, Sampled
 from .simulated_answers import compose_answer
-from .simulated_calls import reads_whole, simulated_call
+from .simulated_calls import asked, reads_whole, simulated_call
 from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
 
 if TYPE_CHECKING:
@@ -147,7 +147,8 @@ class SimulatedEngine(Engine):
         calls = [simulated_call(s.request) for s in seqs]
         batch = SimulatedBatch(
             [s.id for s in seqs],
-            [self.tokenize(call or compose_answer(s.request.prompt, self._seed_for(s))) for s, call in zip(seqs, calls, strict=True)],
+            [self.tokenize(call or compose_answer(asked(s.request), self._seed_for(s)))
+             for s, call in zip(seqs, calls, strict=True)],
             [s.grammar.row() if s.grammar is not None else None for s in seqs],
             [0] * len(seqs), [0] * len(seqs),
             [call is not None or reads_whole(s.request) for s, call in zip(seqs, calls, strict=True)],

@@ -1,4 +1,5 @@
-"""When the simulated engine calls a tool: an agent loop, deterministic, with no model.
+"""What the simulated engine answers a chat: about its user's last message, and when it calls
+a tool: an agent loop, deterministic, with no model.
 
 A chat that offers tools gets a call when its last message is the user's and names one of
 them (``auto``), or whenever a call is due (``required``, a named tool): the call's string
@@ -18,7 +19,7 @@ from typing import Any
 from ..constraints.tools import ToolSet, call_text
 from ..values.request import Request
 
-__all__ = ["reads_whole", "simulated_call"]
+__all__ = ["asked", "reads_whole", "simulated_call"]
 
 _QUOTED = re.compile(r"`([^`\n]+)`|\"([^\"\n]+)\"|'([^'\n]+)'")
 
@@ -46,6 +47,13 @@ def simulated_call(request: Request) -> str | None:
     tool = next(t for t in tools.tools if t.name == name)
     words = (w for w in _quoted(said) if w not in names)
     return call_text(name, _arguments(tool.parameters, words), tools.tool_format)
+
+
+def asked(request: Request) -> str:
+    """What a request asks: a chat's last user message (its system prompt and tools, often
+    thousands of words about something else, do not steer the answer), else its prompt."""
+    said = [m for m in request.wire_messages or request.messages or [] if m.get("role") == "user"]
+    return (_text(said[-1].get("content")) if said else "") or request.prompt
 
 
 def reads_whole(request: Request) -> bool:
