@@ -1,7 +1,7 @@
 """Chat templates that render tools, calls and results as each family's published templates
 do (cut down to that part): Qwen 2.5's Hermes tags, Llama 3.1's JSON with "parameters",
 Mistral's [TOOL_CALLS] list (its call ids nine alphanumerics, or the template raises),
-Granite 3's <|tool_call|> list; and a tiny checkpoint with one."""
+Granite 3's <|tool_call|> list, Llama 3.2's pythonic calls; and a tiny checkpoint with one."""
 
 from __future__ import annotations
 
@@ -65,7 +65,20 @@ GRANITE = """{%- if tools %}{{ '<|start_of_role|>available_tools<|end_of_role|>\
 {%- else %}{{ '<|start_of_role|>' + message.role + '<|end_of_role|>' + message.content + '<|end_of_text|>\n' }}
 {%- endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{% endif %}"""
 
-TEMPLATES = {"hermes": QWEN, "llama3_json": LLAMA3, "mistral": MISTRAL, "granite": GRANITE}
+PYTHONIC = """{{- bos_token }}{% if tools %}<|start_header_id|>system<|end_header_id|>
+
+You are an expert in composing functions. If you decide to invoke any of the function(s), you MUST put it in the format of [func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)]
+Here is a list of functions in JSON format that you can invoke.
+[{% for t in tools %}{{ t | tojson }}{% if not loop.last %}, {% endif %}{% endfor %}]<|eot_id|>{% endif %}
+{%- for message in messages %}{% if message.role == 'assistant' and message.tool_calls %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\n\n[' }}{% for call in message.tool_calls %}{{ call.function.name + '(' }}
+{%- for k, v in call.function.arguments.items() %}{{ k + '=' }}{{ v | tojson }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}
+{{- ')' }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}{{ ']<|eot_id|>' }}
+{%- elif message.role == 'tool' %}{{ '<|start_header_id|>ipython<|end_header_id|>\n\n' + message.content + '<|eot_id|>' }}
+{%- else %}{{ '<|start_header_id|>' + message.role + '<|end_header_id|>\n\n' + message.content + '<|eot_id|>' }}
+{%- endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"""
+
+TEMPLATES = {"hermes": QWEN, "llama3_json": LLAMA3, "mistral": MISTRAL, "granite": GRANITE, "pythonic": PYTHONIC}
 # The markers each family's tokenizer has as special tokens (Qwen's <tool_call> is text).
 SPECIAL = {"mistral": ["[TOOL_CALLS]"], "granite": ["<|tool_call|>"]}
 

@@ -1,6 +1,7 @@
 """Tool calls in the model family's own format (issue 31): the checkpoint's chat template
 renders the tools, the calls and their results; the model's answer is constrained to, and read
-back from, the format that template teaches (Hermes/Qwen, Llama 3 JSON, Mistral, Granite)."""
+back from, the format that template teaches (Hermes/Qwen, Llama 3 JSON, Mistral, Granite, and
+Llama 3.2's calls as Python)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from family_templates import TEMPLATES, family_checkpoint
 from server_helpers import server_config, service_of
 
 from jupyter_infer.constraints.tool_formats import FORMATS, HERMES, of_template
-from jupyter_infer.constraints.tools import CallParser, ToolSet, parse_calls
+from jupyter_infer.constraints.tools import ToolSet, parse_calls, parser_for
 from jupyter_infer.values.config import TOOL_CALL_FORMATS, ServiceConfig
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
@@ -24,7 +25,7 @@ CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # The tools' own text as each family's template shows them.
 TOOLS_SHOWN = {"hermes": "<tools>", "llama3_json": "Given the following functions", "mistral": "[AVAILABLE_TOOLS]",
-               "granite": "available_tools", "configured": '"parameters": <arguments object>'}
+               "granite": "available_tools", "pythonic": "[func_name1(", "configured": '"parameters": <arguments object>'}
 
 
 # -- the formats, without a model ----------------------------------------------------------------
@@ -40,7 +41,7 @@ def test_the_family_is_read_from_the_template() -> None:
 def test_a_format_the_server_does_not_know_is_refused_at_startup() -> None:
     assert TOOL_CALL_FORMATS == ("", *FORMATS)
     with pytest.raises(ValueError, match="tool_call_format must be one of"):
-        ServiceConfig(tool_call_format="pythonic")
+        ServiceConfig(tool_call_format="smoke_signals")
 
 
 @pytest.mark.parametrize("family", list(FORMATS))
@@ -56,7 +57,7 @@ def test_each_family_reads_back_whole_and_streamed(family: str, marker: bool) ->
     content, whole = parse_calls(text, fmt)
     assert content is None and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole] == [
         (name, json.loads(args)) for name, args in calls]
-    parser, deltas = CallParser(fmt), []
+    parser, deltas = parser_for(fmt), []
     for ch in text:
         deltas += parser.feed(ch)
     deltas += parser.finish()
@@ -173,3 +174,42 @@ async def test_a_template_that_refuses_the_history_is_a_400(client: Any, family:
             {"type": "function", "function": {"name": "t", "parameters": deep}}])
     ok = await client.chat.completions.create(model="default", messages=ASK, max_tokens=4)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_calls_as_python_fit_each_argument_as_a_python_literal() -> None:
+    """The pythonic grammar, on a byte-level vocabulary: required arguments in order, optional
+    ones in order or left out, ``True``/``None`` (not JSON's), an enum's values; read back as JSON."""
+    from jupyter_infer.constraints.grammar import GrammarCompiler
+
+    eos = 256
+    compiler = GrammarCompiler.for_tokens([bytes([b]) for b in range(256)] + [b""], lambda data: list(data), eos)
+    tool = {"type": "function", "function": {"name": "plan", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+        "unit": {"enum": ["c", "f"]}, "note": {"type": ["string", "null"]}}, "required": ["city", "days"]}}}
+    tools = ToolSet.from_body({"tools": [tool], "tool_choice": "required"}).written_as(FORMATS["pythonic"], {})
+
+    def fits(text: str) -> bool:
+        row = compiler.compile(tools.constraint()).row()
+        for b in text.encode():
+            if not row.allowed(257)[b]:
+                return False
+            row.advance([b])
+        return bool(row.allowed(257)[eos])
+
+    assert fits('[plan(city="Paris", days=3)]')
+    assert fits('[plan(city="Paris", days=3, metric=True, unit="f", note=null)]')
+    assert fits('[plan(city="Paris", days=3, unit="c")]')  # an optional one left out
+    assert not fits('[plan(days=3, city="Paris")]')  # the schema's order
+    assert not fits('[plan(city="Paris", days=3, metric=true)]')  # Python's True, not JSON's
+    assert not fits('[plan(city="Parisienne", days=3)]')  # maxLength 8
+    assert not fits('[plan(city="Paris")]')  # days is required
+    ping = {"type": "function", "function": {"name": "ping"}}
+    only_optional = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+    tools = ToolSet.from_body({"tools": [ping, only_optional], "tool_choice": "required"}).written_as(
+        FORMATS["pythonic"], {})
+    assert fits("[ping()]") and fits("[f()]") and fits("[f(b=2)]") and fits("[f(a=1, b=2)]")
+    assert fits("[f(a=1), ping()]") and not fits("[f(, b=2)]") and not fits("[f(b=2, a=1)]")
+    whole = '[plan(city="Paris", days=3, metric=True, note=None)]'
+    assert parse_calls(whole, FORMATS["pythonic"])[1][0]["function"]["arguments"] == \
+        '{"city": "Paris", "days": 3, "metric": true, "note": null}'

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,7 +19,16 @@ from typing import Any
 from ..errors import InvalidRequest
 from ..values.request import show
 from .spec import MAX_SPEC_CHARS, Constraint, closed_schema, seconds_below_60
-from .tool_formats import FORMATS, HERMES, ToolFormat, lark_literal
+from .tool_formats import (
+    FORMATS,
+    HERMES,
+    CallDelta,
+    PythonCallParser,
+    ToolFormat,
+    lark_literal,
+    new_call_id,
+    python_literal,
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]*")
@@ -121,8 +129,8 @@ class ToolSet:
         tools = [t for t in self.tools if not self.named or t.name == self.choice]
         # The call object is literal text around each tool's arguments, which are their own
         # schema's root (so its "#" and "#/$defs/..." references resolve where they were written).
-        rules = [rule for i, t in enumerate(tools) for rule in (
-            f't{i}: {json.dumps(fmt.head(t.name))} a{i} "}}"', f"a{i}: %json{json.dumps(_arguments_schema(t))}")]
+        rules = [rule for i, t in enumerate(tools) for rule in (_python_rules(i, t) if fmt.python else (
+            f't{i}: {json.dumps(fmt.head(t.name))} a{i} "}}"', f"a{i}: %json{json.dumps(_arguments_schema(t))}"))]
         call = " ".join(_lits(fmt.open) + [f'({" | ".join(f"t{i}" for i in range(len(tools)))})'] + _lits(fmt.close))
         several = self.parallel and fmt.parallel and not self.named
         more = f" ({' '.join(_lits(fmt.sep) + ['call'])})*" if several else ""
@@ -142,6 +150,8 @@ class ToolSet:
         listed = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
                            for t in self.tools)
         example = fmt.calls([("<tool name>", "<arguments object>")]).replace('"<tool name>"', "<tool name>")
+        if fmt.python:
+            example = fmt.calls([("tool_name", "argument=value, ...")])
         several = f", calls separated by {json.dumps(fmt.sep)}" if fmt.parallel and fmt.sep.strip() else ""
         return ("You can call these tools (each with a JSON Schema of its arguments):\n" + listed +
                 f"\nTo call a tool, answer with {example}{several}, and nothing else." + (
@@ -152,6 +162,39 @@ class ToolSet:
 def _lits(text: str, specials: Mapping[str, int] | None = None) -> list[str]:
     """``text`` as Lark pieces (none for no text)."""
     return [lark_literal(text, specials or {})] if text else []
+
+
+def _python_rules(i: int, tool: Tool) -> list[str]:
+    """A tool's call as Python, ``name(key=value, ...)``: its required arguments in the schema's
+    order, then any of its optional ones, in order; each value a Python literal of its schema
+    (JSON's text where JSON and Python agree: strings, numbers; ``True``/``False``/``None``)."""
+    schema = _arguments_schema(tool)
+    props = schema.get("properties") or {}
+    required = [k for k in props if k in set(schema.get("required") or ())]
+    optional = [k for k in props if k not in required]
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    rules = [f"v{i}_{j}: {_python_value(props[k], defs)}" for j, k in enumerate(props)]
+    item = {k: f'"{k}=" v{i}_{j}' for j, k in enumerate(props)}
+    tail = "".join(f' (", " {item[k]})?' for k in optional)  # each optional one, after a comma
+    if required:
+        body = ' ", " '.join(item[k] for k in required) + tail
+    else:  # the first one present takes no comma
+        body = "(" + " | ".join(item[k] + "".join(f' (", " {item[o]})?' for o in optional[n + 1:])
+                                for n, k in enumerate(optional)) + ")?" if optional else '""'
+    return [f"t{i}: {json.dumps(tool.name + '(')} {body} \")\"", *rules]
+
+
+def _python_value(schema: Any, defs: dict[str, Any]) -> str:
+    if isinstance(schema, dict) and ("enum" in schema or "const" in schema):
+        values = schema["enum"] if "enum" in schema else [schema["const"]]
+        return " | ".join(json.dumps(python_literal(v)) for v in values)
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind == "boolean":
+        return '"True" | "False"'
+    if kind == "null":
+        return '"None"'
+    value = {**schema, **defs, "x-guidance": _ARGUMENT_LAYOUT} if isinstance(schema, dict) else schema
+    return f"%json{json.dumps(value)}"  # JSON's text (an object's true/false/null read back all the same)
 
 
 def _arguments_schema(tool: Tool) -> dict[str, Any]:
@@ -212,22 +255,6 @@ def _choice(choice: Any, names: set[str], legacy: bool) -> str:
 def call_text(name: str, arguments: str, fmt: ToolFormat = HERMES) -> str:
     """One call as the model writes it (an assistant message's ``tool_calls`` rendered back)."""
     return fmt.calls([(name, arguments)])
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass
-class CallDelta:
-    """A piece of the answer: ``content`` text, or a call's start (``id`` and ``name``) or
-    a piece of its ``arguments``, by the call's ``index``."""
-
-    content: str | None = None
-    index: int | None = None
-    id: str | None = None
-    name: str | None = None
-    arguments: str | None = None
 
 
 def _eat(buffer: str, literal: str) -> int | None:
@@ -392,11 +419,16 @@ class CallParser:
         return []
 
 
+def parser_for(fmt: ToolFormat) -> CallParser | PythonCallParser:
+    """The reader of answers in ``fmt`` (``feed`` pieces, ``finish``, ``calls``)."""
+    return PythonCallParser(fmt) if fmt.python else CallParser(fmt)
+
+
 def parse_calls(text: str, fmt: ToolFormat = HERMES, *, cut: bool = False) -> tuple[str | None, list[dict[str, Any]]]:
     """A whole answer: its text content (``None`` when it is calls) and its complete calls;
     ``cut``: a call cut short by ``max_tokens`` too, with the arguments it had (as OpenAI
     answers one; they are not whole JSON)."""
-    parser = CallParser(fmt)
+    parser = parser_for(fmt)
     parser.feed(text)
     parser.finish()
     if parser.mode == "calls":

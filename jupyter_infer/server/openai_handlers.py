@@ -13,7 +13,7 @@ from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from ..constraints.tool_formats import FORMATS
-from ..constraints.tools import CallParser
+from ..constraints.tools import parser_for
 from ..errors import InferError, InvalidRequest, NotFound
 from ..values.metrics import wall
 from ..values.request import RequestResult, TokenEvent, show
@@ -102,7 +102,7 @@ class OpenAIHandler(InferHandler):
         records = [0] * len(streams)  # logprob records sent so far, per choice
         opened = [chat] * len(streams)  # completions: the echo chunk is sent (chat: role chunk)
         # A chat with tools: each choice's text is read as calls or content as it comes.
-        parsers = [CallParser(FORMATS[s.tool_format]) for s in streams] if call.tools is not None else None
+        parsers = [parser_for(FORMATS[s.tool_format]) for s in streams] if call.tools is not None else None
         # A reasoning model: the reasoning section is split out first (reasoning_content).
         splitters = [ReasoningSplitter(inside) for inside in shape.reasoning] if shape.reasoning else None
 

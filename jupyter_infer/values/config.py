@@ -21,7 +21,7 @@ MODES = ("continuous", "window")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZE = ("none", "int8", "int4")
 # How a model writes tool calls (constraints/tool_formats.FORMATS; "": its chat template says).
-TOOL_CALL_FORMATS = ("", "hermes", "llama3_json", "mistral", "granite")
+TOOL_CALL_FORMATS = ("", "hermes", "llama3_json", "mistral", "granite", "pythonic")
 SPECULATIVE = ("auto", "ngram", "draft", "off")
 DEFAULT_MODEL = "sshleifer/tiny-gpt2"
 # Measured best on CPU (docs/benchmark.md): the classic batcher closes at 16, continuous
