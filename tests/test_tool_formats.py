@@ -213,3 +213,16 @@ def test_calls_as_python_fit_each_argument_as_a_python_literal() -> None:
     whole = '[plan(city="Paris", days=3, metric=True, note=None)]'
     assert parse_calls(whole, FORMATS["pythonic"])[1][0]["function"]["arguments"] == \
         '{"city": "Paris", "days": 3, "metric": true, "note": null}'
+
+
+@pytest.mark.parametrize("family", ["pythonic"], indirect=True)
+async def test_a_tool_python_cannot_name_is_a_400_on_a_pythonic_model(client: Any, family: str) -> None:
+    import openai
+
+    for name, params in (("get-weather", {}), ("plan", {"first-name": {"type": "string"}}),
+                         ("plan", {"class": {"type": "string"}})):
+        tool = {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": params}}}
+        with pytest.raises(openai.BadRequestError, match="not a Python name"):
+            await client.chat.completions.create(model="default", messages=ASK, tools=[tool], max_tokens=8)
+    ok = await client.chat.completions.create(model="default", messages=ASK, tools=[WEATHER], max_tokens=8)
+    assert ok.choices[0].finish_reason in ("stop", "length", "tool_calls")

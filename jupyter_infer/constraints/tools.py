@@ -11,6 +11,7 @@ the declared ones and the arguments fit that tool's schema); ``auto`` allows eit
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -99,6 +100,13 @@ class ToolSet:
     def written_as(self, fmt: ToolFormat, specials: Mapping[str, int]) -> ToolSet:
         """This set, its calls in ``fmt`` (``specials``: the model's special tokens by text)."""
         marker = {fmt.marker: specials[fmt.marker]} if fmt.marker in specials else {}
+        if fmt.python:  # a call is Python: its tools' names and arguments must be Python names
+            for tool in self.tools:
+                names = [tool.name, *(tool.parameters.get("properties") or {})]
+                bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
+                if bad:
+                    raise InvalidRequest(f"This model writes tool calls as Python (pythonic), and {show(bad[0])} in "
+                                         f"the tool {show(tool.name)} is not a Python name: rename it.", param="tools")
         return replace(self, format=fmt.name, specials=marker)
 
     @property
