@@ -21,7 +21,7 @@ COUNT = {"type": "function", "function": {
 
 
 async def test_a_named_tool_is_called_with_the_quoted_words(client: Any) -> None:
-    said = 'Please write `notes.txt` with "hello from a notebook" in it.'
+    said = 'Don\'t wait: please write `notes.txt` with "hello from a notebook", it\'s late.'  # apostrophes aside
     answer = await client.chat.completions.create(
         model="simulated", messages=[{"role": "user", "content": said}], tools=[COUNT, WRITE])
     choice = answer.choices[0]

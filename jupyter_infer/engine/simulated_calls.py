@@ -3,7 +3,7 @@ a tool: an agent loop, deterministic, with no model.
 
 A chat that offers tools gets a call when its last message is the user's and names one of
 them (``auto``), or whenever a call is due (``required``, a named tool): the call's string
-arguments are the message's quoted or backticked words, in order (``write `notes.txt`
+arguments are the message's backticked or double-quoted words, in order (``write `notes.txt`
 "hello"`` → ``write(file_path="notes.txt", content="hello")``). After a tool's result, or
 when no tool is named, it answers in text as it always does. The grammar still decides every
 token, so a call always fits its tool's schema; this only chooses what the engine reads out.
@@ -21,7 +21,8 @@ from ..values.request import Request
 
 __all__ = ["asked", "reads_whole", "simulated_call"]
 
-_QUOTED = re.compile(r"`([^`\n]+)`|\"([^\"\n]+)\"|'([^'\n]+)'")
+# Backticks and double quotes, not single ones: an apostrophe (don't, it's) is not a quote.
+_QUOTED = re.compile(r"`([^`\n]+)`|\"([^\"\n]+)\"")
 
 
 def simulated_call(request: Request) -> str | None:
