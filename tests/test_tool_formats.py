@@ -226,3 +226,13 @@ async def test_a_tool_python_cannot_name_is_a_400_on_a_pythonic_model(client: An
             await client.chat.completions.create(model="default", messages=ASK, tools=[tool], max_tokens=8)
     ok = await client.chat.completions.create(model="default", messages=ASK, tools=[WEATHER], max_tokens=8)
     assert ok.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_text_that_starts_with_a_bracket_is_text_in_pythonic() -> None:
+    fmt = FORMATS["pythonic"]
+    for text in ("[Note] the weather is fine.", "[1, 2, 3]", "[ok]"):
+        parser, deltas = parser_for(fmt), []
+        for ch in text:
+            deltas += parser.feed(ch)
+        deltas += parser.finish()
+        assert "".join(d.content or "" for d in deltas) == text and not parser.calls, text

@@ -210,9 +210,12 @@ class PythonCallParser:
         self.buffer += text
         if self.mode is None:
             got = self.buffer.lstrip()
-            if not got or got == "[" or got[0] == "[" and not got[1:].strip():
-                return []
-            self.mode = "calls" if got[0] == "[" and _PY_NAME.match(got[1:].lstrip()) else "text"
+            after = got[1:].lstrip()
+            name = _PY_NAME.match(after)
+            if not got or got[0] == "[" and (not after or name and name.end() == len(after)):
+                return []  # not yet told: "[" alone, or a name still coming
+            # Calls start "[name(": "[1]" or "[Note] ..." are text.
+            self.mode = "calls" if got[0] == "[" and name and after[name.end()] == "(" else "text"
             if self.mode == "calls":
                 self.buffer = got[1:]
         if self.mode == "text":
