@@ -218,7 +218,7 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
         assert tokens == {workloads[name]["total_new_tokens"]}, name
         assert all(0 < real[k]["median"]["rss_mb"] <= real[k]["median"]["peak_rss_mb"] for k in real), name
     earlier = [t for t in results["targets"] if not t["workload"].startswith(("cpu_", "real_"))]
-    assert len(earlier) == 22 and all(t["ratio"] is not None for t in earlier)
+    assert len(earlier) == 23 and all(t["ratio"] is not None for t in earlier)
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
