@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,16 @@ SCRIPTS = {
     "MULTILINE": "one two\nthree\n\nfour \r\nend",  # words the simulated vocabulary knows
     "SHORT": "one two\nthree",
 }
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop a server the test started: SIGTERM, then SIGKILL if it has not gone in ``timeout``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def server_config(**infer: Any) -> dict[str, Any]:

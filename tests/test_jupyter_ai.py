@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import tool_venvs
+from server_helpers import stop_process
 from tornado.websocket import websocket_connect
 
 from jupyter_infer.kernel.launcher import free_port
@@ -79,11 +80,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             time.sleep(0.5)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         log.close()
 
 

@@ -22,7 +22,7 @@ import nbformat
 import openai
 import pytest
 from nbclient import NotebookClient
-from server_helpers import AUTH, TOKEN, eventually, parse_sse
+from server_helpers import AUTH, TOKEN, eventually, parse_sse, stop_process
 from upstream_helpers import CountingProxy, free_port, wait_for_http
 
 from jupyter_infer.kernel.launcher import LocalServer
@@ -76,11 +76,7 @@ def transformers_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
         print(log.read_text()[-3000:])
         raise
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 20)
 
 
 @pytest.fixture
