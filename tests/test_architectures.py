@@ -48,6 +48,11 @@ OTHERS = {
 ARCHITECTURES = {**HYBRIDS, **SLIDING, **OTHERS}
 
 
+def options(kind: str) -> dict:
+    """``kind``'s tiny config: the small dims, its own, less those it sets to None (not given)."""
+    return {k: v for k, v in {**SMALL, **ARCHITECTURES[kind]}.items() if v is not None or k == "sliding_window"}
+
+
 def checkpoint(kind: str, tokenizer_dir: Path, folder: Path) -> Path:
     """A random-weight ``kind`` model with the tiny model's tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -56,8 +61,7 @@ def checkpoint(kind: str, tokenizer_dir: Path, folder: Path) -> Path:
     folder.mkdir(parents=True)
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
-    options = {k: v for k, v in {**SMALL, **ARCHITECTURES[kind]}.items() if v is not None or k == "sliding_window"}
-    config = AutoConfig.for_model(kind, vocab_size=len(tokenizer), **options)
+    config = AutoConfig.for_model(kind, vocab_size=len(tokenizer), **options(kind))
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return folder
 
@@ -95,8 +99,7 @@ def test_the_kv_gauge_counts_the_layers_that_keep_keys_and_values(kind: str, att
     the KV gauge (infer/status, the buckets' budget) counts only its attention layers."""
     from transformers import AutoConfig
 
-    options = {k: v for k, v in {**SMALL, **ARCHITECTURES[kind]}.items() if v is not None or k == "sliding_window"}
-    config = AutoConfig.for_model(kind, vocab_size=100, **options)
+    config = AutoConfig.for_model(kind, vocab_size=100, **options(kind))
     heads = config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     assert kv_cache.bytes_per_token(config, torch.float32) == 2 * attention * heads * head_dim * 4

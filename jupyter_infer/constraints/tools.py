@@ -178,8 +178,9 @@ def _python_rules(i: int, tool: Tool) -> list[str]:
     (JSON's text where JSON and Python agree: strings, numbers; ``True``/``False``/``None``)."""
     schema = _arguments_schema(tool)
     props = schema.get("properties") or {}
-    required = [k for k in props if k in set(schema.get("required") or ())]
-    optional = [k for k in props if k not in required]
+    needed = set(schema.get("required") or ())
+    required = [k for k in props if k in needed]
+    optional = [k for k in props if k not in needed]
     defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     rules = [f"v{i}_{j}: {_python_value(props[k], defs)}" for j, k in enumerate(props)]
     item = {k: f'"{k}=" v{i}_{j}' for j, k in enumerate(props)}

@@ -28,7 +28,7 @@ from ..values.engine_info import EngineInfo
 from ..values.request import TokenLogprob
 from .base import Engine, Sampled
 from .simulated_answers import compose_answer
-from .simulated_calls import asked, reads_whole, simulated_call
+from .simulated_calls import asked, simulated_turn
 from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
 
 if TYPE_CHECKING:
@@ -144,14 +144,13 @@ class SimulatedEngine(Engine):
     def _start(self, seqs: list[Sequence]) -> tuple[Sampled, SimulatedBatch]:
         """The rows of prefilled ``seqs``: each reads out its composed answer, or the tool call
         it makes (``simulated_calls``)."""
-        calls = [simulated_call(s.request) for s in seqs]
+        turns = [simulated_turn(s.request) for s in seqs]
         batch = SimulatedBatch(
             [s.id for s in seqs],
             [self.tokenize(call or compose_answer(asked(s.request), self._seed_for(s)))
-             for s, call in zip(seqs, calls, strict=True)],
+             for s, (call, _) in zip(seqs, turns, strict=True)],
             [s.grammar.row() if s.grammar is not None else None for s in seqs],
-            [0] * len(seqs), [0] * len(seqs),
-            [call is not None or reads_whole(s.request) for s, call in zip(seqs, calls, strict=True)],
+            [0] * len(seqs), [0] * len(seqs), [whole for _, whole in turns],
         )
         sampled = self._sampled(self._tokens(batch, seqs), seqs, batch)
         if any(s.params.prompt_logprobs is not None for s in seqs):

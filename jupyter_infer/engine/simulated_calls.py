@@ -18,22 +18,25 @@ from typing import Any
 
 from ..constraints.tools import ToolSet, call_text
 from ..values.request import Request
+from ..wire.chat import message_text
 
-__all__ = ["asked", "reads_whole", "simulated_call"]
+__all__ = ["asked", "simulated_turn"]
 
 # Backticks and double quotes, not single ones: an apostrophe (don't, it's) is not a quote.
 _QUOTED = re.compile(r"`([^`\n]+)`|\"([^\"\n]+)\"")
 
 
-def simulated_call(request: Request) -> str | None:
-    """The call the simulated engine writes for ``request``, as its model would; None: text."""
+def simulated_turn(request: Request) -> tuple[str | None, bool]:
+    """The call the simulated engine writes for ``request``, as its model would (None: text),
+    and whether its row reads its whole answer out: a call, or a text beside tools (the cap
+    on a run of answer tokens keeps strings in a schema short, not a chat's text)."""
     constraint = request.params.constraint
     if constraint is None or constraint.kind != "tools":
-        return None
+        return None, False
     tools = ToolSet.from_constraint(constraint)
     messages = request.wire_messages or request.messages or []
     last = messages[-1] if messages else {}
-    said = _text(last.get("content")) if last.get("role") == "user" else ""
+    said = message_text(last) if last.get("role") == "user" else ""
     names = [t.name for t in tools.tools]
     named = [n for _, n in sorted((m.start(), n) for n in names
                                   for m in [re.search(rf"(?<![\w.-]){re.escape(n)}(?![\w-])", said)] if m)]
@@ -44,32 +47,17 @@ def simulated_call(request: Request) -> str | None:
     elif tools.choice == "required":
         name = names[0]
     else:
-        return None
+        return None, tools.text_schema is None
     tool = next(t for t in tools.tools if t.name == name)
     words = (w for w in _quoted(said) if w not in names)
-    return call_text(name, _arguments(tool.parameters, words), tools.tool_format)
+    return call_text(name, _arguments(tool.parameters, words), tools.tool_format), True
 
 
 def asked(request: Request) -> str:
     """What a request asks: a chat's last user message (its system prompt and tools, often
     thousands of words about something else, do not steer the answer), else its prompt."""
     said = [m for m in request.wire_messages or request.messages or [] if m.get("role") == "user"]
-    return (_text(said[-1].get("content")) if said else "") or request.prompt
-
-
-def reads_whole(request: Request) -> bool:
-    """Whether a constrained row reads its whole answer out: a call, or a text beside tools
-    (the answer's cap on a run of tokens keeps strings in a schema short, not a chat's text)."""
-    constraint = request.params.constraint
-    return constraint is not None and constraint.kind == "tools" and ToolSet.from_constraint(constraint).text_schema is None
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
+    return (message_text(said[-1]) if said else "") or request.prompt
 
 
 def _quoted(said: str) -> Iterator[str]:
@@ -81,7 +69,8 @@ def _arguments(schema: dict[str, Any], words: Iterator[str]) -> str:
     """The required string parameters, in the schema's order, filled from ``words`` (the
     grammar writes whatever else the schema asks)."""
     properties = schema.get("properties") or {}
-    required = [k for k in properties if k in set(schema.get("required") or ())]
+    needed = set(schema.get("required") or ())
+    required = [k for k in properties if k in needed]
     values = {}
     for key in required:
         if properties[key].get("type") != "string":

@@ -20,7 +20,8 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
          "tool": "user", "function": "user"}  # a tool's result is the user's turn, in <tool_response>
 
 
-def _message_text(message: Mapping[str, Any], index: int) -> str:
+def message_text(message: Mapping[str, Any], index: int = 0) -> str:
+    """A message's text: its string content, or its text parts joined (``index`` names it in errors)."""
     content = message.get("content")
     if content is None:
         return ""
@@ -77,7 +78,7 @@ def parse_messages(body: Mapping[str, Any], fmt: ToolFormat = HERMES) -> list[di
             raise InvalidRequest(
                 f"messages[{i}].role is {show(role)}; supported roles: {', '.join(ROLES)}.", param="messages"
             )
-        text = _message_text(message, i)
+        text = message_text(message, i)
         if role in ("tool", "function"):
             text = f"<tool_response>\n{text}\n</tool_response>"
             if chat and chat[-1]["content"].endswith("</tool_response>"):
@@ -123,7 +124,7 @@ def template_messages(messages: list[dict[str, Any]], fmt: ToolFormat = HERMES) 
 
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
-        role, text = message["role"], _message_text(message, i)
+        role, text = message["role"], message_text(message, i)
         if role in ("tool", "function"):
             entry: dict[str, Any] = {"role": "tool", "content": text}
             for key in ("tool_call_id", "name"):

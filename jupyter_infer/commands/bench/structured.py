@@ -213,7 +213,7 @@ class Streams(Contender):
 
     def sampling(self, stream: int) -> dict[str, Any]:
         """Greedy, or (``sampled``) ``SAMPLED`` with a seed per stream: twins draw alike."""
-        return {**SAMPLED, "seed": stream} if self.sampled else {}
+        return sampled_params(stream) if self.sampled else {}
 
     def run(self, workload: Workload) -> Run:
         return asyncio.run(serving(self.engine, lambda service: self._burst(service, workload),
@@ -235,13 +235,17 @@ class Streams(Contender):
         return answers_run(answers, loop.time() - start, batch_stats(service), self.schemas is not None)
 
 
+def sampled_params(stream: int) -> dict[str, Any]:
+    """Stream ``stream``'s sampling: ``SAMPLED`` and a seed of its own."""
+    return {**SAMPLED, "seed": stream}
+
+
 def sampled_workload(engine: Any, burst: Workload, chosen: list[tuple[str, dict]], max_tokens: int) -> Workload:
     """The burst's prompts, each asking for as many tokens as its sampled constrained answer
     has (one pass of them; the seeds make every later pass draw the same)."""
-    first = Streams(engine, "first", "first pass", schemas=chosen, max_tokens=max_tokens, sampled=True)
 
     async def lengths(service: Any) -> list[int]:
-        answers = await asyncio.gather(*(ask(service, a.prompt, max_tokens, *s, **first.sampling(i))
+        answers = await asyncio.gather(*(ask(service, a.prompt, max_tokens, *s, **sampled_params(i))
                                          for i, (a, s) in enumerate(zip(burst.arrivals, chosen, strict=True))))
         return [max(1, a.tokens) for a in answers]
 
