@@ -69,6 +69,16 @@ def test_the_engine_says_which_kernels_it_runs(tiny_model_dir: Path) -> None:
     assert eager.info.details["linear_kernels"] == "eager (aten addmm)"
 
 
+@pytest.mark.parametrize("quantize", ["none", pytest.param("int8", marks=needs_int8), "int4"])
+def test_the_engine_counts_the_models_parameters_whatever_its_linears_run_on(model_dir: Path, quantize: str) -> None:
+    """infer/status's ``parameters``: a swapped linear's weights count once, a tied output head
+    (its own packed copy of the embedding) not again. Prepacked linears once went uncounted:
+    Qwen2.5-0.5B's shape said 3.0M."""
+    expected = AutoModelForCausalLM.from_pretrained(model_dir).num_parameters()
+    engine = HFEngine(str(model_dir), dtype="float32", quantize=quantize)
+    assert engine.info.details["parameters"] == expected
+
+
 def test_int8_is_refused_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hf_device, "int8_available", lambda: False)
     with pytest.raises(ValueError, match="quantized kernels"):

@@ -94,6 +94,7 @@ class Int8Linear(nn.Module):
             warnings.filterwarnings("ignore", "torch.quantize_per", UserWarning)
             q = torch.quantize_per_channel(w, scale, torch.zeros(len(scale), dtype=torch.long), 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.float())
+        self.has_bias = bias is not None  # inside the pack, where parameter_count cannot see it
         self.reduce_range = not cpu_has_vnni()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
 from . import gguf_load
-from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, swap_linears, swappable
+from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, PackedLinear, swap_linears, swappable
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
 from .q4_linear import Int4Linear
@@ -116,9 +116,18 @@ def resident_bytes(model: nn.Module) -> int:
 
 
 def parameter_count(model: nn.Module) -> int:
-    """The model's parameters, quantized linears' weights included."""
-    swapped = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (Int8Linear, Int4Linear)))
+    """The model's parameters as its checkpoint counts them. A swapped linear's weight and
+    bias are buffers or an opaque pack, not parameters: counted here, once; a tied output
+    head's own packed copy of the embedding is not counted again."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head = model.get_output_embeddings() if getattr(config, "tie_word_embeddings", False) else None
+    swapped = sum(m.out_features * (m.in_features + _has_bias(m)) for m in model.modules()
+                  if isinstance(m, (PackedLinear, Int8Linear, Int4Linear)) and m is not head)
     return sum(p.numel() for p in model.parameters()) + swapped
+
+
+def _has_bias(linear: nn.Module) -> bool:
+    return getattr(linear, "has_bias", None) or getattr(linear, "bias", None) is not None
 
 
 def _safetensors_folder(model: str, local_files_only: bool) -> Path | None:
