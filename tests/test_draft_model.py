@@ -67,12 +67,12 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
     engine.eos_token_ids = frozenset()
     engine.configure_speculation("draft", 4, 8)
     seqs = [_seq(engine, p, 30) for p in FRESH[:2]]
-    sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
+    sampled, rows = engine.step(StepPlan(0, seqs), None)
     guessed = 0
     for _ in range(8):
         for seq, tokens in zip(seqs, sampled.tokens, strict=True):
             seq.output_ids += tokens
-        sampled, rows = engine.step(StepPlan(0, "decode", seqs, [s.id for s in seqs]), rows)
+        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
         for seq, proposed in zip(seqs, sampled.proposed or [0, 0], strict=True):
             row = engine.draft._rows[seq.id]
             assert row.cache.get_seq_length() == len(row.fed)
@@ -82,7 +82,7 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
                 assert row.fed[: len(history)] == history and len(row.fed) == len(history) + proposed - 1
     assert guessed
     rows = rows.keep([seqs[0].id])
-    engine.step(StepPlan(0, "decode", seqs[:1], [seqs[0].id]), rows)
+    engine.step(StepPlan(0, seqs[:1], [seqs[0].id]), rows)
     assert set(engine.draft._rows) == {seqs[0].id}  # the row that left freed its draft KV
 
 
@@ -143,11 +143,11 @@ def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_
     engine.configure_speculation("draft", 4, 8)
     seq = _seq(engine, " ".join(FRESH * 12), 40)
     assert len(seq.prompt_ids) > 2 * CATCH_UP_TOKENS
-    sampled, rows = engine.step(StepPlan(0, "prefill", [seq]), None)
+    sampled, rows = engine.step(StepPlan(0, [seq]), None)
     fed = []
     for _ in range(6):
         seq.output_ids += sampled.tokens[0]
-        sampled, rows = engine.step(StepPlan(0, "decode", [seq], [seq.id]), rows)
+        sampled, rows = engine.step(StepPlan(0, [seq], [seq.id]), rows)
         fed.append(len(engine.draft._rows[seq.id].fed))
     history = len(seq.prompt_ids)
     steps = -(-history // CATCH_UP_TOKENS)  # chunks its history takes, then it guesses

@@ -90,7 +90,7 @@ def step(engine: HFEngine, plan: StepPlan, batch):
 
 def prefill(engine: HFEngine, seqs: list[Sequence]):
     """The newcomers' first tokens, and their batch."""
-    sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
+    sampled, rows = engine.step(StepPlan(0, seqs), None)
     return sampled, dense(rows.decoding)
 
 
@@ -107,19 +107,19 @@ def ids(seqs: list[Sequence]) -> list[str]:
 def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:3]]
-    batch = step(engine, StepPlan(1, "prefill", seqs), None)
-    batch = step(engine, StepPlan(2, "decode", seqs, ids(seqs)), batch)
+    batch = step(engine, StepPlan(1, seqs), None)
+    batch = step(engine, StepPlan(2, seqs, ids(seqs)), batch)
     # The longest prompt leaves: its padding columns go with it.
     longest = max(seqs, key=lambda s: s.num_prompt_tokens)
     rest = [s for s in seqs if s is not longest]
-    batch = step(engine, StepPlan(3, "decode", rest, ids(rest)), batch)
+    batch = step(engine, StepPlan(3, rest, ids(rest)), batch)
     assert batch.ids == ids(rest) and len(dense(batch).samplers) == 2
     width = max(s.num_prompt_tokens for s in rest) + 2  # prompt + the two tokens fed back so far
     assert dense(batch).mask.shape == (2, width)
     for layer in dense(batch).cache.layers:
         assert layer.keys.shape[0] == 2 and layer.keys.shape[2] == width
     for _ in range(7):
-        batch = step(engine, StepPlan(4, "decode", rest, ids(rest)), batch)
+        batch = step(engine, StepPlan(4, rest, ids(rest)), batch)
     for seq in rest:
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, 10)
     assert batch.filter([]) is None  # the last rows leave: nothing runs
@@ -128,15 +128,59 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
 def test_a_newcomer_joins_rows_that_stay_after_others_left(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, StepPlan(1, "prefill", [a, b], []), None)
-    batch = step(engine, StepPlan(2, "decode", [a, b], ids([a, b])), batch)
+    batch = step(engine, StepPlan(1, [a, b], []), None)
+    batch = step(engine, StepPlan(2, [a, b], ids([a, b])), batch)
     # b left before c's prefill: the plan keeps only a, and c joins after it.
-    batch = step(engine, StepPlan(3, "prefill", [c], [a.id]), batch)
+    batch = step(engine, StepPlan(3, [c], [a.id]), batch)
     assert batch.ids == ids([a, c])
     for n in range(4, 10):
-        batch = step(engine, StepPlan(n, "decode", [a, c], ids([a, c])), batch)
+        batch = step(engine, StepPlan(n, [a, c], ids([a, c])), batch)
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactly(request, model_fixture: str,
+                                                                                  monkeypatch) -> None:
+    """Mixed steps (issue 30): decoding rows beside newcomers' whole prompts, then beside a
+    long prompt's chunks, one forward a step, and every row's greedy tokens those ``generate``
+    gives it alone."""
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    forwards: list[int] = []  # blocks per _forward call
+    real = engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda blocks, every=False: forwards.append(len(blocks)) or real(blocks, every))
+    a, b, c, long_ = (_seq(engine, p, 12) for p in (*PROMPTS[:3], " ".join(PROMPTS)))
+    held: list = [None]
+
+    def run(plan: StepPlan) -> None:
+        sampled, held[0] = engine.step(plan, held[0])
+        for row, (seq, tokens) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
+            if plan.prompt[row]:
+                seq.num_computed = len(seq.prompt_ids) if tokens else sampled.computed[row]
+            seq.output_ids += tokens
+
+    run(StepPlan(1, [a]))
+    forwards.clear()
+    plan = StepPlan(2, [a, b, c], [a.id])
+    run(plan)
+    assert plan.kind == "mixed" and forwards == [2]  # a's bucket and the newcomers' block, one call
+    assert [len(x.output_ids) for x in (a, b, c)] == [2, 1, 1]
+    chunks = 0
+    while not long_.output_ids:  # a chunk of 16 a step beside the three decoding rows
+        forwards.clear()
+        plan = StepPlan(3 + chunks, [a, b, c, long_], ids([a, b, c]) + [long_.id] * bool(long_.num_computed),
+                        [1, 1, 1, 16])
+        run(plan)
+        assert plan.kind == "mixed" and plan.chunk == 16 and len(forwards) == 1
+        chunks += 1
+    assert chunks == -(-len(long_.prompt_ids) // 16) > 1
+    live = [a, b, c, long_]
+    while live:
+        run(StepPlan(99, live, ids(live)))
+        live = [x for x in live if len(x.output_ids) < 12]
+    for seq in (a, b, c, long_):
+        assert seq.output_ids[:12] == reference(model_dir, seq.request.prompt, 12), seq.request.prompt
 
 
 @pytest.mark.asyncio
@@ -195,12 +239,12 @@ def test_auto_loads_a_local_model_folder(tiny_model_dir: Path) -> None:
 def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:2]]
-    batch = step(engine, StepPlan(1, "prefill", seqs), None)
-    batch = step(engine, StepPlan(2, "decode", seqs, ids(seqs)), batch)
+    batch = step(engine, StepPlan(1, seqs), None)
+    batch = step(engine, StepPlan(2, seqs, ids(seqs)), batch)
     layer = dense(batch).cache.layers[0]
     buffers = layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()
     for n in range(3, 8):
-        batch = step(engine, StepPlan(n, "decode", seqs, ids(seqs)), batch)
+        batch = step(engine, StepPlan(n, seqs, ids(seqs)), batch)
     # Keys, values and the mask grow in place: a decode step copies neither.
     assert (layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()) == buffers
     assert layer.keys.shape[2] == dense(batch).mask.shape[1]  # one column per token fed so far
@@ -291,16 +335,16 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     prompt, short = SYSTEM + AGENT_TASKS[1], "agents"
     cold_seqs = [_seq(engine, prompt, 1), _seq(engine, short, 1)]
-    cold_tokens, cold = engine.step(StepPlan(0, "prefill", cold_seqs), None)
+    cold_tokens, cold = engine.step(StepPlan(0, cold_seqs), None)
     engine.configure_prefix_cache(64)
     # The system prompt, cached, and still running: the rows below share it with this one.
-    _, running = engine.step(StepPlan(0, "prefill", [_seq(engine, SYSTEM + AGENT_TASKS[0], 1)]), None)
+    _, running = engine.step(StepPlan(0, [_seq(engine, SYSTEM + AGENT_TASKS[0], 1)]), None)
     hot_seqs = [_seq(engine, prompt, 1), _seq(engine, short, 1)]
-    hot_tokens, hot = engine.step(StepPlan(0, "prefill", hot_seqs), None)
+    hot_tokens, hot = engine.step(StepPlan(0, hot_seqs), None)
     assert engine.prefix_cache_stats()["reused_tokens"] >= 32
     seq, rows, first = _seq(engine, prompt, 1), None, Sampled([[]])
     while not first.tokens[0]:  # 16 tokens a step, continuing the row, until the prompt is in
-        first, rows = engine.step(StepPlan(1, "prefill", [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
+        first, rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
         seq.num_computed = first.computed[0] if first.computed else seq.num_prompt_tokens
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
     assert hot_tokens.tokens == cold_tokens.tokens and first.tokens == cold_tokens.tokens[:1]
@@ -323,13 +367,13 @@ def test_rows_after_a_cached_system_prompt_hold_it_once_and_decode_exactly(reque
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     engine.configure_prefix_cache(64)
     first = _seq(engine, SYSTEM * 2 + "Begin.", 16)
-    batch = step(engine, StepPlan(0, "prefill", [first]), None)  # caches the system prompt, and runs
+    batch = step(engine, StepPlan(0, [first]), None)  # caches the system prompt, and runs
     agents = [_seq(engine, SYSTEM * 2 + task, 8) for task in AGENT_TASKS]
     plain = _seq(engine, PROMPTS[0], 8)
-    batch = step(engine, StepPlan(1, "prefill", [agents[0], plain, agents[1]], [first.id]), batch)
+    batch = step(engine, StepPlan(1, [agents[0], plain, agents[1]], [first.id]), batch)
     everyone = [first, agents[0], plain, agents[1]]
-    batch = step(engine, StepPlan(2, "decode", everyone, ids(everyone)), batch)
-    batch = step(engine, StepPlan(3, "prefill", [agents[2]], ids(everyone)), batch)  # joins late
+    batch = step(engine, StepPlan(2, everyone, ids(everyone)), batch)
+    batch = step(engine, StepPlan(3, [agents[2]], ids(everyone)), batch)  # joins late
     everyone.append(agents[2])
     [prefix] = {b.shared.root for b in batch if b.shared is not None}
     assert {i for b in batch if b.shared is not None for i in b.ids} == set(ids(agents))
@@ -339,10 +383,10 @@ def test_rows_after_a_cached_system_prompt_hold_it_once_and_decode_exactly(reque
     spare = len(batch.buckets) * kv_cache.SPARE_COLUMNS * len(everyone)
     assert usage.bytes_held <= (prefix.length + own + spare) * usage.bytes_per_token
     for n in range(4, 8):
-        batch = step(engine, StepPlan(n, "decode", everyone, ids(everyone)), batch)
+        batch = step(engine, StepPlan(n, everyone, ids(everyone)), batch)
     batch = batch.filter(ids(everyone[2:]))  # the first row and the first agent leave
     for n in range(8, 10):
-        batch = step(engine, StepPlan(n, "decode", everyone[2:], ids(everyone[2:])), batch)
+        batch = step(engine, StepPlan(n, everyone[2:], ids(everyone[2:])), batch)
     for seq in everyone:
         assert seq.output_ids == reference(model_dir, seq.request.prompt, len(seq.output_ids)), seq.request.prompt
 
@@ -380,17 +424,17 @@ def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_mo
     generate when it grows past it."""
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     few, many = _seq(engine, PROMPTS[0], 5), _seq(engine, PROMPTS[1], 100)
-    batch = step(engine, StepPlan(1, "prefill", [few]), None)
+    batch = step(engine, StepPlan(1, [few]), None)
     layer = dense(batch).cache.layers[0]
     assert layer._key_buf.shape[2] - layer.keys.shape[2] <= 5
-    batch = step(engine, StepPlan(2, "prefill", [many], [few.id]), batch)  # joins: room for the most
+    batch = step(engine, StepPlan(2, [many], [few.id]), batch)  # joins: room for the most
     layer = dense(batch).cache.layers[0]
     assert layer._key_buf.shape[2] - layer.keys.shape[2] == kv_cache.SPARE_COLUMNS
     for n in range(3, 7):
-        batch = step(engine, StepPlan(n, "decode", [few, many], ids([few, many])), batch)
+        batch = step(engine, StepPlan(n, [few, many], ids([few, many])), batch)
     batch = batch.filter([many.id])
     for n in range(7, 80):  # past the first allocation's room: it grows, and stays exact
-        batch = step(engine, StepPlan(n, "decode", [many], [many.id]), batch)
+        batch = step(engine, StepPlan(n, [many], [many.id]), batch)
     for seq in (few, many):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
@@ -398,16 +442,16 @@ def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_mo
 def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, StepPlan(1, "prefill", [a, b]), None)
-    batch = step(engine, StepPlan(2, "prefill", [c], ids([a, b])), batch)  # c joins
+    batch = step(engine, StepPlan(1, [a, b]), None)
+    batch = step(engine, StepPlan(2, [c], ids([a, b])), batch)  # c joins
     layer = dense(batch).cache.layers[0]
     merged = layer._key_buf.data_ptr()
-    batch = step(engine, StepPlan(3, "decode", [a, b, c], ids([a, b, c])), batch)
+    batch = step(engine, StepPlan(3, [a, b, c], ids([a, b, c])), batch)
     # The join wrote into a buffer with spare room: the decode after it copied nothing.
     assert layer._key_buf.data_ptr() == merged
     batch = batch.filter(ids([a, c]))  # b leaves
     kept = layer._key_buf.data_ptr()
-    batch = step(engine, StepPlan(4, "decode", [a, c], ids([a, c])), batch)
+    batch = step(engine, StepPlan(4, [a, c], ids([a, c])), batch)
     assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == dense(batch).mask.shape[1]
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
@@ -484,14 +528,14 @@ def test_the_engine_reports_the_kv_memory_its_rows_hold(tiny_model_dir: Path) ->
     config = engine.model.config
     per_token = 2 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * 4
     short, long_ = _seq(engine, "hi", 4), _seq(engine, SYSTEM * 3, 4)
-    batch = step(engine, StepPlan(1, "prefill", [short, long_]), None)
+    batch = step(engine, StepPlan(1, [short, long_]), None)
     usage = engine.kv_usage(Rows(batch))
     assert usage.bytes_per_token == per_token
     assert usage.tokens_held == short.num_prompt_tokens + long_.num_prompt_tokens
     width = dense(batch).mask.shape[1]
     assert usage.bytes_held >= 2 * width * per_token  # both rows as long as the longest
     assert usage.waste_ratio > 1.5
-    batch = step(engine, StepPlan(2, "decode", [short], [short.id]), batch)  # the long row left
+    batch = step(engine, StepPlan(2, [short], [short.id]), batch)  # the long row left
     after = engine.kv_usage(Rows(batch))
     assert after.tokens_held == short.num_prompt_tokens + 1 and after.bytes_held < usage.bytes_held / 2
     assert engine.kv_usage(None).bytes_held == 0 and engine.kv_usage(None).waste_ratio is None
@@ -506,8 +550,8 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     long_, shorts = _seq(engine, SYSTEM * 3, 6), [_seq(engine, p, 6) for p in PROMPTS[:3]]
-    batch = step(engine, StepPlan(1, "prefill", [long_]), None)
-    batch = step(engine, StepPlan(2, "prefill", shorts, [long_.id]), batch)
+    batch = step(engine, StepPlan(1, [long_]), None)
+    batch = step(engine, StepPlan(2, shorts, [long_.id]), batch)
     assert [b.ids for b in batch.buckets] == [[long_.id], ids(shorts)]
     everyone = [long_, *shorts]
     usage = engine.kv_usage(Rows(batch))
@@ -517,21 +561,21 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     forwards = []
     hook = engine.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     for n in range(3, 8):  # the plan's order is the order they joined; the answers come back in it
-        batch = step(engine, StepPlan(n, "decode", everyone, ids(everyone)), batch)
+        batch = step(engine, StepPlan(n, everyone, ids(everyone)), batch)
     hook.remove()
     assert len(forwards) == 5  # one forward a step, whatever the buckets: the weights are read once
     for seq in everyone:
         assert seq.output_ids[:6] == reference(model_dir, seq.request.prompt, 6), seq.request.prompt
     # The long row leaves: the short ones are one bucket, as they were.
-    batch = step(engine, StepPlan(9, "decode", shorts, ids(shorts)), batch)
+    batch = step(engine, StepPlan(9, shorts, ids(shorts)), batch)
     assert [b.ids for b in batch.buckets] == [ids(shorts)]
 
 
 def test_equal_prompts_and_late_joiners_of_similar_length_share_one_bucket(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, StepPlan(1, "prefill", [a, b]), None)
-    batch = step(engine, StepPlan(2, "prefill", [c], ids([a, b])), batch)
+    batch = step(engine, StepPlan(1, [a, b]), None)
+    batch = step(engine, StepPlan(2, [c], ids([a, b])), batch)
     assert len(batch.buckets) == 1 and batch.ids == ids([a, b, c])
 
 
@@ -539,8 +583,8 @@ def test_buckets_merge_when_the_rows_that_kept_them_apart_leave(tiny_model_dir: 
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     overhead, engine.bucket_bytes = engine.bucket_bytes, 50 * engine.kv_bytes_per_token
     long_, short, other = _seq(engine, SYSTEM * 3, 8), _seq(engine, PROMPTS[0], 8), _seq(engine, PROMPTS[1], 8)
-    batch = step(engine, StepPlan(1, "prefill", [long_, other]), None)  # padded together: one bucket
-    batch = step(engine, StepPlan(2, "prefill", [short], ids([long_, other])), batch)
+    batch = step(engine, StepPlan(1, [long_, other]), None)  # padded together: one bucket
+    batch = step(engine, StepPlan(2, [short], ids([long_, other])), batch)
     assert len(batch.buckets) == 2
     batch.bucket_bytes = overhead  # now a bucket costs what it does
     engine_rows = batch.filter(ids([other, short]))  # the long row leaves: its padding goes
@@ -552,12 +596,12 @@ def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_mode
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     a, long_, c = _seq(engine, PROMPTS[0], 6), _seq(engine, SYSTEM * 3, 6), _seq(engine, PROMPTS[1], 6)
-    batch = step(engine, StepPlan(1, "prefill", [a]), None)
-    batch = step(engine, StepPlan(2, "prefill", [long_], [a.id]), batch)
-    batch = step(engine, StepPlan(3, "prefill", [c], ids([a, long_])), batch)
+    batch = step(engine, StepPlan(1, [a]), None)
+    batch = step(engine, StepPlan(2, [long_], [a.id]), batch)
+    batch = step(engine, StepPlan(3, [c], ids([a, long_])), batch)
     assert [b.ids for b in batch.buckets] == [ids([a, c]), [long_.id]]
     for n in range(4, 9):
-        batch = step(engine, StepPlan(n, "decode", [a, long_, c], ids([a, long_, c])), batch)
+        batch = step(engine, StepPlan(n, [a, long_, c], ids([a, long_, c])), batch)
     for seq in (a, long_, c):
         assert seq.output_ids[:6] == reference(tiny_model_dir, seq.request.prompt, 6), seq.request.prompt
 

@@ -47,3 +47,36 @@ def test_attention_past_a_shared_prefix_is_sdpa_over_the_prefix_copied_per_row(d
 def test_models_needing_what_block_attention_lacks_keep_their_own_attention() -> None:
     for config in ({"attn_logit_softcapping": 50.0}, {"v_head_dim": 128}, {"sliding_window": 4096}):
         assert ragged.install(SimpleNamespace(config=SimpleNamespace(**config))) is False
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+def test_padding_never_reaches_the_linears_and_every_real_column_is_the_models_own(request, model_fixture) -> None:
+    """Prompts of 2 to ~15 tokens in one left-padded block: the model runs over their real
+    tokens only, and each real column's logits are those of the prompt run alone."""
+    from transformers import AutoModelForCausalLM
+
+    from jupyter_infer.engine.hf import HFEngine
+    from jupyter_infer.engine.hf_prompts import WholePrompts
+    from jupyter_infer.values.request import Request, SamplingParams
+    from jupyter_infer.values.sequence import Sequence
+
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    prompts = ["KV cache", "What is dynamic batching and why does it help throughput?", "agents plan"]
+    seqs = [Sequence(Request(p, SamplingParams(max_tokens=1)), engine.tokenize(p)) for p in prompts]
+    work = WholePrompts(engine, seqs)
+    seen: list[int] = []
+    embed = engine.model.get_input_embeddings()
+    handle = embed.register_forward_hook(lambda module, args, out: seen.append(args[0].numel()))
+    with torch.inference_mode():
+        logits = ragged.forward(engine.model, work.blocks, every=True)
+    handle.remove()
+    real = sum(len(s.prompt_ids) for s in seqs)
+    assert seen == [real] and work.blocks[0].tokens > real  # the block is padded, the forward is not
+    alone = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    width = work.blocks[0].ids.shape[1]
+    for row, seq in enumerate(seqs):
+        with torch.inference_mode():
+            want = alone(input_ids=torch.tensor([seq.prompt_ids])).logits[0]
+        got = logits[row * width : (row + 1) * width][-len(seq.prompt_ids):]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -434,3 +434,86 @@ def test_a_step_of_several_tokens_per_row_finishes_a_row_in_the_middle_of_them()
     assert a.output_ids == [4, 6, 5] and a.finish_reason == "stop" and a.text == "w4 w6 "
     assert b.output_ids == [4, 6, 7] and b.finish_reason == "length"
     assert s.running == [] and a.num_computed == b.num_computed == 4 + 1
+
+
+# -- mixed steps: newcomers' prompts ride in the decoding rows' step ----------------------------
+class MixingEngine(ChunkingEngine):
+    mixes_steps = True
+
+
+def mixing_core(**config) -> Scheduler:
+    config.setdefault("idle_admit_delay_ms", 0.0)
+    cfg = ServiceConfig(**config)
+    return Scheduler(cfg, MixingEngine(), Recorder(cfg.mode, MetricsCollector(), EventBus()))
+
+
+def mixed_step(s: Scheduler, now: float) -> StepPlan:
+    """Schedule at ``now``: a decoding row gets a token; a prompt row gets its first when its
+    budget reaches its prompt's end, else its computed tokens move on."""
+    plan, _ = s.schedule(now)
+    assert plan is not None
+    done = [p and x.num_computed + n >= len(x.prompt_ids)
+            for x, n, p in zip(plan.seqs, plan.num_scheduled, plan.prompt, strict=True)]
+    tokens = [[7] if not p or d else [] for p, d in zip(plan.prompt, done, strict=True)]
+    computed = [x.num_computed + n if p else None
+                for x, n, p in zip(plan.seqs, plan.num_scheduled, plan.prompt, strict=True)]
+    s.postprocess(plan, Sampled(tokens, computed=computed), now, now)
+    return plan
+
+
+def test_a_newcomer_rides_in_the_decoding_rows_next_step_and_gets_its_first_token_there() -> None:
+    s = mixing_core(mode="continuous")
+    a = seq(max_tokens=10)
+    s.add(a, 0.0)
+    assert mixed_step(s, 0.0).kind == "prefill"  # nothing decodes yet: a prefill of its own
+    b, c = seq(n_prompt=5, max_tokens=3), seq(n_prompt=6, max_tokens=3)
+    s.add(b, 0.01)
+    s.add(c, 0.01)
+    plan = mixed_step(s, 0.01)
+    # One step: a's next token and both newcomers' prompts, whole; nobody waits for a step of its own.
+    assert plan.kind == "mixed" and plan.seqs == [a, b, c] and plan.prompt == [False, True, True]
+    assert plan.num_scheduled == [1, 5, 6] and plan.keep == [a.id] and not plan.chunk
+    assert a.output_ids == [7, 7] and b.output_ids == [7] == c.output_ids
+    assert b.record.first_token_at == pytest.approx(0.01)
+    plan = mixed_step(s, 0.02)
+    assert plan.kind == "decode" and plan.seqs == [a, b, c]
+
+
+def test_a_long_prompt_is_chunked_through_mixed_steps_and_the_decoding_rows_never_skip_one() -> None:
+    s = mixing_core(prefill_chunk_tokens=4)
+    a = seq(n_prompt=3, max_tokens=10)
+    s.add(a, 0.0)
+    mixed_step(s, 0.0)
+    b = seq(n_prompt=10, max_tokens=2)
+    s.add(b, 0.01)
+    plans = [mixed_step(s, 0.01 + i / 100) for i in range(3)]
+    # A chunk a step beside a's token: a gets a token every step, b's prompt goes 4, 4, 2.
+    assert [p.kind for p in plans] == ["mixed"] * 3 and all(p.seqs == [a, b] for p in plans)
+    assert [p.num_scheduled for p in plans] == [[1, 4], [1, 4], [1, 4]] and all(p.chunk == 4 for p in plans)
+    assert a.output_ids == [7] * 4 and b.output_ids == [7] and b.num_computed == 10
+    assert b.record.first_token_at == pytest.approx(0.03)
+
+
+def test_a_failed_mixed_step_fails_the_decoding_rows_and_retries_the_newcomer_alone() -> None:
+    s = mixing_core(mode="continuous")
+    a, b = seq(max_tokens=10), seq(max_tokens=3)
+    s.add(a, 0.0)
+    mixed_step(s, 0.0)
+    s.add(b, 0.01)
+    plan, _ = s.schedule(0.01)
+    assert plan.kind == "mixed"
+    s.fail(plan, "boom", 0.02)
+    # The decoding row's batch state is unknown after the failed forward; the newcomer may
+    # be innocent: it is retried in a prefill of its own.
+    assert a.record.outcome == "failed" and b.status is Status.WAITING and b.alone
+    plan = mixed_step(s, 0.03)
+    assert plan.kind == "prefill" and plan.seqs == [b]
+
+
+def test_the_window_batcher_never_mixes() -> None:
+    s = mixing_core(mode="window", batch_window_ms=0)
+    a = seq(max_tokens=5)
+    s.add(a, 0.0)
+    mixed_step(s, 0.0)
+    s.add(seq(), 0.01)
+    assert mixed_step(s, 0.01).kind == "decode"

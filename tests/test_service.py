@@ -371,7 +371,7 @@ async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole()
     seq = Sequence(req("x"), list(range(1, 101)))
     rows = None
     while True:
-        sampled, rows = engine.step(StepPlan(1, "prefill", [seq], [seq.id] * bool(seq.num_computed), [64]), rows)
+        sampled, rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [64]), rows)
         if sampled.tokens[0]:
             break
         seq.num_computed = sampled.computed[0]

@@ -108,14 +108,14 @@ async def test_off_and_past_the_row_limit_nothing_is_drafted(tiny_model_dir: Pat
     assert off["draft_tokens"] == 0 and off["tokens_per_row_step"] == 1.0
     engine.configure_speculation("ngram", 4, 2)
     seqs = [_seq(engine, p, 20) for p in COPY]
-    sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
+    sampled, rows = engine.step(StepPlan(0, seqs), None)
     for _ in range(6):
         for seq, tokens in zip(seqs, sampled.tokens, strict=True):
             seq.output_ids += tokens
-        sampled, rows = engine.step(StepPlan(0, "decode", seqs, [s.id for s in seqs]), rows)
+        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
         assert sampled.proposed is None and all(len(t) == 1 for t in sampled.tokens)  # 3 rows > 2: no guesses
     rows = rows.keep([seqs[2].id])
-    sampled, rows = engine.step(StepPlan(0, "decode", seqs[2:], [seqs[2].id]), rows)
+    sampled, rows = engine.step(StepPlan(0, seqs[2:], [seqs[2].id]), rows)
     assert sampled.proposed is not None  # alone, the same row guesses
 
 
@@ -128,11 +128,11 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
     def decode(speculate: bool, steps: int) -> tuple[list, Rows]:
         engine.configure_speculation("ngram" if speculate else "off", 4, 8)
         seqs = [_seq(engine, p, 64) for p in COPY]
-        sampled, rows = engine.step(StepPlan(0, "prefill", seqs), None)
+        sampled, rows = engine.step(StepPlan(0, seqs), None)
         for _ in range(steps):
             for seq, tokens in zip(seqs, sampled.tokens, strict=True):
                 seq.output_ids += tokens
-            sampled, rows = engine.step(StepPlan(0, "decode", seqs, [s.id for s in seqs]), rows)
+            sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
         for seq, tokens in zip(seqs, sampled.tokens, strict=True):
             seq.output_ids += tokens
         return seqs, rows
@@ -147,7 +147,7 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
         tokens = [*seq.prompt_ids, *seq.output_ids[:-1]]  # the last one is fed next step
         cold = _seq(engine, "", 1)
         cold.prompt_ids = tokens
-        _, cold_rows = engine.step(StepPlan(0, "prefill", [cold]), None)
+        _, cold_rows = engine.step(StepPlan(0, [cold]), None)
         expected, got = _real_kv(cold_rows.decoding, cold.id), _real_kv(rows.decoding, seq.id)
         assert [t.shape for t in got] == [t.shape for t in expected]
         for a, b in zip(got, expected, strict=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..constraints.tool_formats import HERMES, ToolFormat
 from ..values.engine_info import EngineInfo
@@ -18,21 +18,21 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepPlan:
-    """What one engine step runs: some tokens of each sequence in ``seqs``.
+    """What one engine step runs: ``num_scheduled[i]`` more tokens of each sequence in ``seqs``.
 
     The scheduler's one rule: a sequence's computed tokens (``num_computed``, their KV in the
-    engine) catch up with its tokens, ``num_scheduled[i]`` more of them this step.
-    ``prefill``: prompt tokens of ``seqs`` (newcomers, or the next chunk of a long prompt);
-    a row whose prompt completes samples its first token and joins the decoding rows.
-    ``decode``: every decoding row's uncomputed tokens (its last one, or the ones a grammar
-    forced after it), and a token for each; ``seqs`` are exactly those rows, in the order
-    they joined. ``keep``: the ids of the rows already in the engine that stay (rows
-    not in it have left, and their KV goes). A chunk's budget may pass its prompt's end (or
-    a prefix-cache hit may cover part of it): the engine computes up to the end.
+    engine) catch up with its tokens. A row with no output yet is a *prompt row*: newcomers'
+    whole prompts, or the next chunk of a long one (a row whose prompt completes samples its
+    first token and joins the decoding rows); the others are *decoding rows*: each one's
+    uncomputed tokens (its last one, or those a grammar forced after it), and a token each;
+    when a step has any, they are every decoding row. A step may hold both (``kind``
+    "mixed"): one forward where the engine can (``Engine.mixed``). ``keep``: the ids of the
+    rows already in the engine that stay (rows not in it have left, and their KV goes). A
+    chunk's budget may pass its prompt's end (or a prefix-cache hit may cover part of it):
+    the engine computes up to the end.
     """
 
     step_id: int
-    kind: Literal["prefill", "decode"]
     seqs: list[Sequence]
     keep: list[str] = field(default_factory=list)
     num_scheduled: list[int] = field(default_factory=list)  # default: all of each row's uncomputed tokens
@@ -40,25 +40,27 @@ class StepPlan:
     # parked rows that rejoin the decoding rows (after them, in this order), before it runs.
     park: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
-    # A prefill that continues a prompt or stops short of its end (chunked prefill): the
-    # tokens it schedules; 0 for whole prompts and decodes. Fixed when planned.
+    # Per row: a prompt row (no output yet). Fixed when planned.
+    prompt: list[bool] = field(init=False, default_factory=list)
+    # The prompt tokens of a prompt that continues or stops short of its end (chunked
+    # prefill); 0 for whole prompts. Fixed when planned.
     chunk: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
+        self.prompt = [not s.output_ids for s in self.seqs]
         if not self.num_scheduled:
             # A decoding row catches up with its last tokens: one, or those a grammar forced.
             self.num_scheduled = [s.num_uncomputed for s in self.seqs]
-        if self.kind == "prefill" and any(
-                s.num_computed or n < s.num_uncomputed for s, n in zip(self.seqs, self.num_scheduled, strict=True)):
-            self.chunk = sum(self.num_scheduled)
+        if any(p and (s.num_computed or n < s.num_uncomputed)
+               for s, n, p in zip(self.seqs, self.num_scheduled, self.prompt, strict=True)):
+            self.chunk = sum(n for n, p in zip(self.num_scheduled, self.prompt, strict=True) if p)
 
     @property
-    def num_tokens(self) -> int:
-        """The prompt tokens of a prefill (each prompt whole, however much of it this step
-        computes), or the rows of a decode."""
-        if self.kind == "prefill":
-            return sum(s.num_prompt_tokens for s in self.seqs)
-        return len(self.seqs)
+    def kind(self) -> str:
+        """"prefill" (prompt rows only), "decode" (decoding rows only) or "mixed"."""
+        if all(self.prompt):
+            return "prefill"
+        return "mixed" if any(self.prompt) else "decode"
 
 
 @dataclass
@@ -84,6 +86,24 @@ class Sampled:
     proposed: list[int] | None = None
     accepted: list[int] | None = None
 
+    @classmethod
+    def combine(cls, parts: list[tuple[list[int], Sampled]], rows: int) -> Sampled:
+        """One step's output from its parts: each part's rows go to the rows its list names."""
+        out = cls([[] for _ in range(rows)])
+        for name, empty in _PER_ROW.items():
+            if all(getattr(part, name) is None for _, part in parts):
+                continue
+            values = [empty] * rows
+            for where, part in parts:
+                mine = getattr(part, name)
+                for i, row in enumerate(where):
+                    values[row] = mine[i] if mine is not None else empty
+            setattr(out, name, values)
+        for where, part in parts:
+            for i, row in enumerate(where):
+                out.tokens[row] = part.tokens[i]
+        return out
+
     def reorder(self, order: list[int]) -> Sampled:
         """The rows ``order`` names, in that order (an engine's rows into the plan's order)."""
         if order == list(range(len(self.tokens))):
@@ -95,6 +115,11 @@ class Sampled:
         return Sampled([self.tokens[i] for i in order], pick(self.logprobs), pick(self.prompt_logprobs),
                        pick(self.computed), pick(self.errors), pick(self.forced), pick(self.proposed),
                        pick(self.accepted))
+
+
+# Sampled's per-row lists besides ``tokens``, and what a row that had none of it holds.
+_PER_ROW = {"logprobs": None, "prompt_logprobs": None, "computed": None, "errors": None, "forced": 0,
+            "proposed": 0, "accepted": 0}
 
 
 @dataclass(frozen=True)
@@ -215,6 +240,9 @@ class Engine(abc.ABC):
     speculative_method = "off"
     speculative_tokens = 0
     speculative_max_rows = 0
+    # Whether ``mixed`` runs decoding rows and prompt tokens in one forward: the scheduler
+    # then lets newcomers join every step instead of taking steps of their own.
+    mixes_steps = False
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...
@@ -246,22 +274,36 @@ class Engine(abc.ABC):
         step. Rows that left are dropped first."""
         rows = (rows or Rows()).keep(plan.keep)
         rows.move(plan.park, plan.resume)
-        if plan.kind == "decode":
-            batch = rows.decoding
-            if batch is None:
-                raise RuntimeError("a decode step needs decoding rows")
-            order = [s.id for s in plan.seqs]
-            if batch.ids == order:
-                return self.decode(batch, plan.seqs), rows
-            # The batch's order is the engine's (length buckets; rows resumed while a prompt
-            # was part-way): decode sees its rows in it, the answer comes in the plan's.
-            by_id = {s.id: s for s in plan.seqs}
-            sampled = self.decode(batch, [by_id[i] for i in batch.ids])
-            at = {row_id: i for i, row_id in enumerate(batch.ids)}
-            return sampled.reorder([at[i] for i in order]), rows
-        sampled, complete, rows.prefilling = self.prefill(plan.seqs, plan.num_scheduled, rows.prefilling)
+        prompts = [i for i, p in enumerate(plan.prompt) if p]
+        new = ([plan.seqs[i] for i in prompts], [plan.num_scheduled[i] for i in prompts], rows.prefilling)
+        if len(prompts) == len(plan.seqs):
+            sampled, complete, rows.prefilling = self.prefill(*new)
+            rows.join(complete)
+            return sampled, rows
+        batch = rows.decoding
+        if batch is None:
+            raise RuntimeError("a step with decoding rows needs decoding rows")
+        # The batch's order is the engine's (length buckets; rows resumed while a prompt was
+        # part-way): decode sees its rows in it, the answer comes in the plan's.
+        at = {s.id: i for i, s in enumerate(plan.seqs)}
+        order = [at[i] for i in batch.ids]  # before the step: newcomers join the batch
+        decoding = [plan.seqs[i] for i in order]
+        if not prompts:
+            decoded = self.decode(batch, decoding)
+            return (decoded if order == list(range(len(order))) else decoded.reorder(
+                [order.index(i) for i in range(len(order))])), rows
+        decoded, (sampled, complete, rows.prefilling) = self.mixed(batch, decoding, *new)
         rows.join(complete)
-        return sampled, rows
+        return Sampled.combine([(order, decoded), (prompts, sampled)], len(plan.seqs)), rows
+
+    def mixed(
+        self, batch: Batch, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        partial: dict[str, Any],
+    ) -> tuple[Sampled, tuple[Sampled, Batch | None, dict[str, Any]]]:
+        """A step of both kinds: ``decode(batch, decoding)``'s tokens, and what ``prefill``
+        gives for the prompt rows. Here one after the other; an engine that can runs both in
+        one forward (and says so with ``mixes_steps``)."""
+        return self.decode(batch, decoding), self.prefill(seqs, num_scheduled, partial)
 
     def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
         """Draft tokens verified in the decode step, from ``method`` ("ngram", "draft": the

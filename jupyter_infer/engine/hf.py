@@ -34,12 +34,13 @@ from .buckets import Buckets
 from .cpu_linear import LinearReport
 from .draft_model import DraftModel
 from .generation_defaults import reasons, sampling_defaults
-from .hf_batch import HFBatch, left_pad_rows, row_ends, spare_columns
+from .hf_batch import HFBatch
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
 from .hf_load import check_format, load_causal_lm, parameter_count
+from .hf_prompts import PromptChunk, Start, WholePrompts, prompt_work
 from .prefix_cache import PrefixCache
-from .sampling import RowSampler, grammar_rows, prompt_logprobs, sample
-from .shared_prefix import Claim, SharedPrefix, SharedPrefixes
+from .sampling import RowSampler, grammar_rows, sample
+from .shared_prefix import Claim, SharedPrefixes
 from .step_cost import StepCost
 from .token_bound import longest_token_chars
 
@@ -48,11 +49,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Where a row starts: the shared prefix it refers to, its cached prompt tokens (shared ones
-# included), the KV of the cached ones after the shared prefix.
-Start = tuple["SharedPrefix | None", int, "torch.Tensor | None"]
 
 class HFEngine(Engine):
+    mixes_steps = True  # newcomers' prompt blocks run in the decoding rows' forward (ragged.py)
+
     def __init__(
         self,
         model: str,
@@ -129,9 +129,10 @@ class HFEngine(Engine):
         if generation_defaults:
             self.info.sampling_defaults = sampling_defaults(self.model.generation_config)
         self.info.reasoning = split_reasoning and reasons(self.tokenizer)
-        # What a decode step costs here: how wide a forced run is fed (step_cost). On the CPU
+        # How wide a forced run is fed (step_cost) where a forward per bucket pads its rows to
+        # the widest run (the ragged forward leaves padding out: runs go whole). On the CPU
         # only: a GPU's forward returns before it ran, and its steps are overhead-bound anyway.
-        self.step_cost = StepCost() if self.device == "cpu" else None
+        self.step_cost = StepCost() if self.device == "cpu" and not self._ragged else None
 
     def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
                      quantize: str) -> EngineInfo:
@@ -187,19 +188,18 @@ class HFEngine(Engine):
         return super().render_chat(messages, template_kwargs, tools)
 
     # -- steps ------------------------------------------------------------------------------
+    @torch.inference_mode()
     def prefill(
         self, seqs: list[Sequence], num_scheduled: list[int], partial: dict[str, HFBatch],
     ) -> tuple[Sampled, Buckets | None, dict[str, HFBatch]]:
         """Whole prompts in one forward; a long prompt alone, a chunk at a time (``partial``)."""
-        seq = seqs[0]
-        if len(seqs) == 1 and (seq.id in partial or num_scheduled[0] < seq.num_uncomputed):
-            sampled, row = self._prefill_chunk(seq, partial.get(seq.id), num_scheduled[0])
-            rest = {i: r for i, r in partial.items() if i != seq.id}
-            if sampled.tokens[0]:
-                return sampled, self._buckets([row]), rest
-            return sampled, None, {**rest, seq.id: row}
-        sampled, batches = self._prefill_whole(seqs)
-        return sampled, self._buckets(batches), partial
+        work, rest = prompt_work(self, seqs, num_scheduled, partial)
+        masks = masks_beside(grammar_rows(work.samplers), self.logits_width)
+        logits = self._forward(work.blocks, every=work.echo)
+        if masks is not None:
+            masks.result()
+        sampled, complete, begun = work.finish(logits, work.echo)
+        return sampled, complete, {**rest, **begun}
 
     def _buckets(self, batches: list[HFBatch]) -> Buckets:
         """Newly complete rows, as the decoding rows hold them: a group of very different
@@ -207,77 +207,6 @@ class HFEngine(Engine):
         buckets = Buckets(batches, self.bucket_bytes, self.kv_bytes_per_token)
         buckets.rebalance()
         return buckets
-
-    @torch.inference_mode()
-    def _prefill_whole(self, seqs: list[Sequence]) -> tuple[Sampled, list[HFBatch]]:
-        """The newcomers' prompts in one forward: a block per shared prefix they start with
-        (or none). A row whose prompt starts with a cached prefix starts from that KV, shared
-        or copied: its row reads ``[pad | cached | pad | rest]``, the mask hides both pads and
-        ``position_ids`` continue from the cached length."""
-        starts = [self._cached_start(s) for s in seqs]
-        lots: dict[int, list[int]] = {}  # the rows after each shared prefix, in the plan's order
-        for i, (shared, _, _) in enumerate(starts):
-            lots.setdefault(id(shared), []).append(i)
-        order = [i for rows in lots.values() for i in rows]
-        blocks = [self._prompt_block([seqs[i] for i in rows], [starts[i] for i in rows]) for rows in lots.values()]
-        samplers = [self._sampler(seqs[i]) for i in order]
-        masks = masks_beside(grammar_rows(samplers), self.logits_width)
-        # Logits of every position only when a row asks for its prompt's logprobs.
-        echo = any(s.params.prompt_logprobs is not None for s in seqs)
-        logits = self._forward(blocks, every=echo)
-        every, logits = (logits, logits[ragged.last_columns(blocks)]) if echo else (None, logits)
-        echoed: dict[int, list] = {}  # row in the plan -> its prompt's logprobs
-        first = 0
-        for rows, block in zip(lots.values(), blocks, strict=True):
-            for row, i in enumerate(rows):
-                self._remember(seqs[i].prompt_ids, starts[i], block, row)
-                prompt = seqs[i].prompt_ids
-                if every is not None and seqs[i].params.prompt_logprobs is not None:
-                    own = every[first : first + block.tokens].unflatten(0, block.ids.shape)[row, -len(prompt):]
-                    echoed[i] = prompt_logprobs(own, prompt, seqs[i].params.prompt_logprobs)
-            first += block.tokens
-        if masks is not None:
-            masks.result()
-        sampled = sample(logits, samplers)
-        batches, at = [], 0
-        for rows, block in zip(lots.values(), blocks, strict=True):
-            tokens = sampled.tokens[at : at + len(rows)]
-            at += len(rows)
-            batches.append(HFBatch(
-                ids=[seqs[i].id for i in rows],
-                cache=block.cache,
-                mask=block.mask,
-                positions=torch.tensor([len(seqs[i].prompt_ids) for i in rows], device=self.device),
-                ends=row_ends([(len(seqs[i].prompt_ids), seqs[i].params.max_tokens) for i in rows], self.device),
-                last=torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=self.device),
-                samplers=samplers[at - len(rows) : at],
-                forced={seqs[i].id: t for i, t in zip(rows, tokens, strict=True) if len(t) > 1},
-                shared=block.shared,
-                claims=[self._claim(seqs[i]) for i in rows],
-            ))
-        sampled = sampled.reorder([order.index(i) for i in range(len(seqs))])
-        if echo:
-            sampled.prompt_logprobs = [echoed.get(i) for i in range(len(seqs))]
-        return sampled, batches
-
-    def _prompt_block(self, seqs: list[Sequence], starts: list[Start]) -> ragged.Block:
-        """The prompts of rows after one shared prefix (or none) as one left-padded block: each
-        row's cached part after that prefix, padding, the rest of its prompt."""
-        shared = starts[0][0]
-        offset = shared.length if shared is not None else 0
-        own = [n - offset for _, n, _ in starts]  # cached columns in the row's own cache
-        input_ids, new_mask = left_pad_rows([s.prompt_ids[n:] for s, (_, n, _) in zip(seqs, starts, strict=True)],
-                                            self.pad_token_id)
-        width = max(own)
-        past_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, n in enumerate(own):
-            past_mask[row, width - n :] = 1
-        mask = torch.cat([past_mask, new_mask], dim=1)
-        position_ids = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor([n for _, n, _ in starts])[:, None]
-        config = self.model.config
-        cache = kv_cache.with_past(config, [kv for _, _, kv in starts], width) if width else kv_cache.new_cache(config)
-        kv_cache.set_spare(cache, spare_columns([s.params.max_tokens for s in seqs]))
-        return ragged.Block(cache, *(t.to(self.device) for t in (input_ids, mask, position_ids)), shared)
 
     def _remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
         """Put the full blocks of a row's prompt, just prefilled in ``block``, in the prefix
@@ -297,47 +226,6 @@ class HFEngine(Engine):
             return kv_cache.row_kv(block.cache, row, columns - rest + a - n, columns - rest + b - n)
 
         self.prefix_cache.insert(prompt, len(prompt), kv_of)
-
-    @torch.inference_mode()
-    def _prefill_chunk(self, seq: Sequence, partial: HFBatch | None, budget: int) -> tuple[Sampled, HFBatch]:
-        """Up to ``budget`` more prompt tokens of ``seq``, continuing ``partial`` (the row so
-        far; ``None``: start, from the longest cached prefix). One row, no padding: the mask
-        is all ones and positions continue from the tokens already there. The row's first
-        token comes with the prompt's last chunk."""
-        prompt = seq.prompt_ids
-        samplers = partial.samplers if partial is not None else [self._sampler(seq)]
-        if partial is None:
-            shared, done, kv = self._cached_start(seq)
-            offset = shared.length if shared is not None else 0
-            config = self.model.config
-            cache = kv_cache.with_past(config, [kv], done - offset) if done > offset else kv_cache.new_cache(config)
-            for layer in cache.layers:  # room for the whole prompt at once, not a copy per chunk
-                layer.reserve = len(prompt) - offset + spare_columns([seq.params.max_tokens])
-        else:
-            shared, cache = partial.shared, partial.cache
-            offset = shared.length if shared is not None else 0
-            done = offset + partial.mask.shape[1]
-        end = min(len(prompt), done + budget)
-        block = ragged.Block(cache, torch.tensor([prompt[done:end]], dtype=torch.long, device=self.device),
-                             torch.ones((1, end - offset), dtype=torch.long, device=self.device),
-                             torch.arange(done, end, device=self.device)[None], shared)
-        logits = self._forward([block])
-        if self.prefix_cache is not None:  # blocks complete so far: a prompt arriving now reuses them
-            self.prefix_cache.insert(prompt, end, lambda a, b: shared.kv[:, :, :, a:b] if b <= offset
-                                     else kv_cache.row_kv(cache, 0, a - offset, b - offset))
-        complete = end == len(prompt)
-        sampled = sample(logits, samplers) if complete else Sampled([[]], computed=[end])
-        return sampled, HFBatch(
-            ids=[seq.id], cache=cache, mask=block.mask,
-            positions=torch.tensor([end], device=self.device),
-            ends=row_ends([(len(prompt), seq.params.max_tokens)], self.device),
-            # No token to feed yet while the prompt is incomplete: its row is not decoded.
-            last=torch.tensor([sampled.tokens[0][-1] if complete else 0], dtype=torch.long, device=self.device),
-            samplers=samplers,
-            forced={seq.id: sampled.tokens[0]} if len(sampled.tokens[0]) > 1 else {},
-            shared=shared,
-            claims=partial.claims if partial is not None else [self._claim(seq)],
-        )
 
     def _cached_start(self, seq: Sequence) -> Start:
         """Where ``seq``'s row starts: the shared prefix it refers to (held once: ``None`` if
@@ -395,30 +283,54 @@ class HFEngine(Engine):
         self.speculative_method, self.speculative_max_rows = method, max_rows
         self.speculative_tokens = tokens if method != "off" else 0
 
-    @torch.inference_mode()
     def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
         """Every row's next tokens, all buckets in one forward (``_forward``), in the batch's
         order; a row feeds a grammar's forced run, or draft tokens to verify (speculate.py)."""
+        return self._step(batch, seqs, None)[0]
+
+    def mixed(
+        self, batch: Buckets, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        partial: dict[str, HFBatch],
+    ) -> tuple[Sampled, tuple[Sampled, Buckets | None, dict[str, HFBatch]]]:
+        """The decoding rows' step and the prompt tokens ``prefill`` would run, in one forward:
+        the prompts' blocks beside the buckets' (``ragged.py``), so newcomers cost the
+        decoding rows their tokens' share of a step, not a step of their own."""
+        work, rest = prompt_work(self, seqs, num_scheduled, partial)
+        decoded, (sampled, complete, begun) = self._step(batch, decoding, work)
+        return decoded, (sampled, complete, {**rest, **begun})
+
+    @torch.inference_mode()
+    def _step(self, batch: Buckets, seqs: list[Sequence], prompts: WholePrompts | PromptChunk | None) -> tuple:
+        """The decoding rows' tokens (the batch's order) and, with ``prompts``, what their
+        ``finish`` gives, from one forward over the buckets' blocks then the prompts'."""
         buckets = list(batch)
         samplers = [s for bucket in buckets for s in bucket.samplers]
-        masks = masks_beside(grammar_rows(samplers), self.logits_width)
+        extra = prompts.blocks if prompts is not None else []
+        masks = masks_beside(grammar_rows(samplers + (prompts.samplers if prompts is not None else [])),
+                             self.logits_width)
         drafts = speculate.drafts(buckets, seqs, self.speculative_tokens, self.speculative_max_rows,
                                   self.draft if self.speculative_method == "draft" else None)
         blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
+        every = bool(drafts) or (prompts is not None and prompts.echo)
         started = time.perf_counter()
-        logits = self._forward(blocks, every=bool(drafts))
+        logits = self._forward(blocks + extra, every=every)
         cost = self.step_cost
-        if cost is not None:
+        if cost is not None and prompts is None:  # what a decode step costs by its width
             cost.add(sum(block.ids.numel() for block in blocks), time.perf_counter() - started)
+        split = sum(block.tokens if every else block.ids.shape[0] for block in blocks)
+        logits, theirs = logits[:split], logits[split:]
         if masks is not None:
             masks.result()
         if drafts:
             sampled = speculate.verify(logits, blocks, buckets, drafts, samplers, self.speculative_tokens)
         else:
+            if every:  # the prompts' echo kept every column: each row's last one
+                logits = logits[ragged.last_columns(blocks)]
             sampled, start = sample(logits, samplers, cost.width if cost is not None else None), 0
             for bucket, block in zip(buckets, blocks, strict=True):
                 bucket.advance(block, sampled.tokens[start : (start := start + len(bucket.ids))])
-        return sampled  # in the batch's order, as seqs are (Engine.step answers in the plan's)
+        # in the batch's order, as seqs are (Engine.step answers in the plan's)
+        return sampled, (prompts.finish(theirs, every) if prompts is not None else None)
 
     def _forward(self, blocks: list[ragged.Block], every: bool = False) -> torch.Tensor:
         """The model over ``blocks``: logits of each row's last column, block after block

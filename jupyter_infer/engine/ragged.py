@@ -2,15 +2,16 @@
 once, attention runs block by block over each block's own KV.
 
 A ``Block`` is what TGI's batch is (rows left-padded to one width, a dense KV cache, a mask),
-and the model sees the blocks' new tokens flattened into one sequence ``[1, tokens]``, as vLLM
-runs a ragged batch: each row's positions are its own, the embeddings, norms, MLPs and
-projections run once over all of them (the weights are read once a step, whatever the blocks'
-lengths), and ``block_attention`` (registered with transformers' ``AttentionInterface``, so
-the model classes stay transformers' own) cuts the flattened queries, keys and values back
-into blocks, appends each block's keys and values to its cache and runs SDPA over that
-block's rows and columns only. A long prompt's row therefore makes no short row attend over
-its length, and a row that feeds several tokens (a grammar's forced run, a prompt's chunk)
-sits beside rows that feed one.
+and the model sees the blocks' real new tokens packed into one sequence ``[1, tokens]``, as vLLM
+runs a ragged batch: padding is left out, each row's positions are its own, the embeddings,
+norms, MLPs and projections run once over all of them (the weights are read once a step,
+whatever the blocks' lengths), and ``block_attention`` (registered with transformers'
+``AttentionInterface``, so the model classes stay transformers' own) puts the packed queries,
+keys and values back into their blocks' padded rows, appends each block's keys and values to
+its cache and runs SDPA over that block's rows and columns only. A long prompt's row
+therefore makes no short row attend over its length, and a row that feeds several tokens (a
+grammar's forced run, draft tokens to verify) costs its own tokens, not a column of every row
+of its bucket; newcomers' prompts of different lengths cost their own lengths.
 
 A block's rows may also start with one ``SharedPrefix`` (a prompt prefix held once for all of
 them): their attention then runs over that prefix's keys and values, read once for the
@@ -53,19 +54,54 @@ class Block:
 
 
 class Step:
-    """A forward's blocks, as ``block_attention`` reads them: where each block's tokens sit
-    in the flattened sequence and its 4-D mask (built once, used by every layer)."""
+    """A forward's blocks, as ``block_attention`` reads them: where each block's real tokens
+    sit in the packed sequence, which of its ``rows × width`` columns they are (``None``:
+    all, no padding) and its 4-D mask (built once, used by every layer)."""
 
     def __init__(self, blocks: Seq[Block]) -> None:
         self.blocks = list(blocks)
         self.starts: list[int] = []
-        self.masks: list[torch.Tensor] = []
+        self.reals: list[torch.Tensor | None] = []
+        self.masks: list[torch.Tensor | None] = []
         start = 0
         for block in self.blocks:
+            width = block.ids.shape[1]
+            real = block.mask[:, -width:].bool()
+            real = None if bool(real.all()) else real.reshape(-1)
             self.starts.append(start)
-            start += block.tokens
-            self.masks.append(_attention_mask(block.mask, block.ids.shape[1]))
+            self.reals.append(real)
+            start += block.tokens if real is None else int(real.sum())
+            self.masks.append(_attention_mask(block.mask, width))
         self.tokens = start
+
+    def packed(self, per_block: Seq[torch.Tensor]) -> torch.Tensor:
+        """Each block's ``[rows, width]`` tensor, flattened, its padding left out, concatenated."""
+        return torch.cat([t.reshape(-1) if real is None else t.reshape(-1)[real]
+                          for t, real in zip(per_block, self.reals, strict=True)])
+
+    def last_columns(self) -> torch.Tensor:
+        """The packed index of every row's last column (always real: rows are left-padded)."""
+        index = []
+        for block, start, real in zip(self.blocks, self.starts, self.reals, strict=True):
+            rows, width = block.ids.shape
+            if real is None:
+                index.append(torch.arange(rows) * width + (start + width - 1))
+            else:
+                index.append(real.view(rows, width).sum(-1).cpu().cumsum(0) - 1 + start)
+        return torch.cat(index).to(self.blocks[0].ids.device)
+
+    def unpacked(self, logits: torch.Tensor) -> torch.Tensor:
+        """Packed ``[tokens, vocab]`` back into every block's ``rows × width`` columns (a pad
+        column's row is zeros), block after block."""
+        parts = []
+        for block, start, real in zip(self.blocks, self.starts, self.reals, strict=True):
+            if real is None:
+                parts.append(logits[start : start + block.tokens])
+            else:
+                full = logits.new_zeros((block.tokens, logits.shape[-1]))
+                full[real] = logits[start : start + int(real.sum())]
+                parts.append(full)
+        return torch.cat(parts)
 
 
 def _attention_mask(mask: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -86,16 +122,22 @@ def _attention_mask(mask: torch.Tensor, width: int) -> torch.Tensor | None:
 def forward(model: torch.nn.Module, blocks: Seq[Block], every: bool = False) -> torch.Tensor:
     """The model over ``blocks`` in one forward: the logits of every row's last column, block
     after block (``[rows, vocab]``), or with ``every`` of every column (``[tokens, vocab]``,
-    each block's ``rows × width`` flattened)."""
-    input_ids = torch.cat([b.ids.reshape(-1) for b in blocks])[None]
-    position_ids = torch.cat([b.positions.reshape(-1) for b in blocks])[None]
+    each block's ``rows × width`` flattened; a pad column's logits are zeros).
+
+    Padding is left out of the forward: the linears see only real tokens (a grammar's forced
+    run or a prompt's chunk beside one-token rows costs its own tokens, not a column of every
+    row of its block), and ``block_attention`` puts each block's back in place."""
+    step = Step(blocks)
+    input_ids = step.packed([b.ids for b in blocks])[None]
+    position_ids = step.packed([b.positions for b in blocks])[None]
     out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=_OWN_MASKS, use_cache=False,
-                logits_to_keep=0 if every else last_columns(blocks), jupyter_infer_step=Step(blocks))
-    return out.logits[0]
+                logits_to_keep=0 if every else step.last_columns(), jupyter_infer_step=step)
+    return step.unpacked(out.logits[0]) if every else out.logits[0]
 
 
 def last_columns(blocks: Seq[Block]) -> torch.Tensor:
-    """The flattened index of every row's last column, block after block."""
+    """The flattened index of every row's last column, block after block (in every column's
+    logits, as ``forward`` gives them with ``every``)."""
     index, start = [], 0
     for block in blocks:
         rows, width = block.ids.shape
@@ -118,18 +160,30 @@ def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             raise NotImplementedError(f"block_attention does not implement {name}")
     heads, dim = query.shape[1], value.shape[3]
     out = query.new_empty((1, step.tokens, heads, dim))
-    for block, start, mask in zip(step.blocks, step.starts, step.masks, strict=True):
+    for block, start, real, mask in zip(step.blocks, step.starts, step.reals, step.masks, strict=True):
         rows, width = block.ids.shape
-        span = slice(start, start + rows * width)
-        q, k, v = (t[0, :, span].unflatten(1, (rows, width)).transpose(0, 1) for t in (query, key, value))
+        span = slice(start, start + (rows * width if real is None else int(real.sum())))
+        q, k, v = (_padded(t[0, :, span], real).unflatten(1, (rows, width)).transpose(0, 1)
+                   for t in (query, key, value))
         keys, values = block.cache.layers[module.layer_idx].update(k, v)
         if block.shared is None:
             o, _ = sdpa_attention_forward(module, q, keys, values, mask, dropout=0.0, scaling=scaling,
                                           is_causal=mask is None and width > 1)
         else:
             o = _attend_past_shared(q, keys, values, mask, *block.shared.layer(module.layer_idx), scaling)
-        out[0, span] = o.reshape(rows * width, heads, dim)
+        o = o.reshape(rows * width, heads, dim)
+        out[0, span] = o if real is None else o[real]
     return out, None
+
+
+def _padded(packed: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+    """``[heads, real tokens, dim]`` in a block's ``rows × width`` columns (pad columns zero:
+    the mask hides them as keys, and their outputs are left out)."""
+    if real is None:
+        return packed
+    full = packed.new_zeros((packed.shape[0], real.numel(), packed.shape[2]))
+    full[:, real] = packed
+    return full
 
 
 QUERY_TILE = 128  # query columns a shared-prefix attention scores at once (bounds its memory)

@@ -186,7 +186,7 @@ class EngineLoop(RequestLoop):
 
     def _fail(self, plan: StepPlan, err: Exception, *, in_engine: bool) -> None:
         log.error("jupyter_infer: engine step %s (%s) failed", plan.step_id, plan.kind, exc_info=err)
-        if in_engine and plan.kind == "decode" and self._rows is not None:
+        if in_engine and plan.kind != "prefill" and self._rows is not None:
             self._rows.decoding = None  # a decode may have half-updated the batch: start clean
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)

@@ -145,11 +145,15 @@ class Recorder:
             batch.forced_tokens += forced
             batch.draft_tokens += drafts[0]
             batch.accepted_tokens += drafts[1]
-            if plan.kind == "prefill":
+            if any(plan.prompt):
                 batch.prefill_steps += 1
-                if not plan.chunk or produced:  # a chunked prompt counts once, when complete
-                    batch.prompt_tokens += plan.num_tokens
-        self.metrics.step(plan.kind, len(plan.seqs), produced, now - started, now, drafts)
+                # A prompt counts once, when complete (a chunked one, at its last chunk).
+                batch.prompt_tokens += sum(s.num_prompt_tokens for s, p in zip(plan.seqs, plan.prompt, strict=True)
+                                           if p and s.num_computed >= len(s.prompt_ids))
+        # A mixed step is the decoding rows' step (the newcomers' prompts rode in it).
+        decoding = plan.prompt.count(False)
+        self.metrics.step("decode" if decoding else "prefill", decoding or len(plan.seqs), produced, now - started,
+                          now, drafts)
         if self.events.has_subscribers:  # the member list is per-step work: only when watched
             self._emit("step", step_id=plan.step_id, kind=plan.kind, chunk=plan.chunk,
                        members=[s.id for s in plan.seqs], owners=[s.request.owner for s in plan.seqs],

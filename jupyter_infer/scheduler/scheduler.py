@@ -61,6 +61,9 @@ class Scheduler:
         own = getattr(engine, "prefill_chunk_tokens", 0)
         wanted = own if config.prefill_chunk_tokens is None else config.prefill_chunk_tokens
         self.chunk_tokens = wanted if config.mode == "continuous" and own else 0
+        # Newcomers' prompts ride in the decoding rows' step (one forward) where the engine can;
+        # else a prefill waits for the decoding rows' next step (DECODES_PER_PREFILL).
+        self.mixes = getattr(engine, "mixes_steps", False) and config.mode == "continuous"
         self._decodes_since_prefill = 0
         self._step_ids = itertools.count(1)
         self._parking: list[str] = []  # rows parked, and resumed, since the last plan
@@ -117,14 +120,15 @@ class Scheduler:
         prefill, wake_at = self._prefill_work(now, decoding)
         moves = {"park": self._parking, "resume": self._resuming}
         self._parking, self._resuming = [], []
-        if prefill:
-            self._decodes_since_prefill = 0
-            budgets = [self._budget(s, bool(decoding)) for s in prefill]
-            return StepPlan(next(self._step_ids), "prefill", prefill, in_engine, budgets, **moves), None
+        budgets = [self._budget(s, bool(decoding)) for s in prefill]
         decoding = self.decoding  # with the rows resumed
-        if decoding:
+        if prefill and not (decoding and self.mixes and not any(s.alone for s in prefill)):
+            self._decodes_since_prefill = 0
+            return StepPlan(next(self._step_ids), prefill, in_engine, budgets, **moves), None
+        if decoding:  # and the prompt tokens, where the engine runs them in the same forward
             self._decodes_since_prefill += 1
-            return StepPlan(next(self._step_ids), "decode", decoding, in_engine, **moves), None
+            scheduled = [s.num_uncomputed for s in decoding] + budgets
+            return StepPlan(next(self._step_ids), decoding + prefill, in_engine, scheduled, **moves), None
         return None, wake_at
 
     def _prefill_work(self, now: float, decoding: list[Sequence]) -> tuple[list[Sequence], float | None]:
@@ -161,9 +165,10 @@ class Scheduler:
         return newcomers, None
 
     def _may_join(self) -> bool:
-        """Whether newcomers may join running rows now: after the running streams made
-        progress since the last prefill."""
-        return self._decodes_since_prefill >= DECODES_PER_PREFILL
+        """Whether newcomers may join running rows now: always where their prompts ride in
+        the decoding rows' step; else after the running streams made progress since the last
+        prefill."""
+        return self.mixes or self._decodes_since_prefill >= DECODES_PER_PREFILL
 
     def _chunked(self, seq: Sequence) -> bool:
         # A request for its prompt's logprobs needs every prompt position's logits at once.
@@ -263,7 +268,7 @@ class Scheduler:
         for row, (seq, tokens) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
-            if plan.kind == "prefill":
+            if plan.prompt[row]:
                 # Complete: its first token came; else the engine says how far it got.
                 seq.num_computed = len(seq.prompt_ids) if tokens else sampled.computed[row]
                 if sampled.prompt_logprobs is not None and sampled.prompt_logprobs[row] is not None:
@@ -310,13 +315,16 @@ class Scheduler:
     def fail(self, plan: StepPlan, error: str, now: float, *, retry: bool = True) -> None:
         """A step failed: only its requests fail, and the loop goes on.
 
-        A failed prefill of several newcomers fails none of them yet: each is retried in a
-        prefill of its own, so one bad prompt cannot take down the requests admitted with
-        it. After a failed decode every running row fails: its batch state is unknown.
+        Failed newcomers are retried, each in a prefill of its own, when others shared their
+        step (newcomers, or decoding rows in a mixed step), so one bad prompt cannot take
+        down the requests admitted with it; alone, it fails. After a failed step with
+        decoding rows every decoding row fails: its batch state is unknown.
         """
-        if plan.kind == "prefill" and retry and len(plan.seqs) > 1:
+        newcomers = [s for s, p in zip(plan.seqs, plan.prompt, strict=True) if p]
+        decoding = self.decoding if plan.kind != "prefill" else []
+        if newcomers and retry and (len(newcomers) > 1 or decoding):
             again = []
-            for seq in plan.seqs:
+            for seq in newcomers:
                 if seq.status is not Status.RUNNING:
                     continue
                 self.running.remove(seq)
@@ -326,10 +334,8 @@ class Scheduler:
                 seq.status, seq.alone, seq.num_computed = Status.WAITING, True, 0
                 again.append(seq)
             self.waiting[:0] = again
-            self.recorder.left(self.running, now)
-            return
-        failed = plan.seqs if plan.kind == "prefill" else self.decoding
-        for seq in failed:
+            newcomers = []
+        for seq in newcomers + decoding:
             if seq.status is Status.RUNNING:
                 self._retire(seq, "failed", now, error=error)
         self.recorder.left(self.running, now)
