@@ -303,7 +303,7 @@ def test_while_a_prompt_is_chunked_others_wait_and_running_rows_bound_group_pref
     assert run_step(s, 0.011).kind == "decode"
     chunk_step(s, 0.02, last=True)
     assert run_step(s, 0.03).kind == "decode"
-    # With rows running, a group prefill holds at most a chunk of padded tokens: 2 x 3 <= 8.
+    # With rows running, a group prefill holds at most a chunk of prompt tokens: 3 + 3 <= 8.
     plan = run_step(s, 0.04)
     assert plan.kind == "prefill" and plan.seqs == shorts[:2] and not plan.chunk
 
@@ -517,3 +517,17 @@ def test_the_window_batcher_never_mixes() -> None:
     mixed_step(s, 0.0)
     s.add(seq(), 0.01)
     assert mixed_step(s, 0.01).kind == "decode"
+
+
+def test_a_steps_prompt_budget_counts_real_tokens_not_padding() -> None:
+    """The ragged forward leaves padding out: a 2-token and a 6-token prompt cost 8, not 12."""
+    s = mixing_core(prefill_chunk_tokens=8)
+    a = seq(n_prompt=3, max_tokens=10)
+    s.add(a, 0.0)
+    mixed_step(s, 0.0)
+    short, other, third = seq(n_prompt=2), seq(n_prompt=6), seq(n_prompt=2)
+    for x in (short, other, third):
+        s.add(x, 0.01)
+    plan = mixed_step(s, 0.01)
+    assert plan.seqs == [a, short, other] and plan.num_scheduled == [1, 2, 6]
+    assert mixed_step(s, 0.02).seqs == [a, short, other, third]

@@ -129,10 +129,9 @@ class HFEngine(Engine):
         if generation_defaults:
             self.info.sampling_defaults = sampling_defaults(self.model.generation_config)
         self.info.reasoning = split_reasoning and reasons(self.tokenizer)
-        # How wide a forced run is fed (step_cost) where a forward per bucket pads its rows to
-        # the widest run (the ragged forward leaves padding out: runs go whole). On the CPU
-        # only: a GPU's forward returns before it ran, and its steps are overhead-bound anyway.
-        self.step_cost = StepCost() if self.device == "cpu" and not self._ragged else None
+        # How wide a forced run is fed (step_cost: its pad columns stay in the bucket's cache).
+        # On the CPU only: a GPU's forward returns before it ran, and is overhead-bound anyway.
+        self.step_cost = StepCost() if self.device == "cpu" else None
 
     def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
                      quantize: str) -> EngineInfo:
@@ -288,6 +287,7 @@ class HFEngine(Engine):
         order; a row feeds a grammar's forced run, or draft tokens to verify (speculate.py)."""
         return self._step(batch, seqs, None)[0]
 
+    @torch.inference_mode()
     def mixed(
         self, batch: Buckets, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
         partial: dict[str, HFBatch],

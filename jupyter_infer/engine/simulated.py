@@ -2,7 +2,9 @@
 
 It batches like the real engine: a prefill step costs time that grows with the prompt
 tokens of the newcomers, and a decode step costs one per-token delay (10–40 ms, from a seeded
-RNG) for the whole batch, so batching many requests is as much a win here as on a GPU.
+RNG) for the whole batch, so batching many requests is as much a win here as on a GPU;
+newcomers arriving while rows decode ride in their step (a mixed step), their prompt tokens
+adding their time to it.
 
 Of the sampling parameters it honours what a scripted answer can: ``max_tokens``, ``stop``,
 ``seed`` (which answer), ``min_tokens`` and ``ignore_eos`` (the answer starts over instead
@@ -79,6 +81,8 @@ class PartialPrompt:
 
 
 class SimulatedEngine(Engine):
+    mixes_steps = True  # newcomers' prompt tokens ride in the decoding rows' step (``mixed``)
+
     def __init__(
         self,
         *,
@@ -160,6 +164,19 @@ class SimulatedEngine(Engine):
                 for s in seqs
             ]
         return sampled, batch
+
+    def mixed(
+        self, batch: SimulatedBatch, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        partial: dict[str, PartialPrompt],
+    ) -> tuple[Sampled, tuple[Sampled, SimulatedBatch | None, dict[str, PartialPrompt]]]:
+        """The decoding rows' step with newcomers' prompt tokens in it, as one forward costs:
+        a token's delay and each prompt token's time (not a prefill's fixed cost again)."""
+        fixed, self.prefill_base_ms = self.prefill_base_ms, 0.0
+        try:
+            prompts = self.prefill(seqs, num_scheduled, partial)
+        finally:
+            self.prefill_base_ms = fixed
+        return self.decode(batch, decoding), prompts
 
     def decode(self, batch: SimulatedBatch, seqs: list[Sequence]) -> Sampled:
         self._sleep_ms(self._rng.uniform(*self.token_delay_ms))

@@ -191,7 +191,7 @@ class Scheduler:
         owners = self.queue.owners
         owners.reset(self.running, self.parked, self.waiting)
         newcomers: list[Sequence] = []
-        longest = 0
+        tokens = 0  # the newcomers' prompt tokens so far
         while True:
             seq = owners.next()
             if seq is None:
@@ -207,9 +207,8 @@ class Scheduler:
                 if self._chunked(seq):
                     if newcomers:
                         break
-                elif newcomers and budget is not None and \
-                        max(longest, seq.num_prompt_tokens) * (len(newcomers) + 1) > budget:
-                    break  # padded prefill over budget; the rest waits for the next prefill
+                elif newcomers and budget is not None and tokens + seq.num_prompt_tokens > budget:
+                    break  # over the step's prompt budget; the rest waits for the next step
             if victim is not None:
                 self._park(victim, now)
             else:
@@ -219,7 +218,7 @@ class Scheduler:
                 self._resume(seq, now)
                 continue
             newcomers.append(seq)
-            longest = max(longest, seq.num_prompt_tokens)
+            tokens += seq.num_prompt_tokens
             if self._chunked(seq):
                 break
         return newcomers

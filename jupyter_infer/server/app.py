@@ -79,7 +79,7 @@ class InferApp(ExtensionApp):
         D("max_prompt_tokens"), help="Longest prompt (in tokens) a request may send."
     ).tag(config=True)
     max_prefill_tokens = Int(
-        D("max_prefill_tokens"), help="Prompt tokens (padded) that one prefill step may run; bounds a step's cost."
+        D("max_prefill_tokens"), help="Prompt tokens that one step may run (newcomers together); bounds a step's cost."
     ).tag(config=True)
     idle_admit_delay_ms = Float(
         D("idle_admit_delay_ms"), help="""Continuous mode: an idle engine starts its first prefill once no request
