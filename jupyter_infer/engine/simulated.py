@@ -171,6 +171,7 @@ class SimulatedEngine(Engine):
     ) -> tuple[Sampled, tuple[Sampled, SimulatedBatch | None, dict[str, PartialPrompt]]]:
         """The decoding rows' step with newcomers' prompt tokens in it, as one forward costs:
         a token's delay and each prompt token's time (not a prefill's fixed cost again)."""
+        # Through ``prefill`` itself (tests' scripted engines override it), its fixed cost off.
         fixed, self.prefill_base_ms = self.prefill_base_ms, 0.0
         try:
             prompts = self.prefill(seqs, num_scheduled, partial)

@@ -1,20 +1,22 @@
 """The scheduling core: which sequences run next, and what a step's tokens do to them.
 
 Synchronous and free of I/O, like nano-vllm's ``Scheduler``: the engine loop calls
-``schedule(now)`` for a ``StepPlan`` (prefill newcomers, or decode one token for every
-decoding row), runs it, and hands the tokens to ``postprocess``. Time comes in as ``now``,
+``schedule(now)`` for a ``StepPlan`` (a token for every decoding row, and newcomers' prompt
+tokens: in the same step where the engine mixes, else in a prefill step of their own), runs
+it, and hands the tokens to ``postprocess``. Time comes in as ``now``,
 so the policy can be tested with a fake clock. The requests live in a ``RequestQueue``
 (``queue``), which collects every sequence that ends (finished, cancelled, failed) until the
 loop takes it (``queue.pop_finished()``) to end its stream.
 
 One rule, as in vLLM v1: each step schedules some tokens of some sequences, and their
 ``num_computed`` catches up with their tokens: a whole prompt, a chunk of a long one, or the
-last output token of every decoding row. Chunked prefill (continuous mode,
-``prefill_chunk_tokens``) is that rule with a budget: a prompt longer than a chunk is admitted
-alone, and while rows decode each prefill turn schedules its next chunk until the last one
-yields its first token (with none decoding, all that remains at once). Between two chunks the decoding rows decode, so a long prompt stalls them for one chunk
-at a time, never for its whole prefill; and while rows run, a group prefill of short prompts
-is bounded by a chunk too.
+last output token of every decoding row; in one step (a mixed one) where the engine can.
+Chunked prefill (continuous mode, ``prefill_chunk_tokens``) is that rule with a budget: a
+prompt longer than a chunk is admitted alone, and while rows decode each step schedules its
+next chunk until the last one yields its first token (with none decoding, all that remains at
+once). The chunk rides in the decoding rows' step (or, on an engine that cannot mix, between
+two of them), so a long prompt stalls them for one chunk at a time, never for its whole
+prefill; and while rows run, newcomers' prompts in one step are bounded by a chunk too.
 
 Fair share between owners (``fair_share``, on by default): the rows go to the owners (the
 Jupyter or hub users who sent the requests) in turn, each owner's by priority then FIFO. The
