@@ -289,9 +289,8 @@ class Engine(abc.ABC):
         order = [at[i] for i in batch.ids]  # before the step: newcomers join the batch
         decoding = [plan.seqs[i] for i in order]
         if not prompts:
-            decoded = self.decode(batch, decoding)
-            return (decoded if order == list(range(len(order))) else decoded.reorder(
-                [order.index(i) for i in range(len(order))])), rows
+            at_batch = {row_id: i for i, row_id in enumerate(batch.ids)}
+            return self.decode(batch, decoding).reorder([at_batch[s.id] for s in plan.seqs]), rows
         decoded, (sampled, complete, rows.prefilling) = self.mixed(batch, decoding, *new)
         rows.join(complete)
         return Sampled.combine([(order, decoded), (prompts, sampled)], len(plan.seqs)), rows

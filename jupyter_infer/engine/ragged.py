@@ -66,8 +66,9 @@ class Step:
         start = 0
         for block in self.blocks:
             width = block.ids.shape[1]
-            real = block.mask[:, -width:].bool()
-            real = None if bool(real.all()) else real.reshape(-1)
+            real = None  # a one-token column is always real: only wider blocks carry padding
+            if width > 1 and not bool((mask := block.mask[:, -width:].bool()).all()):
+                real = mask.reshape(-1)
             self.starts.append(start)
             self.reals.append(real)
             start += block.tokens if real is None else int(real.sum())
