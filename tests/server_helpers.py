@@ -72,8 +72,8 @@ class ScriptedEngine(SimulatedEngine):
         for i, seq in enumerate(seqs if batch is not None else ()):
             script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
             if script is not None:
-                batch.answers[i] = self.tokenize(script)
-                sampled.tokens[i] = [batch.answers[i][0]]
+                batch.rows[i].answer = self.tokenize(script)
+                sampled[i].tokens = [batch.rows[i].answer[0]]
         return sampled, batch, partial
 
 

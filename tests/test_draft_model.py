@@ -3,6 +3,8 @@ the model verifies; answers identical to decoding without guesses, token for tok
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.commands.model_builder import make_model
-from jupyter_infer.engine import StepPlan
+from jupyter_infer.engine import Rows, StepPlan
+from jupyter_infer.engine.draft_model import DraftKV
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.values.config import ServiceConfig
 from tests.test_hf_engine import _seq, reference
@@ -70,20 +73,28 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
     sampled, rows = engine.step(StepPlan(0, seqs), None)
     guessed = 0
     for _ in range(8):
-        for seq, tokens in zip(seqs, sampled.tokens, strict=True):
-            seq.output_ids += tokens
+        for seq, output in zip(seqs, sampled, strict=True):
+            seq.output_ids += output.tokens
         sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
-        for seq, proposed in zip(seqs, sampled.proposed or [0, 0], strict=True):
-            row = engine.draft._rows[seq.id]
+        for seq, proposed in zip(seqs, [o.proposed for o in sampled], strict=True):
+            row = _draft_kv(rows, seq.id)
             assert row.cache.get_seq_length() == len(row.fed)
             if proposed:  # its cache holds the row's history and the guesses it fed after it
                 guessed += 1
                 history = [*seq.prompt_ids, *seq.output_ids]
                 assert row.fed[: len(history)] == history and len(row.fed) == len(history) + proposed - 1
     assert guessed
+    del row  # the test's own reference
+    departed = weakref.ref(_draft_kv(rows, seqs[1].id))
     rows = rows.keep([seqs[0].id])
-    engine.step(StepPlan(0, seqs[:1], [seqs[0].id]), rows)
-    assert set(engine.draft._rows) == {seqs[0].id}  # the row that left freed its draft KV
+    _, rows = engine.step(StepPlan(0, seqs[:1], [seqs[0].id]), rows)
+    gc.collect()
+    assert departed() is None and _draft_kv(rows, seqs[0].id) is not None  # the row that left freed its draft KV
+
+
+def _draft_kv(rows: Rows, row_id: str) -> DraftKV | None:
+    """The draft model's KV that the running row ``row_id`` holds."""
+    return next(r.draft for bucket in rows.decoding for r in bucket.rows if r.id == row_id)
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(tiny_model_dir: Path, models_dir: Path) -> None:
@@ -146,10 +157,10 @@ def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_
     sampled, rows = engine.step(StepPlan(0, [seq]), None)
     fed = []
     for _ in range(6):
-        seq.output_ids += sampled.tokens[0]
+        seq.output_ids += sampled[0].tokens
         sampled, rows = engine.step(StepPlan(0, [seq], [seq.id]), rows)
-        fed.append(len(engine.draft._rows[seq.id].fed))
+        fed.append(len(_draft_kv(rows, seq.id).fed))
     history = len(seq.prompt_ids)
     steps = -(-history // CATCH_UP_TOKENS)  # chunks its history takes, then it guesses
     assert fed[: steps - 1] == [CATCH_UP_TOKENS * (i + 1) for i in range(steps - 1)]
-    assert fed[steps - 1] >= history and sampled.proposed  # caught up: it guesses
+    assert fed[steps - 1] >= history and sampled[0].proposed  # caught up: it guesses

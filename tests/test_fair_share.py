@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_infer.engine import Sampled, StepPlan
+from jupyter_infer.engine import StepPlan
 from jupyter_infer.errors import QueueFull
 from jupyter_infer.scheduler import Scheduler
 from jupyter_infer.values.request import Request, SamplingParams
 from jupyter_infer.values.sequence import Sequence, Status
-from tests.test_scheduler_core import core
+from tests.test_scheduler_core import core, outputs
 
 
 def seq(owner: str, max_tokens: int = 50, priority: int = 0, weight: float = 1.0, at: float = 0.0) -> Sequence:
@@ -22,7 +22,7 @@ def seq(owner: str, max_tokens: int = 50, priority: int = 0, weight: float = 1.0
 def step(s: Scheduler, now: float) -> StepPlan | None:
     plan, _ = s.schedule(now)
     if plan is not None:
-        s.postprocess(plan, Sampled([[7]] * len(plan.seqs)), now, now)
+        s.postprocess(plan, outputs([[7]] * len(plan.seqs)), now, now)
     return plan
 
 

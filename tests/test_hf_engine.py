@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.engine import Rows, Sampled, StepPlan, kv_cache, load_engine
+from jupyter_infer.engine import RowOutput, Rows, StepPlan, kv_cache, load_engine
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_device import cpu_has_native_bf16, pick_device
 from jupyter_infer.service.inference import InferenceService
@@ -83,7 +83,7 @@ def step(engine: HFEngine, plan: StepPlan, batch):
     """Run ``plan`` on the decoding ``batch``, append each row's tokens; the decoding batch
     after the step."""
     sampled, rows = engine.step(plan, None if batch is None else Rows(batch))
-    for seq, tokens in zip(plan.seqs, sampled.tokens, strict=True):
+    for seq, tokens in zip(plan.seqs, [o.tokens for o in sampled], strict=True):
         seq.output_ids += tokens
     return rows.decoding
 
@@ -113,7 +113,7 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
     longest = max(seqs, key=lambda s: s.num_prompt_tokens)
     rest = [s for s in seqs if s is not longest]
     batch = step(engine, StepPlan(3, rest, ids(rest)), batch)
-    assert batch.ids == ids(rest) and len(dense(batch).samplers) == 2
+    assert batch.ids == ids(rest) and len(dense(batch).rows) == 2
     width = max(s.num_prompt_tokens for s in rest) + 2  # prompt + the two tokens fed back so far
     assert dense(batch).mask.shape == (2, width)
     for layer in dense(batch).cache.layers:
@@ -155,9 +155,9 @@ def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactl
 
     def run(plan: StepPlan) -> None:
         sampled, held[0] = engine.step(plan, held[0])
-        for row, (seq, tokens) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
+        for row, (seq, tokens) in enumerate(zip(plan.seqs, [o.tokens for o in sampled], strict=True)):
             if plan.prompt[row]:
-                seq.num_computed = len(seq.prompt_ids) if tokens else sampled.computed[row]
+                seq.num_computed = len(seq.prompt_ids) if tokens else sampled[row].computed
             seq.output_ids += tokens
 
     run(StepPlan(1, [a]))
@@ -342,12 +342,12 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     hot_seqs = [_seq(engine, prompt, 1), _seq(engine, short, 1)]
     hot_tokens, hot = engine.step(StepPlan(0, hot_seqs), None)
     assert engine.prefix_cache_stats()["reused_tokens"] >= 32
-    seq, rows, first = _seq(engine, prompt, 1), None, Sampled([[]])
-    while not first.tokens[0]:  # 16 tokens a step, continuing the row, until the prompt is in
-        first, rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
-        seq.num_computed = first.computed[0] if first.computed else seq.num_prompt_tokens
+    seq, rows, first = _seq(engine, prompt, 1), None, RowOutput()
+    while not first.tokens:  # 16 tokens a step, continuing the row, until the prompt is in
+        [first], rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
+        seq.num_computed = first.computed if first.computed is not None else seq.num_prompt_tokens
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
-    assert hot_tokens.tokens == cold_tokens.tokens and first.tokens == cold_tokens.tokens[:1]
+    assert [o.tokens for o in hot_tokens] == [o.tokens for o in cold_tokens] and first.tokens == cold_tokens[0].tokens
     # The cached start is shared, not copied: the hot row and the chunked one refer to one prefix.
     [hot_prefix] = {id(b.shared) for b in hot.decoding if b.shared is not None}
     assert [id(b.shared) for b in rows.decoding] == [hot_prefix]

@@ -23,16 +23,16 @@ def row(prompt: list[int], output: list[int] = (), **params) -> RowSampler:
 def test_plain_rows_are_argmax_and_carry_no_logprobs() -> None:
     logits = torch.tensor([[0.0, 1.0, 3.0, 2.0], [5.0, 1.0, 0.0, 0.0]])
     out = sample(logits, [row([1]), row([2])])
-    assert out.tokens == [[2], [0]] and out.logprobs is None and out.prompt_logprobs is None
+    assert [o.tokens for o in out] == [[2], [0]] and all(o.logprobs is None and o.prompt_logprobs is None for o in out)
 
 
 def test_logit_bias_and_min_tokens_steer_the_choice() -> None:
     logits = torch.tensor([[5.0, 1.0, 0.0, 0.0]] * 3)
     seqs = [row([1]), row([1], logit_bias=((3, 100.0),)), row([1], min_tokens=2)]
     out = sample(logits, seqs)
-    assert out.tokens == [[EOS], [3], [1]]  # EOS is masked until min_tokens exist
+    assert [o.tokens for o in out] == [[EOS], [3], [1]]  # EOS is masked until min_tokens exist
     seqs[2].advance([1])  # it kept the token it was given, and one more: min_tokens are there
-    assert sample(logits[2:], seqs[2:]).tokens == [[EOS]]
+    assert [o.tokens for o in sample(logits[2:], seqs[2:])] == [[EOS]]
 
 
 def test_penalties_follow_vllm() -> None:
@@ -57,13 +57,13 @@ def test_logprobs_are_the_raw_log_softmax_and_only_for_rows_that_ask() -> None:
     seqs = [row([1], logprobs=3), row([1]), row([1], logprobs=0, logit_bias=((7, 100.0),))]
     out = sample(logits, seqs)
     expected = torch.log_softmax(logits, -1)
-    assert out.logprobs[1] is None
-    [first] = out.logprobs[0]
-    assert first.token_id == out.tokens[0][0] == int(logits[0].argmax())
+    assert out[1].logprobs is None
+    [first] = out[0].logprobs
+    assert first.token_id == out[0].tokens[0] == int(logits[0].argmax())
     assert first.logprob == pytest.approx(float(expected[0].max()))
     assert [t for t, _ in first.top] == expected[0].topk(3).indices.tolist()
     # The bias chose token 7, but its logprob is the model's own (vLLM's raw logprobs).
-    [third] = out.logprobs[2]
+    [third] = out[2].logprobs
     assert third.token_id == 7 and third.top == ()
     assert third.logprob == pytest.approx(float(expected[2, 7]))
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence as Seq
 
 import pytest
 
-from jupyter_infer.engine import Sampled, StepPlan
+from jupyter_infer.engine import RowOutput, Sampled, StepPlan
 from jupyter_infer.errors import QueueFull
 from jupyter_infer.scheduler import Recorder, Scheduler
 from jupyter_infer.values.config import ServiceConfig
@@ -17,6 +17,11 @@ from jupyter_infer.values.request import Request, SamplingParams
 from jupyter_infer.values.sequence import Sequence, Status
 
 EOS = 0
+
+
+def outputs(tokens: list[list[int]], computed: list[int | None] | None = None) -> Sampled:
+    """A step's output: these tokens for each row (and where a prompt row got to)."""
+    return [RowOutput(list(t), computed=c) for t, c in zip(tokens, computed or [None] * len(tokens), strict=True)]
 
 
 class FakeEngine:
@@ -44,7 +49,7 @@ def run_step(s: Scheduler, now: float, token: int = 7) -> StepPlan | None:
     """Schedule at ``now`` and, if there is a plan, give every row ``token``."""
     plan, _ = s.schedule(now)
     if plan is not None:
-        s.postprocess(plan, Sampled([[token]] * len(plan.seqs)), now, now)
+        s.postprocess(plan, outputs([[token]] * len(plan.seqs)), now, now)
     return plan
 
 
@@ -60,7 +65,7 @@ def test_window_waits_for_its_window_then_groups_and_the_17th_waits() -> None:
     plan, _ = s.schedule(0.02)  # full batch: no need to wait for the window
     assert plan.kind == "prefill" and plan.seqs == seqs[:16]
     assert [x.status for x in seqs[:16]] == [Status.RUNNING] * 16 and seqs[16].status is Status.WAITING
-    s.postprocess(plan, Sampled([[7]] * 16), 0.02, 0.03)
+    s.postprocess(plan, outputs([[7]] * 16), 0.02, 0.03)
     # Window mode runs the batch to completion: the 17th is not admitted meanwhile.
     assert s.schedule(0.2)[0].kind == "decode"
 
@@ -140,7 +145,7 @@ def test_eos_and_stop_strings_finish_rows() -> None:
     s.add(a, 0.0)
     s.add(b, 0.0)
     plan, _ = s.schedule(0.0)
-    released = s.postprocess(plan, Sampled([[9], [EOS]]), 0.0, 0.0)
+    released = s.postprocess(plan, outputs([[9], [EOS]]), 0.0, 0.0)
     assert [text for _, _, text in released] == ["", ""]
     assert a.record.finish_reason == "stop" and a.text == ""
     assert b.record.finish_reason == "stop" and b.output_ids == []
@@ -242,7 +247,7 @@ def chunk_step(s: Scheduler, now: float, last: bool) -> StepPlan:
     plan, _ = s.schedule(now)
     assert plan is not None and plan.chunk, plan
     [x], [n] = plan.seqs, plan.num_scheduled
-    s.postprocess(plan, Sampled([[7]]) if last else Sampled([[]], computed=[x.num_computed + n]), now, now)
+    s.postprocess(plan, outputs([[7]]) if last else outputs([[]], computed=[x.num_computed + n]), now, now)
     return plan
 
 
@@ -383,8 +388,8 @@ def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
     x = seq(max_tokens=5)
     s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    first = s.postprocess(plan, Sampled([[1]]), 0.0, 0.0)[0][2]
-    second = s.postprocess(s.schedule(0.0)[0], Sampled([[2]]), 0.0, 0.0)[0][2]
+    first = s.postprocess(plan, outputs([[1]]), 0.0, 0.0)[0][2]
+    second = s.postprocess(s.schedule(0.0)[0], outputs([[2]]), 0.0, 0.0)[0][2]
     # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
     assert (first, second) == ("a", "\r\nb")
 
@@ -409,9 +414,9 @@ def test_an_answer_cut_inside_a_character_keeps_its_last_bytes(end: str) -> None
     plan, _ = s.schedule(0.0)
     e_acute = list("é".encode())  # two bytes, two tokens
     tokens = [ord("a"), e_acute[0]] + ([e_acute[0]] if end == "max_tokens" else [EOS])
-    released = [s.postprocess(plan, Sampled([[t]]), 0.0, 0.0)[0][2] for t in tokens[:1]]
+    released = [s.postprocess(plan, outputs([[t]]), 0.0, 0.0)[0][2] for t in tokens[:1]]
     for token in tokens[1:]:
-        released += [text for _, _, text in s.postprocess(s.schedule(0.0)[0], Sampled([[token]]), 0.0, 0.0)]
+        released += [text for _, _, text in s.postprocess(s.schedule(0.0)[0], outputs([[token]]), 0.0, 0.0)]
     assert x.finish_reason == ("length" if end == "max_tokens" else "stop")
     assert "".join(released) == x.text == x.result().text
     assert x.text == ("a\ufffd\ufffd" if end == "max_tokens" else "a\ufffd")
@@ -427,9 +432,9 @@ def test_a_step_of_several_tokens_per_row_finishes_a_row_in_the_middle_of_them()
     for x in (a, b):
         s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    s.postprocess(plan, Sampled([[4], [4]]), 0.0, 0.0)
+    s.postprocess(plan, outputs([[4], [4]]), 0.0, 0.0)
     plan, _ = s.schedule(0.0)
-    released = s.postprocess(plan, Sampled([[6, 5, 8], [6, 7, 8, 9]]), 0.0, 0.0)
+    released = s.postprocess(plan, outputs([[6, 5, 8], [6, 7, 8, 9]]), 0.0, 0.0)
     assert [(kept, text) for _, kept, text in released] == [([6, 5], "w6 "), ([6, 7], "w6 w7 ")]
     assert a.output_ids == [4, 6, 5] and a.finish_reason == "stop" and a.text == "w4 w6 "
     assert b.output_ids == [4, 6, 7] and b.finish_reason == "length"
@@ -457,7 +462,7 @@ def mixed_step(s: Scheduler, now: float) -> StepPlan:
     tokens = [[7] if not p or d else [] for p, d in zip(plan.prompt, done, strict=True)]
     computed = [x.num_computed + n if p else None
                 for x, n, p in zip(plan.seqs, plan.num_scheduled, plan.prompt, strict=True)]
-    s.postprocess(plan, Sampled(tokens, computed=computed), now, now)
+    s.postprocess(plan, outputs(tokens, computed=computed), now, now)
     return plan
 
 

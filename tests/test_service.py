@@ -368,10 +368,10 @@ async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole()
     seq = Sequence(req("x"), list(range(1, 101)))
     rows = None
     while True:
-        sampled, rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [64]), rows)
-        if sampled.tokens[0]:
+        [output], rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [64]), rows)
+        if output.tokens:
             break
-        seq.num_computed = sampled.computed[0]
+        seq.num_computed = output.computed
     assert slept == [128.0, 72.0]  # 64 tokens, then the 36 left
 
 

@@ -110,13 +110,13 @@ async def test_off_and_past_the_row_limit_nothing_is_drafted(tiny_model_dir: Pat
     seqs = [_seq(engine, p, 20) for p in COPY]
     sampled, rows = engine.step(StepPlan(0, seqs), None)
     for _ in range(6):
-        for seq, tokens in zip(seqs, sampled.tokens, strict=True):
+        for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
             seq.output_ids += tokens
         sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
-        assert sampled.proposed is None and all(len(t) == 1 for t in sampled.tokens)  # 3 rows > 2: no guesses
+        assert not any(o.proposed for o in sampled) and all(len(o.tokens) == 1 for o in sampled)  # 3 rows > 2: no guesses
     rows = rows.keep([seqs[2].id])
     sampled, rows = engine.step(StepPlan(0, seqs[2:], [seqs[2].id]), rows)
-    assert sampled.proposed is not None  # alone, the same row guesses
+    assert sampled[0].proposed  # alone, the same row guesses
 
 
 def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> None:
@@ -130,10 +130,10 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
         seqs = [_seq(engine, p, 64) for p in COPY]
         sampled, rows = engine.step(StepPlan(0, seqs), None)
         for _ in range(steps):
-            for seq, tokens in zip(seqs, sampled.tokens, strict=True):
+            for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
                 seq.output_ids += tokens
             sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
-        for seq, tokens in zip(seqs, sampled.tokens, strict=True):
+        for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
             seq.output_ids += tokens
         return seqs, rows
 

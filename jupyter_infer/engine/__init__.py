@@ -10,9 +10,9 @@ from urllib.parse import urlparse
 
 from ..values.config import ServiceConfig
 from ..values.engine_info import EngineInfo
-from .base import Batch, Engine, KVUsage, Rows, Sampled, StepPlan
+from .base import Batch, Engine, KVUsage, RowOutput, Rows, Sampled, StepPlan
 
-__all__ = ["Batch", "Engine", "EngineInfo", "KVUsage", "Rows", "Sampled", "StepPlan", "load_engine"]
+__all__ = ["Batch", "Engine", "EngineInfo", "KVUsage", "RowOutput", "Rows", "Sampled", "StepPlan", "load_engine"]
 
 log = logging.getLogger(__name__)
 # A server logs this as a warning; an engine embedded in a kernel says it once, quietly

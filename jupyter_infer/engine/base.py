@@ -64,62 +64,29 @@ class StepPlan:
 
 
 @dataclass
-class Sampled:
-    """One step's output, per row of the plan: the tokens it yields, in order (one for a
-    decode or a completed prompt; none for a prompt chunk that is not its last; several for
-    a constrained row whose grammar forced a run, or, one day, a step that verifies drafts)
-    and, only for the rows whose request asks, their log probabilities (``None`` when no row
-    asked, so the common step carries nothing). ``errors``: why a row failed this step
-    (its grammar could not go on), so that only that row fails."""
+class RowOutput:
+    """One row's output of a step: the tokens it yields, in order (one for a decode or a
+    completed prompt; none for a prompt chunk that is not its last; several for a row whose
+    grammar forced a run, or whose draft tokens its model kept) and, only where its request
+    asks, their log probabilities. Adding something a step tells about a row is one field."""
 
-    tokens: list[list[int]]
-    logprobs: list[list[TokenLogprob] | None] | None = None  # per row: one per token
-    # per row of a prefill: every prompt position's (the first is None); None if not asked
-    prompt_logprobs: list[list[TokenLogprob | None] | None] | None = None
-    # per row of a prefill: its computed tokens after the step (a prefix-cache hit counts),
-    # for rows still short of their prompt's end; None: every prompt is complete
-    computed: list[int] | None = None
-    errors: list[str | None] | None = None  # per row: None, or why this row failed
-    forced: list[int] | None = None  # per row: how many of its tokens a grammar forced (None: none did)
-    # Speculation, per row: the draft tokens it proposed this step, and how many of them its
-    # model agreed with (its first ``accepted`` tokens; their KV is computed). None: none drafted.
-    proposed: list[int] | None = None
-    accepted: list[int] | None = None
-
-    @classmethod
-    def combine(cls, parts: list[tuple[list[int], Sampled]], rows: int) -> Sampled:
-        """One step's output from its parts: each part's rows go to the rows its list names."""
-        out = cls([[] for _ in range(rows)])
-        for name, empty in _PER_ROW.items():
-            if all(getattr(part, name) is None for _, part in parts):
-                continue
-            values = [empty] * rows
-            for where, part in parts:
-                mine = getattr(part, name)
-                for i, row in enumerate(where):
-                    values[row] = mine[i] if mine is not None else empty
-            setattr(out, name, values)
-        for where, part in parts:
-            for i, row in enumerate(where):
-                out.tokens[row] = part.tokens[i]
-        return out
-
-    def reorder(self, order: list[int]) -> Sampled:
-        """The rows ``order`` names, in that order (an engine's rows into the plan's order)."""
-        if order == list(range(len(self.tokens))):
-            return self
-
-        def pick(rows: list | None) -> list | None:
-            return None if rows is None else [rows[i] for i in order]
-
-        return Sampled([self.tokens[i] for i in order], pick(self.logprobs), pick(self.prompt_logprobs),
-                       pick(self.computed), pick(self.errors), pick(self.forced), pick(self.proposed),
-                       pick(self.accepted))
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # one per token, where the request asks
+    # A completed prompt's own (the first is None), where the request asks
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    # A prompt row still short of its prompt's end: its computed tokens after the step (a
+    # prefix-cache hit counts); None once its prompt is complete
+    computed: int | None = None
+    error: str | None = None  # why this row failed this step (its grammar could not go on): it alone fails
+    forced: int = 0  # how many of its tokens a grammar forced
+    # Speculation: the draft tokens it proposed this step, and how many of them its model
+    # agreed with (its first ``accepted`` tokens; their KV is computed)
+    proposed: int = 0
+    accepted: int = 0
 
 
-# Sampled's per-row lists besides ``tokens``, and what a row that had none of it holds.
-_PER_ROW = {"logprobs": None, "prompt_logprobs": None, "computed": None, "errors": None, "forced": 0,
-            "proposed": 0, "accepted": 0}
+# One step's output: a ``RowOutput`` per row (of the plan, from ``Engine.step``).
+Sampled = list[RowOutput]
 
 
 @dataclass(frozen=True)
@@ -289,11 +256,16 @@ class Engine(abc.ABC):
         order = [at[i] for i in batch.ids]  # before the step: newcomers join the batch
         decoding = [plan.seqs[i] for i in order]
         if not prompts:
-            at_batch = {row_id: i for i, row_id in enumerate(batch.ids)}
-            return self.decode(batch, decoding).reorder([at_batch[s.id] for s in plan.seqs]), rows
-        decoded, (sampled, complete, rows.prefilling) = self.mixed(batch, decoding, *new)
-        rows.join(complete)
-        return Sampled.combine([(order, decoded), (prompts, sampled)], len(plan.seqs)), rows
+            parts = [(order, self.decode(batch, decoding))]
+        else:
+            decoded, (sampled, complete, rows.prefilling) = self.mixed(batch, decoding, *new)
+            rows.join(complete)
+            parts = [(order, decoded), (prompts, sampled)]
+        out: Sampled = [RowOutput()] * len(plan.seqs)
+        for where, part in parts:
+            for row, output in zip(where, part, strict=True):
+                out[row] = output
+        return out, rows
 
     def mixed(
         self, batch: Batch, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
@@ -324,3 +296,4 @@ class Engine(abc.ABC):
         ``template_kwargs``, and ``tools`` where ``renders_tools``)."""
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join(lines) + "\nassistant:"
+

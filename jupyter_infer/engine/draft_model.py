@@ -1,8 +1,8 @@
 """Draft tokens from a draft model: a smaller model with the target's tokenizer guesses a
 row's next tokens, greedily, and the decode step verifies them (``speculate.verify``).
 
-Each guessing row has the draft model's own KV of its history (a one-row cache here, in the
-engine's thread): a step feeds the draft model what the row got since its last guesses
+Each guessing row holds the draft model's own KV of its history (``DraftKV``, a one-row cache
+in its ``hf_row.Row``: it goes where the row goes, and leaves with it): a step feeds the draft model what the row got since its last guesses
 (the target's kept guesses and its own token), after cutting the guesses it refused off
 that cache, then ``k - 1`` more tokens one at a time. Its guesses are greedy, so they are a
 function of the row's history: the sure-draft rejection sampling that verifies n-gram
@@ -30,7 +30,9 @@ CATCH_UP_TOKENS = 64
 
 
 @dataclass
-class _Row:
+class DraftKV:
+    """The draft model's KV of one row's history."""
+
     cache: DynamicCache
     fed: list[int]  # the tokens whose KV the cache holds, in order
 
@@ -73,16 +75,17 @@ class DraftModel:
         self.name, self.device = name, device
         self.max_context = int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048))
         self.parameters = sum(p.numel() for p in self.model.parameters())
-        self._rows: dict[str, _Row] = {}
+
+    def new_kv(self) -> DraftKV:
+        """An empty history, for a row about to guess for the first time."""
+        return DraftKV(kv_cache.new_cache(self.model.config), [])
 
     @torch.inference_mode()
-    def propose(self, row_id: str, tokens: Seq[int], k: int) -> list[int]:
-        """Up to ``k`` greedy guesses after ``tokens`` (the row's prompt and answer so far)."""
+    def propose(self, row: DraftKV, tokens: Seq[int], k: int) -> list[int]:
+        """Up to ``k`` greedy guesses after ``tokens`` (the row's prompt and answer so far),
+        from ``row``, its KV so far (brought up to ``tokens`` here)."""
         if k <= 0 or len(tokens) + k > self.max_context:
             return []
-        row = self._rows.get(row_id)
-        if row is None:
-            row = self._rows[row_id] = _Row(kv_cache.new_cache(self.model.config), [])
         same = _common_prefix(row.fed, tokens)
         same = min(same, len(tokens) - 1)  # feed one token at least: its logits give the first guess
         if same < len(row.fed):  # the guesses its target refused, and what came after them
@@ -102,14 +105,6 @@ class DraftModel:
             feed = [int(out.logits[0, -1].argmax())]
             guesses.extend(feed)
         return guesses
-
-    def keep(self, row_ids: set[str]) -> None:
-        """Free the KV of rows that are not decoding any more (finished, cancelled, parked)."""
-        for row_id in [r for r in self._rows if r not in row_ids]:
-            del self._rows[row_id]
-
-    def bytes_held(self) -> int:
-        return sum(kv_cache.bytes_held(row.cache) for row in self._rows.values())
 
 
 def _common_prefix(a: Seq[int], b: Seq[int]) -> int:

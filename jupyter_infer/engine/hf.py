@@ -38,6 +38,7 @@ from .hf_batch import HFBatch
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
 from .hf_load import check_format, load_causal_lm, parameter_count
 from .hf_prompts import PromptChunk, Start, WholePrompts, prompt_work
+from .hf_row import Row
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, sample
 from .shared_prefix import Claim, SharedPrefixes
@@ -193,7 +194,7 @@ class HFEngine(Engine):
     ) -> tuple[Sampled, Buckets | None, dict[str, HFBatch]]:
         """Whole prompts in one forward; a long prompt alone, a chunk at a time (``partial``)."""
         work, rest = prompt_work(self, seqs, num_scheduled, partial)
-        masks = masks_beside(grammar_rows(work.samplers), self.logits_width)
+        masks = masks_beside(grammar_rows(r.sampler for r in work.rows), self.logits_width)
         logits = self._forward(work.blocks, every=work.echo)
         if masks is not None:
             masks.result()
@@ -304,9 +305,9 @@ class HFEngine(Engine):
         """The decoding rows' tokens (the batch's order) and, with ``prompts``, what their
         ``finish`` gives, from one forward over the buckets' blocks then the prompts'."""
         buckets = list(batch)
-        samplers = [s for bucket in buckets for s in bucket.samplers]
+        rows = [r for bucket in buckets for r in bucket.rows]
         extra = prompts.blocks if prompts is not None else []
-        masks = masks_beside(grammar_rows(samplers + (prompts.samplers if prompts is not None else [])),
+        masks = masks_beside(grammar_rows(r.sampler for r in rows + (prompts.rows if prompts is not None else [])),
                              self.logits_width)
         drafts = speculate.drafts(buckets, seqs, self.speculative_tokens, self.speculative_max_rows,
                                   self.draft if self.speculative_method == "draft" else None)
@@ -322,13 +323,14 @@ class HFEngine(Engine):
         if masks is not None:
             masks.result()
         if drafts:
-            sampled = speculate.verify(logits, blocks, buckets, drafts, samplers, self.speculative_tokens)
+            sampled = speculate.verify(logits, blocks, buckets, drafts, self.speculative_tokens)
         else:
             if every:  # the prompts' echo kept every column: each row's last one
                 logits = logits[ragged.last_columns(blocks)]
-            sampled, start = sample(logits, samplers, cost.width if cost is not None else None), 0
+            sampled = sample(logits, [r.sampler for r in rows], cost.width if cost is not None else None)
+            tokens = iter([o.tokens for o in sampled])
             for bucket, block in zip(buckets, blocks, strict=True):
-                bucket.advance(block, sampled.tokens[start : (start := start + len(bucket.ids))])
+                bucket.advance(block, [next(tokens) for _ in bucket.rows])
         # in the batch's order, as seqs are (Engine.step answers in the plan's)
         return sampled, (prompts.finish(theirs, every) if prompts is not None else None)
 
@@ -345,8 +347,10 @@ class HFEngine(Engine):
             logits.append(out.logits.flatten(0, 1))
         return torch.cat(logits)
 
-    def _sampler(self, seq: Sequence) -> RowSampler:
-        return RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device, seq.grammar)
+    def _row(self, seq: Sequence) -> Row:
+        """A newcomer's row: its sampler (its claim on its prompt comes once it is prefilled)."""
+        return Row(seq.id, RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device,
+                                            seq.grammar))
 
 
 def _grammars(tokenizer: Any, vocab: int, eos_ids: frozenset[int]) -> GrammarCompiler | None:

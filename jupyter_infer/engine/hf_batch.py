@@ -1,5 +1,6 @@
 """The rows of a Hugging Face model as one dense value, TGI's ``CausalLMBatch``: a KV cache
-left-padded to one length, each row's attention mask, next position, last token and sampler.
+left-padded to one length, each row's attention mask, next position and last token, and the
+rows themselves (``hf_row.Row``: all the rest a row holds).
 ``concatenate`` (rows join: both caches left-padded to one length) and ``filter`` (rows leave;
 columns only padding uses are trimmed) are the two operations on it.
 """
@@ -7,16 +8,15 @@ columns only padding uses are trimmed) are the two operations on it.
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from . import kv_cache
-from .guessing import Guessing
+from .hf_row import Row
 from .ragged import Block
-from .sampling import RowSampler
-from .shared_prefix import Claim, SharedPrefix
+from .shared_prefix import SharedPrefix
 
 
 def left_pad_rows(rows: Seq[Seq[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,26 +45,23 @@ def row_ends(rows: Seq[tuple[int, int | None]], device: str) -> torch.Tensor:
 
 @dataclass
 class HFBatch:
-    """The running rows: ids, KV cache, attention mask, next positions, last tokens, samplers."""
+    """The running rows: tensors (KV cache, attention mask, next positions, last tokens, ends)
+    whose row ``i`` is ``rows[i]``'s."""
 
-    ids: list[str]
+    rows: list[Row]
     cache: DynamicCache
     mask: torch.Tensor  # [rows, cache_len] 1 = real token
     positions: torch.Tensor  # [rows] position id of the next token
     last: torch.Tensor  # [rows] the token to feed next
-    samplers: list[RowSampler]  # per row: how it chooses its tokens
     ends: torch.Tensor  # [rows] the position at which a row has all its tokens (prompt + max_tokens)
-    claims: list[Claim | None]  # per row: its claim on its prompt's blocks, which newcomers may share
     _mask_buf: torch.Tensor | None = None  # ``mask`` is a view of it, with spare columns
-    # Rows that got more than one token last step (a grammar's forced ones), by id: all of
-    # them are fed next step, not just ``last``.
-    forced: dict[str, list[int]] = field(default_factory=dict)
     # The prompt prefix every row starts with, held once (shared_prefix.py); the cache and
     # mask are the columns after it.
     shared: SharedPrefix | None = None
-    # Speculation, per row (guessing.Guessing): draft tokens it proposes next, steps it sits
-    # out before it guesses again, ...; rows not named here propose the engine's most.
-    draft_k: dict[str, Guessing] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.id for r in self.rows]
 
     def __post_init__(self) -> None:
         # Decided when rows join (a batch is made) or leave (``filter``), not every step.
@@ -77,16 +74,17 @@ class HFBatch:
     def took(self, tokens: list[list[int]]) -> None:
         """The step's tokens per row: the last is fed next; a run of several, all of it."""
         self.last = torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=self.last.device)
-        self.forced = {i: t for i, t in zip(self.ids, tokens, strict=True) if len(t) > 1}
+        for row, t in zip(self.rows, tokens, strict=True):
+            row.feed = t if len(t) > 1 else None
 
     def feeds(self, drafts: dict[str, list[int]] | None = None) -> list[list[int]] | None:
         """What each row feeds next when some row has a forced run or draft tokens to verify
         after its last (``None``: one token each)."""
         drafts = drafts or {}
-        if not self.forced and not any(i in drafts for i in self.ids):
+        if not any(r.feed or r.id in drafts for r in self.rows):
             return None
         last = self.last.tolist()
-        return [self.forced.get(i, [t, *drafts.get(i, ())]) for i, t in zip(self.ids, last, strict=True)]
+        return [r.feed or [t, *drafts.get(r.id, ())] for r, t in zip(self.rows, last, strict=True)]
 
     def next_block(self, pad_id: int, drafts: dict[str, list[int]] | None = None) -> Block:
         """The next decode step's input: each row's last token, or where a grammar forced a
@@ -127,30 +125,24 @@ class HFBatch:
     def filter(self, ids: list[str]) -> HFBatch | None:
         if not ids:
             return None
-        row = {row_id: i for i, row_id in enumerate(self.ids)}
-        keep = [row[i] for i in ids]
+        at = {row.id: i for i, row in enumerate(self.rows)}
+        keep = [at[i] for i in ids]
         index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
         mask = self.mask[index]
         # Columns that only departed rows used are pure padding now: trim them.
         start = int(mask.any(dim=0).nonzero()[0])
         self.positions = self.positions[index]
         self.ends = self.ends[index]
+        self.rows = [self.rows[i] for i in keep]
         kv_cache.select_rows(self.cache, index, start, self.spare())
-        self.ids = list(ids)
         self.mask, self._mask_buf = mask[:, start:], None
         self.last = self.last[index]
-        self.samplers = [self.samplers[i] for i in keep]
-        self.claims = [self.claims[i] for i in keep]
-        kept = set(ids)
-        self.forced = {i: t for i, t in self.forced.items() if i in kept}
-        self.draft_k = {i: k for i, k in self.draft_k.items() if i in kept}
         return self
 
     def take(self, ids: list[str]) -> HFBatch:
         """A new batch of the rows in ``ids`` (this one unchanged): ``filter`` on a copy."""
-        clone = HFBatch(list(self.ids), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
-                        list(self.samplers), self.ends, list(self.claims), forced=dict(self.forced),
-                        shared=self.shared, draft_k=dict(self.draft_k))
+        clone = HFBatch(list(self.rows), kv_cache.shallow_copy(self.cache), self.mask, self.positions, self.last,
+                        self.ends, shared=self.shared)
         return clone.filter(ids)
 
     def widths(self) -> list[int]:
@@ -166,17 +158,13 @@ class HFBatch:
         width = max(self.mask.shape[1], other.mask.shape[1])
         spare = max(self.spare(), other.spare())
         return HFBatch(
-            ids=self.ids + other.ids,
+            rows=self.rows + other.rows,
             cache=kv_cache.merge(self.cache, other.cache, width, spare),
             mask=torch.cat([kv_cache.left_pad(self.mask, width, 1), kv_cache.left_pad(other.mask, width, 1)]),
             positions=torch.cat([self.positions, other.positions]),
             last=torch.cat([self.last, other.last]),
-            samplers=self.samplers + other.samplers,
-            forced=self.forced | other.forced,
-            draft_k=self.draft_k | other.draft_k,
-            shared=self.shared,
-            claims=self.claims + other.claims,
             ends=torch.cat([self.ends, other.ends]),
+            shared=self.shared,
         )
 
     def extend_mask(self, block: torch.Tensor | None = None) -> torch.Tensor:

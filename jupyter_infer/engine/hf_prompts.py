@@ -2,8 +2,8 @@
 long one, as ragged blocks (``ragged.py``) that run in the same forward as the decoding rows'
 blocks (a mixed step) or alone; then, from that forward's logits, the rows they make.
 
-Both kinds answer the same three things: ``blocks`` (what the forward runs), ``samplers``
-(their rows', in block order: their grammars' masks are filled beside the forward) and
+Both kinds answer the same three things: ``blocks`` (what the forward runs), ``rows``
+(theirs, ``hf_row.Row``, in block order: their grammars' masks are filled beside the forward) and
 ``finish(logits, every)`` (their first tokens, the rows whose prompt is complete, the row
 still part-way). ``echo``: a row asks for its prompt's logprobs, so the forward must keep
 every column's logits.
@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import kv_cache, ragged
-from .base import Sampled
+from .base import RowOutput, Sampled
 from .hf_batch import HFBatch, left_pad_rows, row_ends, spare_columns
-from .sampling import RowSampler, prompt_logprobs, sample
+from .hf_row import Row
+from .sampling import prompt_logprobs, sample
 
 if TYPE_CHECKING:
     from ..values.sequence import Sequence
@@ -47,7 +48,7 @@ class WholePrompts:
         self.lots = list(lots.values())
         self.order = [i for rows in self.lots for i in rows]
         self.blocks = [self._block([seqs[i] for i in rows], [self.starts[i] for i in rows]) for rows in self.lots]
-        self.samplers: list[RowSampler] = [engine._sampler(seqs[i]) for i in self.order]
+        self.rows: list[Row] = [engine._row(seqs[i]) for i in self.order]
         self.echo = any(s.params.prompt_logprobs is not None for s in seqs)
 
     def _block(self, seqs: list[Sequence], starts: list[Start]) -> ragged.Block:
@@ -85,26 +86,27 @@ class WholePrompts:
                     own = logits[first : first + block.tokens].unflatten(0, block.ids.shape)[row, -len(prompt):]
                     echoed[i] = prompt_logprobs(own, prompt, seqs[i].params.prompt_logprobs)
             first += block.tokens
-        sampled = sample(last, self.samplers)
+        sampled = sample(last, [r.sampler for r in self.rows])
         batches, at = [], 0
-        for rows, block in zip(self.lots, self.blocks, strict=True):
-            tokens = sampled.tokens[at : at + len(rows)]
-            at += len(rows)
+        for lot, block in zip(self.lots, self.blocks, strict=True):
+            rows, tokens = self.rows[at : at + len(lot)], [o.tokens for o in sampled[at : at + len(lot)]]
+            at += len(lot)
+            for row, i, t in zip(rows, lot, tokens, strict=True):
+                row.claim = engine._claim(seqs[i])
+                row.feed = t if len(t) > 1 else None
             batches.append(HFBatch(
-                ids=[seqs[i].id for i in rows],
+                rows=rows,
                 cache=block.cache,
                 mask=block.mask,
-                positions=torch.tensor([len(seqs[i].prompt_ids) for i in rows], device=engine.device),
-                ends=row_ends([(len(seqs[i].prompt_ids), seqs[i].params.max_tokens) for i in rows], engine.device),
+                positions=torch.tensor([len(seqs[i].prompt_ids) for i in lot], device=engine.device),
+                ends=row_ends([(len(seqs[i].prompt_ids), seqs[i].params.max_tokens) for i in lot], engine.device),
                 last=torch.tensor([t[-1] for t in tokens], dtype=torch.long, device=engine.device),
-                samplers=self.samplers[at - len(rows) : at],
-                forced={seqs[i].id: t for i, t in zip(rows, tokens, strict=True) if len(t) > 1},
                 shared=block.shared,
-                claims=[engine._claim(seqs[i]) for i in rows],
             ))
-        sampled = sampled.reorder([self.order.index(i) for i in range(len(seqs))])
-        if self.echo:
-            sampled.prompt_logprobs = [echoed.get(i) for i in range(len(seqs))]
+        back = {i: j for j, i in enumerate(self.order)}
+        sampled = [sampled[back[i]] for i in range(len(seqs))]
+        for i, output in enumerate(sampled):
+            output.prompt_logprobs = echoed.get(i)
         return sampled, engine._buckets(batches), {}
 
 
@@ -119,7 +121,7 @@ class PromptChunk:
     def __init__(self, engine: HFEngine, seq: Sequence, partial: HFBatch | None, budget: int) -> None:
         self.engine, self.seq, self.partial = engine, seq, partial
         prompt = seq.prompt_ids
-        self.samplers = partial.samplers if partial is not None else [engine._sampler(seq)]
+        self.rows = partial.rows if partial is not None else [engine._row(seq)]
         if partial is None:
             shared, done, kv = engine._cached_start(seq)
             offset = shared.length if shared is not None else 0
@@ -147,17 +149,19 @@ class PromptChunk:
                                        else kv_cache.row_kv(cache, 0, a - offset, b - offset))
         complete = end == len(prompt)
         last = logits[ragged.last_columns(self.blocks)] if every else logits
-        sampled = sample(last, self.samplers) if complete else Sampled([[]], computed=[end])
+        sampled = sample(last, [r.sampler for r in self.rows]) if complete else [RowOutput(computed=end)]
+        row = self.rows[0]
+        if self.partial is None:
+            row.claim = engine._claim(seq)
+        tokens = sampled[0].tokens
+        row.feed = tokens if len(tokens) > 1 else None
         row = HFBatch(
-            ids=[seq.id], cache=cache, mask=block.mask,
+            rows=self.rows, cache=cache, mask=block.mask,
             positions=torch.tensor([end], device=engine.device),
             ends=row_ends([(len(prompt), seq.params.max_tokens)], engine.device),
             # No token to feed yet while the prompt is incomplete: its row is not decoded.
-            last=torch.tensor([sampled.tokens[0][-1] if complete else 0], dtype=torch.long, device=engine.device),
-            samplers=self.samplers,
-            forced={seq.id: sampled.tokens[0]} if len(sampled.tokens[0]) > 1 else {},
+            last=torch.tensor([tokens[-1] if complete else 0], dtype=torch.long, device=engine.device),
             shared=shared,
-            claims=self.partial.claims if self.partial is not None else [engine._claim(seq)],
         )
         if complete:
             return sampled, engine._buckets([row]), {}

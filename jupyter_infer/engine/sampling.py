@@ -10,7 +10,7 @@ one ``log_softmax`` over just those rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -18,7 +18,7 @@ import torch
 
 from ..constraints.grammar import Grammar, GrammarRow
 from ..values.request import SamplingParams, TokenLogprob
-from .base import Sampled
+from .base import RowOutput, Sampled
 from .logits_processors import LogitsProcessor, processors_for
 
 
@@ -129,7 +129,7 @@ class RowSampler:
             self.processors = [p for p in self.processors if not p.spent]
 
 
-def grammar_rows(samplers: Seq[RowSampler]) -> list[GrammarRow]:
+def grammar_rows(samplers: Iterable[RowSampler]) -> list[GrammarRow]:
     """The grammar states of the constrained rows (their masks are computed beside the forward)."""
     return [s.grammar for s in samplers if s.grammar is not None]
 
@@ -146,37 +146,32 @@ def sample(logits: torch.Tensor, samplers: Seq[RowSampler],
     run is forced again next step.
     """
     tokens = torch.argmax(logits, dim=-1).tolist()
-    rows = [[t] for t in tokens]
+    out = [RowOutput([t]) for t in tokens]
     runs: dict[int, list[int]] = {}
     for row, sampler in enumerate(samplers):
         if not sampler.plain:
             tokens[row] = sampler.choose(logits[row])
-            rows[row] = [tokens[row]]
+            out[row].tokens = [tokens[row]]
         if sampler.processors:
             sampler.advance((tokens[row],))
             runs[row] = sampler.forced()
-    forced = None
     if runs:
         wide = width([1 + len(runs.get(row, ())) for row in range(len(samplers))]) if width else None
         for row, run in runs.items():
             more = samplers[row].fast_forward(run if wide is None else run[: wide - 1])
-            if more:
-                rows[row] += more
-                forced = forced or [0] * len(samplers)
-                forced[row] = len(more)
-    sampled = Sampled(rows, forced=forced)
-    if any(s.grammar is not None and s.grammar.error for s in samplers):
-        sampled.errors = [s.grammar.error if s.grammar is not None else None for s in samplers]
+            out[row].tokens += more
+            out[row].forced = len(more)
+    for output, sampler in zip(out, samplers, strict=True):
+        if sampler.grammar is not None:
+            output.error = sampler.grammar.error
     asking = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
-    if not asking:
-        return sampled
-    records = logprob_records(
-        logits[asking], [tokens[i] for i in asking], [samplers[i].params.logprobs for i in asking]
-    )
-    sampled.logprobs = [None] * len(samplers)
-    for i, record in zip(asking, records, strict=True):
-        sampled.logprobs[i] = [record]
-    return sampled
+    if asking:
+        records = logprob_records(
+            logits[asking], [tokens[i] for i in asking], [samplers[i].params.logprobs for i in asking]
+        )
+        for i, record in zip(asking, records, strict=True):
+            out[i].logprobs = [record]
+    return out
 
 
 def logprob_records(logits: torch.Tensor, chosen: Seq[int], ks: Seq[int]) -> list[TokenLogprob]:

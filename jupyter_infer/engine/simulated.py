@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 from ..constraints.grammar import GrammarCompiler, GrammarRow
 from ..values.engine_info import EngineInfo
 from ..values.request import TokenLogprob
-from .base import Engine, Sampled
+from .base import Engine, RowOutput, Sampled
 from .simulated_answers import compose_answer
 from .simulated_calls import asked, simulated_turn
 from .simulated_tokenizer import EOS_ID, knowledge_tokenizer
@@ -40,37 +40,42 @@ if TYPE_CHECKING:
 SIMULATED_RUN = 12  # answer tokens a constrained row reads into one string (or text) before closing it
 
 
+@dataclass(eq=False)
+class SimulatedRow:
+    """One running row: the token ids of the answer it reads out and, for a constrained row,
+    its grammar state and how far into its answer it has read."""
+
+    id: str
+    answer: list[int]
+    grammar: GrammarRow | None = None
+    read: int = 0
+    run: int = 0  # answer tokens taken since a constrained row last closed
+    whole: bool = False  # a call, or a text beside tools: read all of it
+
+
 @dataclass
 class SimulatedBatch:
-    """The running rows: their ids, the token ids of the answer each one is reading out, and
-    for a constrained row its grammar state and how far into its answer it has read."""
+    """The running rows, in order."""
 
-    ids: list[str]
-    answers: list[list[int]]
-    grammars: list[GrammarRow | None] = field(default_factory=list)
-    read: list[int] = field(default_factory=list)
-    run: list[int] = field(default_factory=list)  # answer tokens taken since a constrained row last closed
-    whole: list[bool] = field(default_factory=list)  # a call, or a text beside tools: read all of it
+    rows: list[SimulatedRow]
+
+    @property
+    def ids(self) -> list[str]:
+        return [r.id for r in self.rows]
 
     def filter(self, ids: list[str]) -> SimulatedBatch | None:
         if not ids:
             return None
-        row = {row_id: i for i, row_id in enumerate(self.ids)}
-        self.answers = [self.answers[row[i]] for i in ids]
-        self.grammars = [self.grammars[row[i]] for i in ids]
-        self.read = [self.read[row[i]] for i in ids]
-        self.run = [self.run[row[i]] for i in ids]
-        self.whole = [self.whole[row[i]] for i in ids]
-        self.ids = list(ids)
+        by_id = {r.id: r for r in self.rows}
+        self.rows = [by_id[i] for i in ids]
         return self
 
     def take(self, ids: list[str]) -> SimulatedBatch:
-        copy = SimulatedBatch(list(self.ids), self.answers, self.grammars, self.read, self.run, self.whole)
-        return copy.filter(ids)
+        by_id = {r.id: r for r in self.rows}
+        return SimulatedBatch([by_id[i] for i in ids])
 
     def concatenate(self, other: SimulatedBatch) -> SimulatedBatch:
-        return SimulatedBatch(self.ids + other.ids, self.answers + other.answers, self.grammars + other.grammars,
-                              self.read + other.read, self.run + other.run, self.whole + other.whole)
+        return SimulatedBatch(self.rows + other.rows)
 
 
 @dataclass
@@ -139,7 +144,7 @@ class SimulatedEngine(Engine):
         complete = [s for s, e in zip(seqs, ends, strict=True) if e == s.num_prompt_tokens]
         rest |= {s.id: PartialPrompt(e) for s, e in zip(seqs, ends, strict=True) if e < s.num_prompt_tokens}
         if not complete:
-            return Sampled([[] for _ in seqs], computed=ends), None, rest
+            return [RowOutput(computed=end) for end in ends], None, rest
         if len(complete) < len(seqs):
             raise RuntimeError("the scheduler chunks a long prompt alone")
         sampled, batch = self._start(seqs)
@@ -149,20 +154,16 @@ class SimulatedEngine(Engine):
         """The rows of prefilled ``seqs``: each reads out its composed answer, or the tool call
         it makes (``simulated_calls``)."""
         turns = [simulated_turn(s.request) for s in seqs]
-        batch = SimulatedBatch(
-            [s.id for s in seqs],
-            [self.tokenize(call or compose_answer(asked(s.request), self._seed_for(s)))
-             for s, (call, _) in zip(seqs, turns, strict=True)],
-            [s.grammar.row() if s.grammar is not None else None for s in seqs],
-            [0] * len(seqs), [0] * len(seqs), [whole for _, whole in turns],
-        )
+        batch = SimulatedBatch([
+            SimulatedRow(s.id, self.tokenize(call or compose_answer(asked(s.request), self._seed_for(s))),
+                         s.grammar.row() if s.grammar is not None else None, whole=whole)
+            for s, (call, whole) in zip(seqs, turns, strict=True)
+        ])
         sampled = self._sampled(self._tokens(batch, seqs), seqs, batch)
-        if any(s.params.prompt_logprobs is not None for s in seqs):
-            sampled.prompt_logprobs = [
-                None if s.params.prompt_logprobs is None else
-                [None] + [self._stand_in(t, s.params.prompt_logprobs) for t in s.prompt_ids[1:]]
-                for s in seqs
-            ]
+        for output, s in zip(sampled, seqs, strict=True):
+            if s.params.prompt_logprobs is not None:
+                output.prompt_logprobs = [None, *(self._stand_in(t, s.params.prompt_logprobs)
+                                                  for t in s.prompt_ids[1:])]
         return sampled, batch
 
     def mixed(
@@ -187,50 +188,47 @@ class SimulatedEngine(Engine):
         """Each row's tokens this step: its answer's next, or a constrained row's choice and
         the tokens its grammar forces after it (then EOS once it is complete)."""
         tokens = []
-        for row, seq in enumerate(seqs):
-            grammar = batch.grammars[row]
+        for row, seq in zip(batch.rows, seqs, strict=True):
+            grammar = row.grammar
             if grammar is None:
-                tokens.append([_next(batch.answers[row], len(seq.output_ids), seq)])
+                tokens.append([_next(row.answer, len(seq.output_ids), seq)])
                 continue
-            chosen = [self._allowed_next(grammar, batch, row)]
+            chosen = [self._allowed_next(grammar, row)]
             grammar.advance(chosen)
             if seq.params.logprobs is None:
                 forced = grammar.fast_forward(EOS_ID)
                 chosen += forced
-                answer, read = batch.answers[row], batch.read[row]
-                if batch.whole[row] and answer[read:read + len(forced)] == forced:
-                    batch.read[row] += len(forced)  # a call reads on past what its grammar wrote
+                if row.whole and row.answer[row.read : row.read + len(forced)] == forced:
+                    row.read += len(forced)  # a call reads on past what its grammar wrote
             tokens.append(chosen)
         return tokens
 
-    def _allowed_next(self, grammar: GrammarRow, batch: SimulatedBatch, row: int) -> int:
+    def _allowed_next(self, grammar: GrammarRow, row: SimulatedRow) -> int:
         """A constrained row's token: its answer's next one where the grammar allows it (at
         most ``SIMULATED_RUN`` in a row: a string or a text stays short), else the first closer
         (EOS, a quote, a brace, a bracket) it allows, else the lowest id."""
         allowed = grammar.allowed(self.vocab_size)
-        answer, read = batch.answers[row], batch.read[row]
-        if read < len(answer) and allowed[answer[read]] and (batch.whole[row] or batch.run[row] < SIMULATED_RUN):
-            batch.read[row] += 1
-            batch.run[row] += 1
+        answer, read = row.answer, row.read
+        if read < len(answer) and allowed[answer[read]] and (row.whole or row.run < SIMULATED_RUN):
+            row.read += 1
+            row.run += 1
             return answer[read]
         for token in self._closers:
             if allowed[token]:
-                batch.run[row] = 0
+                row.run = 0
                 return token
         return int(np.flatnonzero(allowed)[0]) if allowed.any() else EOS_ID
 
     def _sampled(self, tokens: list[list[int]], seqs: list[Sequence], batch: SimulatedBatch) -> Sampled:
-        sampled = Sampled(tokens)
-        if any(len(t) > 1 for t in tokens):  # only a grammar's forced run gives a row several
-            sampled.forced = [len(t) - 1 for t in tokens]
-        if any(g is not None and g.error for g in batch.grammars):  # that row fails, alone
-            sampled.errors = [g.error if g is not None else None for g in batch.grammars]
-        if any(s.params.logprobs is not None for s in seqs):
-            sampled.logprobs = [
-                None if s.params.logprobs is None else [self._stand_in(t, s.params.logprobs) for t in row]
-                for row, s in zip(tokens, seqs, strict=True)
-            ]
-        return sampled
+        out = []
+        for chosen, seq, row in zip(tokens, seqs, batch.rows, strict=True):
+            k = seq.params.logprobs
+            out.append(RowOutput(
+                chosen, None if k is None else [self._stand_in(t, k) for t in chosen],
+                error=row.grammar.error if row.grammar is not None else None,
+                forced=len(chosen) - 1,  # only a grammar's forced run gives a row several
+            ))
+        return out
 
     def _stand_in(self, token: int, k: int) -> TokenLogprob:
         """The documented deterministic logprob of ``token`` and ``k`` alternatives."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import ragged
-from .base import Sampled
+from .base import RowOutput, Sampled
 from .guessing import STEP_DRAFT_TOKENS, Guessing, after_verify, sit_out
 from .ngram import propose
 from .sampling import RowSampler, filter_logits, sample
@@ -33,91 +33,89 @@ if TYPE_CHECKING:
     from ..values.sequence import Sequence
     from .draft_model import DraftModel
     from .hf_batch import HFBatch
+    from .hf_row import Row
 
 
 def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
            draft_model: DraftModel | None = None) -> dict[str, list[int]]:
     """Each speculating row's draft tokens, by row id (rows without a guess are not named):
-    at most ``most`` (its ``draft_k`` if lower), no more than it may still generate after one;
+    at most ``most`` (its ``guessing`` if lower), no more than it may still generate after one;
     from ``draft_model`` if given, else by prompt lookup (``ngram.propose``)."""
-    by_id = {s.id: s for s in seqs}
-    if draft_model is not None:
-        draft_model.keep(set(by_id))  # rows that left free their draft KV
     if not most or not seqs or len(seqs) > max_rows:
         return {}
+    by_id = {s.id: s for s in seqs}
     most = min(most, max(1, STEP_DRAFT_TOKENS // len(seqs)))
     out = {}
-    for bucket in buckets:
-        for row_id, sampler in zip(bucket.ids, bucket.samplers, strict=True):
-            params = sampler.params
-            if sampler.processors or params.logprobs is not None or row_id in bucket.forced or \
-                    (not params.greedy and params.seed is not None):
+    for row in (r for bucket in buckets for r in bucket.rows):
+        params = row.sampler.params
+        if row.sampler.processors or params.logprobs is not None or row.feed or \
+                (not params.greedy and params.seed is not None):
+            continue
+        seq = by_id[row.id]
+        # Tokens it may still get, known on the host (the service resolved max_tokens).
+        room = (seq.params.max_tokens or 0) - len(seq.output_ids)
+        state = row.guessing or Guessing(most)
+        k = min(state.k, most, room - 1)
+        if k <= 0:
+            continue
+        history = [*seq.prompt_ids, *seq.output_ids]  # one copy, for the lookup and the paper guess
+        if state.wait:
+            row.guessing, back = sit_out(state, history, draft_model is None)
+            if not back:
                 continue
-            seq = by_id[row_id]
-            # Tokens it may still get, known on the host (the service resolved max_tokens).
-            room = (seq.params.max_tokens or 0) - len(seq.output_ids)
-            state = bucket.draft_k.get(row_id) or Guessing(most)
-            k = min(state.k, most, room - 1)
-            if k <= 0:
-                continue
-            history = [*seq.prompt_ids, *seq.output_ids]  # one copy, for the lookup and the paper guess
-            if state.wait:
-                bucket.draft_k[row_id], back = sit_out(state, history, draft_model is None)
-                if not back:
-                    continue
-            guess = draft_model.propose(row_id, history, k) if draft_model is not None else propose(history, k)
-            if guess:
-                out[row_id] = guess
+        if draft_model is not None:
+            row.draft = row.draft or draft_model.new_kv()
+            guess = draft_model.propose(row.draft, history, k)
+        else:
+            guess = propose(history, k)
+        if guess:
+            out[row.id] = guess
     return out
 
 
 def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch], guesses: dict[str, list[int]],
-           samplers: Seq[RowSampler], most: int) -> Sampled:
+           most: int) -> Sampled:
     """The step's tokens after a forward that fed ``guesses`` (``logits`` of every column,
     block after block): each guessing row's kept guesses and its model's token after them;
     every other row samples from its last column as usual. The buckets move on past what
     each row kept."""
-    sampled = _sample_the_others(logits[ragged.last_columns(blocks)], samplers,
-                                 [i for b in buckets for i in b.ids], guesses)
+    rows = [r for bucket in buckets for r in bucket.rows]
+    sampled = _sample_the_others(logits[ragged.last_columns(blocks)], rows, guesses)
     columns, spans, start = [], [], 0  # the columns whose logits check each row's guesses
     for bucket, block in zip(buckets, blocks, strict=True):
         width = block.ids.shape[1]
-        for i, row_id in enumerate(bucket.ids):
-            if row_id in guesses:
-                fed = len(guesses[row_id]) + 1
+        for i, row in enumerate(bucket.rows):
+            if row.id in guesses:
+                fed = len(guesses[row.id]) + 1
                 first = start + i * width + width - fed
                 spans.append((len(columns), fed))
                 columns.extend(range(first, first + fed))
         start += block.tokens
     choices = logits[torch.tensor(columns, device=logits.device)].argmax(-1).tolist()
-    proposed, accepted = [0] * len(samplers), [0] * len(samplers)
-    row, span = 0, iter(spans)
+    at_row, span = 0, iter(spans)
     for bucket, block in zip(buckets, blocks, strict=True):
         rejected, feed = [], []
-        for row_id in bucket.ids:
-            guess = guesses.get(row_id)
+        for row in bucket.rows:
+            guess, output = guesses.get(row.id), sampled[at_row]
+            at_row += 1
             if guess is None:
                 rejected.append(0)
-                feed.append(sampled.tokens[row])
+                feed.append(output.tokens)
+                continue
+            at, fed = next(span)
+            if row.sampler.params.greedy:
+                model = choices[at : at + fed]  # its own token after its last one, and after each guess
+                keep = next((j for j, (g, m) in enumerate(zip(guess, model, strict=False)) if g != m), len(guess))
+                model = model[: keep + 1]
             else:
-                at, fed = next(span)
-                if samplers[row].params.greedy:
-                    model = choices[at : at + fed]  # its own token after its last one, and after each guess
-                    keep = next((j for j, (g, m) in enumerate(zip(guess, model, strict=False)) if g != m), len(guess))
-                    model = model[: keep + 1]
-                else:
-                    model = accept_sampled(logits[torch.tensor(columns[at : at + fed], device=logits.device)],
-                                           guess, samplers[row])
-                keep = len(model) - 1
-                sampled.tokens[row] = model
-                proposed[row], accepted[row] = len(guess), keep
-                rejected.append(len(guess) - keep)
-                feed.append([model[-1]])
-                bucket.draft_k[row_id] = after_verify(bucket.draft_k.get(row_id) or Guessing(most), len(guess), keep,
-                                                      most)
-            row += 1
+                model = accept_sampled(logits[torch.tensor(columns[at : at + fed], device=logits.device)],
+                                       guess, row.sampler)
+            keep = len(model) - 1
+            output.tokens, output.proposed, output.accepted = model, len(guess), keep
+            rejected.append(len(guess) - keep)
+            feed.append([model[-1]])
+            row.guessing = after_verify(row.guessing or Guessing(most), len(guess), keep, most)
         bucket.advance_verified(block, rejected, feed)
-    sampled.proposed, sampled.accepted = proposed, accepted
     return sampled
 
 
@@ -138,23 +136,12 @@ def accept_sampled(row_logits: torch.Tensor, guess: list[int], sampler: RowSampl
     return [*out, int(torch.multinomial(probs, 1, generator=generator))]
 
 
-def _sample_the_others(logits: torch.Tensor, samplers: Seq[RowSampler], ids: list[str],
-                       guesses: dict[str, list[int]]) -> Sampled:
+def _sample_the_others(logits: torch.Tensor, rows: Seq[Row], guesses: dict[str, list[int]]) -> Sampled:
     """``sample`` over the rows without guesses (a guessing row's tokens come from ``verify``;
-    its generator must not draw here); the guessing rows get a placeholder."""
-    others = [i for i, row_id in enumerate(ids) if row_id not in guesses]
-    part = sample(logits[others], [samplers[i] for i in others]) if others else Sampled([])
-    tokens: list[list[int]] = [[] for _ in ids]
-    for i, t in zip(others, part.tokens, strict=True):
-        tokens[i] = t
-
-    def spread(values: list | None, empty: object) -> list | None:
-        if values is None:
-            return None
-        out = [empty] * len(ids)
-        for i, v in zip(others, values, strict=True):
-            out[i] = v
-        return out
-
-    return Sampled(tokens, spread(part.logprobs, None), None, None, spread(part.errors, None),
-                   spread(part.forced, 0))
+    its generator must not draw here); the guessing rows get an empty output to fill."""
+    others = [i for i, row in enumerate(rows) if row.id not in guesses]
+    out = [RowOutput() for _ in rows]
+    part = sample(logits[others], [rows[i].sampler for i in others]) if others else []
+    for i, output in zip(others, part, strict=True):
+        out[i] = output
+    return out

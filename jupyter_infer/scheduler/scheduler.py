@@ -266,31 +266,31 @@ class Scheduler:
         ``num_computed`` moves on."""
         out: list[tuple[Sequence, list[int], str]] = []
         forced = 0  # tokens kept that a grammar forced (a row may end inside its forced run)
-        for row, (seq, tokens) in enumerate(zip(plan.seqs, sampled.tokens, strict=True)):
+        for row, (seq, output) in enumerate(zip(plan.seqs, sampled, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
+            tokens = output.tokens
             if plan.prompt[row]:
                 # Complete: its first token came; else the engine says how far it got.
-                seq.num_computed = len(seq.prompt_ids) if tokens else sampled.computed[row]
-                if sampled.prompt_logprobs is not None and sampled.prompt_logprobs[row] is not None:
-                    seq.prompt_logprobs = sampled.prompt_logprobs[row]
+                seq.num_computed = len(seq.prompt_ids) if tokens else output.computed
+                if output.prompt_logprobs is not None:
+                    seq.prompt_logprobs = output.prompt_logprobs
             else:  # and the draft tokens its model agreed with: their KV is computed too
-                seq.num_computed += plan.num_scheduled[row] + (sampled.accepted[row] if sampled.accepted else 0)
-            if sampled.errors is not None and sampled.errors[row] is not None:
-                message = (f"The answer's constraint could not be followed to its end: {sampled.errors[row]}. "
+                seq.num_computed += plan.num_scheduled[row] + output.accepted
+            if output.error is not None:
+                message = (f"The answer's constraint could not be followed to its end: {output.error}. "
                            "Simplify the schema or grammar.")
                 seq.failure = ConstraintFailed(message, param=seq.params.constraint.param)
                 self._retire(seq, "failed", now, error=message)
                 self.recorder.left(self.running, now)
                 continue
             if tokens:
-                logprobs = sampled.logprobs[row] if sampled.logprobs else None
-                out.append((seq, *self._append(seq, tokens, logprobs, now)))
-                if sampled.forced is not None:
-                    kept = min(sampled.forced[row], len(out[-1][1]) - 1)
+                out.append((seq, *self._append(seq, tokens, output.logprobs, now)))
+                if output.forced:
+                    kept = min(output.forced, len(out[-1][1]) - 1)
                     seq.record.forced_tokens += kept
                     forced += kept
-        drafts = (sum(sampled.proposed), sum(sampled.accepted)) if sampled.proposed is not None else (0, 0)
+        drafts = (sum(o.proposed for o in sampled), sum(o.accepted for o in sampled))
         self.recorder.step(plan, sum(len(kept) for _, kept, _ in out), started, now, forced=forced, drafts=drafts)
         done = [seq for seq, _, _ in out if seq.finish_reason is not None]
         for seq in done:
