@@ -75,7 +75,7 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
     for _ in range(8):
         for seq, output in zip(seqs, sampled, strict=True):
             seq.output_ids += output.tokens
-        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
+        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs], guesses=[4, 4]), rows)
         for seq, proposed in zip(seqs, [o.proposed for o in sampled], strict=True):
             row = _draft_kv(rows, seq.id)
             assert row.cache.get_seq_length() == len(row.fed)
@@ -158,7 +158,7 @@ def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_
     fed = []
     for _ in range(6):
         seq.output_ids += sampled[0].tokens
-        sampled, rows = engine.step(StepPlan(0, [seq], [seq.id]), rows)
+        sampled, rows = engine.step(StepPlan(0, [seq], [seq.id], guesses=[4]), rows)
         fed.append(len(_draft_kv(rows, seq.id).fed))
     history = len(seq.prompt_ids)
     steps = -(-history // CATCH_UP_TOKENS)  # chunks its history takes, then it guesses

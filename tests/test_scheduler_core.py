@@ -25,9 +25,11 @@ def outputs(tokens: list[list[int]], computed: list[int | None] | None = None) -
 
 
 class FakeEngine:
-    """What the core reads of an engine: detokenize and the EOS ids. Token ``n`` is "wn "."""
+    """What the core reads of an engine: detokenize, the EOS ids and its speculation settings.
+    Token ``n`` is "wn "."""
 
     eos_token_ids = frozenset({EOS})
+    speculative_method, speculative_tokens, speculative_max_rows = "off", 0, 0
 
     @staticmethod
     def detokenize(ids: Seq[int]) -> str:
@@ -536,3 +538,51 @@ def test_a_steps_prompt_budget_counts_real_tokens_not_padding() -> None:
     plan = mixed_step(s, 0.01)
     assert plan.seqs == [a, short, other] and plan.num_scheduled == [1, 2, 6]
     assert mixed_step(s, 0.02).seqs == [a, short, other, third]
+
+
+class GuessingEngine(FakeEngine):
+    speculative_method, speculative_tokens, speculative_max_rows = "ngram", 16, 2
+
+
+def guessing_core() -> Scheduler:
+    cfg = ServiceConfig(idle_admit_delay_ms=0.0, mode="continuous")
+    return Scheduler(cfg, GuessingEngine(), Recorder(cfg.mode, MetricsCollector(), EventBus()))
+
+
+def test_the_scheduler_decides_who_guesses_and_how_many() -> None:
+    s = guessing_core()
+    rows = [seq(max_tokens=40) for _ in range(3)]
+    for x in rows:
+        s.add(x, 0.0)
+    run_step(s, 0.0)  # their prompts
+    plan, _ = s.schedule(0.01)
+    assert plan.guesses == []  # 3 decoding rows > speculative_max_rows (2): nobody guesses
+    s.postprocess(plan, outputs([[7], [7], [EOS]]), 0.01, 0.01)
+    plan, _ = s.schedule(0.02)
+    # Two rows share the step's 32 draft tokens: 16 each (the engine's most), room permitting.
+    assert plan.guesses == [16, 16]
+    # The first kept none of its 16 guesses, the second all of them.
+    s.postprocess(plan, [RowOutput([7], proposed=16, accepted=0), RowOutput([7] * 17, proposed=16, accepted=16)],
+                  0.02, 0.02)
+    assert [x.num_computed - x.num_prompt_tokens for x in rows[:2]] == [2, 18]  # the accepted ones count
+    plan, _ = s.schedule(0.03)
+    assert plan.guesses == [1, 16]  # one after a miss of several; the other's room: 40 - 19 - 1 = 20, most 16
+    s.postprocess(plan, [RowOutput([7], proposed=1, accepted=0), RowOutput([7])], 0.03, 0.03)
+    # Its one guess was wrong: it sits out (prompt lookup on paper finds nothing in "1 2 3 4 7 7 7").
+    waits = []
+    for step in range(10):
+        plan, _ = s.schedule(0.04 + step)
+        waits.append(plan.guesses[0] if plan.guesses else 0)
+        s.postprocess(plan, outputs([[8 + step]] * 2), 0.04 + step, 0.04 + step)
+    assert waits[:8] == [0] * 8 and waits[8] == 1  # 8 steps out, then one guess again
+
+
+def test_rows_that_ask_for_logprobs_or_carry_a_seed_never_guess() -> None:
+    s = guessing_core()
+    asks = Sequence(Request("p", SamplingParams(max_tokens=40, logprobs=1)), [1, 2, 3])
+    seeded = Sequence(Request("p", SamplingParams(max_tokens=40, temperature=0.7, seed=3)), [1, 2, 3])
+    s.add(asks, 0.0)
+    s.add(seeded, 0.0)
+    run_step(s, 0.0)
+    plan, _ = s.schedule(0.01)
+    assert [x.id for x in plan.seqs] == [asks.id, seeded.id] and plan.guesses == []

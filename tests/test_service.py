@@ -270,10 +270,10 @@ async def test_stop_waits_for_the_running_step_to_end() -> None:
     class SlowDecode(SimulatedEngine):
         steps_running = 0
 
-        def decode(self, batch, seqs):
+        def decode(self, batch, seqs, *args):
             SlowDecode.steps_running += 1
             try:
-                return super().decode(batch, seqs)
+                return super().decode(batch, seqs, *args)
             finally:
                 SlowDecode.steps_running -= 1
 

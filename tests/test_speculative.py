@@ -106,17 +106,32 @@ async def test_off_and_past_the_row_limit_nothing_is_drafted(tiny_model_dir: Pat
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     _, off = await _answers(engine, COPY[:1], [20], speculative="off")
     assert off["draft_tokens"] == 0 and off["tokens_per_row_step"] == 1.0
-    engine.configure_speculation("ngram", 4, 2)
-    seqs = [_seq(engine, p, 20) for p in COPY]
+    _, crowded = await _answers(engine, COPY, [20] * 3, speculative="ngram", speculative_max_rows=0)
+    assert crowded["draft_tokens"] == 0  # more rows than 0: never a guess (the rule: test_scheduler_core)
+    _, alone = await _answers(engine, COPY[2:], [20], speculative="ngram", speculative_max_rows=1)
+    assert alone["draft_tokens"] > 0  # alone, the same row guesses
+
+
+def test_the_engine_proposes_what_the_plan_allows_and_nothing_more(tiny_model_dir: Path) -> None:
+    """Who guesses and how many is the scheduler's: a row with no guesses in the plan proposes
+    none, one allowed k proposes at most k."""
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
+    engine.eos_token_ids = frozenset()
+    engine.configure_speculation("ngram", 16, 8)
+    seqs = [_seq(engine, p, 40) for p in COPY]
     sampled, rows = engine.step(StepPlan(0, seqs), None)
-    for _ in range(6):
-        for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
-            seq.output_ids += tokens
-        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
-        assert not any(o.proposed for o in sampled) and all(len(o.tokens) == 1 for o in sampled)  # 3 rows > 2: no guesses
-    rows = rows.keep([seqs[2].id])
-    sampled, rows = engine.step(StepPlan(0, seqs[2:], [seqs[2].id]), rows)
-    assert sampled[0].proposed  # alone, the same row guesses
+    allowed = {0: [], 1: [0, 3, 0], 2: [2, 0, 5]}
+    proposed = []
+    for step in range(9):
+        for seq, output in zip(seqs, sampled, strict=True):
+            seq.output_ids += output.tokens
+            seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) - 1
+        guesses = allowed[step % 3]
+        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs], guesses=guesses), rows)
+        for i, output in enumerate(sampled):
+            assert output.proposed <= (guesses[i] if guesses else 0)
+        proposed += [o.proposed for o in sampled]
+    assert any(proposed)  # the copy-heavy prompts found something to guess
 
 
 def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> None:
@@ -132,7 +147,8 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
         for _ in range(steps):
             for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
                 seq.output_ids += tokens
-            sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs]), rows)
+            guesses = [4] * len(seqs) if speculate else []  # the scheduler's part, here fixed
+            sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs], guesses=guesses), rows)
         for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
             seq.output_ids += tokens
         return seqs, rows
@@ -226,7 +242,7 @@ async def test_the_server_shows_what_speculation_did(jp_fetch) -> None:
 
 
 def test_a_row_guesses_more_after_hits_and_sits_out_after_misses_until_its_paper_guess_lands() -> None:
-    from jupyter_infer.engine.guessing import Guessing, after_verify, sit_out
+    from jupyter_infer.scheduler.guessing import Guessing, after_verify, sit_out
 
     state = Guessing(2)
     state = after_verify(state, 2, 2, most=16)

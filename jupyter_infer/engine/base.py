@@ -40,6 +40,9 @@ class StepPlan:
     # parked rows that rejoin the decoding rows (after them, in this order), before it runs.
     park: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
+    # Speculation, per row: the most draft tokens it may propose and have verified in this
+    # step (the scheduler's policy, ``scheduler/guessing.py``); empty: no row guesses.
+    guesses: list[int] = field(default_factory=list)
     # Per row: a prompt row (no output yet). Fixed when planned.
     prompt: list[bool] = field(init=False, default_factory=list)
     # The prompt tokens of a prompt that continues or stops short of its end (chunked
@@ -232,9 +235,11 @@ class Engine(abc.ABC):
         the rows still short of their prompt's end."""
 
     @abc.abstractmethod
-    def decode(self, batch: Batch, seqs: list[Sequence]) -> Sampled:
+    def decode(self, batch: Batch, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
         """The tokens of every row of ``batch`` (``seqs`` are its rows, in the batch's order:
-        ``step`` hands them so, and answers in the plan's)."""
+        ``step`` hands them so, and answers in the plan's). ``guesses``: the most draft tokens
+        a row may propose, by id (rows not named propose none; an engine that cannot verify
+        drafts ignores it)."""
 
     def step(self, plan: StepPlan, rows: Rows | None) -> tuple[Sampled, Rows]:
         """Run ``plan`` on the engine's ``rows``: the plan's tokens, and the rows after the
@@ -255,10 +260,11 @@ class Engine(abc.ABC):
         at = {s.id: i for i, s in enumerate(plan.seqs)}
         order = [at[i] for i in batch.ids]  # before the step: newcomers join the batch
         decoding = [plan.seqs[i] for i in order]
+        guesses = {plan.seqs[i].id: k for i, k in enumerate(plan.guesses) if k}
         if not prompts:
-            parts = [(order, self.decode(batch, decoding))]
+            parts = [(order, self.decode(batch, decoding, guesses))]
         else:
-            decoded, (sampled, complete, rows.prefilling) = self.mixed(batch, decoding, *new)
+            decoded, (sampled, complete, rows.prefilling) = self.mixed(batch, decoding, *new, guesses)
             rows.join(complete)
             parts = [(order, decoded), (prompts, sampled)]
         out: Sampled = [RowOutput()] * len(plan.seqs)
@@ -269,17 +275,18 @@ class Engine(abc.ABC):
 
     def mixed(
         self, batch: Batch, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
-        partial: dict[str, Any],
+        partial: dict[str, Any], guesses: dict[str, int] | None = None,
     ) -> tuple[Sampled, tuple[Sampled, Batch | None, dict[str, Any]]]:
-        """A step of both kinds: ``decode(batch, decoding)``'s tokens, and what ``prefill``
-        gives for the prompt rows. Here one after the other; an engine that can runs both in
-        one forward (and says so with ``mixes_steps``)."""
-        return self.decode(batch, decoding), self.prefill(seqs, num_scheduled, partial)
+        """A step of both kinds: ``decode(batch, decoding, guesses)``'s tokens, and what
+        ``prefill`` gives for the prompt rows. Here one after the other; an engine that can
+        runs both in one forward (and says so with ``mixes_steps``)."""
+        return self.decode(batch, decoding, guesses), self.prefill(seqs, num_scheduled, partial)
 
     def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
         """Draft tokens verified in the decode step, from ``method`` ("ngram", "draft": the
         engine's draft model; "off"), at most ``tokens`` a row while at most ``max_rows`` rows
-        decode; an engine that cannot verify drafts ignores it."""
+        decode (the scheduler reads these three back for its policy, ``scheduler/guessing.py``);
+        an engine that cannot verify drafts ignores it."""
 
     def kv_usage(self, rows: Rows | None) -> KVUsage | None:
         """What ``rows`` hold in KV memory (``None``: this engine keeps no KV)."""

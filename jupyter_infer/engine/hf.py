@@ -283,25 +283,26 @@ class HFEngine(Engine):
         self.speculative_method, self.speculative_max_rows = method, max_rows
         self.speculative_tokens = tokens if method != "off" else 0
 
-    def decode(self, batch: Buckets, seqs: list[Sequence]) -> Sampled:
+    def decode(self, batch: Buckets, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
         """Every row's next tokens, all buckets in one forward (``_forward``), in the batch's
         order; a row feeds a grammar's forced run, or draft tokens to verify (speculate.py)."""
-        return self._step(batch, seqs, None)[0]
+        return self._step(batch, seqs, guesses, None)[0]
 
     @torch.inference_mode()
     def mixed(
         self, batch: Buckets, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
-        partial: dict[str, HFBatch],
+        partial: dict[str, HFBatch], guesses: dict[str, int] | None = None,
     ) -> tuple[Sampled, tuple[Sampled, Buckets | None, dict[str, HFBatch]]]:
         """The decoding rows' step and the prompt tokens ``prefill`` would run, in one forward:
         the prompts' blocks beside the buckets' (``ragged.py``), so newcomers cost the
         decoding rows their tokens' share of a step, not a step of their own."""
         work, rest = prompt_work(self, seqs, num_scheduled, partial)
-        decoded, (sampled, complete, begun) = self._step(batch, decoding, work)
+        decoded, (sampled, complete, begun) = self._step(batch, decoding, guesses, work)
         return decoded, (sampled, complete, {**rest, **begun})
 
     @torch.inference_mode()
-    def _step(self, batch: Buckets, seqs: list[Sequence], prompts: WholePrompts | PromptChunk | None) -> tuple:
+    def _step(self, batch: Buckets, seqs: list[Sequence], guesses: dict[str, int] | None,
+              prompts: WholePrompts | PromptChunk | None) -> tuple:
         """The decoding rows' tokens (the batch's order) and, with ``prompts``, what their
         ``finish`` gives, from one forward over the buckets' blocks then the prompts'."""
         buckets = list(batch)
@@ -309,8 +310,8 @@ class HFEngine(Engine):
         extra = prompts.blocks if prompts is not None else []
         masks = masks_beside(grammar_rows(r.sampler for r in rows + (prompts.rows if prompts is not None else [])),
                              self.logits_width)
-        drafts = speculate.drafts(buckets, seqs, self.speculative_tokens, self.speculative_max_rows,
-                                  self.draft if self.speculative_method == "draft" else None)
+        drafts = speculate.drafts(buckets, seqs, guesses or {}, self.draft if self.speculative_method == "draft"
+                                  else None) if guesses and self.speculative_method != "off" else {}
         blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
         every = bool(drafts) or (prompts is not None and prompts.echo)
         started = time.perf_counter()
@@ -323,7 +324,7 @@ class HFEngine(Engine):
         if masks is not None:
             masks.result()
         if drafts:
-            sampled = speculate.verify(logits, blocks, buckets, drafts, self.speculative_tokens)
+            sampled = speculate.verify(logits, blocks, buckets, drafts)
         else:
             if every:  # the prompts' echo kept every column: each row's last one
                 logits = logits[ragged.last_columns(blocks)]

@@ -1,6 +1,6 @@
 """One running sequence as the hf engine holds it, besides its KV columns (those live in its
-batch's dense tensors, ``hf_batch.py``): how it chooses its tokens, what it feeds next, how it
-guesses, and what it shares. A batch is tensors plus a list of these; a row that moves
+batch's dense tensors, ``hf_batch.py``): how it chooses its tokens, what it feeds next, its
+draft model's KV, and what it shares. A batch is tensors plus a list of these; a row that moves
 (a bucket regroups, a row parks or resumes) takes all of it along, and a row that leaves frees
 all of it. New per-row state is one field here.
 """
@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .draft_model import DraftKV
-    from .guessing import Guessing
     from .sampling import RowSampler
     from .shared_prefix import Claim
 
@@ -27,7 +26,6 @@ class Row:
     claim: Claim | None = None
     # A grammar's forced run (several tokens) that it feeds whole next step; None: its last token.
     feed: list[int] | None = None
-    # Speculation: how many it proposes next, or sits out (None: the engine's most), and the
-    # draft model's KV of its history (None: no draft model, or it has not guessed yet).
-    guessing: Guessing | None = None
+    # Speculation: the draft model's KV of its history (None: no draft model, or it has not
+    # guessed yet). How many it guesses is the scheduler's (scheduler/guessing.py).
     draft: DraftKV | None = None

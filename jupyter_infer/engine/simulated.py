@@ -168,7 +168,7 @@ class SimulatedEngine(Engine):
 
     def mixed(
         self, batch: SimulatedBatch, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
-        partial: dict[str, PartialPrompt],
+        partial: dict[str, PartialPrompt], guesses: dict[str, int] | None = None,
     ) -> tuple[Sampled, tuple[Sampled, SimulatedBatch | None, dict[str, PartialPrompt]]]:
         """The decoding rows' step with newcomers' prompt tokens in it, as one forward costs:
         a token's delay and each prompt token's time (not a prefill's fixed cost again)."""
@@ -180,7 +180,7 @@ class SimulatedEngine(Engine):
             self.prefill_base_ms = fixed
         return self.decode(batch, decoding), prompts
 
-    def decode(self, batch: SimulatedBatch, seqs: list[Sequence]) -> Sampled:
+    def decode(self, batch: SimulatedBatch, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
         self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
         return self._sampled(self._tokens(batch, seqs), seqs, batch)
 

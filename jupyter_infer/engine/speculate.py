@@ -13,7 +13,8 @@ exactly. A row with a seed does not speculate: its tokens would then depend on w
 batch mates let it (``max_rows``), and a seeded request gets the same tokens in any batch.
 The KV of the rejected drafts goes (``HFBatch.advance_verified``).
 
-How many a row proposes, and when it sits out, follows its acceptance (``guessing.py``).
+Who guesses and how many is the scheduler's policy (``scheduler/guessing.py``: it follows each
+row's acceptance); the engine proposes at most that many per row, and says what each kept.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import torch
 
 from . import ragged
 from .base import RowOutput, Sampled
-from .guessing import STEP_DRAFT_TOKENS, Guessing, after_verify, sit_out
 from .ngram import propose
 from .sampling import RowSampler, filter_logits, sample
 
@@ -36,33 +36,22 @@ if TYPE_CHECKING:
     from .hf_row import Row
 
 
-def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
+def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], guesses: dict[str, int],
            draft_model: DraftModel | None = None) -> dict[str, list[int]]:
     """Each speculating row's draft tokens, by row id (rows without a guess are not named):
-    at most ``most`` (its ``guessing`` if lower), no more than it may still generate after one;
-    from ``draft_model`` if given, else by prompt lookup (``ngram.propose``)."""
-    if not most or not seqs or len(seqs) > max_rows:
-        return {}
+    at most ``guesses[id]`` (the scheduler's policy, ``scheduler/guessing.py``), from
+    ``draft_model`` if given, else by prompt lookup (``ngram.propose``). A row whose logits
+    its processors shape (a grammar, penalties, a bias) or that feeds a forced run proposes
+    none (its next token is not its model's plain choice), nor a row that asks for logprobs
+    (the kept guesses would carry none)."""
     by_id = {s.id: s for s in seqs}
-    most = min(most, max(1, STEP_DRAFT_TOKENS // len(seqs)))
     out = {}
     for row in (r for bucket in buckets for r in bucket.rows):
-        params = row.sampler.params
-        if row.sampler.processors or params.logprobs is not None or row.feed or \
-                (not params.greedy and params.seed is not None):
+        k = guesses.get(row.id, 0)
+        if k <= 0 or row.sampler.processors or row.feed or row.sampler.params.logprobs is not None:
             continue
         seq = by_id[row.id]
-        # Tokens it may still get, known on the host (the service resolved max_tokens).
-        room = (seq.params.max_tokens or 0) - len(seq.output_ids)
-        state = row.guessing or Guessing(most)
-        k = min(state.k, most, room - 1)
-        if k <= 0:
-            continue
-        history = [*seq.prompt_ids, *seq.output_ids]  # one copy, for the lookup and the paper guess
-        if state.wait:
-            row.guessing, back = sit_out(state, history, draft_model is None)
-            if not back:
-                continue
+        history = [*seq.prompt_ids, *seq.output_ids]
         if draft_model is not None:
             row.draft = row.draft or draft_model.new_kv()
             guess = draft_model.propose(row.draft, history, k)
@@ -73,8 +62,8 @@ def drafts(buckets: Seq[HFBatch], seqs: Seq[Sequence], most: int, max_rows: int,
     return out
 
 
-def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch], guesses: dict[str, list[int]],
-           most: int) -> Sampled:
+def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch],
+           guesses: dict[str, list[int]]) -> Sampled:
     """The step's tokens after a forward that fed ``guesses`` (``logits`` of every column,
     block after block): each guessing row's kept guesses and its model's token after them;
     every other row samples from its last column as usual. The buckets move on past what
@@ -114,7 +103,6 @@ def verify(logits: torch.Tensor, blocks: Seq[ragged.Block], buckets: Seq[HFBatch
             output.tokens, output.proposed, output.accepted = model, len(guess), keep
             rejected.append(len(guess) - keep)
             feed.append([model[-1]])
-            row.guessing = after_verify(row.guessing or Guessing(most), len(guess), keep, most)
         bucket.advance_verified(block, rejected, feed)
     return sampled
 

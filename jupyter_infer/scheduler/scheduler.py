@@ -17,6 +17,9 @@ next chunk until the last one yields its first token (with none decoding, all th
 once). The chunk rides in the decoding rows' step (or, on an engine that cannot mix, between
 two of them), so a long prompt stalls them for one chunk at a time, never for its whole
 prefill; and while rows run, newcomers' prompts in one step are bounded by a chunk too.
+Speculation is the same rule's policy too: the plan says how many draft tokens each decoding
+row may propose (``guessing.Guesses``, following each row's acceptance), the engine verifies
+them in the step, and the ones its model agreed with count as computed.
 
 Fair share between owners (``fair_share``, on by default): the rows go to the owners (the
 Jupyter or hub users who sent the requests) in turn, each owner's by priority then FIFO. The
@@ -39,6 +42,7 @@ from ..engine import Sampled, StepPlan
 from ..errors import ConstraintFailed
 from ..values.request import TokenLogprob
 from ..values.sequence import Sequence, Status
+from .guessing import Guesses
 from .recorder import Recorder
 from .request_queue import RequestQueue
 
@@ -52,7 +56,7 @@ DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefill
 class Scheduler:
     def __init__(self, config: ServiceConfig, engine: Engine, recorder: Recorder) -> None:
         self.config = config
-        self.engine = engine  # read for detokenize and EOS only: steps run in the loop
+        self.engine = engine  # read for detokenize, EOS and its settings only: steps run in the loop
         self.recorder = recorder
         self.queue = RequestQueue(config, recorder)  # waiting, running, parked; every request's end
         self.max_batch_size = config.batch_size
@@ -70,6 +74,7 @@ class Scheduler:
         self._step_ids = itertools.count(1)
         self._parking: list[str] = []  # rows parked, and resumed, since the last plan
         self._resuming: list[str] = []
+        self.guesses = Guesses()  # who speculates, and how many (speculation the engine runs)
 
     # -- requests ---------------------------------------------------------------------------
     @property
@@ -130,7 +135,9 @@ class Scheduler:
         if decoding:  # and the prompt tokens, where the engine runs them in the same forward
             self._decodes_since_prefill += 1
             scheduled = [s.num_uncomputed for s in decoding] + budgets
-            return StepPlan(next(self._step_ids), decoding + prefill, in_engine, scheduled, **moves), None
+            guesses = self.guesses.plan(self.engine, decoding, set(in_engine))
+            return StepPlan(next(self._step_ids), decoding + prefill, in_engine, scheduled, **moves,
+                            guesses=guesses and guesses + [0] * len(prefill)), None
         return None, wake_at
 
     def _prefill_work(self, now: float, decoding: list[Sequence]) -> tuple[list[Sequence], float | None]:
@@ -277,6 +284,7 @@ class Scheduler:
                     seq.prompt_logprobs = output.prompt_logprobs
             else:  # and the draft tokens its model agreed with: their KV is computed too
                 seq.num_computed += plan.num_scheduled[row] + output.accepted
+                self.guesses.verified(seq, output, self.engine.speculative_tokens)
             if output.error is not None:
                 message = (f"The answer's constraint could not be followed to its end: {output.error}. "
                            "Simplify the schema or grammar.")
