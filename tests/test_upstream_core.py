@@ -15,11 +15,12 @@ from jupyter_infer.errors import (
 from jupyter_infer.scheduler import Recorder
 from jupyter_infer.service.routing import Rule
 from jupyter_infer.upstream.admission import UpstreamAdmission
+from jupyter_infer.upstream.upstream_sequence import UpstreamSequence
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.events import EventBus
 from jupyter_infer.values.metrics import MetricsCollector
 from jupyter_infer.values.request import Request, SamplingParams
-from jupyter_infer.values.sequence import Sequence, Status
+from jupyter_infer.values.sequence import Status
 from jupyter_infer.wire.upstream_openai import (
     error_message,
     estimate_tokens,
@@ -37,8 +38,8 @@ def core(**config) -> UpstreamAdmission:
     return UpstreamAdmission(cfg, Recorder(cfg.mode, MetricsCollector(), EventBus(), source="upstream"))
 
 
-def seq(prompt: str = "hello", priority: int = 0, prompt_tokens: int = 2) -> Sequence:
-    return Sequence(Request(prompt, SamplingParams(max_tokens=8), priority=priority), [],
+def seq(prompt: str = "hello", priority: int = 0, prompt_tokens: int = 2) -> UpstreamSequence:
+    return UpstreamSequence(Request(prompt, SamplingParams(max_tokens=8), priority=priority), [],
                     prompt_tokens=prompt_tokens)
 
 

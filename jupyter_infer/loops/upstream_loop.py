@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 from ..errors import InferError, InvalidRequest, UpstreamError
 from ..upstream.admission import UpstreamAdmission
 from ..upstream.connection import UpstreamConfigError, UpstreamServer
+from ..upstream.upstream_sequence import UpstreamSequence
 from ..values.engine_info import EngineInfo
 from ..values.limits import check_model
 from ..values.request import TokenEvent
-from ..values.sequence import Sequence
 from ..wire.upstream_openai import estimate_tokens, finish_reason
 from .request_loop import LoopSnapshot, RequestLoop
 
@@ -87,7 +87,7 @@ class UpstreamLoop(RequestLoop):
         self._state = "stopped"
 
     # -- requests ---------------------------------------------------------------------------
-    async def prepare(self, request: Request) -> Sequence:
+    async def prepare(self, request: Request) -> UpstreamSequence:
         """The upstream tokenizes: the prompt's size is estimated here; a chat goes as a chat."""
         await self.wait_ready()
         self.limits.screen(request, None, self.server.info.max_context)
@@ -105,7 +105,7 @@ class UpstreamLoop(RequestLoop):
         if self.check_model:
             check_model(request, self.server.info)
         request = self.limits.check(request, prompt_tokens, self.server.info.max_context, estimated=True)
-        return Sequence(request, [], prompt_tokens=prompt_tokens)
+        return UpstreamSequence(request, [], prompt_tokens=prompt_tokens)
 
     def tokenizer(self) -> Engine:
         raise InvalidRequest(
@@ -151,7 +151,7 @@ class UpstreamLoop(RequestLoop):
             if not newcomers:
                 await self._wait(wake_at)
 
-    async def _serve(self, seq: Sequence) -> None:
+    async def _serve(self, seq: UpstreamSequence) -> None:
         """Stream one request from the upstream into its ``RequestStream``."""
         core, stream = self.scheduler, self._streams[seq.id]
         reason: str | None = None

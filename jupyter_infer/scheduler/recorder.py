@@ -99,10 +99,8 @@ class Recorder:
             self.batch.tokens += 1
         self.metrics.step("decode", in_flight, 1, 0.0, now)
 
-    def usage(self, seq: Sequence, prompt_tokens: int | None, completion_tokens: int | None) -> None:
-        """An upstream's own token counts for ``seq`` replace the estimates."""
-        was = seq.record.prompt_tokens
-        seq.report_usage(prompt_tokens, completion_tokens)
+    def prompt_recounted(self, seq: Sequence, was: int) -> None:
+        """``seq``'s prompt tokens were ``was`` (an upstream's estimate, now its own count)."""
         if seq.record.prompt_tokens != was:
             self.metrics.prompt_counted(seq.record, was)
 

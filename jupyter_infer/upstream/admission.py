@@ -25,6 +25,7 @@ from ..values.sequence import Sequence, Status
 if TYPE_CHECKING:
     from ..scheduler import Recorder
     from ..values.config import ServiceConfig
+    from .upstream_sequence import UpstreamSequence
 
 
 class UpstreamAdmission:
@@ -87,7 +88,7 @@ class UpstreamAdmission:
         else:
             self.queue.drop(seq, now)
         return True
-    def receive(self, seq: Sequence, text: str, now: float) -> str:
+    def receive(self, seq: UpstreamSequence, text: str, now: float) -> str:
         """A chunk of ``seq``'s text arrived; returns what to pass on ("" if it already left)."""
         if seq.status is not Status.RUNNING or not text:
             return ""
@@ -97,14 +98,16 @@ class UpstreamAdmission:
         return text
 
     def complete(
-        self, seq: Sequence, finish_reason: str, now: float,
+        self, seq: UpstreamSequence, finish_reason: str, now: float,
         usage: tuple[int | None, int | None] | None = None,
     ) -> None:
         """The upstream finished ``seq`` (``usage``: its prompt and completion token counts)."""
         if seq.status is not Status.RUNNING:
             return
-        if usage is not None:
-            self.recorder.usage(seq, *usage)
+        if usage is not None:  # its own counts replace the estimates
+            was = seq.record.prompt_tokens
+            seq.report_usage(*usage)
+            self.recorder.prompt_recounted(seq, was)
         seq.finish_reason = finish_reason
         self._leave(seq, "ok", now)
 

@@ -48,7 +48,6 @@ class Sequence:
         )
         if request.params.constraint is not None:
             self.record.constraint = request.params.constraint.kind
-        self.upstream_tokens: int | None = None  # tokens an upstream server generated for it
         # The compiled constraint of a structured answer (``constraints.grammar.Grammar``):
         # the engine gives the row its own matcher from it.
         self.grammar: Any = None
@@ -84,8 +83,8 @@ class Sequence:
 
     @property
     def num_output_tokens(self) -> int:
-        """Tokens generated so far (by an upstream server: as it counts them)."""
-        return len(self.output_ids) if self.upstream_tokens is None else self.upstream_tokens
+        """Tokens generated so far (an upstream's own count: ``upstream.upstream_sequence``)."""
+        return len(self.output_ids)
 
     @property
     def finish_reason(self) -> str | None:
@@ -133,22 +132,6 @@ class Sequence:
         if self.prompt_logprobs is not None and not self._prompt_logprobs_sent:
             prompt, self._prompt_logprobs_sent = tuple(self.prompt_logprobs), True
         return out, prompt
-
-    def receive(self, text: str, now: float) -> str:
-        """Text an upstream server generated (one streamed chunk, usually one token); the
-        upstream applies stop sequences and ``max_tokens`` itself. Returns the text."""
-        if self.record.first_token_at is None:
-            self.record.first_token_at = now
-        self.upstream_tokens = (self.upstream_tokens or 0) + 1
-        self.text += text
-        return text
-
-    def report_usage(self, prompt_tokens: int | None, completion_tokens: int | None) -> None:
-        """The upstream's own counts (its usage chunk) replace the estimates."""
-        if prompt_tokens is not None:
-            self.record.prompt_tokens = prompt_tokens
-        if completion_tokens is not None:
-            self.upstream_tokens = completion_tokens
 
     def append(
         self, token_id: int, detokenize: Callable[[list[int]], str], eos_ids: frozenset[int], now: float,
