@@ -303,4 +303,3 @@ class Engine(abc.ABC):
         ``template_kwargs``, and ``tools`` where ``renders_tools``)."""
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join(lines) + "\nassistant:"
-
