@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_hf_engine import LENGTHS, PROMPTS, reference, run_with_late_joiners
+from test_hf_engine import LENGTHS, PROMPTS, _seq, reference, run_with_late_joiners
 
 from jupyter_infer.engine import kv_cache
 from jupyter_infer.engine.hf import HFEngine
@@ -103,3 +103,24 @@ def test_the_kv_gauge_counts_the_layers_that_keep_keys_and_values(kind: str, att
     heads = config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     assert kv_cache.bytes_per_token(config, torch.float32) == 2 * attention * heads * head_dim * 4
+
+
+def test_a_hybrids_recurrent_states_are_not_counted_as_wasted_kv(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A recurrent layer's state is a fixed size per row: infer/metrics reports it apart
+    (``state_bytes``), and the KV waste ratio is the attention layers' alone (found in a
+    review: a short row of a hybrid read as several times wasted)."""
+    from jupyter_infer.engine import StepPlan
+
+    folder = checkpoint("granitemoehybrid", tiny_model_dir, tmp_path / "hybrid")
+    engine = HFEngine(str(folder), dtype="float32", num_threads=1)
+    seqs = [_seq(engine, p, 4) for p in PROMPTS[:2]]
+    _, rows = engine.step(StepPlan(0, seqs), None)
+    usage = engine.kv_usage(rows)
+    batch = rows.decoding.buckets[0]
+    states = kv_cache.state_bytes(batch.cache)
+    assert usage.state_bytes == states > 0
+    assert usage.bytes_held == kv_cache.bytes_held(batch.cache)  # the attention layers' buffers only
+    # Those are padding, a spare column per token it may still get (4) and the real tokens.
+    width = batch.mask.shape[1] + 4
+    assert usage.bytes_held <= len(seqs) * width * usage.bytes_per_token
+    assert usage.to_json()["state_bytes"] == states

@@ -98,12 +98,14 @@ class KVUsage:
     values (padding and spare room included), the real tokens in them, and one token's
     keys and values over every layer. ``waste_ratio`` is 1.0 when each row costs what it
     holds. ``shared_tokens``: tokens of prompt prefixes held once for several rows (counted
-    once in ``tokens_held``)."""
+    once in ``tokens_held``). ``state_bytes``: a hybrid model's recurrent states (a fixed size
+    per row, not per token: outside ``bytes_held`` and its ratio)."""
 
     bytes_held: int
     tokens_held: int
     bytes_per_token: int
     shared_tokens: int = 0
+    state_bytes: int = 0
 
     @property
     def waste_ratio(self) -> float | None:
@@ -114,7 +116,7 @@ class KVUsage:
         ratio = self.waste_ratio
         return {"bytes_held": self.bytes_held, "tokens_held": self.tokens_held,
                 "bytes_per_token": self.bytes_per_token, "waste_ratio": None if ratio is None else round(ratio, 3),
-                "shared_tokens": self.shared_tokens}
+                "shared_tokens": self.shared_tokens, "state_bytes": self.state_bytes}
 
 
 class Batch(Protocol):

@@ -269,6 +269,7 @@ class HFEngine(Engine):
             tokens_held=sum(int(b.mask.sum()) for b in batches) + sum(s.length for s in shared),
             bytes_per_token=self.kv_bytes_per_token,
             shared_tokens=sum(s.length for s in shared),
+            state_bytes=sum(kv_cache.state_bytes(b.cache) for b in batches),
         )
 
     def prefix_cache_stats(self) -> dict[str, Any] | None:

@@ -132,11 +132,9 @@ def row_kv(cache: DynamicCache, row: int, start: int, end: int) -> torch.Tensor:
 
 def bytes_held(cache: DynamicCache) -> int:
     """The bytes a cache's keys and values take, spare room included (a ``GrowingLayer``'s
-    buffers, not the views of them)."""
+    buffers, not the views of them); a hybrid's recurrent states are ``state_bytes``."""
     total = 0
     for layer in cache.layers:
-        if isinstance(layer, _StateLayer):
-            total += sum(states[i].numel() * states[i].element_size() for states, i in _states(layer))
         if not holds_kv(layer):
             continue
         buffers = (getattr(layer, "_key_buf", None), getattr(layer, "_value_buf", None))
@@ -144,6 +142,13 @@ def bytes_held(cache: DynamicCache) -> int:
             buffers = (getattr(layer, "keys", None), getattr(layer, "values", None))
         total += sum(t.numel() * t.element_size() for t in buffers if isinstance(t, torch.Tensor))
     return total
+
+
+def state_bytes(cache: DynamicCache) -> int:
+    """The bytes of a hybrid's recurrent states (Mamba, linear attention, short convolutions):
+    a fixed size per row, whatever its length."""
+    return sum(states[i].numel() * states[i].element_size()
+               for layer in cache.layers if isinstance(layer, _StateLayer) for states, i in _states(layer))
 
 
 def bytes_per_token(config, dtype: torch.dtype) -> int:

@@ -279,7 +279,8 @@ class RouterService:
         return {"bytes_held": held, "tokens_held": sum(p["tokens_held"] for p in parts),
                 "bytes_per_token": per_token.pop() if len(per_token) == 1 else None,  # models differ
                 "waste_ratio": round(held / needed, 3) if needed else None,
-                "shared_tokens": sum(p.get("shared_tokens", 0) for p in parts)}
+                "shared_tokens": sum(p.get("shared_tokens", 0) for p in parts),
+                "state_bytes": sum(p.get("state_bytes", 0) for p in parts)}
 
     def status(self) -> dict[str, Any]:
         routes = {name: b.status() for name, b in self.backends.items()}
