@@ -76,13 +76,14 @@ class Guesses:
     def __init__(self) -> None:
         self.state: dict[str, Guessing] = {}  # by request id; a row that never guessed has none
 
-    def plan(self, engine: Engine, decoding: list[Sequence], keep: set[str]) -> list[int]:
+    def plan(self, engine: Engine, decoding: list[Sequence], keep: list[str]) -> list[int]:
         """The most draft tokens each of ``decoding`` may propose this step (0: none), from
         the engine's speculation settings (``Engine.configure_speculation``); an empty list
         when no row guesses. ``keep``: the rows still in the engine (parked ones included):
         the state of every other row is dropped."""
         if len(self.state) > len(keep):
-            self.state = {i: g for i, g in self.state.items() if i in keep}
+            kept = set(keep)
+            self.state = {i: g for i, g in self.state.items() if i in kept}
         tokens = engine.speculative_tokens if engine.speculative_method != "off" else 0
         if not tokens or not decoding or len(decoding) > engine.speculative_max_rows:
             return []

@@ -135,7 +135,7 @@ class Scheduler:
         if decoding:  # and the prompt tokens, where the engine runs them in the same forward
             self._decodes_since_prefill += 1
             scheduled = [s.num_uncomputed for s in decoding] + budgets
-            guesses = self.guesses.plan(self.engine, decoding, set(in_engine))
+            guesses = self.guesses.plan(self.engine, decoding, in_engine)
             return StepPlan(next(self._step_ids), decoding + prefill, in_engine, scheduled, **moves,
                             guesses=guesses and guesses + [0] * len(prefill)), None
         return None, wake_at
