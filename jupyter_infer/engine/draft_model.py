@@ -24,7 +24,7 @@ from . import kv_cache
 from .cpu_linear import swap_linears
 
 # Tokens of a row's history the draft model catches up on in one step at most: a row new to it
-# (or back from parking) is prefilled into its cache over several steps rather than in one
+# is prefilled into its cache over several steps rather than in one
 # forward that would stall everyone's decode step, as a long prompt is prefilled in chunks.
 CATCH_UP_TOKENS = 64
 

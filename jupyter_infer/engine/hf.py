@@ -311,8 +311,9 @@ class HFEngine(Engine):
         extra = prompts.blocks if prompts is not None else []
         masks = masks_beside(grammar_rows(r.sampler for r in rows + (prompts.rows if prompts is not None else [])),
                              self.logits_width)
-        drafts = speculate.drafts(buckets, seqs, guesses or {}, self.draft if self.speculative_method == "draft"
-                                  else None) if guesses and self.speculative_method != "off" else {}
+        drafts = {}
+        if guesses and self.speculative_method != "off":
+            drafts = speculate.drafts(buckets, seqs, guesses, self.draft if self.speculative_method == "draft" else None)
         blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
         every = bool(drafts) or (prompts is not None and prompts.echo)
         started = time.perf_counter()

@@ -105,8 +105,8 @@ class WholePrompts:
             ))
         back = {i: j for j, i in enumerate(self.order)}
         sampled = [sampled[back[i]] for i in range(len(seqs))]
-        for i, output in enumerate(sampled):
-            output.prompt_logprobs = echoed.get(i)
+        for i, records in echoed.items():
+            sampled[i].prompt_logprobs = records
         return sampled, engine._buckets(batches), {}
 
 

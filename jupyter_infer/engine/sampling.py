@@ -155,15 +155,15 @@ def sample(logits: torch.Tensor, samplers: Seq[RowSampler],
         if sampler.processors:
             sampler.advance((tokens[row],))
             runs[row] = sampler.forced()
-    if runs:
+    if runs:  # the rows with processors: a grammar's is the last
         wide = width([1 + len(runs.get(row, ())) for row in range(len(samplers))]) if width else None
         for row, run in runs.items():
             more = samplers[row].fast_forward(run if wide is None else run[: wide - 1])
             out[row].tokens += more
             out[row].forced = len(more)
-    for output, sampler in zip(out, samplers, strict=True):
-        if sampler.grammar is not None:
-            output.error = sampler.grammar.error
+            grammar = samplers[row].grammar
+            if grammar is not None:
+                out[row].error = grammar.error
     asking = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
     if asking:
         records = logprob_records(
