@@ -37,7 +37,7 @@ SLIDING = {
     "mistral": dict(sliding_window=8),
 }
 OTHERS = {
-    "qwen2": {}, "qwen3": dict(head_dim=16), "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+    "llama": {}, "qwen2": {}, "qwen3": dict(head_dim=16), "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
                                                                moe_intermediate_size=32),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2), "gemma": dict(head_dim=16), "phi3": dict(pad_token_id=0),
     "olmo2": {}, "granite": {}, "smollm3": dict(pad_token_id=0), "starcoder2": dict(sliding_window=None),

@@ -39,6 +39,7 @@ from .hf_device import check_quantize, default_num_threads, pick_device, pick_dt
 from .hf_load import check_format, load_causal_lm, parameter_count
 from .hf_prompts import PromptChunk, Start, WholePrompts, prompt_work
 from .hf_row import Row
+from .llama_forward import LlamaForward
 from .prefix_cache import PrefixCache
 from .sampling import RowSampler, grammar_rows, sample
 from .shared_prefix import Claim, SharedPrefixes
@@ -111,6 +112,7 @@ class HFEngine(Engine):
         # One forward over every length bucket (ragged.py) where rows can continue from their
         # own KV; otherwise a forward per bucket, through the model's own attention.
         self._ragged = self._reusable and ragged.install(self.model)
+        self._lean = LlamaForward.of(self.model) if self._ragged else None  # the Llama family's own forward
         # On a CPU, 64-token chunks keep a running stream's worst stall near 0.15x of an
         # 800-token prefill for 1.5x its TTFT (docs/engine.md); a GPU prefills so fast that
         # small chunks would only add steps.
@@ -342,7 +344,7 @@ class HFEngine(Engine):
         (``[rows, vocab]``), or with ``every`` of every column (``[tokens, vocab]``). One forward
         (``ragged.forward``) where the model allows it; else one per block."""
         if self._ragged:
-            return ragged.forward(self.model, blocks, every)
+            return ragged.forward(self.model, blocks, every, self._lean)
         logits = []
         for block in blocks:
             out = self.model(input_ids=block.ids, attention_mask=block.mask, position_ids=block.positions,

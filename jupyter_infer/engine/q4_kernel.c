@@ -130,38 +130,61 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
     for (int t = 0; t < mt; t++) out[t] = hsum(acc[t]) + hsum(macc[t]) + tail[t];
 }
 
-/* y[M, N] = x[M, K] @ W^T (+ bias). K a multiple of 32. */
-void q4_linear(const float *x, int M, int K, const uint8_t *qw, const uint16_t *scales,
-               const uint16_t *mins, int N, const float *bias, float *y) {
+/* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
+   y[M, sum of N]: q, k and v, or gate and up, read x's quantization once and share one
+   parallel loop. With accumulate, y += x @ W^T (a residual added where the output lands).
+   Weight w's arguments are qw[w], scales[w], mins[w], N[w] and bias[w] (NULL: none). */
+void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
+                const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate) {
     const int G = K / GROUP;
     int8_t *xq = malloc((size_t)M * K);
     float *xd = malloc(sizeof(float) * (size_t)M * G);
     float *xc = malloc(sizeof(float) * (size_t)M * G);
+    int first_block[9], offset[9], width = 0, blocks = 0;  /* nw <= 8 */
+    for (int w = 0; w < nw; w++) {
+        first_block[w] = blocks;
+        offset[w] = width;
+        blocks += (N[w] + 15) / 16;
+        width += N[w];
+    }
+    first_block[nw] = blocks;
 #pragma omp parallel for schedule(static) if (M * K > 16384)
     for (int m = 0; m < M; m++)
         quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xc + (size_t)m * G);
     /* Blocks of 16 outputs: a block's weights stay in L1 while every row tile passes. */
 #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < (N + 15) / 16; nb++) {
-        const int n_end = nb * 16 + 16 < N ? nb * 16 + 16 : N;
+    for (int block = 0; block < blocks; block++) {
+        int w = 0;
+        while (block >= first_block[w + 1]) w++;
+        const int nb = block - first_block[w], n_end = nb * 16 + 16 < N[w] ? nb * 16 + 16 : N[w];
+        const float *b = bias[w];
         float out[TILE];
         for (int m0 = 0; m0 < M; m0 += TILE) {
             const int mt = M - m0 < TILE ? M - m0 : TILE;
             for (int n = nb * 16; n < n_end; n++) {
                 switch (mt) {
-                case 1: dot_tile(1, n, K, qw, scales, mins, xq, xd, xc, m0, out); break;
-                case 2: dot_tile(2, n, K, qw, scales, mins, xq, xd, xc, m0, out); break;
-                case 3: dot_tile(3, n, K, qw, scales, mins, xq, xd, xc, m0, out); break;
-                default: dot_tile(TILE, n, K, qw, scales, mins, xq, xd, xc, m0, out);
+                case 1: dot_tile(1, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out); break;
+                case 2: dot_tile(2, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out); break;
+                case 3: dot_tile(3, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out); break;
+                default: dot_tile(TILE, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out);
                 }
-                const float b = bias ? bias[n] : 0.f;
-                for (int t = 0; t < mt; t++) y[(size_t)(m0 + t) * N + n] = out[t] + b;
+                const float add = b ? b[n] : 0.f;
+                for (int t = 0; t < mt; t++) {
+                    float *at = y + (size_t)(m0 + t) * width + offset[w] + n;
+                    *at = out[t] + add + (accumulate ? *at : 0.f);
+                }
             }
         }
     }
     free(xq);
     free(xd);
     free(xc);
+}
+
+/* y[M, N] = x[M, K] @ W^T (+ bias): one linear. */
+void q4_linear(const float *x, int M, int K, const uint8_t *qw, const uint16_t *scales,
+               const uint16_t *mins, int N, const float *bias, float *y) {
+    q4_linears(x, M, K, 1, &qw, &scales, &mins, &N, &bias, y, 0);
 }
 
 /* round(clamp(t, 0, 15)), written so that the compiler vectorizes the loops around it. */

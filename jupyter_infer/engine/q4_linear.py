@@ -73,8 +73,9 @@ def _library() -> ctypes.CDLL | str:
     # torch is imported, so its OpenMP runtime (libgomp.so.1) is the one the kernel binds to.
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.q4_linear.restype = lib.q4_quantize.restype = None
+    lib.q4_linear.restype = lib.q4_linears.restype = lib.q4_quantize.restype = None
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
+    lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
     lib.q4_quantize.argtypes = [ptr, i32, i32, ptr, ptr, ptr]
     return lib
 
@@ -155,3 +156,38 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
+
+
+class Int4Linears:
+    """Several ``Int4Linear``s over one input as one kernel call (q, k and v; gate and up):
+    the input is quantized once and one parallel loop covers every output, side by side in
+    ``[..., sum of out_features]``. ``into`` with ``accumulate`` adds the result to a tensor
+    (a residual) instead of allocating one. The linears keep their weights: nothing is copied."""
+
+    MAX = 8  # what the kernel's bookkeeping holds
+
+    def __init__(self, linears: list[Int4Linear]) -> None:
+        if not 1 <= len(linears) <= self.MAX or len({lin.in_features for lin in linears}) != 1:
+            raise ValueError("Int4Linears takes 1 to 8 Int4Linear of one input width")
+        self._run = _kernel().q4_linears
+        self.linears = linears  # keeps the weights alive while their addresses are held
+        self.in_features = linears[0].in_features
+        self.out_features = sum(lin.out_features for lin in linears)
+        n = len(linears)
+
+        def array(values: list[int | None]) -> ctypes.Array:
+            return (ctypes.c_void_p * n)(*values)
+
+        weights = [lin._weights for lin in linears]
+        self._args = (n, array([w[0] for w in weights]), array([w[1] for w in weights]),
+                      array([w[2] for w in weights]), (ctypes.c_int * n)(*[w[3] for w in weights]),
+                      array([w[4] for w in weights]))
+
+    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ [W1; W2; ...]^T`` (float32, contiguous ``x``); with ``into`` (float32,
+        contiguous, the output's shape) added to it in place and returned."""
+        rows = x.numel() // self.in_features
+        y = x.new_empty((*x.shape[:-1], self.out_features)) if into is None else into
+        if rows:
+            self._run(x.data_ptr(), rows, self.in_features, *self._args, y.data_ptr(), into is not None)
+        return y

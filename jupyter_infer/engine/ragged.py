@@ -20,6 +20,7 @@ block, and their own columns after it (``_attend_past_shared``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -120,20 +121,26 @@ def _attention_mask(mask: torch.Tensor, width: int) -> torch.Tensor | None:
     return real & causal[None, None]
 
 
-def forward(model: torch.nn.Module, blocks: Seq[Block], every: bool = False) -> torch.Tensor:
+def forward(model: torch.nn.Module, blocks: Seq[Block], every: bool = False,
+            lean: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """The model over ``blocks`` in one forward: the logits of every row's last column, block
     after block (``[rows, vocab]``), or with ``every`` of every column (``[tokens, vocab]``,
     each block's ``rows × width`` flattened; a pad column's logits are zeros).
 
     Padding is left out of the forward: the linears see only real tokens (a grammar's forced
     run or a prompt's chunk beside one-token rows costs its own tokens, not a column of every
-    row of its block), and ``block_attention`` puts each block's back in place."""
+    row of its block), and ``block_attention`` puts each block's back in place. ``lean``: a
+    forward of our own for the model's family (``llama_forward.py``), called instead of the
+    model's."""
     step = Step(blocks)
     input_ids = step.packed([b.ids for b in blocks])[None]
     position_ids = step.packed([b.positions for b in blocks])[None]
-    out = model(input_ids=input_ids, position_ids=position_ids, attention_mask=_OWN_MASKS, use_cache=False,
-                logits_to_keep=0 if every else step.last_columns(), jupyter_infer_step=step)
-    return step.unpacked(out.logits[0]) if every else out.logits[0]
+    if lean is not None:
+        logits = lean(input_ids, position_ids, step, None if every else step.last_columns())
+    else:
+        logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=_OWN_MASKS, use_cache=False,
+                       logits_to_keep=0 if every else step.last_columns(), jupyter_infer_step=step).logits
+    return step.unpacked(logits[0]) if every else logits[0]
 
 
 def last_columns(blocks: Seq[Block]) -> torch.Tensor:

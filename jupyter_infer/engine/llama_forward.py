@@ -1,0 +1,171 @@
+"""A lean forward for the Llama family's decoder (Llama, Mistral, Qwen2, Qwen3), for ragged steps.
+
+At one row a decode step is a read of the weights and little else, yet transformers' module
+tree spends ~7 ms of a 0.5 B int4 step around its kernels (~10 ms) on this 2-core CPU: module
+calls, keyword plumbing, RMSNorm as six small ops, q, k and v as three calls. This forward runs
+the same model — its own weights, norms, rotary embedding and ``ragged.block_attention`` — with
+none of that:
+
+- each norm is one ``F.rms_norm`` (float32; another dtype calls the model's own norm);
+- with int4 linears, q, k and v are one kernel call, gate and up another
+  (``q4_linear.Int4Linears``), and the attention output and MLP projections add into the
+  residual stream where they land;
+- RoPE rotates q and k in one pass over their joint columns.
+
+``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
+the logits transformers' own forward gives (docs/engine.md, "One row"); any other model keeps
+transformers' forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import q4_linear
+from .kv_cache import new_cache
+from .ragged import Block, Step, block_attention, forward
+
+# Architectures whose decoder layer is exactly: norm, q/k/v (Qwen3: per-head q/k norms), RoPE,
+# attention, o, residual, norm, down(silu(gate) * up), residual.
+ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+
+
+def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's RMSNorm: one fused op in float32 (the same arithmetic as transformers'
+    float32 path); in another dtype the model's own module, whose casts we keep exactly."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+    return module(x)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' ``apply_rotary_pos_emb`` on ``[1, tokens, heads, dim]``."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@dataclass
+class _Layer:
+    attention: nn.Module  # its layer_idx and scaling are what block_attention reads
+    input_norm: nn.Module
+    post_norm: nn.Module
+    q_norm: nn.Module | None  # Qwen3's per-head norms
+    k_norm: nn.Module | None
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv: Callable[[torch.Tensor], torch.Tensor]  # [1, T, (heads + 2 kv heads) * dim]
+    o_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # h += o(x)
+    gate_up: Callable[[torch.Tensor], torch.Tensor]  # [1, T, 2 * intermediate]
+    down_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # h += down(x)
+
+
+def _joint(linears: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Several linears over one input, outputs side by side: one int4 call where all are int4."""
+    if all(isinstance(lin, q4_linear.Int4Linear) for lin in linears):
+        return q4_linear.Int4Linears(linears)
+    return lambda x: torch.cat([lin(x) for lin in linears], dim=-1)
+
+
+def _adding(linear: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``h += linear(x)``, written into ``h`` by the int4 kernel itself."""
+    if isinstance(linear, q4_linear.Int4Linear):
+        into = q4_linear.Int4Linears([linear])
+        return lambda x, h: into(x, into=h)
+    return lambda x, h: h.add_(linear(x))
+
+
+def _layer(layer: nn.Module) -> _Layer:
+    a, mlp = layer.self_attn, layer.mlp
+    config = a.config
+    return _Layer(
+        attention=a, input_norm=layer.input_layernorm, post_norm=layer.post_attention_layernorm,
+        q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None),
+        heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=a.head_dim,
+        qkv=_joint([a.q_proj, a.k_proj, a.v_proj]), o_into=_adding(a.o_proj),
+        gate_up=_joint([mlp.gate_proj, mlp.up_proj]), down_into=_adding(mlp.down_proj))
+
+
+class LlamaForward:
+    """``model``'s forward over a ragged step (``ragged.forward``'s call), without transformers'
+    module tree around the kernels."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        inner = model.model
+        self.embed, self.rotary, self.norm, self.head = inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head
+        self.layers = [_layer(layer) for layer in inner.layers]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> LlamaForward | None:
+        """This forward for ``model`` (installed for ragged steps) where its architecture is one
+        of ours and a short probe gives the logits transformers' forward gives; else ``None``."""
+        config = model.config
+        if (type(model).__name__ not in ARCHITECTURES or getattr(config, "hidden_act", None) != "silu"
+                or not all(_plain(layer) for layer in model.model.layers)):
+            return None
+        lean = cls(model)
+        try:
+            with torch.inference_mode():
+                theirs, ours = _probe(model, None), _probe(model, lean)
+        except Exception:  # noqa: BLE001 - a model this forward cannot run keeps transformers'
+            return None
+        close = torch.allclose(ours.float(), theirs.float(), rtol=1e-3, atol=1e-3 * float(theirs.abs().max()) + 1e-4)
+        return lean if close else None
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, step: Step,
+                 keep: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[1, kept tokens, vocab]`` (``keep``: the packed columns to score; ``None``: all)."""
+        h = self.embed(input_ids)
+        cos, sin = (t.unsqueeze(2) for t in self.rotary(h, position_ids))  # [1, T, 1, dim]
+        tokens = h.shape[1]
+        for layer in self.layers:
+            heads, kv, dim = layer.heads, layer.kv_heads, layer.head_dim
+            qkv = layer.qkv(_norm(layer.input_norm, h)).view(1, tokens, heads + 2 * kv, dim)
+            q, k, v = qkv[:, :, :heads], qkv[:, :, heads : heads + kv], qkv[:, :, heads + kv :]
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            else:  # q and k side by side: one rotation
+                qk = _rotate(qkv[:, :, : heads + kv], cos, sin)
+                q, k = qk[:, :, :heads], qk[:, :, heads:]
+            out, _ = block_attention(layer.attention, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
+                                     scaling=layer.attention.scaling, jupyter_infer_step=step)
+            h = layer.o_into(out.reshape(1, tokens, heads * dim), h)
+            x = _norm(layer.post_norm, h)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h = layer.down_into(F.silu(gate) * up, h)
+        h = _norm(self.norm, h)
+        return self.head(h if keep is None else h[:, keep])
+
+
+def _plain(layer: nn.Module) -> bool:
+    """Whether a decoder layer holds exactly what ``LlamaForward`` runs (no extra modules or
+    multipliers a variant might add)."""
+    a, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if a is None or mlp is None:
+        return False
+    names = {name for name, _ in a.named_children()}
+    return (names <= {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"}
+            and {name for name, _ in mlp.named_children()} <= {"gate_proj", "up_proj", "down_proj", "act_fn"}
+            and {name for name, _ in layer.named_children()} == {"self_attn", "mlp", "input_layernorm",
+                                                                 "post_attention_layernorm"})
+
+
+def _probe(model: nn.Module, lean: LlamaForward | None) -> torch.Tensor:
+    """Two rows' logits, one of them left-padded: their prompts' every column, then a decode step."""
+    device = next(model.parameters()).device
+    cache = new_cache(model.config)
+
+    def block(ids: list[list[int]], mask: list[list[int]], positions: list[list[int]]) -> Block:
+        return Block(cache, *(torch.tensor(t, device=device) for t in (ids, mask, positions)))
+
+    prompts = forward(model, [block([[0, 5, 7], [3, 4, 9]], [[0, 1, 1], [1, 1, 1]], [[0, 0, 1], [0, 1, 2]])],
+                      every=True, lean=lean)
+    step = forward(model, [block([[11], [12]], [[0, 1, 1, 1], [1, 1, 1, 1]], [[2], [3]])], lean=lean)
+    return torch.cat([prompts, step])

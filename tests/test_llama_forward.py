@@ -1,0 +1,83 @@
+"""The Llama family's lean forward (engine/llama_forward.py): taken only by the architectures it
+implements, and what it computes is transformers' forward — greedy answers through the
+scheduler (rows joining, leaving, mixing with prompts) equal ``generate`` on the same model, in
+float32 and in int4, whose q/k/v and gate/up run as one kernel call each."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_architectures import checkpoint
+from test_hf_engine import LENGTHS, PROMPTS, run_with_late_joiners
+from transformers import AutoTokenizer
+
+from jupyter_infer.engine import q4_linear
+from jupyter_infer.engine.hf import HFEngine
+from jupyter_infer.engine.llama_forward import LlamaForward
+
+needs_int4 = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no int4 kernel on this machine")
+
+
+def _greedy(engine: HFEngine, prompt: str, n: int) -> list[int]:
+    tok = AutoTokenizer.from_pretrained(engine.model.name_or_path)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                do_sample=False, pad_token_id=tok.eos_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("kind", "quantize"), [("llama", "none"), ("llama", "int4"), ("qwen2", "int4"),
+                                                 ("qwen3", "none"), ("qwen3", "int4")])
+async def test_the_family_answers_as_transformers_does(kind: str, quantize: str, tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    if quantize == "int4" and q4_linear.unavailable():
+        pytest.skip("no int4 kernel on this machine")
+    # qwen2 has q/k/v biases, qwen3 per-head q/k norms; widths are multiples of int4's groups.
+    folder = checkpoint(kind, tiny_model_dir, tmp_path / kind)
+    engine = HFEngine(str(folder), dtype="float32", num_threads=1, quantize=quantize)
+    assert isinstance(engine._lean, LlamaForward)
+    lean, calls = engine._lean, []
+    engine._lean = lambda *args: calls.append(1) or lean(*args)
+    results = await run_with_late_joiners(engine, "continuous")
+    assert calls and results[3].batch_size > 2  # its steps ran here, and the late pair joined
+    for result, prompt, n in zip(results, PROMPTS, LENGTHS, strict=True):
+        # generate runs transformers' module tree on the same (quantized) weights
+        assert list(result.token_ids) == _greedy(engine, prompt, n), (kind, quantize, prompt)
+    shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("kind", ["granite", "gemma", "phi3", "olmo2"])
+def test_other_architectures_keep_transformers_forward(kind: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Granite scales its residuals, Gemma its norms and embeddings, Phi-3 fuses q/k/v, OLMo 2
+    # norms after attention: each would be computed wrong by the lean forward.
+    engine = HFEngine(str(checkpoint(kind, tiny_model_dir, tmp_path / kind)), dtype="float32", num_threads=1)
+    assert engine._ragged and engine._lean is None
+
+
+def test_a_variant_whose_probe_disagrees_keeps_transformers_forward(llama_model_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Llama whose layers compute something this forward does not (as a variant with an
+    # extra multiplier would): the probe at load compares logits and refuses it.
+    from transformers.models.llama import modeling_llama
+
+    plain = modeling_llama.LlamaMLP.forward
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", lambda self, x: 1.5 * plain(self, x))
+    assert HFEngine(str(llama_model_dir), dtype="float32", num_threads=1)._lean is None
+
+
+@needs_int4
+def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
+    torch.manual_seed(0)
+    linears = [q4_linear.Int4Linear.from_weight(torch.randn(n, 96), torch.randn(n) if n == 40 else None)
+               for n in (48, 40, 16)]
+    joint = q4_linear.Int4Linears(linears)
+    x = torch.randn(3, 96)
+    assert torch.equal(joint(x), torch.cat([lin(x) for lin in linears], dim=-1))
+    residual = torch.randn(3, 104)
+    expected = residual + joint(x)
+    assert joint(x, into=residual) is residual
+    torch.testing.assert_close(residual, expected)
