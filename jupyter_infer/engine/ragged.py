@@ -25,6 +25,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
@@ -167,18 +168,26 @@ def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         if kwargs.get(name) is not None:  # install() refuses such models: never silently drop it
             raise NotImplementedError(f"block_attention does not implement {name}")
     heads, dim = query.shape[1], value.shape[3]
-    out = query.new_empty((1, step.tokens, heads, dim))
+    out = None if len(step.blocks) == 1 else query.new_empty((1, step.tokens, heads, dim))
     for block, start, real, mask in zip(step.blocks, step.starts, step.reals, step.masks, strict=True):
         rows, width = block.ids.shape
         span = slice(start, start + (rows * width if real is None else int(real.sum())))
         q, k, v = (_padded(t[0, :, span], real).unflatten(1, (rows, width)).transpose(0, 1)
                    for t in (query, key, value))
         keys, values = block.cache.layers[module.layer_idx].update(k, v)
-        if block.shared is None:
-            o, _ = sdpa_attention_forward(module, q, keys, values, mask, dropout=0.0, scaling=scaling,
-                                          is_causal=mask is None and width > 1)
+        if block.shared is None and mask is None:
+            # No mask (every column real): SDPA as transformers' wrapper would call it (grouped
+            # heads in the kernel), without the wrapper's work per call: a decode step's case.
+            o = F.scaled_dot_product_attention(q, keys, values, scale=scaling, is_causal=width > 1,
+                                               enable_gqa=keys.shape[1] != heads).transpose(1, 2)
+        elif block.shared is None:
+            o, _ = sdpa_attention_forward(module, q, keys, values, mask, dropout=0.0, scaling=scaling)
         else:
             o = _attend_past_shared(q, keys, values, mask, *block.shared.layer(module.layer_idx), scaling)
+        if out is None and real is None:  # one block, no padding: its output is the step's
+            return o.reshape(1, rows * width, heads, dim), None
+        if out is None:
+            out = query.new_empty((1, step.tokens, heads, dim))
         o = o.reshape(rows * width, heads, dim)
         out[0, span] = o if real is None else o[real]
     return out, None
