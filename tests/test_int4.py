@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.engine import hf_device, q4_linear
+from jupyter_infer.engine.cpu_features import cpu_flags
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import GROUP, Int4Linear, dequantize, quantize
@@ -44,6 +45,22 @@ def test_the_kernel_computes_what_its_weights_say(k: int, rows: int) -> None:
     got = layer(x).double()
     want = reference(x, layer)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 path already")
+@pytest.mark.parametrize("k", [96, 192, 896])
+def test_the_avx2_path_computes_the_same_on_an_avx512_machine(k: int) -> None:
+    # CI and users' machines are AVX2 some days and AVX-512 others: each path is checked.
+    narrow = q4_linear._library(("-mno-avx512f",))
+    assert not isinstance(narrow, str), narrow
+    torch.manual_seed(k)
+    layer = Int4Linear.from_weight(torch.randn(40, k), torch.randn(40))
+    for rows in (1, 5):
+        x = torch.randn(rows, k)
+        y = torch.empty(rows, 40)
+        narrow.q4_linear(x.data_ptr(), rows, k, *layer._weights, y.data_ptr())
+        want = reference(x, layer)
+        torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
 def test_a_rows_numbers_do_not_depend_on_its_batch_mates() -> None:

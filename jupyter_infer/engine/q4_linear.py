@@ -48,8 +48,9 @@ def _cache_dir() -> pathlib.Path:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The compiled kernel, or why there is none."""
+def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
+    """The compiled kernel, or why there is none. ``extra_flags``: a build for less than this
+    CPU has (the tests check the AVX2 path on an AVX-512 machine with ``-mno-avx512f``)."""
     if sys.platform != "linux" or not NEEDED_FLAGS <= cpu_flags():
         missing = ", ".join(sorted(NEEDED_FLAGS - cpu_flags())) or "Linux"
         return f"the int4 kernel needs an x86 CPU with AVX2, FMA and F16C on Linux (missing: {missing})"
@@ -59,13 +60,14 @@ def _library() -> ctypes.CDLL | str:
     source = _SOURCE.read_bytes()
     # The build is for this CPU: its flags are part of the key, so a cache shared between
     # machines (a home directory on a cluster) never hands one CPU another's build.
-    key = hashlib.sha256(source + " ".join([compiler, *_FLAGS, *sorted(_cpu_key())]).encode()).hexdigest()[:16]
+    flags = [*_FLAGS, *extra_flags]
+    key = hashlib.sha256(source + " ".join([compiler, *flags, *sorted(_cpu_key())]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"q4-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = pathlib.Path(tmp) / target.name
-            done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(_SOURCE)],
+            done = subprocess.run([compiler, *flags, "-o", str(built), str(_SOURCE)],
                                   capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
                 return f"building the int4 kernel with {compiler} failed: {done.stderr.strip()[:300]}"
