@@ -47,12 +47,28 @@
    the group's scale, and its scale times the sum of its ints (what the weights' mins meet). */
 static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xc) {
     const int G = K / GROUP;
+    const __m256 sign = _mm256_set1_ps(-0.f);
     for (int g = 0; g < G; g++) {
         const float *v = x + g * GROUP;
-        float amax = 0.f;
-        for (int i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(v[i]));
+        __m256 a[4];
+        for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(v + 8 * j);
+        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a[0]), _mm256_andnot_ps(sign, a[1])),
+                                       _mm256_max_ps(_mm256_andnot_ps(sign, a[2]), _mm256_andnot_ps(sign, a[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
         const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-        int32_t sum = 0;
+        /* Rounded to nearest (even on ties, as lrintf), packed to int8 in order. */
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(a[j], vinv));
+        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+        const __m256i bytes = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         /* Where element i of group g goes: quads (AVX-512) or pairs are interleaved by
            halves, as a 64- or 32-byte load of weights unpacks; a last odd group keeps its
            own order. */
@@ -71,11 +87,8 @@ static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xc
             first = 0;
             second = 16;
         }
-        for (int i = 0; i < GROUP; i++) {
-            const int q = (int)lrintf(v[i] * inv);
-            out[(i < 16 ? first : second) + (i & 15)] = (int8_t)q;
-            sum += q;
-        }
+        _mm_storeu_si128((__m128i *)(out + first), _mm256_castsi256_si128(bytes));
+        _mm_storeu_si128((__m128i *)(out + second), _mm256_extracti128_si256(bytes, 1));
         xd[g] = d;
         xc[g] = d * (float)sum;
     }
