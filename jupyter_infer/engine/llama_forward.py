@@ -1,7 +1,7 @@
 """A lean forward for the Llama family's decoder (Llama, Mistral, Qwen2, Qwen3), for ragged steps.
 
 At one row a decode step is a read of the weights and little else, yet transformers' module
-tree spends ~7 ms of a 0.5 B int4 step around its kernels (~10 ms) on this 2-core CPU: module
+tree spent ~8 ms of an 18 ms 0.5 B int4 step around its kernels on a 2-core CPU: module
 calls, keyword plumbing, RMSNorm as six small ops, q, k and v as three calls. This forward runs
 the same model — its own weights, norms, rotary embedding and ``ragged.block_attention`` — with
 none of that:
@@ -13,8 +13,8 @@ none of that:
 - RoPE rotates q and k in one pass over their joint columns.
 
 ``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
-the logits transformers' own forward gives (docs/engine.md, "One row"); any other model keeps
-transformers' forward.
+the logits transformers' own forward gives; any other model keeps transformers' forward
+(docs/engine.md, "The Llama family's own forward").
 """
 
 from __future__ import annotations
