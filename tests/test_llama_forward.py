@@ -81,3 +81,19 @@ def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
     expected = residual + joint(x)
     assert joint(x, into=residual) is residual
     torch.testing.assert_close(residual, expected)
+
+
+@needs_int4
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_the_int4_librarys_rope_is_torchs_to_the_bit(tokens: int) -> None:
+    # In-place RoPE in C (no fused multiply-adds): greedy answers stay generate's only if
+    # the rotation is exactly what transformers' ops compute.
+    from jupyter_infer.engine.llama_forward import _rotate
+
+    torch.manual_seed(tokens)
+    qkv = torch.randn(1, tokens, 18, 64) * 3  # 14 + 2 rotated heads, 2 value heads left alone
+    cos, sin = torch.randn(1, tokens, 64), torch.randn(1, tokens, 64)
+    want = _rotate(qkv[:, :, :16], cos.unsqueeze(2), sin.unsqueeze(2))
+    rotated = qkv.clone()
+    q4_linear.rope_(rotated, 16, cos, sin)
+    assert torch.equal(rotated[:, :, :16], want) and torch.equal(rotated[:, :, 16:], qkv[:, :, 16:])

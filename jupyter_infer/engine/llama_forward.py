@@ -10,7 +10,8 @@ none of that:
 - with int4 linears, q, k and v are one kernel call, gate and up another
   (``q4_linear.Int4Linears``), and the attention output and MLP projections add into the
   residual stream where they land;
-- RoPE rotates q and k in one pass over their joint columns.
+- RoPE rotates q and k in one pass over their joint columns (with int4, in place, in one C call
+  that gives torch's numbers to the bit).
 
 ``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
 the logits transformers' own forward gives; any other model keeps transformers' forward
@@ -100,6 +101,10 @@ class LlamaForward:
         inner = model.model
         self.embed, self.rotary, self.norm, self.head = inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head
         self.layers = [_layer(layer) for layer in inner.layers]
+        # With int4 linears the int4 library is built: RoPE then rotates q and k in place in one
+        # call, to the bit what torch's ops give (float32 only).
+        self.rope_in_place = (any(isinstance(m, q4_linear.Int4Linear) for m in model.modules())
+                              and inner.norm.weight.dtype == torch.float32)
 
     @classmethod
     def of(cls, model: nn.Module) -> LlamaForward | None:
@@ -122,7 +127,8 @@ class LlamaForward:
                  keep: torch.Tensor | None) -> torch.Tensor:
         """Logits ``[1, kept tokens, vocab]`` (``keep``: the packed columns to score; ``None``: all)."""
         h = self.embed(input_ids)
-        cos, sin = (t.unsqueeze(2) for t in self.rotary(h, position_ids))  # [1, T, 1, dim]
+        cos_t, sin_t = self.rotary(h, position_ids)  # [1, T, dim]
+        cos, sin = cos_t.unsqueeze(2), sin_t.unsqueeze(2)  # [1, T, 1, dim]
         tokens = h.shape[1]
         for layer in self.layers:
             heads, kv, dim = layer.heads, layer.kv_heads, layer.head_dim
@@ -131,6 +137,8 @@ class LlamaForward:
             if layer.q_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)
                 q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            elif self.rope_in_place and qkv.is_contiguous():
+                q4_linear.rope_(qkv, heads + kv, cos_t, sin_t)
             else:  # q and k side by side: one rotation
                 qk = _rotate(qkv[:, :, : heads + kv], cos, sin)
                 q, k = qk[:, :, :heads], qk[:, :, heads:]

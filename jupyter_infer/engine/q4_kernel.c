@@ -333,3 +333,31 @@ void q4_quantize(const float *w, int N, int K, uint8_t *nibbles, uint16_t *scale
         }
     }
 }
+
+/* RoPE in place, as transformers computes it (x * cos + rotate_half(x) * sin, each product
+   and the sum rounded to float32: no fused multiply-adds, so the result is torch's to the
+   bit): the first `heads` heads of each of T tokens, a token's heads `stride` floats apart,
+   cos and sin [T, D]. The int4 decode path's rotation (llama_forward.py): one call for q and
+   k instead of six torch ops. */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void q4_rope(float *x, int T, int heads, int stride, int D, const float *cos, const float *sin) {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const int half = D / 2;
+    for (int t = 0; t < T; t++) {
+        const float *c = cos + (size_t)t * D, *s = sin + (size_t)t * D;
+        for (int h = 0; h < heads; h++) {
+            float *v = x + (size_t)t * stride + (size_t)h * D;
+            for (int i = 0; i < half; i++) {
+                const float a = v[i], b = v[i + half];
+                const float a_cos = a * c[i], b_sin = -b * s[i];
+                const float b_cos = b * c[i + half], a_sin = a * s[i + half];
+                v[i] = a_cos + b_sin;
+                v[i + half] = b_cos + a_sin;
+            }
+        }
+    }
+}
+#pragma GCC pop_options

@@ -78,6 +78,8 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     lib.q4_linear.restype = lib.q4_linears.restype = lib.q4_quantize.restype = None
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
     lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
+    lib.q4_rope.restype = None
+    lib.q4_rope.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr]
     lib.q4_quantize.argtypes = [ptr, i32, i32, ptr, ptr, ptr]
     return lib
 
@@ -118,6 +120,15 @@ def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) 
     p = nibbles.reshape(n, -1, 16)
     q = torch.cat([p & 15, p >> 4], dim=-1).float()
     return (q * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).reshape(n, -1)
+
+
+def rope_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate the first ``heads`` heads of ``x`` (``[1, T, all heads, dim]``, float32,
+    contiguous) in place as transformers' ``apply_rotary_pos_emb`` does, to the bit; ``cos``
+    and ``sin`` ``[1, T, dim]``. The int4 decode path's RoPE (``llama_forward.py``)."""
+    _, tokens, stride_heads, dim = x.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    _kernel().q4_rope(x.data_ptr(), tokens, heads, stride_heads * dim, dim, cos.data_ptr(), sin.data_ptr())
 
 
 class Int4Linear(nn.Module):
