@@ -97,3 +97,13 @@ def test_the_int4_librarys_rope_is_torchs_to_the_bit(tokens: int) -> None:
     rotated = qkv.clone()
     q4_linear.rope_(rotated, 16, cos, sin)
     assert torch.equal(rotated[:, :, :16], want) and torch.equal(rotated[:, :, 16:], qkv[:, :, 16:])
+
+
+@needs_int4
+def test_joint_int4_linears_read_a_strided_input_as_its_values() -> None:
+    # The kernel reads raw memory: a transposed (non-contiguous) input must not be read as laid out.
+    torch.manual_seed(1)
+    joint = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(32, 64), None)])
+    x = torch.randn(64, 3).t()
+    assert not x.is_contiguous()
+    assert torch.equal(joint(x), joint(x.contiguous()))

@@ -97,7 +97,6 @@ class LlamaForward:
     module tree around the kernels."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
         inner = model.model
         self.embed, self.rotary, self.norm, self.head = inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head
         self.layers = [_layer(layer) for layer in inner.layers]

@@ -197,8 +197,12 @@ class Int4Linears:
                       array([w[4] for w in weights]))
 
     def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ [W1; W2; ...]^T`` (float32, contiguous ``x``); with ``into`` (float32,
-        contiguous, the output's shape) added to it in place and returned."""
+        """``x @ [W1; W2; ...]^T`` (float32 ``x``); with ``into`` (float32, contiguous, the
+        output's shape) added to it in place and returned."""
+        if x.dtype != torch.float32 or not x.is_contiguous():  # the kernel reads x as one array
+            x = x.float().contiguous()
+        if into is not None and (into.dtype != torch.float32 or not into.is_contiguous()):
+            raise ValueError("Int4Linears adds into a contiguous float32 tensor only")
         rows = x.numel() // self.in_features
         y = x.new_empty((*x.shape[:-1], self.out_features)) if into is None else into
         if rows:
