@@ -29,10 +29,13 @@ import torch.nn.functional as F
 from transformers import AttentionInterface, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.utils.import_utils import is_torch_greater_or_equal
 
 from .shared_prefix import SharedPrefix
 
 ATTENTION = "jupyter_infer_blocks"
+# SDPA groups a model's query heads over its key/value heads itself from torch 2.5 on.
+_SDPA_GQA = is_torch_greater_or_equal("2.5", accept_dev=True)
 # transformers passes a 4-D mask through to attention untouched instead of building one; the
 # blocks bring their own masks, so ``forward`` hands it this placeholder.
 _OWN_MASKS = torch.ones((1, 1, 1, 1), dtype=torch.bool)
@@ -175,7 +178,7 @@ def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         q, k, v = (_padded(t[0, :, span], real).unflatten(1, (rows, width)).transpose(0, 1)
                    for t in (query, key, value))
         keys, values = block.cache.layers[module.layer_idx].update(k, v)
-        if block.shared is None and mask is None:
+        if block.shared is None and mask is None and _SDPA_GQA:
             # No mask (every column real): SDPA as transformers' wrapper would call it (grouped
             # heads in the kernel), without the wrapper's work per call: a decode step's case.
             o = F.scaled_dot_product_attention(q, keys, values, scale=scaling, is_causal=width > 1,
