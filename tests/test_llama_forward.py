@@ -88,15 +88,16 @@ def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
 def test_the_int4_librarys_rope_is_torchs_to_the_bit(tokens: int) -> None:
     # In-place RoPE in C (no fused multiply-adds): greedy answers stay generate's only if
     # the rotation is exactly what transformers' ops compute.
-    from jupyter_infer.engine.llama_forward import _rotate
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     torch.manual_seed(tokens)
-    qkv = torch.randn(1, tokens, 18, 64) * 3  # 14 + 2 rotated heads, 2 value heads left alone
+    qkv = torch.randn(1, tokens, 18, 64) * 3  # 14 query + 2 key heads rotated, 2 value heads left alone
     cos, sin = torch.randn(1, tokens, 64), torch.randn(1, tokens, 64)
-    want = _rotate(qkv[:, :, :16], cos.unsqueeze(2), sin.unsqueeze(2))
+    q, k = apply_rotary_pos_emb(qkv[:, :, :14], qkv[:, :, 14:16], cos, sin, unsqueeze_dim=2)  # transformers' own
     rotated = qkv.clone()
     q4_linear.rope_(rotated, 16, cos, sin)
-    assert torch.equal(rotated[:, :, :16], want) and torch.equal(rotated[:, :, 16:], qkv[:, :, 16:])
+    assert torch.equal(rotated[:, :, :14], q) and torch.equal(rotated[:, :, 14:16], k)
+    assert torch.equal(rotated[:, :, 16:], qkv[:, :, 16:])
 
 
 @needs_int4

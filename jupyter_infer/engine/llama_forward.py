@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 from . import q4_linear
 from .kv_cache import new_cache
@@ -45,9 +46,9 @@ def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """transformers' ``apply_rotary_pos_emb`` on ``[1, tokens, heads, dim]``."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    """transformers' ``apply_rotary_pos_emb`` for one tensor, ``[1, tokens, heads, dim]`` (q and k
+    side by side, or one of them), with its own ``rotate_half``."""
+    return x * cos + rotate_half(x) * sin
 
 
 @dataclass
@@ -136,7 +137,7 @@ class LlamaForward:
             if layer.q_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)
                 q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            elif self.rope_in_place and qkv.is_contiguous():
+            elif self.rope_in_place:  # qkv is a fresh, contiguous tensor
                 q4_linear.rope_(qkv, heads + kv, cos_t, sin_t)
             else:  # q and k side by side: one rotation
                 qk = _rotate(qkv[:, :, : heads + kv], cos, sin)

@@ -126,8 +126,10 @@ def rope_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> 
     """Rotate the first ``heads`` heads of ``x`` (``[1, T, all heads, dim]``, float32,
     contiguous) in place as transformers' ``apply_rotary_pos_emb`` does, to the bit; ``cos``
     and ``sin`` ``[1, T, dim]``. The int4 decode path's RoPE (``llama_forward.py``)."""
+    if x.dtype != torch.float32 or not x.is_contiguous():  # the kernel writes x as one array
+        raise ValueError("rope_ rotates a contiguous float32 tensor only")
     _, tokens, stride_heads, dim = x.shape
-    cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
     _kernel().q4_rope(x.data_ptr(), tokens, heads, stride_heads * dim, dim, cos.data_ptr(), sin.data_ptr())
 
 
