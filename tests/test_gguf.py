@@ -43,7 +43,7 @@ def _load(path: Path, quantize: str = "none") -> torch.nn.Module:
                           quantize=quantize, prepack=True)[0]
 
 
-def _ours(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> np.ndarray:
+def _ours(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> np.ndarray:
     return dequantize(nibbles, scales, mins).numpy()
 
 
@@ -96,6 +96,7 @@ def test_a_4bit_file_is_served_in_int4_with_the_files_own_weights(gguf_dir: Path
     layers = dict(theirs.named_modules())
     int4 = [(n, m) for n, m in lm.named_modules() if isinstance(m, Int4Linear)]
     assert len(int4) == 2 * 7 + 1  # every linear of both layers and the LM head
+    assert all((m.mins is None) == (kind == "q4_0") for _, m in int4)  # q4_0's 4.5 bits a weight, as in the file
     for name, module in int4:
         np.testing.assert_allclose(_ours(module.nibbles, module.scales, module.mins),
                                    layers[name].weight.detach().numpy(), rtol=1e-6, atol=1e-6)

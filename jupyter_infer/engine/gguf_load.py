@@ -5,8 +5,9 @@ to float, which would make a 4-bit file a float32 model. Here each linear keeps 
 precision instead, tensor by tensor, on the meta-built model:
 
 - 4-bit blocks (q4_0, q4_1, q4_K) become our int4 layout as they are: the same nibbles in
-  groups of 32, each with a float16 scale and min (q4_K's 6-bit sub-block scales times its
-  block scale, rounded to float16). No float copy of the weight exists on the way.
+  groups of 32, each with a float16 scale (q4_0: our own form, 4.5 bits a weight), and a
+  float16 min for q4_1 and q4_K (q4_K's 6-bit sub-block scales and mins times its block's,
+  rounded to float16). No float copy of the weight exists on the way.
 - wider blocks (q5_*, q6_K, q8_0) are dequantized one tensor at a time and quantized to int8;
   narrower ones (q2_K, q3_K, the i-quants) to int4; f32/f16/bf16 stay float.
 - ``quantize = "int4"`` or ``"int8"`` puts every linear in that format instead.
@@ -243,12 +244,13 @@ def _dequantized(path: Path, tensor: _Tensor, processor: object, names: dict[str
                                                   tensor_key_mapping=names, parsed_parameters={"tensors": {}}).weights)
 
 
-def _q4_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q4_0 blocks (float16 d, 16 bytes of nibbles; w = (q - 8) d) in our layout: the same
-    nibbles (byte j holds elements j and j + 16), scale d, min -8 d (exact in float16)."""
+def _q4_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """q4_0 blocks (float16 d, 16 bytes of nibbles; w = (q - 8) d): our own form, the same
+    nibbles (byte j holds elements j and j + 16) and scale d, no mins."""
     blocks = raw.reshape(raw.shape[0], -1, 18)
     d = blocks[..., :2].copy().view(np.float16)[..., 0]
-    return _tensors(blocks[..., 2:], d, -8 * d)
+    nibbles, scales, _ = _tensors(blocks[..., 2:], d, d)
+    return nibbles, scales, None
 
 
 def _q4_1(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

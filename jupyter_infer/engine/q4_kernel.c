@@ -1,8 +1,9 @@
 /* 4-bit weights times 8-bit activations on an x86 CPU with AVX2 (jupyter_infer/engine/q4_linear.py).
 
    Weights: groups of 32 along K, each 16 bytes of nibbles (byte j: element j in its low
-   nibble, element j + 16 in its high one, as in GGUF's q4_0/q4_1), a float16 scale and a
-   float16 min: w = q * scale + min, q in 0..15. Activations are quantized per call to int8 in
+   nibble, element j + 16 in its high one, as in GGUF's q4_0/q4_1) and a float16 scale; with a
+   float16 min too, w = q * scale + min (q4_1's 5 bits a weight), without, w = (q - 8) * scale
+   (q4_0's 4.5 bits: the min is -8 * scale, read from nothing), q in 0..15. Activations are quantized per call to int8 in
    the same groups (one float scale each, as llama.cpp's q8_0), so a group's dot product is
    integer work: maddubs (u8 x s8 -> s16 pairs) and madd (-> s32), or VNNI's dpbusd, then one FMA with the two
    scales. The min's share is min * x_scale * sum(x_q), summed per group.
@@ -118,7 +119,10 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
                             const float *xc, int m0, float *out) {
     const int G = K / GROUP;
     const uint8_t *wrow = qw + (size_t)n * (K / 2);
-    const uint16_t *srow = scales + (size_t)n * G, *mrow = mins + (size_t)n * G;
+    /* Without mins (q4_0's form) a group's min is -8 times its scale: the scales are read
+       again (from L1) in the mins' place and multiplied by -8, exactly. */
+    const uint16_t *srow = scales + (size_t)n * G, *mrow = (mins ? mins : scales) + (size_t)n * G;
+    const float mfactor = mins ? 1.f : -8.f;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     /* A chunk's 8 group sums come out of the hadds in the order 0 2 4 6 1 3 5 7. */
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -137,7 +141,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
     for (; g + 8 <= G; g += 8) {
         PREFETCH_AHEAD(wrow, srow, mrow, g);
         const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
-        const __m256 n8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g)));
+        const __m256 n8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g))), _mm256_set1_ps(mfactor));
         const __m512i v0 = _mm512_loadu_si512((const void *)(wrow + g * 16));
         const __m512i v1 = _mm512_loadu_si512((const void *)(wrow + g * 16 + 64));
         const __m512i lo0 = _mm512_and_si512(v0, m4w), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4w);
@@ -159,7 +163,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
         const __m512i v = _mm512_loadu_si512((const void *)(wrow + g * 16));
         const __m512i lo = _mm512_and_si512(v, m4w), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4w);
         const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(srow + g)));
-        const __m128 n4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(mrow + g)));
+        const __m128 n4 = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(mrow + g))), _mm_set1_ps(mfactor));
         for (int t = 0; t < mt; t++) {
             const size_t row = (size_t)(m0 + t) * G + g;
             const int8_t *x = xq + (size_t)(m0 + t) * K + g * GROUP;
@@ -176,7 +180,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
     for (; g + 8 <= G; g += 8) {
         PREFETCH_AHEAD(wrow, srow, mrow, g);
         const __m256 s8 = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g))), order);
-        const __m256 n8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g)));
+        const __m256 n8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g))), _mm256_set1_ps(mfactor));
         __m256i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(wrow + (g + 2 * j) * 16));
@@ -198,7 +202,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
     }
     for (; g + 2 <= G; g += 2) {  /* the pairs left when G is not a multiple of 8 */
         const float s0 = _cvtsh_ss(srow[g]), s1 = _cvtsh_ss(srow[g + 1]);
-        const float n0 = _cvtsh_ss(mrow[g]), n1 = _cvtsh_ss(mrow[g + 1]);
+        const float n0 = _cvtsh_ss(mrow[g]) * mfactor, n1 = _cvtsh_ss(mrow[g + 1]) * mfactor;
         const __m256i v = _mm256_loadu_si256((const __m256i *)(wrow + g * 16));
         const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         for (int t = 0; t < mt; t++) {
@@ -213,7 +217,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
     }
     if (g < G) {  /* an odd last group, in its own order: plain C */
         const uint8_t *w = wrow + g * 16;
-        const float s = _cvtsh_ss(srow[g]), mn = _cvtsh_ss(mrow[g]);
+        const float s = _cvtsh_ss(srow[g]), mn = _cvtsh_ss(mrow[g]) * mfactor;
         for (int t = 0; t < mt; t++) {
             const size_t m = (size_t)(m0 + t);
             const int8_t *x = xq + m * K + g * GROUP;
@@ -234,7 +238,8 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
 /* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
    y[M, sum of N]: q, k and v, or gate and up, read x's quantization once and share one
    parallel loop. With accumulate, y += x @ W^T (a residual added where the output lands).
-   Weight w's arguments are qw[w], scales[w], mins[w], N[w] and bias[w] (NULL: none). */
+   Weight w's arguments are qw[w], scales[w], mins[w] (NULL: q4_0's form), N[w] and bias[w]
+   (NULL: none). */
 void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
                 const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate) {
     const int G = K / GROUP;
@@ -299,41 +304,51 @@ static inline float through_half(float v, uint16_t *h) {
     return _cvtsh_ss(*h);
 }
 
-/* W [N, K] -> nibbles [N, K/2], scales and mins [N, K/32] (float16). Each group's range is
-   its min and max, shrunk where that lowers its squared error: as llama.cpp's make_qkx
-   searches, over a few candidates, measured with the float16 scale and min it will store. */
-void q4_quantize(const float *w, int N, int K, uint8_t *nibbles, uint16_t *scales, uint16_t *mins) {
-    static const float shrink[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f};
+/* Squared error of a group stored with scale d in q4_0's form (nearest q in 0..15 for each). */
+static inline float sym_error(const float *v, float d) {
+    const float inv = d != 0.f ? 1.f / d : 0.f;
+    float err = 0.f;
+    for (int i = 0; i < GROUP; i++) {
+        const float e = (float)(nibble(v[i] * inv + 8.f) - 8) * d - v[i];
+        err += e * e;
+    }
+    return err;
+}
+
+/* W [N, K] -> nibbles [N, K/2] and scales [N, K/32] (float16) in q4_0's form, w = (q - 8) *
+   scale: 4.5 bits a weight. llama.cpp's q4_0 takes scale = -max/8 (max: the group's value of
+   largest magnitude, which lands on -8). Here nine candidates around it are each refit by
+   least squares to the levels they give (llama.cpp's make_qx_quants idea), and the one whose
+   float16 scale, as it will be stored, leaves the least squared error is kept: never worse
+   than q4_0's own choice, which is among them. */
+void q4_quantize(const float *w, int N, int K, uint8_t *nibbles, uint16_t *scales) {
     const int G = K / GROUP;
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         for (int g = 0; g < G; g++) {
             const float *v = w + (size_t)n * K + g * GROUP;
-            float lo = v[0], hi = v[0];
-            for (int i = 1; i < GROUP; i++) { lo = fminf(lo, v[i]); hi = fmaxf(hi, v[i]); }
-            const float mid = (lo + hi) / 2;
-            float best = INFINITY;
-            uint16_t best_s = 0, best_m = 0;
-            for (int c = 0; c < 5; c++) {
-                uint16_t hs, hm;
-                const float s = through_half(fmaxf((hi - mid) * shrink[c] * 2 / 15, 1e-7f), &hs);
-                const float m = through_half(mid + (lo - mid) * shrink[c], &hm);
-                const float inv = 1.f / s;
-                float err = 0.f;
+            float mx = 0.f;
+            for (int i = 0; i < GROUP; i++) if (fabsf(v[i]) > fabsf(mx)) mx = v[i];
+            uint16_t best_h;
+            float best = sym_error(v, through_half(mx / -8.f, &best_h));
+            for (int c = -4; c <= 4 && mx != 0.f; c++) {
+                const float iscale = -(8.f + 0.2f * (float)c) / mx;
+                float lx = 0.f, l2 = 0.f;
                 for (int i = 0; i < GROUP; i++) {
-                    const float d = (float)nibble((v[i] - m) * inv) * s + m - v[i];
-                    err += d * d;
+                    const float l = (float)(nibble(v[i] * iscale + 8.f) - 8);
+                    lx += l * v[i];
+                    l2 += l * l;
                 }
-                if (err < best) { best = err; best_s = hs; best_m = hm; }
+                if (l2 <= 0.f) continue;
+                uint16_t h;
+                const float err = sym_error(v, through_half(lx / l2, &h));
+                if (err < best) { best = err; best_h = h; }
             }
-            const float s = _cvtsh_ss(best_s), m = _cvtsh_ss(best_m), inv = 1.f / s;
+            const float d = _cvtsh_ss(best_h), inv = d != 0.f ? 1.f / d : 0.f;
             uint8_t *out = nibbles + (size_t)n * (K / 2) + g * 16;
-            for (int i = 0; i < 16; i++) {
-                const int a = nibble((v[i] - m) * inv), b = nibble((v[i + 16] - m) * inv);
-                out[i] = (uint8_t)(a | (b << 4));
-            }
-            scales[(size_t)n * G + g] = best_s;
-            mins[(size_t)n * G + g] = best_m;
+            for (int i = 0; i < 16; i++)
+                out[i] = (uint8_t)(nibble(v[i] * inv + 8.f) | (nibble(v[i + 16] * inv + 8.f) << 4));
+            scales[(size_t)n * G + g] = best_h;
         }
     }
 }

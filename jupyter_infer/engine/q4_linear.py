@@ -1,8 +1,10 @@
 """4-bit weights on the CPU: group-wise int4 linears (``InferApp.quantize = "int4"``).
 
 A decode step at a few rows reads every weight once, so its cost is the weights' bytes. Here
-each group of 32 weights along the input is 16 bytes of nibbles, a float16 scale and a float16
-min (``w = q * scale + min``, 5 bits a weight: GGUF's q4_1 block, stored as three arrays).
+each group of 32 weights along the input is 16 bytes of nibbles and a float16 scale
+(``w = (q - 8) * scale``, 4.5 bits a weight: GGUF's q4_0 block, stored as two arrays). GGUF's
+q4_1 and q4_K blocks carry a min as well (``w = q * scale + min``, 5 bits); those are served as
+they are, with a third array.
 The product runs in ``q4_kernel.c``: activations quantized per call to int8 in the same
 groups (llama.cpp's q8_0), integer dot products (AVX2's ``maddubs``/``madd``, VNNI's
 ``dpbusd`` where the CPU has it), one FMA per group with the two scales; OpenMP threads, the
@@ -75,12 +77,13 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     # torch is imported, so its OpenMP runtime (libgomp.so.1) is the one the kernel binds to.
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.q4_linear.restype = lib.q4_linears.restype = lib.q4_quantize.restype = None
+    lib.q4_linear.restype = lib.q4_linears.restype = None
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
     lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
     lib.q4_rope.restype = None
     lib.q4_rope.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr]
-    lib.q4_quantize.argtypes = [ptr, i32, i32, ptr, ptr, ptr]
+    lib.q4_quantize.restype = None
+    lib.q4_quantize.argtypes = [ptr, i32, i32, ptr, ptr]
     return lib
 
 
@@ -101,24 +104,26 @@ def unavailable() -> str | None:
     return lib if isinstance(lib, str) else None
 
 
-def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``weight`` [N, K] (K a multiple of 32) as (nibbles uint8 [N, K/2], scales and mins
-    float16 [N, K/32]): each group's min and max, shrunk where that lowers its squared error
-    (``q4_quantize`` in the kernel: ~20x faster than the same search in torch ops)."""
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """``weight`` [N, K] (K a multiple of 32) in q4_0's form: (nibbles uint8 [N, K/2], scales
+    float16 [N, K/32], no mins). Each group's scale is the best of a few least-squares fits
+    around q4_0's own (``q4_quantize`` in the kernel)."""
     n, k = weight.shape
     w = weight.detach().float().contiguous()
     nibbles = torch.empty((n, k // 2), dtype=torch.uint8)
     scales = torch.empty((n, k // GROUP), dtype=torch.float16)
-    mins = torch.empty((n, k // GROUP), dtype=torch.float16)
-    _kernel().q4_quantize(w.data_ptr(), n, k, nibbles.data_ptr(), scales.data_ptr(), mins.data_ptr())
-    return nibbles, scales, mins
+    _kernel().q4_quantize(w.data_ptr(), n, k, nibbles.data_ptr(), scales.data_ptr())
+    return nibbles, scales, None
 
 
-def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
-    """The float32 weight [N, K] that ``(nibbles, scales, mins)`` stand for."""
+def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None) -> torch.Tensor:
+    """The float32 weight [N, K] that ``(nibbles, scales, mins)`` stand for (no mins: q4_0's
+    form, ``(q - 8) * scale``)."""
     n = nibbles.shape[0]
     p = nibbles.reshape(n, -1, 16)
     q = torch.cat([p & 15, p >> 4], dim=-1).float()
+    if mins is None:
+        return ((q - 8) * scales.float().unsqueeze(-1)).reshape(n, -1)
     return (q * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).reshape(n, -1)
 
 
@@ -134,20 +139,22 @@ def rope_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 
 class Int4Linear(nn.Module):
-    """``y = x W^T + b`` with ``W`` in 4-bit groups of 32; float32 in and out."""
+    """``y = x W^T + b`` with ``W`` in 4-bit groups of 32 (``mins`` ``None``: q4_0's form);
+    float32 in and out."""
 
-    def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+    def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bias: torch.Tensor | None) -> None:
         super().__init__()
         self._run = _kernel().q4_linear
         self.out_features, self.in_features = nibbles.shape[0], nibbles.shape[1] * 2
         self.register_buffer("nibbles", nibbles.contiguous(), persistent=False)
         self.register_buffer("scales", scales.contiguous(), persistent=False)
-        self.register_buffer("mins", mins.contiguous(), persistent=False)
+        self.register_buffer("mins", None if mins is None else mins.contiguous(), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(), persistent=False)
         # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
         # replaced (``_apply`` keeps ``.to()`` and ``.half()`` off them).
-        self._weights = (self.nibbles.data_ptr(), self.scales.data_ptr(), self.mins.data_ptr(), self.out_features,
+        self._weights = (self.nibbles.data_ptr(), self.scales.data_ptr(),
+                         None if self.mins is None else self.mins.data_ptr(), self.out_features,
                          None if self.bias is None else self.bias.data_ptr())
 
     @classmethod
