@@ -15,6 +15,7 @@ import pytest
 import torch
 from gguf_files import write_llama_gguf
 from server_helpers import TOKEN, server_config
+from test_int4 import assert_own_greedy_choices
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.engine import gguf_load, q4_linear
@@ -112,7 +113,7 @@ def test_wider_blocks_are_int8_and_a_named_format_takes_every_linear(gguf_dir: P
 
 @needs_int4
 @pytest.mark.asyncio
-async def test_greedy_answers_from_a_q4_0_file_equal_generate(gguf_dir: Path) -> None:
+async def test_greedy_answers_from_a_q4_0_file_are_its_own_choices(gguf_dir: Path) -> None:
     engine = HFEngine(str(gguf_dir / "model-q4_0.gguf"), num_threads=1)
     assert engine.info.details["linear_kernels"].startswith("from GGUF: int4")
     engine.eos_token_ids = frozenset()
@@ -124,10 +125,8 @@ async def test_greedy_answers_from_a_q4_0_file_equal_generate(gguf_dir: Path) ->
     results = [await s.result() for s in streams]
     await service.stop()
     for result, prompt, n in zip(results, prompts, lengths, strict=True):
-        ids = engine.tokenizer(prompt, return_tensors="pt").input_ids
-        out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                    do_sample=False, pad_token_id=0)
-        assert list(result.token_ids) == out[0, ids.shape[1]:].tolist(), prompt
+        assert len(result.token_ids) == n
+        assert_own_greedy_choices(engine, prompt, list(result.token_ids))  # near ties aside: test_int4
 
 
 @pytest.fixture

@@ -144,9 +144,10 @@ async def test_greedy_answers_are_the_int4_models_own_choices(llama_model_dir: P
     """Each token the scheduler chose is the int4 model's greedy choice after the tokens before
     it, as the model computes it alone (one row, transformers' forward). A row's linears never
     depend on its batch-mates, but a batch's padded attention can differ from a lone row's in
-    the last bit, and int8 activations turn that into a visible step where a group's rounding
-    flips: on random weights (nearly flat logits) that can swap a near tie. So a choice counts
-    if it is the lone row's argmax or within ``NEAR_TIE`` of it; most must be the argmax."""
+    the last bit (and the lean forward's norms, in the kernel, sum in their own order), and int8
+    activations turn that into a visible step where a group's rounding flips: on random weights
+    (nearly flat logits) that can swap a near tie. So a choice counts if it is the lone row's
+    argmax or within ``NEAR_TIE`` of it; most must be the argmax."""
     engine = HFEngine(str(llama_model_dir), quantize="int4", num_threads=1)
     assert engine.info.details["quantize"] == "int4" and engine.info.details["load_streamed"] is True
     assert engine.info.details["weight_bytes"] > 0 and engine.info.details["load_s"] > 0
@@ -160,19 +161,22 @@ async def test_greedy_answers_are_the_int4_models_own_choices(llama_model_dir: P
     results = await asyncio.gather(*(s.result() for s in streams))
     await service.stop()
     assert max(r.batch_size for r in results) > 1  # they shared steps
-    tok = AutoTokenizer.from_pretrained(llama_model_dir)
-    exact = 0
     for result, prompt, n in zip(results, prompts, lengths, strict=True):
-        ids = tok(prompt, return_tensors="pt").input_ids
-        chosen = torch.tensor([result.token_ids])
-        assert chosen.shape[1] == n
-        with torch.inference_mode():
-            logits = engine.model(torch.cat([ids, chosen], dim=1)).logits[0, ids.shape[1] - 1:-1]
-        picked = logits.gather(-1, chosen[0, :, None])[:, 0]
-        best = logits.max(-1).values
-        assert (picked >= best - NEAR_TIE).all(), (prompt, (best - picked).max().item())
-        exact += int((picked == best).sum())
-    assert exact >= 0.9 * sum(lengths)
+        assert len(result.token_ids) == n
+        assert_own_greedy_choices(engine, prompt, list(result.token_ids))
+
+
+def assert_own_greedy_choices(engine: HFEngine, prompt: str, chosen: list[int]) -> None:
+    """Each of ``chosen`` (greedy, after ``prompt``) is what ``engine``'s model, computing one
+    row alone in transformers' forward, scores highest, or within ``NEAR_TIE`` of it; and 90 %
+    of them exactly (the int4 path's check: see the test above)."""
+    ids = engine.tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logits = engine.model(torch.cat([ids, torch.tensor([chosen])], dim=1)).logits[0, ids.shape[1] - 1:-1]
+    picked = logits.gather(-1, torch.tensor(chosen)[:, None])[:, 0]
+    best = logits.max(-1).values
+    assert (picked >= best - NEAR_TIE).all(), (prompt, chosen, (best - picked).max().item())
+    assert (picked == best).float().mean() >= 0.9, (prompt, chosen)
 
 
 def test_int4_is_refused_at_load_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -235,14 +235,47 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
 #endif
 }
 
+/* RMSNorm of one row, as torch computes it in float32 (x * rsqrt(mean(x^2) + eps) * w, each
+   product rounded to float) except for the order of the sum of squares: eight float lanes
+   here, torch's own cascade there. A row's result depends on that row alone. */
+static void rms_row(const float *x, int K, const float *w, float eps, float *y) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= K; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    float ss = hsum(acc);
+    for (; i < K; i++) ss += x[i] * x[i];
+    const float r = 1.f / sqrtf(ss / (float)K + eps);
+    const __m256 vr = _mm256_set1_ps(r);
+    for (i = 0; i + 8 <= K; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vr), _mm256_loadu_ps(w + i)));
+    for (; i < K; i++) y[i] = (x[i] * r) * w[i];
+}
+
+/* y[M, K] = rms_row of each row of x: the norm q4_linears applies, on its own (for tests). */
+void q4_rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
+    for (int m = 0; m < M; m++) rms_row(x + (size_t)m * K, K, w, eps, y + (size_t)m * K);
+}
+
 /* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
    y[M, sum of N]: q, k and v, or gate and up, read x's quantization once and share one
    parallel loop. With accumulate, y += x @ W^T (a residual added where the output lands).
+   With norm (NULL: none), x is first RMS-normalized per row with those weights and eps: the
+   decoder's norm before q/k/v or gate/up, in the same call.
    Weight w's arguments are qw[w], scales[w], mins[w] (NULL: q4_0's form), N[w] and bias[w]
    (NULL: none). */
 void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
-                const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate) {
+                const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                const float *norm, float eps) {
     const int G = K / GROUP;
+    float *normed = NULL;
+    if (norm) {
+        normed = malloc(sizeof(float) * (size_t)M * K);
+        for (int m = 0; m < M; m++) rms_row(x + (size_t)m * K, K, norm, eps, normed + (size_t)m * K);
+        x = normed;
+    }
     int8_t *xq = malloc((size_t)M * K);
     float *xd = malloc(sizeof(float) * (size_t)M * G);
     float *xc = malloc(sizeof(float) * (size_t)M * G);
@@ -282,6 +315,7 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
             }
         }
     }
+    free(normed);
     free(xq);
     free(xd);
     free(xc);
@@ -290,7 +324,7 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
 /* y[M, N] = x[M, K] @ W^T (+ bias): one linear. */
 void q4_linear(const float *x, int M, int K, const uint8_t *qw, const uint16_t *scales,
                const uint16_t *mins, int N, const float *bias, float *y) {
-    q4_linears(x, M, K, 1, &qw, &scales, &mins, &N, &bias, y, 0);
+    q4_linears(x, M, K, 1, &qw, &scales, &mins, &N, &bias, y, 0, NULL, 0.f);
 }
 
 /* round(clamp(t, 0, 15)), written so that the compiler vectorizes the loops around it. */

@@ -79,7 +79,9 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.q4_linear.restype = lib.q4_linears.restype = None
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
-    lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
+    lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, ptr, ctypes.c_float]
+    lib.q4_rms_norm.restype = None
+    lib.q4_rms_norm.argtypes = [ptr, i32, i32, ptr, ctypes.c_float, ptr]
     lib.q4_rope.restype = None
     lib.q4_rope.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr]
     lib.q4_quantize.restype = None
@@ -125,6 +127,16 @@ def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     if mins is None:
         return ((q - 8) * scales.float().unsqueeze(-1)).reshape(n, -1)
     return (q * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).reshape(n, -1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The RMSNorm ``Int4Linears(..., norm=(weight, eps))`` applies to its input, alone (float32
+    ``x [..., K]``): torch's arithmetic but for the order of the sum of squares."""
+    x, weight = x.float().contiguous(), weight.float().contiguous()
+    y = torch.empty_like(x)
+    k = x.shape[-1]
+    _kernel().q4_rms_norm(x.data_ptr(), x.numel() // k, k, weight.data_ptr(), eps, y.data_ptr())
+    return y
 
 
 def rope_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -205,15 +217,23 @@ class Int4Linears:
                       array([w[2] for w in weights]), (ctypes.c_int * n)(*[w[3] for w in weights]),
                       array([w[4] for w in weights]))
 
-    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None,
+                 norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         """``x @ [W1; W2; ...]^T`` (float32 ``x``); with ``into`` (float32, contiguous, the
-        output's shape) added to it in place and returned."""
+        output's shape) added to it in place and returned. ``norm`` (float32 weight [K], eps):
+        ``x`` RMS-normalized per row first, in the same call (``rms_norm(x) * weight``, each row
+        on its own; the sum of squares in the kernel's order, not torch's)."""
         if x.dtype != torch.float32 or not x.is_contiguous():  # the kernel reads x as one array
             x = x.float().contiguous()
         if into is not None and (into.dtype != torch.float32 or not into.is_contiguous()):
             raise ValueError("Int4Linears adds into a contiguous float32 tensor only")
+        weight, eps = norm if norm is not None else (None, 0.0)
+        if weight is not None and (weight.dtype != torch.float32 or not weight.is_contiguous()
+                                   or weight.numel() != self.in_features):
+            raise ValueError("Int4Linears normalizes with a contiguous float32 weight of its input's width")
         rows = x.numel() // self.in_features
         y = x.new_empty((*x.shape[:-1], self.out_features)) if into is None else into
         if rows:
-            self._run(x.data_ptr(), rows, self.in_features, *self._args, y.data_ptr(), into is not None)
+            self._run(x.data_ptr(), rows, self.in_features, *self._args, y.data_ptr(), into is not None,
+                      None if weight is None else weight.data_ptr(), eps)
         return y
