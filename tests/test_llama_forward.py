@@ -90,41 +90,6 @@ def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
 
 
 @needs_int4
-def test_joint_int4_linears_normalize_their_input_as_torch_does() -> None:
-    torch.manual_seed(2)
-    weight, eps = torch.rand(96) + 0.5, 1e-6
-    x = torch.randn(5, 96) * torch.tensor([[0.01], [1.0], [30.0], [1.0], [1.0]])
-    ours = q4_linear.rms_norm(x, weight, eps)
-    torch.testing.assert_close(ours, torch.nn.functional.rms_norm(x, (96,), weight, eps), rtol=1e-6, atol=1e-7)
-    for i in range(5):  # a row's norm is its own
-        assert torch.equal(q4_linear.rms_norm(x[i:i + 1], weight, eps)[0], ours[i])
-    joint = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(n, 96), None) for n in (32, 16)])
-    assert torch.equal(joint(x, norm=(weight, eps)), joint(ours))  # the same norm, in the same call
-    residual = torch.randn(5, 48)
-    expected = residual + joint(ours)
-    torch.testing.assert_close(joint(x, into=residual, norm=(weight, eps)), expected)
-    with pytest.raises(ValueError, match="width"):
-        joint(x, norm=(torch.ones(64), eps))
-
-
-@needs_int4
-@pytest.mark.parametrize("tokens", [1, 7])
-def test_the_int4_librarys_rope_is_torchs_to_the_bit(tokens: int) -> None:
-    # In-place RoPE in C (no fused multiply-adds): greedy answers stay generate's only if
-    # the rotation is exactly what transformers' ops compute.
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    torch.manual_seed(tokens)
-    qkv = torch.randn(1, tokens, 18, 64) * 3  # 14 query + 2 key heads rotated, 2 value heads left alone
-    cos, sin = torch.randn(1, tokens, 64), torch.randn(1, tokens, 64)
-    q, k = apply_rotary_pos_emb(qkv[:, :, :14], qkv[:, :, 14:16], cos, sin, unsqueeze_dim=2)  # transformers' own
-    rotated = qkv.clone()
-    q4_linear.rope_(rotated, 16, cos, sin)
-    assert torch.equal(rotated[:, :, :14], q) and torch.equal(rotated[:, :, 14:16], k)
-    assert torch.equal(rotated[:, :, 16:], qkv[:, :, 16:])
-
-
-@needs_int4
 def test_joint_int4_linears_read_a_strided_input_as_its_values() -> None:
     # The kernel reads raw memory: a transposed (non-contiguous) input must not be read as laid out.
     torch.manual_seed(1)

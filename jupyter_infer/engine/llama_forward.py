@@ -9,7 +9,8 @@ none of that:
 - each norm is one ``F.rms_norm`` (float32; another dtype calls the model's own norm);
 - with int4 linears, q, k and v are one kernel call, gate and up another
   (``q4_linear.Int4Linears``), and the attention output and MLP projections add into the
-  residual stream where they land;
+  residual stream where they land; the norms before q/k/v and gate/up and the SwiGLU before
+  down are done by those calls on their way in (the last bits are the kernel's own);
 - RoPE rotates q and k in one pass over their joint columns (with int4, in place, in one C call
   that gives torch's numbers to the bit).
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
-from . import q4_linear
+from . import layer_ops, q4_linear
 from .kv_cache import new_cache
 from .ragged import Block, Step, block_attention, forward
 
@@ -62,13 +63,15 @@ class _Layer:
     norm_qkv: Callable[[torch.Tensor], torch.Tensor]  # of h: [1, T, (heads + 2 kv heads) * dim]
     o_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # h += o(x)
     norm_gate_up: Callable[[torch.Tensor], torch.Tensor]  # of h: [1, T, 2 * intermediate]
-    down_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # h += down(x)
+    down_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # h += down(silu(gate) * up), of gate | up
 
 
 def _joint(linears: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
     """Several linears over one input, outputs side by side: one int4 call where all are int4."""
     if all(isinstance(lin, q4_linear.Int4Linear) for lin in linears):
         return q4_linear.Int4Linears(linears)
+    if len(linears) == 1:
+        return linears[0]
     return lambda x: torch.cat([lin(x) for lin in linears], dim=-1)
 
 
@@ -84,37 +87,53 @@ def _normed(norm: nn.Module, joint: Callable[[torch.Tensor], torch.Tensor],
     return lambda h: joint(_norm(norm, h))
 
 
-def _adding(linear: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``h += linear(x)``, written into ``h`` by the int4 kernel itself."""
+def _adding(linear: nn.Module, gated: bool = False,
+            fused: bool = True) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``h += linear(x)``, written into ``h`` by the int4 kernel itself. ``gated``: ``x`` is
+    ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (``fused``: the int4 kernel computes
+    it on its way in; the last bits of its exp are its own)."""
     if isinstance(linear, q4_linear.Int4Linear):
         into = q4_linear.Int4Linears([linear])
-        return lambda x, h: into(x, into=h)
+        if gated and not fused:
+            return lambda x, h: into(_swiglu(x), into=h)
+        return lambda x, h: into(x, into=h, gated=gated)
+    if gated:
+        return lambda x, h: h.add_(linear(_swiglu(x)))
     return lambda x, h: h.add_(linear(x))
 
 
-def _layer(layer: nn.Module, fused_norms: bool) -> _Layer:
+def _swiglu(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _layer(layer: nn.Module, fused: bool) -> _Layer:
     a, mlp = layer.self_attn, layer.mlp
     config = a.config
     return _Layer(
         attention=a, q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None),
         heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=a.head_dim,
-        norm_qkv=_normed(layer.input_layernorm, _joint([a.q_proj, a.k_proj, a.v_proj]), fused_norms), o_into=_adding(a.o_proj),
-        norm_gate_up=_normed(layer.post_attention_layernorm, _joint([mlp.gate_proj, mlp.up_proj]), fused_norms),
-        down_into=_adding(mlp.down_proj))
+        norm_qkv=_normed(layer.input_layernorm, _joint([a.q_proj, a.k_proj, a.v_proj]), fused), o_into=_adding(a.o_proj),
+        norm_gate_up=_normed(layer.post_attention_layernorm, _joint([mlp.gate_proj, mlp.up_proj]), fused),
+        down_into=_adding(mlp.down_proj, gated=True, fused=fused))
 
 
 class LlamaForward:
     """``model``'s forward over a ragged step (``ragged.forward``'s call), without transformers'
-    module tree around the kernels."""
+    module tree around the kernels. ``fused`` (int4 only): the norms before q/k/v and gate/up and
+    the SwiGLU before down are computed by the int4 kernel calls that read them."""
 
-    def __init__(self, model: nn.Module, fused_norms: bool = True) -> None:
+    def __init__(self, model: nn.Module, fused: bool = True) -> None:
         inner = model.model
-        self.embed, self.rotary, self.norm, self.head = inner.embed_tokens, inner.rotary_emb, inner.norm, model.lm_head
-        self.layers = [_layer(layer, fused_norms) for layer in inner.layers]
+        self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
+        self.norm_head = _normed(inner.norm, _joint([model.lm_head]), fused)  # logits of the last norm
+        self.layers = [_layer(layer, fused) for layer in inner.layers]
         # With int4 linears the int4 library is built: RoPE then rotates q and k in place in one
         # call, to the bit what torch's ops give (float32 only).
         self.rope_in_place = (any(isinstance(m, q4_linear.Int4Linear) for m in model.modules())
                               and inner.norm.weight.dtype == torch.float32)
+        # ...and a decode step's attention is one C call a layer (``layer_ops.attend``).
+        self.attend_in_c = fused and self.rope_in_place
 
     @classmethod
     def of(cls, model: nn.Module) -> LlamaForward | None:
@@ -124,13 +143,13 @@ class LlamaForward:
         if (type(model).__name__ not in ARCHITECTURES or getattr(config, "hidden_act", None) != "silu"
                 or not all(_plain(layer) for layer in model.model.layers)):
             return None
-        # The probe checks the decoder's structure, with the norms as torch computes them: with
-        # int4 the kernel's own norm (its sum's order) can flip an activation's int8 rounding,
-        # and random weights carry that to a few % of the logits (tests/test_llama_forward.py
-        # checks that norm against torch's).
+        # The probe checks the decoder's structure, with the norms and SwiGLU as torch computes
+        # them: with int4 the kernel's own (its sum's order, its exp) can flip an activation's
+        # int8 rounding, and random weights carry that to a few % of the logits
+        # (tests/test_llama_forward.py checks both against torch's).
         try:
             with torch.inference_mode():
-                theirs, ours = _probe(model, None), _probe(model, cls(model, fused_norms=False))
+                theirs, ours = _probe(model, None), _probe(model, cls(model, fused=False))
         except Exception:  # noqa: BLE001 - a model this forward cannot run keeps transformers'
             return None
         close = torch.allclose(ours.float(), theirs.float(), rtol=1e-3, atol=1e-3 * float(theirs.abs().max()) + 1e-4)
@@ -143,6 +162,7 @@ class LlamaForward:
         cos_t, sin_t = self.rotary(h, position_ids)  # [1, T, dim]
         cos, sin = cos_t.unsqueeze(2), sin_t.unsqueeze(2)  # [1, T, 1, dim]
         tokens = h.shape[1]
+        decode = self._decode(step)
         for layer in self.layers:
             heads, kv, dim = layer.heads, layer.kv_heads, layer.head_dim
             qkv = layer.norm_qkv(h).view(1, tokens, heads + 2 * kv, dim)
@@ -151,17 +171,31 @@ class LlamaForward:
                 q, k = layer.q_norm(q), layer.k_norm(k)
                 q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             elif self.rope_in_place:  # qkv is a fresh, contiguous tensor
-                q4_linear.rope_(qkv, heads + kv, cos_t, sin_t)
+                layer_ops.rope_(qkv, heads + kv, cos_t, sin_t)
             else:  # q and k side by side: one rotation
                 qk = _rotate(qkv[:, :, : heads + kv], cos, sin)
                 q, k = qk[:, :, :heads], qk[:, :, heads:]
-            out, _ = block_attention(layer.attention, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None,
-                                     scaling=layer.attention.scaling, jupyter_infer_step=step)
+            if decode is not None:  # one new token a row: [rows, heads, dim] against the row's cache
+                cache, seen = decode
+                keys, values = cache.layers[layer.attention.layer_idx].update(k[0].unsqueeze(2), v[0].unsqueeze(2))
+                out = layer_ops.attend(q[0], keys, values, seen, layer.attention.scaling)
+            else:
+                out, _ = block_attention(layer.attention, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         None, scaling=layer.attention.scaling, jupyter_infer_step=step)
             h = layer.o_into(out.reshape(1, tokens, heads * dim), h)
-            gate, up = layer.norm_gate_up(h).chunk(2, dim=-1)
-            h = layer.down_into(F.silu(gate) * up, h)
-        h = _norm(self.norm, h)
-        return self.head(h if keep is None else h[:, keep])
+            h = layer.down_into(layer.norm_gate_up(h), h)
+        return self.norm_head(h if keep is None else h[:, keep])  # a row's norm is its own: select first
+
+
+    def _decode(self, step: Step) -> tuple[object, torch.Tensor | None] | None:
+        """For a step of one block of one new token a row (decode, no shared prefix) where
+        attention runs in C: the block's cache and which columns each row sees (``None``: all)."""
+        if not self.attend_in_c or len(step.blocks) != 1:
+            return None
+        block = step.blocks[0]
+        if block.ids.shape[1] != 1 or block.shared is not None:
+            return None
+        return block.cache, None if bool(block.mask.all()) else block.mask.to(torch.uint8).contiguous()
 
 
 def _plain(layer: nn.Module) -> bool:

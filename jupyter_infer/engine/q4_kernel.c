@@ -235,45 +235,30 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
 #endif
 }
 
-/* RMSNorm of one row, as torch computes it in float32 (x * rsqrt(mean(x^2) + eps) * w, each
-   product rounded to float) except for the order of the sum of squares: eight float lanes
-   here, torch's own cascade there. A row's result depends on that row alone. */
-static void rms_row(const float *x, int K, const float *w, float eps, float *y) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= K; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
-    }
-    float ss = hsum(acc);
-    for (; i < K; i++) ss += x[i] * x[i];
-    const float r = 1.f / sqrtf(ss / (float)K + eps);
-    const __m256 vr = _mm256_set1_ps(r);
-    for (i = 0; i + 8 <= K; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vr), _mm256_loadu_ps(w + i)));
-    for (; i < K; i++) y[i] = (x[i] * r) * w[i];
-}
-
-/* y[M, K] = rms_row of each row of x: the norm q4_linears applies, on its own (for tests). */
-void q4_rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
-    for (int m = 0; m < M; m++) rms_row(x + (size_t)m * K, K, w, eps, y + (size_t)m * K);
-}
+/* The row's way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
+void rms_row(const float *x, int K, const float *w, float eps, float *y);
+void swiglu_row(const float *x, int K, float *y);
 
 /* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
    y[M, sum of N]: q, k and v, or gate and up, read x's quantization once and share one
    parallel loop. With accumulate, y += x @ W^T (a residual added where the output lands).
    With norm (NULL: none), x is first RMS-normalized per row with those weights and eps: the
-   decoder's norm before q/k/v or gate/up, in the same call.
+   decoder's norm before q/k/v or gate/up, in the same call. With gated, x is [M, 2K], gate and
+   up side by side, and the linears read silu(gate) * up: the MLP's down projection.
    Weight w's arguments are qw[w], scales[w], mins[w] (NULL: q4_0's form), N[w] and bias[w]
    (NULL: none). */
 void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
                 const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
-                const float *norm, float eps) {
+                const float *norm, float eps, int gated) {
     const int G = K / GROUP;
     float *normed = NULL;
-    if (norm) {
+    if (norm || gated) {
         normed = malloc(sizeof(float) * (size_t)M * K);
-        for (int m = 0; m < M; m++) rms_row(x + (size_t)m * K, K, norm, eps, normed + (size_t)m * K);
+#pragma omp parallel for schedule(static) if (M * K > 16384)
+        for (int m = 0; m < M; m++) {
+            if (gated) swiglu_row(x + (size_t)m * 2 * K, K, normed + (size_t)m * K);
+            else rms_row(x + (size_t)m * K, K, norm, eps, normed + (size_t)m * K);
+        }
         x = normed;
     }
     int8_t *xq = malloc((size_t)M * K);
@@ -324,7 +309,7 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
 /* y[M, N] = x[M, K] @ W^T (+ bias): one linear. */
 void q4_linear(const float *x, int M, int K, const uint8_t *qw, const uint16_t *scales,
                const uint16_t *mins, int N, const float *bias, float *y) {
-    q4_linears(x, M, K, 1, &qw, &scales, &mins, &N, &bias, y, 0, NULL, 0.f);
+    q4_linears(x, M, K, 1, &qw, &scales, &mins, &N, &bias, y, 0, NULL, 0.f, 0);
 }
 
 /* round(clamp(t, 0, 15)), written so that the compiler vectorizes the loops around it. */
@@ -386,31 +371,3 @@ void q4_quantize(const float *w, int N, int K, uint8_t *nibbles, uint16_t *scale
         }
     }
 }
-
-/* RoPE in place, as transformers computes it (x * cos + rotate_half(x) * sin, each product
-   and the sum rounded to float32: no fused multiply-adds, so the result is torch's to the
-   bit): the first `heads` heads of each of T tokens, a token's heads `stride` floats apart,
-   cos and sin [T, D]. The int4 decode path's rotation (llama_forward.py): one call for q and
-   k instead of six torch ops. */
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-void q4_rope(float *x, int T, int heads, int stride, int D, const float *cos, const float *sin) {
-#ifdef __clang__
-#pragma clang fp contract(off)
-#endif
-    const int half = D / 2;
-    for (int t = 0; t < T; t++) {
-        const float *c = cos + (size_t)t * D, *s = sin + (size_t)t * D;
-        for (int h = 0; h < heads; h++) {
-            float *v = x + (size_t)t * stride + (size_t)h * D;
-            for (int i = 0; i < half; i++) {
-                const float a = v[i], b = v[i + half];
-                const float a_cos = a * c[i], b_sin = -b * s[i];
-                const float b_cos = b * c[i + half], a_sin = a * s[i + half];
-                v[i] = a_cos + b_sin;
-                v[i + half] = b_cos + a_sin;
-            }
-        }
-    }
-}
-#pragma GCC pop_options

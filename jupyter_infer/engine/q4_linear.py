@@ -39,7 +39,9 @@ from .cpu_features import cpu_flags
 
 GROUP = 32
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
-_SOURCE = pathlib.Path(__file__).with_name("q4_kernel.c")
+# The int4 kernel, and the decoder's small ops the int4 path runs in C (layer_ops.py), built
+# into one library.
+_SOURCES = tuple(pathlib.Path(__file__).with_name(name) for name in ("q4_kernel.c", "layer_ops.c"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
@@ -59,7 +61,7 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         return "the int4 kernel is built at first use with a C compiler, and none was found (set CC)"
-    source = _SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in _SOURCES)
     # The build is for this CPU: its flags are part of the key, so a cache shared between
     # machines (a home directory on a cluster) never hands one CPU another's build.
     flags = [*_FLAGS, *extra_flags]
@@ -69,7 +71,7 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = pathlib.Path(tmp) / target.name
-            done = subprocess.run([compiler, *flags, "-o", str(built), str(_SOURCE)],
+            done = subprocess.run([compiler, *flags, "-o", str(built), *map(str, _SOURCES)],
                                   capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
                 return f"building the int4 kernel with {compiler} failed: {done.stderr.strip()[:300]}"
@@ -79,11 +81,15 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.q4_linear.restype = lib.q4_linears.restype = None
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
-    lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, ptr, ctypes.c_float]
+    lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, ptr, ctypes.c_float, i32]
+    lib.q4_swiglu.restype = None
+    lib.q4_swiglu.argtypes = [ptr, i32, i32, ptr]
     lib.q4_rms_norm.restype = None
     lib.q4_rms_norm.argtypes = [ptr, i32, i32, ptr, ctypes.c_float, ptr]
-    lib.q4_rope.restype = None
+    lib.q4_rope.restype = lib.q4_attend.restype = None
     lib.q4_rope.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr]
+    i64 = ctypes.c_long
+    lib.q4_attend.argtypes = [ptr, i32, i32, i32, i32, i64, ptr, ptr, i64, i64, i32, ptr, ctypes.c_float, ptr]
     lib.q4_quantize.restype = None
     lib.q4_quantize.argtypes = [ptr, i32, i32, ptr, ptr]
     return lib
@@ -127,27 +133,6 @@ def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     if mins is None:
         return ((q - 8) * scales.float().unsqueeze(-1)).reshape(n, -1)
     return (q * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).reshape(n, -1)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The RMSNorm ``Int4Linears(..., norm=(weight, eps))`` applies to its input, alone (float32
-    ``x [..., K]``): torch's arithmetic but for the order of the sum of squares."""
-    x, weight = x.float().contiguous(), weight.float().contiguous()
-    y = torch.empty_like(x)
-    k = x.shape[-1]
-    _kernel().q4_rms_norm(x.data_ptr(), x.numel() // k, k, weight.data_ptr(), eps, y.data_ptr())
-    return y
-
-
-def rope_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotate the first ``heads`` heads of ``x`` (``[1, T, all heads, dim]``, float32,
-    contiguous) in place as transformers' ``apply_rotary_pos_emb`` does, to the bit; ``cos``
-    and ``sin`` ``[1, T, dim]``. The int4 decode path's RoPE (``llama_forward.py``)."""
-    if x.dtype != torch.float32 or not x.is_contiguous():  # the kernel writes x as one array
-        raise ValueError("rope_ rotates a contiguous float32 tensor only")
-    _, tokens, stride_heads, dim = x.shape
-    cos, sin = cos.float().contiguous(), sin.float().contiguous()
-    _kernel().q4_rope(x.data_ptr(), tokens, heads, stride_heads * dim, dim, cos.data_ptr(), sin.data_ptr())
 
 
 class Int4Linear(nn.Module):
@@ -218,11 +203,12 @@ class Int4Linears:
                       array([w[4] for w in weights]))
 
     def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None,
-                 norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+                 norm: tuple[torch.Tensor, float] | None = None, gated: bool = False) -> torch.Tensor:
         """``x @ [W1; W2; ...]^T`` (float32 ``x``); with ``into`` (float32, contiguous, the
         output's shape) added to it in place and returned. ``norm`` (float32 weight [K], eps):
         ``x`` RMS-normalized per row first, in the same call (``rms_norm(x) * weight``, each row
-        on its own; the sum of squares in the kernel's order, not torch's)."""
+        on its own; the sum of squares in the kernel's order, not torch's). ``gated``: ``x`` is
+        ``[..., gate | up]`` (twice the input width) and the linears read ``swiglu(x)``."""
         if x.dtype != torch.float32 or not x.is_contiguous():  # the kernel reads x as one array
             x = x.float().contiguous()
         if into is not None and (into.dtype != torch.float32 or not into.is_contiguous()):
@@ -231,9 +217,11 @@ class Int4Linears:
         if weight is not None and (weight.dtype != torch.float32 or not weight.is_contiguous()
                                    or weight.numel() != self.in_features):
             raise ValueError("Int4Linears normalizes with a contiguous float32 weight of its input's width")
-        rows = x.numel() // self.in_features
+        if x.shape[-1] != self.in_features * (2 if gated else 1):
+            raise ValueError(f"Int4Linears takes {self.in_features * (2 if gated else 1)} input columns, not {x.shape[-1]}")
+        rows = x.numel() // x.shape[-1]
         y = x.new_empty((*x.shape[:-1], self.out_features)) if into is None else into
         if rows:
             self._run(x.data_ptr(), rows, self.in_features, *self._args, y.data_ptr(), into is not None,
-                      None if weight is None else weight.data_ptr(), eps)
+                      None if weight is None else weight.data_ptr(), eps, gated)
         return y

@@ -1,0 +1,83 @@
+"""The decoder's small ops in C for the int4 path (engine/layer_ops.py, layer_ops.c): each
+computes what torch computes, to the bit (RoPE) or to float32's last bits (RMSNorm, SwiGLU,
+decode attention), and a row's result is its own, whatever its batch-mates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from jupyter_infer.engine import layer_ops, q4_linear
+
+pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no int4 kernel on this machine")
+
+
+def test_joint_int4_linears_normalize_their_input_as_torch_does() -> None:
+    torch.manual_seed(2)
+    weight, eps = torch.rand(96) + 0.5, 1e-6
+    x = torch.randn(5, 96) * torch.tensor([[0.01], [1.0], [30.0], [1.0], [1.0]])
+    ours = layer_ops.rms_norm(x, weight, eps)
+    torch.testing.assert_close(ours, torch.nn.functional.rms_norm(x, (96,), weight, eps), rtol=1e-6, atol=1e-7)
+    for i in range(5):  # a row's norm is its own
+        assert torch.equal(layer_ops.rms_norm(x[i:i + 1], weight, eps)[0], ours[i])
+    joint = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(n, 96), None) for n in (32, 16)])
+    assert torch.equal(joint(x, norm=(weight, eps)), joint(ours))  # the same norm, in the same call
+    residual = torch.randn(5, 48)
+    expected = residual + joint(ours)
+    torch.testing.assert_close(joint(x, into=residual, norm=(weight, eps)), expected)
+    with pytest.raises(ValueError, match="width"):
+        joint(x, norm=(torch.ones(64), eps))
+
+
+def test_an_int4_down_projection_reads_swiglu_of_gate_and_up_as_torch_does() -> None:
+    torch.manual_seed(3)
+    x = torch.randn(4, 2 * 104) * 4
+    x[0, :8] = torch.tensor([-100.0, -87.5, -20.0, -1e-8, 0.0, 1e-8, 20.0, 100.0])  # exp's far ends
+    gate, up = x.chunk(2, dim=-1)
+    ours = layer_ops.swiglu(x)
+    torch.testing.assert_close(ours, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-30)
+    down = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(24, 104), None)])
+    residual = torch.randn(4, 24)
+    expected = residual + down(ours)
+    assert torch.equal(down(x, into=residual, gated=True), expected)  # the same SwiGLU, in the same call
+    with pytest.raises(ValueError, match="208 input columns"):
+        down(ours, gated=True)
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_the_int4_librarys_rope_is_torchs_to_the_bit(tokens: int) -> None:
+    # In-place RoPE in C (no fused multiply-adds): greedy answers stay generate's only if
+    # the rotation is exactly what transformers' ops compute.
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(tokens)
+    qkv = torch.randn(1, tokens, 18, 64) * 3  # 14 query + 2 key heads rotated, 2 value heads left alone
+    cos, sin = torch.randn(1, tokens, 64), torch.randn(1, tokens, 64)
+    q, k = apply_rotary_pos_emb(qkv[:, :, :14], qkv[:, :, 14:16], cos, sin, unsqueeze_dim=2)  # transformers' own
+    rotated = qkv.clone()
+    layer_ops.rope_(rotated, 16, cos, sin)
+    assert torch.equal(rotated[:, :, :14], q) and torch.equal(rotated[:, :, 14:16], k)
+    assert torch.equal(rotated[:, :, 16:], qkv[:, :, 16:])
+
+
+@pytest.mark.parametrize(("rows", "columns"), [(1, 1), (1, 37), (3, 9), (5, 130)])
+def test_decode_attention_is_sdpas_with_grouped_heads_and_a_rows_padding_hidden(rows: int, columns: int) -> None:
+    torch.manual_seed(rows * columns)
+    heads, kv_heads, dim, capacity = 14, 2, 64, columns + 5
+    qkv = torch.randn(1, rows, heads + 2 * kv_heads, dim)  # as the joint q/k/v call lays them out
+    q = qkv[0, :, :heads]
+    buf_k, buf_v = torch.randn(rows, kv_heads, capacity, dim), torch.randn(rows, kv_heads, capacity, dim)
+    keys, values = buf_k[:, :, :columns], buf_v[:, :, :columns]  # a cache buffer's view, spare room after
+    keep = torch.ones(rows, columns, dtype=torch.uint8)
+    for r in range(rows):
+        keep[r, : r * columns // (rows + 1)] = 0  # left padding: row r's first columns are not its own
+    out = layer_ops.attend(q, keys, values, keep, 0.125)
+    want = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=keep.bool()[:, None, None, :],
+                                          scale=0.125, enable_gqa=True)[:, :, 0]
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(layer_ops.attend(q, keys, values, None, 0.125)[0], layer_ops.attend(q[:1], keys[:1], values[:1], None, 0.125)[0])
+    unpadded = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, scale=0.125, enable_gqa=True)[:, :, 0]
+    torch.testing.assert_close(layer_ops.attend(q, keys, values, None, 0.125), unpadded, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="keep"):
+        layer_ops.attend(q, keys, values, keep.bool(), 0.125)
