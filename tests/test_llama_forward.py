@@ -33,11 +33,11 @@ def _greedy(engine: HFEngine, prompt: str, n: int) -> list[int]:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(("kind", "quantize"), [("llama", "none"), ("llama", "int4"), ("qwen2", "int4"),
-                                                 ("qwen3", "none"), ("qwen3", "int4")])
+                                                 ("qwen3", "none"), ("qwen3", "int4"), ("llama", "int8")])
 async def test_the_family_answers_as_transformers_does(kind: str, quantize: str, tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
-    if quantize == "int4" and q4_linear.unavailable():
-        pytest.skip("no int4 kernel on this machine")
+    if quantize != "none" and q4_linear.unavailable():
+        pytest.skip("no int4 library on this machine")  # int8's norms, SwiGLU and attention are in it too
     # qwen2 has q/k/v biases, qwen3 per-head q/k norms; widths are multiples of int4's groups.
     folder = checkpoint(kind, tiny_model_dir, tmp_path / kind)
     engine = HFEngine(str(folder), dtype="float32", num_threads=1, quantize=quantize)
@@ -52,7 +52,9 @@ async def test_the_family_answers_as_transformers_does(kind: str, quantize: str,
             assert list(result.token_ids) == _greedy(engine, prompt, n), (kind, quantize, prompt)
         else:
             assert len(result.token_ids) == n
-            assert_own_greedy_choices(engine, prompt, list(result.token_ids))
+            # int8 (fbgemm) rounds a step's activations with one scale for all its rows: a row's
+            # numbers depend on its batch-mates beyond the last bit, so fewer ties fall its way.
+            assert_own_greedy_choices(engine, prompt, list(result.token_ids), exact=0.9 if quantize == "int4" else 0.6)
     shutil.rmtree(folder)
 
 

@@ -30,6 +30,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from . import layer_ops, q4_linear
+from .cpu_linear import Int8Linear
 from .kv_cache import new_cache
 from .ragged import Block, Step, block_attention, forward
 
@@ -76,29 +77,32 @@ def _joint(linears: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _normed(norm: nn.Module, joint: Callable[[torch.Tensor], torch.Tensor],
-            fused: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``joint(norm(h))``. With int4 linears and a float32 norm, one kernel call normalizes each
-    row on its way in (saving six small torch ops a norm; its sum of squares is added in the
-    kernel's order, so the last bit can differ from transformers', as int4's own rounding of
-    the activations already does)."""
-    if fused and isinstance(joint, q4_linear.Int4Linears) and norm.weight.dtype == torch.float32:
-        args = (norm.weight.detach().contiguous(), float(norm.variance_epsilon))
+            c_ops: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``joint(norm(h))``. With ``c_ops`` the norm is ``layer_ops``' (one call, not six torch
+    ops; its sum of squares in its own order, so the last bit can differ from transformers', as
+    int8 and int4's own rounding of the activations already does), and with int4 linears it is
+    done by their kernel call, each row on its way in."""
+    if not c_ops:
+        return lambda h: joint(_norm(norm, h))
+    args = (norm.weight.detach().contiguous(), float(norm.variance_epsilon))
+    if isinstance(joint, q4_linear.Int4Linears):
         return lambda h: joint(h, norm=args)
-    return lambda h: joint(_norm(norm, h))
+    return lambda h: joint(layer_ops.rms_norm(h, *args))
 
 
 def _adding(linear: nn.Module, gated: bool = False,
-            fused: bool = True) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+            c_ops: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``h += linear(x)``, written into ``h`` by the int4 kernel itself. ``gated``: ``x`` is
-    ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (``fused``: the int4 kernel computes
-    it on its way in; the last bits of its exp are its own)."""
+    ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (with ``c_ops``, ``layer_ops``' or,
+    for an int4 linear, its kernel call's on the way in: the last bits of their exp are their own)."""
     if isinstance(linear, q4_linear.Int4Linear):
         into = q4_linear.Int4Linears([linear])
-        if gated and not fused:
+        if gated and not c_ops:
             return lambda x, h: into(_swiglu(x), into=h)
         return lambda x, h: into(x, into=h, gated=gated)
     if gated:
-        return lambda x, h: h.add_(linear(_swiglu(x)))
+        swiglu = layer_ops.swiglu if c_ops else _swiglu
+        return lambda x, h: h.add_(linear(swiglu(x)))
     return lambda x, h: h.add_(linear(x))
 
 
@@ -107,33 +111,35 @@ def _swiglu(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _layer(layer: nn.Module, fused: bool) -> _Layer:
+def _layer(layer: nn.Module, c_ops: bool) -> _Layer:
     a, mlp = layer.self_attn, layer.mlp
     config = a.config
     return _Layer(
         attention=a, q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None),
         heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=a.head_dim,
-        norm_qkv=_normed(layer.input_layernorm, _joint([a.q_proj, a.k_proj, a.v_proj]), fused), o_into=_adding(a.o_proj),
-        norm_gate_up=_normed(layer.post_attention_layernorm, _joint([mlp.gate_proj, mlp.up_proj]), fused),
-        down_into=_adding(mlp.down_proj, gated=True, fused=fused))
+        norm_qkv=_normed(layer.input_layernorm, _joint([a.q_proj, a.k_proj, a.v_proj]), c_ops),
+        o_into=_adding(a.o_proj),
+        norm_gate_up=_normed(layer.post_attention_layernorm, _joint([mlp.gate_proj, mlp.up_proj]), c_ops),
+        down_into=_adding(mlp.down_proj, gated=True, c_ops=c_ops))
 
 
 class LlamaForward:
     """``model``'s forward over a ragged step (``ragged.forward``'s call), without transformers'
-    module tree around the kernels. ``fused`` (int4 only): the norms before q/k/v and gate/up and
-    the SwiGLU before down are computed by the int4 kernel calls that read them."""
+    module tree around the kernels. ``fused`` (a float32 model with int8 or int4 linears, where
+    the int4 library builds): the norms, SwiGLU and a decode step's attention are ``layer_ops``'
+    C (the int4 kernel calls normalize their rows and take SwiGLU on their way in); the last bits
+    can differ from torch's, as the quantized activations' own rounding already makes them."""
 
     def __init__(self, model: nn.Module, fused: bool = True) -> None:
         inner = model.model
+        quantized = any(isinstance(m, (q4_linear.Int4Linear, Int8Linear)) for m in model.modules())
+        # RoPE in C, in place, is torch's to the bit (float32): wherever the int4 library builds.
+        self.rope_in_place = (quantized and inner.norm.weight.dtype == torch.float32
+                              and q4_linear.unavailable() is None)
+        self.attend_in_c = c_ops = fused and self.rope_in_place
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
-        self.norm_head = _normed(inner.norm, _joint([model.lm_head]), fused)  # logits of the last norm
-        self.layers = [_layer(layer, fused) for layer in inner.layers]
-        # With int4 linears the int4 library is built: RoPE then rotates q and k in place in one
-        # call, to the bit what torch's ops give (float32 only).
-        self.rope_in_place = (any(isinstance(m, q4_linear.Int4Linear) for m in model.modules())
-                              and inner.norm.weight.dtype == torch.float32)
-        # ...and a decode step's attention is one C call a layer (``layer_ops.attend``).
-        self.attend_in_c = fused and self.rope_in_place
+        self.norm_head = _normed(inner.norm, _joint([model.lm_head]), c_ops)  # logits of the last norm
+        self.layers = [_layer(layer, c_ops) for layer in inner.layers]
 
     @classmethod
     def of(cls, model: nn.Module) -> LlamaForward | None:
