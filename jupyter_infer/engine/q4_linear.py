@@ -35,6 +35,7 @@ import tempfile
 import torch
 from torch import nn
 
+from . import weight_arena
 from .cpu_features import cpu_flags
 
 GROUP = 32
@@ -144,9 +145,10 @@ class Int4Linear(nn.Module):
         super().__init__()
         self._run = _kernel().q4_linear
         self.out_features, self.in_features = nibbles.shape[0], nibbles.shape[1] * 2
-        self.register_buffer("nibbles", nibbles.contiguous(), persistent=False)
-        self.register_buffer("scales", scales.contiguous(), persistent=False)
-        self.register_buffer("mins", None if mins is None else mins.contiguous(), persistent=False)
+        # In huge pages: every step streams them whole (weight_arena.py).
+        self.register_buffer("nibbles", weight_arena.place(nibbles), persistent=False)
+        self.register_buffer("scales", weight_arena.place(scales), persistent=False)
+        self.register_buffer("mins", None if mins is None else weight_arena.place(mins), persistent=False)
         self.register_buffer("bias", None if bias is None else bias.float().contiguous(), persistent=False)
         # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
         # replaced (``_apply`` keeps ``.to()`` and ``.half()`` off them).
