@@ -9,10 +9,12 @@ none of that:
 - each norm is one ``F.rms_norm`` (float32; another dtype calls the model's own norm);
 - with int4 linears, q, k and v are one kernel call, gate and up another
   (``q4_linear.Int4Linears``), and the attention output and MLP projections add into the
-  residual stream where they land; the norms before q/k/v and gate/up and the SwiGLU before
-  down are done by those calls on their way in (the last bits are the kernel's own);
-- RoPE rotates q and k in one pass over their joint columns (with int4, in place, in one C call
-  that gives torch's numbers to the bit).
+  residual stream where they land;
+- RoPE rotates q and k in one pass over their joint columns (with int8 or int4 linears, in
+  place, in one C call that gives torch's numbers to the bit);
+- with int8 or int4 linears (float32), the norms, SwiGLU and a decode step's attention are one
+  C call each (``layer_ops``; the int4 kernel calls normalize their rows and take SwiGLU on their
+  way in): torch's arithmetic but for the order of sums and exp's last bits.
 
 ``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
 the logits transformers' own forward gives; any other model keeps transformers' forward
@@ -152,7 +154,7 @@ class LlamaForward:
         # The probe checks the decoder's structure, with the norms and SwiGLU as torch computes
         # them: with int4 the kernel's own (its sum's order, its exp) can flip an activation's
         # int8 rounding, and random weights carry that to a few % of the logits
-        # (tests/test_llama_forward.py checks both against torch's).
+        # (tests/test_layer_ops.py checks each C op against torch's).
         try:
             with torch.inference_mode():
                 theirs, ours = _probe(model, None), _probe(model, cls(model, fused=False))

@@ -3,8 +3,8 @@
    Weights: groups of 32 along K, each 16 bytes of nibbles (byte j: element j in its low
    nibble, element j + 16 in its high one, as in GGUF's q4_0/q4_1) and a float16 scale; with a
    float16 min too, w = q * scale + min (q4_1's 5 bits a weight), without, w = (q - 8) * scale
-   (q4_0's 4.5 bits: the min is -8 * scale, read from nothing), q in 0..15. Activations are quantized per call to int8 in
-   the same groups (one float scale each, as llama.cpp's q8_0), so a group's dot product is
+   (q4_0's 4.5 bits: the min is -8 * scale, read from nothing), q in 0..15. Activations are
+   quantized per call to int8 in the same groups (one float scale each, as llama.cpp's q8_0), so a group's dot product is
    integer work: maddubs (u8 x s8 -> s16 pairs) and madd (-> s32), or VNNI's dpbusd, then one FMA with the two
    scales. The min's share is min * x_scale * sum(x_q), summed per group.
 

@@ -215,6 +215,8 @@ class Int4Linears:
             x = x.float().contiguous()
         if into is not None and (into.dtype != torch.float32 or not into.is_contiguous()):
             raise ValueError("Int4Linears adds into a contiguous float32 tensor only")
+        if norm is not None and gated:
+            raise ValueError("Int4Linears takes a norm or SwiGLU on the way in, not both")
         weight, eps = norm if norm is not None else (None, 0.0)
         if weight is not None and (weight.dtype != torch.float32 or not weight.is_contiguous()
                                    or weight.numel() != self.in_features):
