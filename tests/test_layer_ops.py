@@ -61,10 +61,11 @@ def test_the_int4_librarys_rope_is_torchs_to_the_bit(tokens: int) -> None:
     assert torch.equal(rotated[:, :, 16:], qkv[:, :, 16:])
 
 
-@pytest.mark.parametrize(("rows", "columns"), [(1, 1), (1, 37), (3, 9), (5, 130)])
-def test_decode_attention_is_sdpas_with_grouped_heads_and_a_rows_padding_hidden(rows: int, columns: int) -> None:
+@pytest.mark.parametrize(("rows", "columns", "dim"), [(1, 1, 64), (1, 37, 128), (3, 9, 80), (5, 130, 64), (2, 20, 36)])
+def test_decode_attention_is_sdpas_with_grouped_heads_and_a_rows_padding_hidden(rows: int, columns: int,
+                                                                                 dim: int) -> None:
     torch.manual_seed(rows * columns)
-    heads, kv_heads, dim, capacity = 14, 2, 64, columns + 5
+    heads, kv_heads, capacity = 14, 2, columns + 5
     qkv = torch.randn(1, rows, heads + 2 * kv_heads, dim)  # as the joint q/k/v call lays them out
     q = qkv[0, :, :heads]
     buf_k, buf_v = torch.randn(rows, kv_heads, capacity, dim), torch.randn(rows, kv_heads, capacity, dim)

@@ -115,49 +115,80 @@ void q4_rope(float *x, int T, int heads, int stride, int D, const float *cos, co
    query head h reads key/value head h / (heads / kv_heads). mask [rows, L] (NULL: every
    column): 0 hides a column (a left-padded row's padding). out [rows, heads, D], contiguous.
    softmax(q . k * scale) . v, in float32; SDPA's order of sums differs, so the last bits can. */
+static inline __m256 sums8(const __m256 a[8]) {  /* the eight vectors' sums, in order */
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 void q4_attend(const float *q, int rows, int heads, int kv_heads, int D, long q_stride, const float *k,
                const float *v, long kv_row, long kv_head, int L, const uint8_t *mask, float scale, float *out) {
     const int group = heads / kv_heads;
+    /* A task is a row's key/value head and the `group` query heads that read it: its keys and
+       values are read from memory once, then from L1 for each query head. */
 #pragma omp parallel for schedule(static) if ((long)rows * heads * L * D > 65536)
-    for (int rh = 0; rh < rows * heads; rh++) {
-        const int r = rh / heads, h = rh % heads;
-        const float *qv = q + (size_t)r * q_stride + (size_t)h * D;
-        const float *kh = k + (size_t)r * kv_row + (size_t)(h / group) * kv_head;
-        const float *vh = v + (size_t)r * kv_row + (size_t)(h / group) * kv_head;
+    for (int task = 0; task < rows * kv_heads; task++) {
+        const int r = task / kv_heads, kvh = task % kv_heads;
+        const float *kh = k + (size_t)r * kv_row + (size_t)kvh * kv_head;
+        const float *vh = v + (size_t)r * kv_row + (size_t)kvh * kv_head;
         const uint8_t *keep = mask ? mask + (size_t)r * L : NULL;
         float *p = malloc(sizeof(float) * (size_t)L);
-        float top = -INFINITY;
-        for (int j = 0; j < L; j++) {
-            if (keep && !keep[j]) { p[j] = -INFINITY; continue; }
-            const float *kj = kh + (size_t)j * D;
-            __m256 acc = _mm256_setzero_ps();
+        for (int g = 0; g < group; g++) {
+            const int h = kvh * group + g;
+            const float *qv = q + (size_t)r * q_stride + (size_t)h * D;
+            int j = 0;
+            if (D % 8 == 0) {
+                for (; j + 8 <= L; j += 8) {  /* eight keys' dot products at once */
+                    __m256 acc[8];
+                    for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+                    for (int i = 0; i < D; i += 8) {
+                        const __m256 qi = _mm256_loadu_ps(qv + i);
+                        for (int c = 0; c < 8; c++)
+                            acc[c] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(kh + (size_t)(j + c) * D + i), acc[c]);
+                    }
+                    _mm256_storeu_ps(p + j, _mm256_mul_ps(sums8(acc), _mm256_set1_ps(scale)));
+                }
+            }
+            for (; j < L; j++) {
+                float dot = 0.f;
+                for (int i = 0; i < D; i++) dot += qv[i] * kh[(size_t)j * D + i];
+                p[j] = dot * scale;
+            }
+            float top = -INFINITY;
+            for (j = 0; j < L; j++)
+                if (!keep || keep[j]) top = fmaxf(top, p[j]);
+            float total = 0.f;
+            for (j = 0; j + 8 <= L; j += 8) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), _mm256_set1_ps(top)));
+                _mm256_storeu_ps(p + j, e);
+            }
+            for (; j < L; j++) p[j] = expf(p[j] - top);
+            for (j = 0; j < L; j++) {
+                if (keep && !keep[j]) p[j] = 0.f;  /* a hidden column weighs nothing */
+                total += p[j];
+            }
+            float *o = out + ((size_t)r * heads + h) * D;
+            const float inv = 1.f / total;
             int i = 0;
-            for (; i + 8 <= D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + i), _mm256_loadu_ps(kj + i), acc);
-            float dot = hsum8(acc);
-            for (; i < D; i++) dot += qv[i] * kj[i];
-            p[j] = dot * scale;
-            top = fmaxf(top, p[j]);
+            if (D % 8 == 0) {
+                for (; i < D; i += 64) {  /* up to 64 columns at once: eight independent sums */
+                    const int n = D - i < 64 ? (D - i) / 8 : 8;
+                    __m256 acc[8];
+                    for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+                    for (j = 0; j < L; j++) {
+                        const __m256 w = _mm256_set1_ps(p[j]);
+                        const float *vj = vh + (size_t)j * D + i;
+                        for (int c = 0; c < n; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+                    }
+                    for (int c = 0; c < n; c++) _mm256_storeu_ps(o + i + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+                }
+            }
+            for (; i < D; i++) {
+                float acc = 0.f;
+                for (j = 0; j < L; j++) acc += p[j] * vh[(size_t)j * D + i];
+                o[i] = acc * inv;
+            }
         }
-        float total = 0.f;
-        int j = 0;
-        for (; j + 8 <= L; j += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), _mm256_set1_ps(top)));
-            _mm256_storeu_ps(p + j, e);
-            total += hsum8(e);
-        }
-        for (; j < L; j++) total += (p[j] = expf(p[j] - top));
-        float *o = out + (size_t)rh * D;
-        for (int i = 0; i < D; i++) o[i] = 0.f;
-        for (j = 0; j < L; j++) {
-            if (keep && !keep[j]) continue;
-            const float *vj = vh + (size_t)j * D;
-            const __m256 w = _mm256_set1_ps(p[j]);
-            int i = 0;
-            for (; i + 8 <= D; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + i), _mm256_loadu_ps(o + i)));
-            for (; i < D; i++) o[i] += p[j] * vj[i];
-        }
-        const float inv = 1.f / total;
-        for (int i = 0; i < D; i++) o[i] *= inv;
         free(p);
     }
 }
