@@ -15,9 +15,12 @@ from jupyter_infer.engine import weight_arena
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def test_placed_tensors_are_aligned_independent_copies_that_never_overlap() -> None:
+def test_placed_tensors_are_aligned_independent_copies_that_never_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(weight_arena, "CHUNK", 1 << 20)  # small chunks: placements cross into new ones
+    monkeypatch.setattr(weight_arena, "_chunk", None)  # (restored with its fill after the test)
+    monkeypatch.setattr(weight_arena, "_used", 0)
     sources = [torch.randn(37, 11), torch.randint(0, 255, (1001,), dtype=torch.uint8),
-               torch.randn(300, 200).half(), torch.randn(3, (weight_arena.CHUNK // 4) + 5)]  # the last needs its own chunk
+               torch.randn(300, 200).half(), torch.randn(3, (1 << 18) + 5), torch.randn(1000)]  # the fourth needs a chunk of its own
     placed = [weight_arena.place(t) for t in sources]
     for source, copy in zip(sources, placed, strict=True):
         assert copy.dtype == source.dtype and copy.shape == source.shape and copy.is_contiguous()
