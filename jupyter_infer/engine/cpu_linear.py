@@ -7,8 +7,8 @@ bound by reading their weights. Two swaps, measured on the "small" GPT-2-shaped 
 * **prepacked** (the default on a CPU): each weight is reordered once into oneDNN's blocked
   layout, the same ``mkldnn._linear_pointwise`` that inductor's ``freezing`` emits. Same dtype,
   same math, sums in another order: 1.4x tokens/s alone and 2x at 16 rows in float32.
-* **int4** (``q4_linear.py``, the counterpart of llama.cpp's q4_1): 4-bit weights in groups
-  of 32 with a float16 scale and min, multiplied by int8 activations in our own AVX2 kernel.
+* **int4** (``q4_linear.py``, the counterpart of llama.cpp's q4_0): 4-bit weights in groups
+  of 32 with a float16 scale, multiplied by int8 activations in our own AVX2 kernel.
 * **int8** (the counterpart of llama.cpp's q8_0, which quantizes both operands too): int8
   weights with one scale per output channel, activations quantized per call, multiplied in
   int8 by fbgemm (VNNI where the CPU has it). A quarter of float32's weight bytes, which is
@@ -114,7 +114,7 @@ def int8_available() -> bool:
 # quantize -> (what builds a linear from a weight and a bias, what status says it runs on)
 QUANTIZED = {
     "int8": (Int8Linear, "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"),
-    "int4": (Int4Linear.from_weight, "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale and min, "
+    "int4": (Int4Linear.from_weight, "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale (q4_0's form), "
                                      "int8 activations per group"),
 }
 
