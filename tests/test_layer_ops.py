@@ -82,3 +82,5 @@ def test_decode_attention_is_sdpas_with_grouped_heads_and_a_rows_padding_hidden(
     torch.testing.assert_close(layer_ops.attend(q, keys, values, None, 0.125), unpadded, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="keep"):
         layer_ops.attend(q, keys, values, keep.bool(), 0.125)
+    with pytest.raises(ValueError, match="rows"):  # the kernel reads raw memory: shapes must agree
+        layer_ops.attend(q, keys[:, :, :, : dim // 2], values[:, :, :, : dim // 2], None, 0.125)

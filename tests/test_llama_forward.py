@@ -89,6 +89,8 @@ def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
     expected = residual + joint(x)
     assert joint(x, into=residual) is residual
     torch.testing.assert_close(residual, expected)
+    with pytest.raises(ValueError, match="adds into 3 rows of 104"):  # the kernel writes raw memory
+        joint(x, into=torch.zeros(3, 50))
 
 
 @needs_int4

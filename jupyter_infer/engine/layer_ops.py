@@ -51,6 +51,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, keep: torc
     its order of sums. float32."""
     rows, heads, dim = q.shape
     columns = keys.shape[2]
+    if keys.shape[0] != rows or keys.shape[3] != dim or values.shape != keys.shape or heads % keys.shape[1]:
+        raise ValueError("attend's keys and values are [rows, kv heads, columns, dim] of the query's rows and dim")
     for t in (keys, values):
         if t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != dim or t.stride() != keys.stride():
             raise ValueError("attend reads keys and values of one layout, a column dim floats on")

@@ -194,7 +194,6 @@ class LlamaForward:
             h = layer.down_into(layer.norm_gate_up(h), h)
         return self.norm_head(h if keep is None else h[:, keep])  # a row's norm is its own: select first
 
-
     def _decode(self, step: Step) -> tuple[object, torch.Tensor | None] | None:
         """For a step of one block of one new token a row (decode, no shared prefix) where
         attention runs in C: the block's cache and which columns each row sees (``None``: all)."""

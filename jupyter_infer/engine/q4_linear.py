@@ -224,6 +224,8 @@ class Int4Linears:
         if x.shape[-1] != self.in_features * (2 if gated else 1):
             raise ValueError(f"Int4Linears takes {self.in_features * (2 if gated else 1)} input columns, not {x.shape[-1]}")
         rows = x.numel() // x.shape[-1]
+        if into is not None and into.numel() != rows * self.out_features:  # the kernel writes raw memory
+            raise ValueError(f"Int4Linears adds into {rows} rows of {self.out_features} columns")
         y = x.new_empty((*x.shape[:-1], self.out_features)) if into is None else into
         if rows:
             self._run(x.data_ptr(), rows, self.in_features, *self._args, y.data_ptr(), into is not None,
