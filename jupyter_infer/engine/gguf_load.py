@@ -249,8 +249,7 @@ def _q4_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, None]:
     nibbles (byte j holds elements j and j + 16) and scale d, no mins."""
     blocks = raw.reshape(raw.shape[0], -1, 18)
     d = blocks[..., :2].copy().view(np.float16)[..., 0]
-    nibbles, scales, _ = _tensors(blocks[..., 2:], d, d)
-    return nibbles, scales, None
+    return _tensors(blocks[..., 2:], d, None)
 
 
 def _q4_1(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -280,11 +279,15 @@ def _q4_k(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _tensors(nibbles.reshape(rows, -1, 16), scales.reshape(rows, -1), mins.reshape(rows, -1))
 
 
-def _tensors(nibbles: np.ndarray, scales: np.ndarray, mins: np.ndarray) -> tuple[torch.Tensor, ...]:
+def _tensors(nibbles: np.ndarray, scales: np.ndarray,
+             mins: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     rows = nibbles.shape[0]
-    return (torch.from_numpy(np.ascontiguousarray(nibbles).reshape(rows, -1)),
-            torch.from_numpy(np.ascontiguousarray(scales, dtype=np.float16).reshape(rows, -1)),
-            torch.from_numpy(np.ascontiguousarray(mins, dtype=np.float16).reshape(rows, -1)))
+
+    def half(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float16).reshape(rows, -1))
+
+    return (torch.from_numpy(np.ascontiguousarray(nibbles).reshape(rows, -1)), half(scales),
+            None if mins is None else half(mins))
 
 
 # The block types whose 4-bit groups are ours without a float on the way.
