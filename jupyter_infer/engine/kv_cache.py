@@ -54,6 +54,21 @@ class GrowingLayer(DynamicLayer):
         self.values = self._value_buf[:, :, :needed]
         return self.keys, self.values
 
+    def room_for_one(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The key and value buffers with room for one more column, and that column: for a
+        decode step that writes its key and value there itself (``decode_layers``), then
+        calls ``wrote_one``. The layer must hold keys already."""
+        length = self.get_seq_length()
+        buf = self._key_buf
+        if buf is None or buf.shape[-2] <= length or buf.shape[0] != self.keys.shape[0]:
+            self._reallocate(self.keys, self.values, length, max(length + 1 + self.spare, self.reserve))
+        return self._key_buf, self._value_buf, length
+
+    def wrote_one(self, column: int) -> None:
+        """``column`` (``room_for_one``'s) now holds a key and value: the contents end there."""
+        self.keys = self._key_buf[:, :, : column + 1]
+        self.values = self._value_buf[:, :, : column + 1]
+
     def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Set new contents (after rows joined or left); the next update re-buffers them."""
         self.keys, self.values = keys, values

@@ -33,6 +33,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from . import layer_ops, q4_linear
 from .cpu_linear import Int8Linear
+from .decode_layers import DecodeLayers
 from .kv_cache import new_cache
 from .ragged import Block, Step, block_attention, forward
 
@@ -142,6 +143,8 @@ class LlamaForward:
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.norm_head = _normed(inner.norm, _joint([model.lm_head]), c_ops)  # logits of the last norm
         self.layers = [_layer(layer, c_ops) for layer in inner.layers]
+        # With int4 linears, a decode step's layers are one C call (decode_layers.py).
+        self.one_call = DecodeLayers.of(model) if c_ops else None
 
     @classmethod
     def of(cls, model: nn.Module) -> LlamaForward | None:
@@ -168,9 +171,18 @@ class LlamaForward:
         """Logits ``[1, kept tokens, vocab]`` (``keep``: the packed columns to score; ``None``: all)."""
         h = self.embed(input_ids)
         cos_t, sin_t = self.rotary(h, position_ids)  # [1, T, dim]
+        decode = self._decode(step)
+        if decode is not None and self.one_call is not None and self.one_call.serves(decode[0]):
+            self.one_call(h, cos_t, sin_t, *decode)
+        else:
+            h = self._layers(h, cos_t, sin_t, step, decode)
+        return self.norm_head(h if keep is None else h[:, keep])  # a row's norm is its own: select first
+
+    def _layers(self, h: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, step: Step,
+                decode: tuple[object, torch.Tensor | None] | None) -> torch.Tensor:
+        """The decoder layers over ``h`` ``[1, T, hidden]``, one call after another."""
         cos, sin = cos_t.unsqueeze(2), sin_t.unsqueeze(2)  # [1, T, 1, dim]
         tokens = h.shape[1]
-        decode = self._decode(step)
         for layer in self.layers:
             heads, kv, dim = layer.heads, layer.kv_heads, layer.head_dim
             qkv = layer.norm_qkv(h).view(1, tokens, heads + 2 * kv, dim)
@@ -192,7 +204,7 @@ class LlamaForward:
                                          None, scaling=layer.attention.scaling, jupyter_infer_step=step)
             h = layer.o_into(out.reshape(1, tokens, heads * dim), h)
             h = layer.down_into(layer.norm_gate_up(h), h)
-        return self.norm_head(h if keep is None else h[:, keep])  # a row's norm is its own: select first
+        return h
 
     def _decode(self, step: Step) -> tuple[object, torch.Tensor | None] | None:
         """For a step of one block of one new token a row (decode, no shared prefix) where

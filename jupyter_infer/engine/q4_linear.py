@@ -40,9 +40,9 @@ from .cpu_features import cpu_flags
 
 GROUP = 32
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
-# The int4 kernel, and the decoder's small ops the int4 path runs in C (layer_ops.py), built
-# into one library.
-_SOURCES = tuple(pathlib.Path(__file__).with_name(name) for name in ("q4_kernel.c", "layer_ops.c"))
+# The int4 kernel, the decoder's small ops the int4 path runs in C (layer_ops.py) and a decode
+# step's layers in one call (decode_layers.py), built into one library.
+_SOURCES = tuple(pathlib.Path(__file__).with_name(name) for name in ("q4_kernel.c", "layer_ops.c", "decode_layers.c"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
@@ -91,6 +91,8 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     lib.q4_rope.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr]
     i64 = ctypes.c_long
     lib.q4_attend.argtypes = [ptr, i32, i32, i32, i32, i64, ptr, ptr, i64, i64, i32, ptr, ctypes.c_float, ptr]
+    lib.q4_decode_layers.restype = None
+    lib.q4_decode_layers.argtypes = [i32, ptr, *[i32] * 6, ptr, ptr, ptr, i32, ptr, ctypes.c_float]
     lib.q4_quantize.restype = None
     lib.q4_quantize.argtypes = [ptr, i32, i32, ptr, ptr]
     return lib
