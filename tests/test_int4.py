@@ -1,11 +1,13 @@
 """4-bit weights (``quantize="int4"``): the kernel computes what its stored weights say, a
-row's numbers never depend on its batch-mates, the engine's greedy answers equal
+row's numbers never depend on its batch-mates (on either side of the many-rows path's
+threshold), the engine's greedy answers equal
 ``generate`` on the same quantized model, and the model loads streamed, a linear at a time,
 without a float32 copy of itself."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,25 @@ def test_a_rows_numbers_do_not_depend_on_its_batch_mates() -> None:
     for i in range(7):
         assert torch.equal(layer(x[i:i + 1])[0], together[i])
     assert torch.equal(layer(x.reshape(7, 1, 256)).reshape(7, 64), together)  # any leading shape
+
+
+@pytest.mark.skipif("avx512_vnni" not in cpu_flags(), reason="the many-rows path is AVX-512 VNNI's")
+@pytest.mark.parametrize("k", [96, 192, 288, 896])  # a quad and an odd group, a quad and a pair, 28 groups
+@pytest.mark.parametrize("form", ["q4_0", "q4_1"])
+def test_many_rows_take_the_blocked_path_and_compute_the_same(k: int, form: str) -> None:
+    # From q4_gemm_rows rows on (a prefill, a big batch) q4_gemm.c's blocked product runs; 40
+    # outputs leave its last block of 16 part-empty. Into a residual too, as the decoder adds.
+    rows_from = ctypes.c_int.in_dll(q4_linear._kernel(), "q4_gemm_rows").value
+    torch.manual_seed(k)
+    layer = Int4Linear.from_weight(torch.randn(40, k), torch.randn(40)) if form == "q4_0" else with_mins(40, k)
+    x = torch.randn(rows_from + 13, k)
+    want = reference(x, layer)
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    residual = torch.randn(rows_from + 13, 40)
+    added = q4_linear.Int4Linears([layer])(x, into=residual.clone())
+    torch.testing.assert_close(added.double(), want + residual.double(), rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    # Within the path a row's numbers are its own: the first rows alike in a batch of any size.
+    assert torch.equal(layer(x[: rows_from + 1])[: rows_from], layer(x)[: rows_from])
 
 
 def llama_cpp_q4_0(w: torch.Tensor) -> torch.Tensor:

@@ -239,6 +239,14 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
 void rms_row(const float *x, int K, const float *w, float eps, float *y);
 void swiglu_row(const float *x, int K, float *y);
 
+#if WIDE
+/* Many rows: q4_gemm.c's blocked product (from q4_gemm_rows rows on; settable for tests). */
+void q4_gemm(int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
+             const uint16_t *const *mins, const int *N, const float *const *bias, const int8_t *xq, const float *xd,
+             const float *xc, float *y, int width, const int *offset, int accumulate);
+#endif
+int q4_gemm_rows = 32;
+
 /* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
    y[M, sum of N]: q, k and v, or gate and up, read x's quantization once and share one
    parallel loop. With accumulate, y += x @ W^T (a residual added where the output lands).
@@ -275,6 +283,12 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
 #pragma omp parallel for schedule(static) if (M * K > 16384)
     for (int m = 0; m < M; m++)
         quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xc + (size_t)m * G);
+#if WIDE
+    if (M >= q4_gemm_rows) {
+        q4_gemm(M, K, nw, qw, scales, mins, N, bias, xq, xd, xc, y, width, offset, accumulate);
+        blocks = 0;  /* done: the loop below has nothing to do */
+    }
+#endif
     /* Blocks of 16 outputs: a block's weights stay in L1 while every row tile passes. */
 #pragma omp parallel for schedule(static)
     for (int block = 0; block < blocks; block++) {

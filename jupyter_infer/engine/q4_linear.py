@@ -42,7 +42,8 @@ GROUP = 32
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 # The int4 kernel, the decoder's small ops the int4 path runs in C (layer_ops.py) and a decode
 # step's layers in one call (decode_layers.py), built into one library.
-_SOURCES = tuple(pathlib.Path(__file__).with_name(name) for name in ("q4_kernel.c", "layer_ops.c", "decode_layers.c"))
+_SOURCES = tuple(pathlib.Path(__file__).with_name(name) for name in ("q4_kernel.c", "q4_gemm.c", "layer_ops.c",
+                                                                      "decode_layers.c"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
