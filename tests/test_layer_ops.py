@@ -45,6 +45,24 @@ def test_an_int4_down_projection_reads_swiglu_of_gate_and_up_as_torch_does() -> 
         down(ours, gated=True)
 
 
+def test_qwen3s_per_head_norms_are_its_modules_in_place() -> None:
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    torch.manual_seed(4)
+    q_norm, k_norm = Qwen3RMSNorm(64, eps=1e-6), Qwen3RMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        q_norm.weight.uniform_(0.5, 1.5)
+        k_norm.weight.uniform_(0.5, 1.5)
+    qkv = torch.randn(1, 3, 18, 64) * torch.tensor([0.01, 1.0, 30.0]).view(1, 3, 1, 1)  # 14 q, 2 k, 2 v heads
+    ours = qkv.clone()
+    layer_ops.head_norm_(ours, 0, 14, q_norm.weight, 1e-6)
+    layer_ops.head_norm_(ours, 14, 2, k_norm.weight, 1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(ours[:, :, :14], q_norm(qkv[:, :, :14]), rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(ours[:, :, 14:16], k_norm(qkv[:, :, 14:16]), rtol=1e-6, atol=1e-7)
+    assert torch.equal(ours[:, :, 16:], qkv[:, :, 16:])  # the values are left alone
+
+
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_the_int4_librarys_rope_is_torchs_to_the_bit(tokens: int) -> None:
     # In-place RoPE in C (no fused multiply-adds): greedy answers stay generate's only if

@@ -14,6 +14,7 @@
 void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
                 const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                 const float *norm, float eps, int gated);
+void q4_head_norm(float *x, int T, int stride, int first, int heads, int D, const float *w, float eps);
 void q4_rope(float *x, int T, int heads, int stride, int D, const float *cos, const float *sin);
 void q4_attend(const float *q, int rows, int heads, int kv_heads, int D, long q_stride, const float *k,
                const float *v, long kv_row, long kv_head, int L, const uint8_t *mask, float scale, float *out);
@@ -28,12 +29,13 @@ typedef struct {
     const float *const *bias;
 } q4_joint;
 
-/* One decoder layer: its linears, its two norms, and its KV cache buffers
-   [rows, kv_heads, capacity, D] (a row kv_row floats from the next, a head kv_head). */
+/* One decoder layer: its linears, its two norms (and Qwen3's per-head q and k norms; NULL: none),
+   and its KV cache buffers [rows, kv_heads, capacity, D] (a row kv_row floats from the next, a
+   head kv_head). */
 typedef struct {
     q4_joint qkv, o, gate_up, down;
-    const float *input_norm, *post_norm;
-    float input_eps, post_eps;
+    const float *input_norm, *post_norm, *q_norm, *k_norm;
+    float input_eps, post_eps, head_eps;
     float *keys, *values;
     long kv_row, kv_head;
 } q4_layer;
@@ -44,7 +46,7 @@ static void run(const q4_joint *j, const float *x, int M, int K, float *y, int a
 }
 
 /* h[rows, hidden] (the residual stream, updated in place) through n_layers layers, one new token
-   a row: norm, q/k/v, RoPE (cos and sin [rows, D]), the new key and value written at `column` of
+   a row: norm, q/k/v (and their per-head norms), RoPE (cos and sin [rows, D]), the new key and value written at `column` of
    each layer's cache, attention over columns 0..column (mask [rows, column + 1], NULL: every
    one), o added into h, norm, gate/up, down of SwiGLU added into h. */
 void q4_decode_layers(int n_layers, const q4_layer *layers, int rows, int hidden, int heads, int kv_heads, int D,
@@ -57,6 +59,10 @@ void q4_decode_layers(int n_layers, const q4_layer *layers, int rows, int hidden
     for (int l = 0; l < n_layers; l++) {
         const q4_layer *L = layers + l;
         run(&L->qkv, h, rows, hidden, qkv, 0, L->input_norm, L->input_eps, 0);
+        if (L->q_norm) {
+            q4_head_norm(qkv, rows, width, 0, heads, D, L->q_norm, L->head_eps);
+            q4_head_norm(qkv, rows, width, heads, kv_heads, D, L->k_norm, L->head_eps);
+        }
         q4_rope(qkv, rows, heads + kv_heads, width, D, cos, sin);
         for (int r = 0; r < rows; r++) {
             for (int g = 0; g < kv_heads; g++) {

@@ -32,8 +32,9 @@ class _Layer(ctypes.Structure):
     """``q4_layer``: one decoder layer's linears and norms, and (per step) its cache buffers."""
 
     _fields_ = [("qkv", _Joint), ("o", _Joint), ("gate_up", _Joint), ("down", _Joint),
-                ("input_norm", _ptr), ("post_norm", _ptr), ("input_eps", ctypes.c_float),
-                ("post_eps", ctypes.c_float), ("keys", _ptr), ("values", _ptr),
+                ("input_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr),
+                ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float), ("head_eps", ctypes.c_float),
+                ("keys", _ptr), ("values", _ptr),
                 ("kv_row", ctypes.c_long), ("kv_head", ctypes.c_long)]
 
 
@@ -66,6 +67,11 @@ class DecodeLayers:
             args.gate_up = _joint([mlp.gate_proj, mlp.up_proj], self._keep)
             args.down = _joint([mlp.down_proj], self._keep)
             args.input_norm, args.post_norm = norms[0].data_ptr(), norms[1].data_ptr()
+            if getattr(a, "q_norm", None) is not None:  # Qwen3's per-head norms
+                heads = [n.weight.detach().float().contiguous() for n in (a.q_norm, a.k_norm)]
+                self._keep += heads
+                args.q_norm, args.k_norm = heads[0].data_ptr(), heads[1].data_ptr()
+                args.head_eps = float(a.q_norm.variance_epsilon)
             args.input_eps = float(layer.input_layernorm.variance_epsilon)
             args.post_eps = float(layer.post_attention_layernorm.variance_epsilon)
         self._run = _kernel().q4_decode_layers
@@ -73,7 +79,7 @@ class DecodeLayers:
     @classmethod
     def of(cls, model: nn.Module) -> DecodeLayers | None:
         """One call for ``model``'s layers where each is the plain Llama layer with int4 linears
-        and no per-head q/k norms (Qwen3's), all of one shape; else ``None``."""
+        (Qwen3's per-head q/k norms with one eps included), all of one shape; else ``None``."""
         layers = model.model.layers
         if not len(layers) or model.model.norm.weight.dtype != torch.float32:
             return None
@@ -81,7 +87,7 @@ class DecodeLayers:
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            if (not all(isinstance(lin, Int4Linear) for lin in linears) or getattr(a, "q_norm", None) is not None
+            if (not all(isinstance(lin, Int4Linear) for lin in linears) or not _head_norms_fit(a)
                     or a.head_dim != first.head_dim or a.scaling != first.scaling or a.head_dim % 8
                     or a.q_proj.out_features != first.q_proj.out_features
                     or a.k_proj.out_features != first.k_proj.out_features
@@ -121,3 +127,12 @@ class DecodeLayers:
                   None if keep is None else keep.data_ptr(), self.scaling)
         for i in self.cache_index:
             layers[i].wrote_one(column)
+
+
+def _head_norms_fit(attention: nn.Module) -> bool:
+    """No per-head norms, or Qwen3's pair: a weight of the head's size each and one eps."""
+    q, k = getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)
+    if q is None and k is None:
+        return True
+    return (q is not None and k is not None and q.weight.shape == k.weight.shape == (attention.head_dim,)
+            and getattr(q, "variance_epsilon", None) == getattr(k, "variance_epsilon", None) is not None)

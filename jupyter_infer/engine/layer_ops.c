@@ -81,6 +81,16 @@ void q4_swiglu(const float *x, int M, int K, float *y) {
     for (int m = 0; m < M; m++) swiglu_row(x + (size_t)m * 2 * K, K, y + (size_t)m * K);
 }
 
+/* Per-head RMSNorm in place (Qwen3's q_norm and k_norm): heads first..first+heads-1 of each of T
+   tokens, a token's heads `stride` floats apart, each head D floats normalized with w [D]. */
+void q4_head_norm(float *x, int T, int stride, int first, int heads, int D, const float *w, float eps) {
+    for (int t = 0; t < T; t++)
+        for (int h = first; h < first + heads; h++) {
+            float *v = x + (size_t)t * stride + (size_t)h * D;
+            rms_row(v, D, w, eps, v);  /* in place: the sum is taken before any write */
+        }
+}
+
 /* RoPE in place, as transformers computes it (x * cos + rotate_half(x) * sin, each product
    and the sum rounded to float32: no fused multiply-adds, so the result is torch's to the
    bit): the first `heads` heads of each of T tokens, a token's heads `stride` floats apart,

@@ -42,6 +42,17 @@ def rope_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> 
     _kernel().q4_rope(x.data_ptr(), tokens, heads, stride_heads * dim, dim, cos.data_ptr(), sin.data_ptr())
 
 
+def head_norm_(x: torch.Tensor, first: int, heads: int, weight: torch.Tensor, eps: float) -> None:
+    """RMSNorm in place over heads ``first .. first + heads - 1`` of ``x`` (``[1, T, all heads,
+    dim]``, float32, contiguous), each head on its own with ``weight [dim]``: Qwen3's q_norm and
+    k_norm, as ``rms_norm`` computes a row."""
+    if x.dtype != torch.float32 or not x.is_contiguous():
+        raise ValueError("head_norm_ normalizes a contiguous float32 tensor only")
+    _, tokens, stride_heads, dim = x.shape
+    weight = weight.float().contiguous()
+    _kernel().q4_head_norm(x.data_ptr(), tokens, stride_heads * dim, first, heads, dim, weight.data_ptr(), eps)
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor | None,
            scale: float) -> torch.Tensor:
     """Decode attention, one new token a row: ``q`` ``[rows, heads, dim]`` (a row's heads side by

@@ -187,7 +187,11 @@ class LlamaForward:
             heads, kv, dim = layer.heads, layer.kv_heads, layer.head_dim
             qkv = layer.norm_qkv(h).view(1, tokens, heads + 2 * kv, dim)
             q, k, v = qkv[:, :, :heads], qkv[:, :, heads : heads + kv], qkv[:, :, heads + kv :]
-            if layer.q_norm is not None:
+            if layer.q_norm is not None and self.attend_in_c:  # Qwen3's per-head norms, in C too
+                layer_ops.head_norm_(qkv, 0, heads, layer.q_norm.weight, layer.q_norm.variance_epsilon)
+                layer_ops.head_norm_(qkv, heads, kv, layer.k_norm.weight, layer.k_norm.variance_epsilon)
+                layer_ops.rope_(qkv, heads + kv, cos_t, sin_t)
+            elif layer.q_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)
                 q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             elif self.rope_in_place:  # qkv is a fresh, contiguous tensor

@@ -88,6 +88,8 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     lib.q4_swiglu.argtypes = [ptr, i32, i32, ptr]
     lib.q4_rms_norm.restype = None
     lib.q4_rms_norm.argtypes = [ptr, i32, i32, ptr, ctypes.c_float, ptr]
+    lib.q4_head_norm.restype = None
+    lib.q4_head_norm.argtypes = [ptr, i32, i32, i32, i32, i32, ptr, ctypes.c_float]
     lib.q4_rope.restype = lib.q4_attend.restype = None
     lib.q4_rope.argtypes = [ptr, i32, i32, i32, i32, ptr, ptr]
     i64 = ctypes.c_long
