@@ -15,9 +15,11 @@ from jupyter_infer.commands.model_builder import CORPUS
 from jupyter_infer.engine import cpu_linear, hf_device
 from jupyter_infer.engine.cpu_linear import Int8Linear, PackedLinear, swap_linears
 from jupyter_infer.engine.hf import HFEngine
+from jupyter_infer.engine.q8_linear import Q8Linear
 from jupyter_infer.values.config import ServiceConfig
 
-needs_int8 = pytest.mark.skipif(not cpu_linear.int8_available(), reason="no x86 quantized kernels (fbgemm) here")
+needs_int8 = pytest.mark.skipif(not cpu_linear.int8_available(), reason="no int8 kernel (ours or fbgemm) here")
+INT8 = (Int8Linear, Q8Linear)  # fbgemm's, or ours (q8_0's form) where the int4 library builds
 
 
 @pytest.fixture(params=["tiny_model_dir", "llama_model_dir"])
@@ -52,12 +54,12 @@ def test_int8_keeps_the_greedy_choices_of_float32(model_dir: Path) -> None:
     eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     quantized = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     report = swap_linears(quantized, prepack=True, quantize="int8")
-    assert report.layers == sum(isinstance(m, Int8Linear) for m in quantized.modules()) > 0
+    assert report.layers == sum(isinstance(m, INT8) for m in quantized.modules()) > 0
     ids = _text_ids(model_dir)
     want, got = _logits(eager, ids), _logits(quantized, ids)
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
     # A bf16 model's activations go in and come out as bf16.
-    layer = next(m for m in quantized.modules() if isinstance(m, Int8Linear))
+    layer = next(m for m in quantized.modules() if isinstance(m, INT8))
     x = torch.randn(3, layer.in_features)
     assert layer(x.bfloat16()).dtype == torch.bfloat16
     torch.testing.assert_close(layer(x.bfloat16()).float(), layer(x), rtol=0.05, atol=0.05)
@@ -79,9 +81,20 @@ def test_the_engine_counts_the_models_parameters_whatever_its_linears_run_on(mod
     assert engine.info.details["parameters"] == expected
 
 
+@pytest.mark.skipif(not cpu_linear.fbgemm_available(), reason="no fbgemm here")
+def test_int8_is_fbgemms_where_our_kernel_cannot_build(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_infer.engine import q4_linear
+
+    monkeypatch.setattr(q4_linear, "unavailable", lambda: "no C compiler here")
+    engine = HFEngine(str(tiny_model_dir), dtype="float32", quantize="int8")
+    assert engine.info.details["linear_kernels"].startswith("int8 dynamic (fbgemm)")
+    assert any(isinstance(m, Int8Linear) for m in engine.model.modules())
+    assert not any(isinstance(m, Q8Linear) for m in engine.model.modules())
+
+
 def test_int8_is_refused_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hf_device, "int8_available", lambda: False)
-    with pytest.raises(ValueError, match="quantized kernels"):
+    with pytest.raises(ValueError, match="int8 kernel"):
         HFEngine(str(tiny_model_dir), quantize="int8")
     with pytest.raises(ValueError, match="CPU weight format"):
         hf_device.check_quantize("int8", "cuda")
@@ -101,7 +114,7 @@ async def test_int8_serves_through_the_service(tiny_model_dir: Path) -> None:
         await service.wait_ready(60)
         details = service.status()["details"]
         assert details["linear_kernels"].startswith("int8") and details["quantize"] == "int8"
-        assert service.status()["dtype"] == "float32"  # what fbgemm's int8 kernel takes
+        assert service.status()["dtype"] == "float32"  # what the int8 kernels take
         stream = await service.submit(Request("KV cache", SamplingParams(max_tokens=6, ignore_eos=True)))
         result = await stream.result()
         assert result.completion_tokens == len(result.token_ids) == 6 and result.finish_reason == "length"

@@ -23,6 +23,8 @@ from jupyter_infer.engine.cpu_linear import Int8Linear
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import Int4Linear, dequantize
+from jupyter_infer.engine.q8_linear import Q8Linear
+from jupyter_infer.engine.q8_linear import dequantize as q8_dequantize
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
@@ -105,7 +107,14 @@ def test_a_4bit_file_is_served_in_int4_with_the_files_own_weights(gguf_dir: Path
 
 def test_wider_blocks_are_int8_and_a_named_format_takes_every_linear(gguf_dir: Path) -> None:
     lm = _load(gguf_dir / "model-q8_0.gguf")
-    assert sum(isinstance(m, Int8Linear) for m in lm.modules()) == 15
+    assert sum(isinstance(m, (Int8Linear, Q8Linear)) for m in lm.modules()) == 15
+    ours = [(n, m) for n, m in lm.named_modules() if isinstance(m, Q8Linear)]
+    if ours:  # our int8 is q8_0's own form: the file's weights, exactly
+        theirs = dict(AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file="model-q8_0.gguf").named_modules())
+        for name, module in ours:
+            np.testing.assert_allclose(q8_dequantize(module.packed, module.scales, module.out_features,
+                                                     module.in_features).numpy(),
+                                       theirs[name].weight.detach().numpy(), rtol=0, atol=0)
     if q4_linear.unavailable() is None:
         lm = _load(gguf_dir / "model-q8_0.gguf", quantize="int4")
         assert sum(isinstance(m, Int4Linear) for m in lm.modules()) == 15  # the LM head too

@@ -9,12 +9,10 @@ bound by reading their weights. Two swaps, measured on the "small" GPT-2-shaped 
   same math, sums in another order: 1.4x tokens/s alone and 2x at 16 rows in float32.
 * **int4** (``q4_linear.py``, the counterpart of llama.cpp's q4_0): 4-bit weights in groups
   of 32 with a float16 scale, multiplied by int8 activations in our own AVX2 kernel.
-* **int8** (the counterpart of llama.cpp's q8_0, which quantizes both operands too): int8
-  weights with one scale per output channel, activations quantized per call, multiplied in
-  int8 by fbgemm (VNNI where the CPU has it). A quarter of float32's weight bytes, which is
-  what a decode step is bound by: 2.4x prepacked float32's tokens/s alone, 2.2x at 16 rows. The
-  activations' scale is shared by the rows of one step, so a row's numbers depend slightly on
-  its batch-mates (float32 and bf16 rows do not).
+* **int8** (``q8_linear.py``, llama.cpp's q8_0): int8 weights in groups of 32 with a float16
+  scale, multiplied by int8 activations in our own kernel, in blocks of 16 outputs. Where the
+  int4 library cannot build, fbgemm's dynamic int8 (one scale per output channel, activations
+  quantized per call with one scale shared by the step's rows) serves instead.
 
 Only the linears change: attention, norms, embeddings and the cache classes stay the
 model's own, so every architecture transformers loads keeps working; a linear of another kind
@@ -27,6 +25,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +36,7 @@ from ..values.config import QUANTIZE
 from . import q4_linear
 from .cpu_features import cpu_has_vnni
 from .q4_linear import Int4Linear
+from .q8_linear import Q8Linear
 
 
 @dataclass(frozen=True)
@@ -105,24 +105,50 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 dynamic"
 
 
-def int8_available() -> bool:
+def fbgemm_available() -> bool:
     """PyTorch's x86 quantized kernels (fbgemm) are in this build and run on this CPU."""
     return (hasattr(torch, "quantize_per_channel") and hasattr(torch.ops.quantized, "linear_dynamic")
             and any(e in torch.backends.quantized.supported_engines for e in ("x86", "fbgemm")))
 
 
-# quantize -> (what builds a linear from a weight and a bias, what status says it runs on)
-QUANTIZED = {
-    "int8": (Int8Linear, "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"),
-    "int4": (Int4Linear.from_weight, "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale (q4_0's form), "
-                                     "int8 activations per group"),
-}
+def int8_available() -> bool:
+    """int8 runs here: in our kernel (q8_linear.py, where the int4 library builds) or fbgemm's."""
+    return q4_linear.unavailable() is None or fbgemm_available()
+
+
+INT4_KERNELS = "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale (q4_0's form), int8 activations per group"
+Q8_KERNELS = "int8 (ours, q8_kernel.c): groups of 32 with a float16 scale (q8_0's form), int8 activations per group"
+FBGEMM_KERNELS = "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"
+
+
+class _Formats(Mapping):
+    """quantize -> (what builds a linear from a weight and a bias, what status says it runs on).
+    int8 is ours where the int4 library builds (q8_0's form), else fbgemm's: decided when asked,
+    so that importing this module builds nothing."""
+
+    def __getitem__(self, quantize: str) -> tuple[Callable[..., nn.Module], str]:
+        if quantize == "int4":
+            return Int4Linear.from_weight, INT4_KERNELS
+        if quantize == "int8":
+            return (Q8Linear.from_weight, Q8_KERNELS) if q4_linear.unavailable() is None else (Int8Linear, FBGEMM_KERNELS)
+        raise KeyError(quantize)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("int8", "int4"))
+
+    def __len__(self) -> int:
+        return 2
+
+
+QUANTIZED = _Formats()
 
 
 def swappable(quantize: str, in_features: int) -> bool:
-    """Whether a linear of this input width takes ``quantize``'s format (int4 needs whole
-    groups of 32; a linear that does not stays the model's own)."""
-    return quantize != "int4" or in_features % q4_linear.GROUP == 0
+    """Whether a linear of this input width takes ``quantize``'s format (our int4 and int8 need
+    whole groups of 32; a linear that does not stays the model's own)."""
+    if quantize == "none" or in_features % q4_linear.GROUP == 0:
+        return True
+    return quantize == "int8" and QUANTIZED["int8"][0] is Int8Linear
 
 
 def float_linears(dtype: torch.dtype, prepack: bool) -> tuple[type[PackedLinear] | None, str]:

@@ -1,5 +1,5 @@
-/* A decode step's decoder layers in one call, for the Llama family with int4 linears (float32):
-   built into one library with q4_kernel.c and layer_ops.c (q4_linear.py builds and loads it).
+/* A decode step's decoder layers in one call, for the Llama family with our int4 or int8 linears
+   (float32): built into one library with the kernels and layer_ops.c (q4_linear.py builds it).
 
    At one row the kernels are ~7.5 ms of a 0.5 B model's step, and calling them from Python,
    layer by layer, added ~1 ms: seven calls a layer with their argument checks, views and the
@@ -19,8 +19,14 @@ void q4_rope(float *x, int T, int heads, int stride, int D, const float *cos, co
 void q4_attend(const float *q, int rows, int heads, int kv_heads, int D, long q_stride, const float *k,
                const float *v, long kv_row, long kv_head, int L, const uint8_t *mask, float scale, float *out);
 
-/* Linears over one input, as q4_linears takes them (q/k/v, o, gate/up, down). */
+void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, const uint16_t *const *scales,
+                const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                const float *norm, float eps, int gated);
+
+/* Linears over one input, as q4_linears (bits 4) or q8_linears (bits 8) takes them (q/k/v, o,
+   gate/up, down). */
 typedef struct {
+    int bits;
     int nw;
     const uint8_t *const *qw;
     const uint16_t *const *scales;
@@ -42,7 +48,11 @@ typedef struct {
 
 static void run(const q4_joint *j, const float *x, int M, int K, float *y, int accumulate, const float *norm,
                 float eps, int gated) {
-    q4_linears(x, M, K, j->nw, j->qw, j->scales, j->mins, j->N, j->bias, y, accumulate, norm, eps, gated);
+    if (j->bits == 8)
+        q8_linears(x, M, K, j->nw, (const int8_t *const *)j->qw, j->scales, (const void *const *)j->mins, j->N, j->bias,
+                   y, accumulate, norm, eps, gated);
+    else
+        q4_linears(x, M, K, j->nw, j->qw, j->scales, j->mins, j->N, j->bias, y, accumulate, norm, eps, gated);
 }
 
 /* h[rows, hidden] (the residual stream, updated in place) through n_layers layers, one new token

@@ -1,5 +1,5 @@
 """A decode step's decoder layers in one C call (``decode_layers.c``), for the Llama family
-with int4 linears in float32.
+with our int4 or int8 linears (``q4_linear``, ``q8_linear``) in float32.
 
 ``LlamaForward`` with the C ops still called seven functions a layer from Python, with their
 checks, views and the KV cache's bookkeeping: ~1 ms of a 0.5 B model's ~9 ms one-row step on a
@@ -18,6 +18,7 @@ from torch import nn
 
 from .kv_cache import GrowingLayer
 from .q4_linear import Int4Linear, Int4Linears, _kernel
+from .q8_linear import Q8Linear
 
 _ptr = ctypes.c_void_p
 
@@ -25,7 +26,7 @@ _ptr = ctypes.c_void_p
 class _Joint(ctypes.Structure):
     """``q4_joint``: linears over one input, as ``Int4Linears`` passes them to the kernel."""
 
-    _fields_ = [("nw", ctypes.c_int), ("qw", _ptr), ("scales", _ptr), ("mins", _ptr), ("N", _ptr), ("bias", _ptr)]
+    _fields_ = [("bits", ctypes.c_int), ("nw", ctypes.c_int), ("qw", _ptr), ("scales", _ptr), ("mins", _ptr), ("N", _ptr), ("bias", _ptr)]
 
 
 class _Layer(ctypes.Structure):
@@ -42,7 +43,7 @@ def _joint(linears: list[nn.Module], keep: list[object]) -> _Joint:
     joint = Int4Linears(linears)
     keep.append(joint)  # its arrays are what the struct points at
     n, qw, scales, mins, out, bias = joint._args
-    return _Joint(n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
+    return _Joint(8 if joint.kind is Q8Linear else 4, n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
 
 
 class DecodeLayers:
@@ -78,8 +79,8 @@ class DecodeLayers:
 
     @classmethod
     def of(cls, model: nn.Module) -> DecodeLayers | None:
-        """One call for ``model``'s layers where each is the plain Llama layer with int4 linears
-        (Qwen3's per-head q/k norms with one eps included), all of one shape; else ``None``."""
+        """One call for ``model``'s layers where each is the plain Llama layer with int4 or int8
+        linears, one kind a joint (Qwen3's per-head q/k norms with one eps included), all of one shape; else ``None``."""
         layers = model.model.layers
         if not len(layers) or model.model.norm.weight.dtype != torch.float32:
             return None
@@ -87,7 +88,8 @@ class DecodeLayers:
         for layer in layers:
             a, mlp = layer.self_attn, layer.mlp
             linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-            if (not all(isinstance(lin, Int4Linear) for lin in linears) or not _head_norms_fit(a)
+            if (not all(_grouped(joint) for joint in (linears[:3], linears[3:4], linears[4:6], linears[6:]))
+                    or not _head_norms_fit(a)
                     or a.head_dim != first.head_dim or a.scaling != first.scaling or a.head_dim % 8
                     or a.q_proj.out_features != first.q_proj.out_features
                     or a.k_proj.out_features != first.k_proj.out_features
@@ -127,6 +129,11 @@ class DecodeLayers:
                   None if keep is None else keep.data_ptr(), self.scaling)
         for i in self.cache_index:
             layers[i].wrote_one(column)
+
+
+def _grouped(linears: tuple[nn.Module, ...]) -> bool:
+    """Linears one kernel call takes: all int4 or all int8 (q8_0's form)."""
+    return any(all(type(lin) is kind for lin in linears) for kind in (Int4Linear, Q8Linear))
 
 
 def _head_norms_fit(attention: nn.Module) -> bool:

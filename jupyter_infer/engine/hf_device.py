@@ -54,8 +54,8 @@ def check_quantize(quantize: str, device: str) -> None:
         raise ValueError(f"quantize={quantize!r} is a CPU weight format; on {device} load the model in "
                          "bfloat16/float16 (dtype) instead.")
     if quantize == "int8" and not int8_available():
-        raise ValueError(f"quantize={quantize!r} needs PyTorch's x86 quantized kernels (fbgemm), which this "
-                         "build or CPU lacks.")
+        raise ValueError(f"quantize={quantize!r} needs our int8 kernel ({q4_linear.unavailable()}) or PyTorch's "
+                         "x86 quantized kernels (fbgemm), which this build or CPU lacks.")
     if quantize == "int4" and (why := q4_linear.unavailable()):
         raise ValueError(f"quantize='int4' cannot run here: {why}.")
 

@@ -29,6 +29,7 @@ from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, PackedLinear, swap_
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
 from .q4_linear import Int4Linear
+from .q8_linear import Q8Linear
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ def check_format(model: str) -> None:
 
 def resident_bytes(model: nn.Module) -> int:
     """Bytes in the model's parameters and buffers, each storage counted once, and in
-    fbgemm's packed int8 weights (opaque to torch: one byte a weight and a scale a row)."""
+    fbgemm's packed int8 weights where those serve (opaque to torch: one byte a weight and a
+    scale a row)."""
     seen: dict[int, int] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if t is None or t.device.type == "meta":
@@ -122,7 +124,7 @@ def parameter_count(model: nn.Module) -> int:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head = model.get_output_embeddings() if getattr(config, "tie_word_embeddings", False) else None
     swapped = sum(m.out_features * (m.in_features + _has_bias(m)) for m in model.modules()
-                  if isinstance(m, (PackedLinear, Int8Linear, Int4Linear)) and m is not head)
+                  if isinstance(m, (PackedLinear, Int8Linear, Int4Linear, Q8Linear)) and m is not head)
     return sum(p.numel() for p in model.parameters()) + swapped
 
 

@@ -35,7 +35,11 @@ from . import layer_ops, q4_linear
 from .cpu_linear import Int8Linear
 from .decode_layers import DecodeLayers
 from .kv_cache import new_cache
+from .q8_linear import Q8Linear
 from .ragged import Block, Step, block_attention, forward
+
+# Our kernels' linears (int4, and int8 in q8_0's form): a joint of one kind is one kernel call.
+_GROUPED = (q4_linear.Int4Linear, Q8Linear)
 
 # Architectures whose decoder layer is exactly: norm, q/k/v (Qwen3: per-head q/k norms), RoPE,
 # attention, o, residual, norm, down(silu(gate) * up), residual.
@@ -72,7 +76,7 @@ class _Layer:
 
 def _joint(linears: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
     """Several linears over one input, outputs side by side: one int4 call where all are int4."""
-    if all(isinstance(lin, q4_linear.Int4Linear) for lin in linears):
+    if any(all(isinstance(lin, kind) for lin in linears) for kind in _GROUPED):
         return q4_linear.Int4Linears(linears)
     if len(linears) == 1:
         return linears[0]
@@ -98,7 +102,7 @@ def _adding(linear: nn.Module, gated: bool = False,
     """``h += linear(x)``, written into ``h`` by the int4 kernel itself. ``gated``: ``x`` is
     ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (with ``c_ops``, ``layer_ops``' or,
     for an int4 linear, its kernel call's on the way in: the last bits of their exp are their own)."""
-    if isinstance(linear, q4_linear.Int4Linear):
+    if isinstance(linear, _GROUPED):
         into = q4_linear.Int4Linears([linear])
         if gated and not c_ops:
             return lambda x, h: into(_swiglu(x), into=h)
@@ -135,7 +139,7 @@ class LlamaForward:
 
     def __init__(self, model: nn.Module, fused: bool = True) -> None:
         inner = model.model
-        quantized = any(isinstance(m, (q4_linear.Int4Linear, Int8Linear)) for m in model.modules())
+        quantized = any(isinstance(m, (*_GROUPED, Int8Linear)) for m in model.modules())
         # RoPE in C, in place, is torch's to the bit (float32): wherever the int4 library builds.
         self.rope_in_place = (quantized and inner.norm.weight.dtype == torch.float32
                               and q4_linear.unavailable() is None)
@@ -143,7 +147,7 @@ class LlamaForward:
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.norm_head = _normed(inner.norm, _joint([model.lm_head]), c_ops)  # logits of the last norm
         self.layers = [_layer(layer, c_ops) for layer in inner.layers]
-        # With int4 linears, a decode step's layers are one C call (decode_layers.py).
+        # With our int4 or int8 linears, a decode step's layers are one C call (decode_layers.py).
         self.one_call = DecodeLayers.of(model) if c_ops else None
 
     @classmethod

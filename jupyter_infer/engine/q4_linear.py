@@ -40,10 +40,10 @@ from .cpu_features import cpu_flags
 
 GROUP = 32
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
-# The int4 kernel, the decoder's small ops the int4 path runs in C (layer_ops.py) and a decode
-# step's layers in one call (decode_layers.py), built into one library.
-_SOURCES = tuple(pathlib.Path(__file__).with_name(name) for name in ("q4_kernel.c", "q4_gemm.c", "layer_ops.c",
-                                                                      "decode_layers.c"))
+# The int4 kernel (and its many-rows product), the int8 one (q8_linear.py), the decoder's small
+# ops in C (layer_ops.py) and a decode step's layers in one call (decode_layers.py): one library.
+_SOURCES = tuple(pathlib.Path(__file__).with_name(name)
+                 for name in ("q4_kernel.c", "q4_gemm.c", "q8_kernel.c", "layer_ops.c", "decode_layers.c"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
@@ -84,6 +84,9 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     lib.q4_linear.restype = lib.q4_linears.restype = None
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
     lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, ptr, ctypes.c_float, i32]
+    lib.q8_linears.restype = lib.q8_quantize.restype = None
+    lib.q8_linears.argtypes = lib.q4_linears.argtypes
+    lib.q8_quantize.argtypes = [ptr, i32, i32, ptr, ptr]
     lib.q4_swiglu.restype = None
     lib.q4_swiglu.argtypes = [ptr, i32, i32, ptr]
     lib.q4_rms_norm.restype = None
@@ -145,6 +148,8 @@ class Int4Linear(nn.Module):
     """``y = x W^T + b`` with ``W`` in 4-bit groups of 32 (``mins`` ``None``: q4_0's form);
     float32 in and out."""
 
+    JOINT = "q4_linears"  # the kernel function Int4Linears calls for a joint of these
+
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -185,17 +190,20 @@ class Int4Linear(nn.Module):
 
 
 class Int4Linears:
-    """Several ``Int4Linear``s over one input as one kernel call (q, k and v; gate and up):
-    the input is quantized once and one parallel loop covers every output, side by side in
-    ``[..., sum of out_features]``. ``into`` with ``accumulate`` adds the result to a tensor
-    (a residual) instead of allocating one. The linears keep their weights: nothing is copied."""
+    """Several ``Int4Linear``s (or ``q8_linear.Q8Linear``s: one kind a joint) over one input as
+    one kernel call (q, k and v; gate and up): the input is quantized once and one parallel loop
+    covers every output, side by side in ``[..., sum of out_features]``. ``into`` with
+    ``accumulate`` adds the result to a tensor (a residual) instead of allocating one. The
+    linears keep their weights: nothing is copied."""
 
     MAX = 8  # what the kernel's bookkeeping holds
 
-    def __init__(self, linears: list[Int4Linear]) -> None:
-        if not 1 <= len(linears) <= self.MAX or len({lin.in_features for lin in linears}) != 1:
-            raise ValueError("Int4Linears takes 1 to 8 Int4Linear of one input width")
-        self._run = _kernel().q4_linears
+    def __init__(self, linears: list[nn.Module]) -> None:
+        if (not 1 <= len(linears) <= self.MAX or len({lin.in_features for lin in linears}) != 1
+                or len({type(lin) for lin in linears}) != 1):
+            raise ValueError("Int4Linears takes 1 to 8 linears of one kind and one input width")
+        self.kind = type(linears[0])
+        self._run = getattr(_kernel(), linears[0].JOINT)
         self.linears = linears  # keeps the weights alive while their addresses are held
         self.in_features = linears[0].in_features
         self.out_features = sum(lin.out_features for lin in linears)

@@ -161,8 +161,8 @@ class InferApp(ExtensionApp):
         PyTorch's eager linears."""
     ).tag(config=True)
     quantize = Unicode(
-        D("quantize"), help="""'hf' engine on a CPU: 'none'; 'int8' for int8 linears (one scale per output
-        channel, activations quantized per call, fbgemm: a quarter of float32's weight bytes);
+        D("quantize"), help="""'hf' engine on a CPU: 'none'; 'int8' for int8 linears (groups of 32 with a
+        scale, llama.cpp's q8_0 form, our kernel; fbgemm's where it cannot build);
         'int4' for 4-bit linears in groups of 32 (a scale each, 4.5 bits a weight: llama.cpp's
         q4_0 form, a seventh of float32's), loaded without a float32 copy of the model. x86 CPUs with AVX2;
         speed, memory and quality in docs/engine.md."""

@@ -42,7 +42,7 @@ class ServiceConfig:
     num_threads: int = 0  # 0: pick for this machine
     # CPU linears: reorder weights once for oneDNN (1.4-2x decode tokens/s, docs/engine.md)
     prepack_weights: bool = True
-    quantize: str = "none"  # "int8" (fbgemm) or "int4" (groups of 32, our kernel): x86 CPU; docs/engine.md
+    quantize: str = "none"  # "int8" (q8_0's form) or "int4" (q4_0's), groups of 32, our kernels: x86 CPU; docs/engine.md
     seed: int = 0
     # The checkpoint's generation config sets the sampling an OpenAI request leaves out
     generation_defaults: bool = True

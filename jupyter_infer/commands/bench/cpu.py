@@ -74,7 +74,7 @@ VARIANTS = (
     Variant("f32", "ours f32, prepacked", {"dtype": "float32"}),
     Variant("f32_nospec", "ours f32, no speculation", {"dtype": "float32", "speculative": "off"}),
     Variant("bf16", "ours bf16, prepacked", {"dtype": "bfloat16"}, needs_bf16=True),
-    Variant("int8", "ours int8 (dynamic)", {"dtype": "float32", "quantize": "int8"}),
+    Variant("int8", "ours int8", {"dtype": "float32", "quantize": "int8"}),
 )
 # (ours, llama.cpp's counterpart): the same precision class.
 PAIRS = (("f32", "llama_f32"), ("bf16", "llama_f16"), ("int8", "llama_q8_0"))

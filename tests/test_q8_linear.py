@@ -1,0 +1,79 @@
+"""int8 in q8_0's form (engine/q8_linear.py, q8_kernel.c): the weights are q8_0's rounding in
+blocks of 16 outputs, the kernel computes what they say for one row and many, into a residual,
+with the norm or SwiGLU on the way in, on the AVX-512 and the AVX2 paths, and a row's numbers
+are its own whatever its batch-mates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jupyter_infer.engine import layer_ops, q4_linear
+from jupyter_infer.engine.cpu_features import cpu_flags
+from jupyter_infer.engine.q8_linear import Q8Linear, dequantize
+
+pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+
+
+def reference(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
+    """The kernel's arithmetic in float64: activations rounded to int8 per group of 32."""
+    w = dequantize(layer.packed, layer.scales, layer.out_features, layer.in_features).double()
+    xg = x.double().reshape(x.shape[0], -1, 32)
+    d = xg.abs().amax(-1, keepdim=True).float().double() / 127
+    xq = torch.where(d > 0, (xg / d).round(), torch.zeros_like(xg)) * d
+    y = xq.reshape(x.shape) @ w.t()
+    return y if layer.bias is None else y + layer.bias.double()
+
+
+def test_the_weights_are_q8_0s_rounding() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(37, 96) * torch.rand(37, 1) * 3  # 37 outputs: the last block of 16 is part-empty
+    layer = Q8Linear.from_weight(w, None)
+    got = dequantize(layer.packed, layer.scales, 37, 96)
+    scale = (w.reshape(37, 3, 32).abs().amax(-1) / 127).half().float()  # q8_0: max / 127, float16
+    assert torch.equal(layer.scales.view(3, 3, 16).permute(0, 2, 1).reshape(48, 3)[:37].float(), scale)
+    assert ((got - w).abs().reshape(37, 3, 32) <= scale.unsqueeze(-1) * 0.5001).all()
+    again = Q8Linear.from_weight(got, None)  # a q8_0 file's weights come back as they were
+    assert torch.equal(dequantize(again.packed, again.scales, 37, 96), got)
+
+
+@pytest.mark.parametrize("k", [96, 896])
+@pytest.mark.parametrize("rows", [1, 3, 8, 11, 40])
+def test_the_kernel_computes_what_its_weights_say(k: int, rows: int) -> None:
+    torch.manual_seed(k + rows)
+    layer = Q8Linear.from_weight(torch.randn(40, k), torch.randn(40))
+    x = torch.randn(rows, k)
+    want = reference(x, layer)
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    for i in range(rows):  # a row's numbers are its own
+        assert torch.equal(layer(x[i : i + 1])[0], layer(x)[i])
+
+
+def test_a_joint_call_adds_into_a_residual_with_the_norm_or_swiglu_on_the_way_in() -> None:
+    torch.manual_seed(1)
+    q, k = Q8Linear.from_weight(torch.randn(48, 64), None), Q8Linear.from_weight(torch.randn(16, 64), torch.randn(16))
+    joint = q4_linear.Int4Linears([q, k])
+    x, weight = torch.randn(5, 64), torch.rand(64) + 0.5
+    assert torch.equal(joint(x), torch.cat([q(x), k(x)], dim=-1))
+    assert torch.equal(joint(x, norm=(weight, 1e-6)), joint(layer_ops.rms_norm(x, weight, 1e-6)))
+    residual = torch.randn(5, 64)
+    assert torch.equal(joint(x, into=residual.clone()), residual + joint(x))
+    down = q4_linear.Int4Linears([q])
+    gate_up = torch.randn(5, 128)
+    assert torch.equal(down(gate_up, gated=True), q(layer_ops.swiglu(gate_up)))
+    with pytest.raises(ValueError, match="one kind"):
+        q4_linear.Int4Linears([q, q4_linear.Int4Linear.from_weight(torch.randn(16, 64), None)])
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 path already")
+@pytest.mark.parametrize("rows", [1, 5, 9])
+def test_the_avx2_path_computes_the_same_on_an_avx512_machine(rows: int) -> None:
+    narrow = q4_linear._library(("-mno-avx512f",))
+    assert not isinstance(narrow, str), narrow
+    torch.manual_seed(rows)
+    layer = Q8Linear.from_weight(torch.randn(40, 192), torch.randn(40))  # the layout is the same on both paths
+    x = torch.randn(rows, 192)
+    y = torch.empty(rows, 40)
+    narrow.q8_linears(x.data_ptr(), rows, 192, *layer._joint._args, y.data_ptr(), 0, None, 0.0, 0)
+    want = reference(x, layer)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
