@@ -75,7 +75,8 @@ class _Layer:
 
 
 def _joint(linears: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Several linears over one input, outputs side by side: one int4 call where all are int4."""
+    """Several linears over one input, outputs side by side: one kernel call where all are our
+    int4, or all our int8."""
     if any(all(isinstance(lin, kind) for lin in linears) for kind in _GROUPED):
         return q4_linear.Int4Linears(linears)
     if len(linears) == 1:
