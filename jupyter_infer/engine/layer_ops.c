@@ -71,6 +71,19 @@ void swiglu_row(const float *x, int K, float *y) {
     for (; i < K; i++) y[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
 }
 
+/* The rows x[M, K] (gated: [M, 2K], gate and up) on a kernel's way in: RMS-normalized with
+   norm's weights, or SwiGLU'd, into a new buffer the caller frees; NULL when neither is asked. */
+float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated) {
+    if (!norm && !gated) return NULL;
+    float *out = malloc(sizeof(float) * (size_t)M * K);
+#pragma omp parallel for schedule(static) if (M * K > 16384)
+    for (int m = 0; m < M; m++) {
+        if (gated) swiglu_row(x + (size_t)m * 2 * K, K, out + (size_t)m * K);
+        else rms_row(x + (size_t)m * K, K, norm, eps, out + (size_t)m * K);
+    }
+    return out;
+}
+
 /* y[M, K] = rms_row of each row of x: the norm q4_linears applies, on its own (for tests). */
 void q4_rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
     for (int m = 0; m < M; m++) rms_row(x + (size_t)m * K, K, w, eps, y + (size_t)m * K);

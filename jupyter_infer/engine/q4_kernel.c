@@ -42,34 +42,42 @@
 #endif
 #define PREFETCH 2048  /* bytes of nibbles a thread asks for ahead of its reads (measured: 512 to 4096) */
 
+/* One group of 32 activations as int8, in order (rounded to nearest, even on ties, as lrintf):
+   its scale (max |v| / 127) and the sum of its ints. Shared with q8_kernel.c. */
+float q8_group(const float *v, int8_t *out, int32_t *sum) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 a[4];
+    for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(v + 8 * j);
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a[0]), _mm256_andnot_ps(sign, a[1])),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, a[2]), _mm256_andnot_ps(sign, a[3])));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256i q[4];
+    for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(a[j], vinv));
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    *sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, bytes);
+    return d;
+}
+
 /* One row of activations: int8 per group of 32, stored four (AVX-512) or two groups at a time
    in the order the unpacked weights come in (for a pair: g's elements 0..15, g+1's 0..15, g's
    16..31, g+1's 16..31; a quad likewise),
    the group's scale, and its scale times the sum of its ints (what the weights' mins meet). */
 static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xc) {
     const int G = K / GROUP;
-    const __m256 sign = _mm256_set1_ps(-0.f);
     for (int g = 0; g < G; g++) {
-        const float *v = x + g * GROUP;
-        __m256 a[4];
-        for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(v + 8 * j);
-        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a[0]), _mm256_andnot_ps(sign, a[1])),
-                                       _mm256_max_ps(_mm256_andnot_ps(sign, a[2]), _mm256_andnot_ps(sign, a[3])));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-        const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-        /* Rounded to nearest (even on ties, as lrintf), packed to int8 in order. */
-        const __m256 vinv = _mm256_set1_ps(inv);
-        __m256i q[4];
-        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(a[j], vinv));
-        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
-        const __m256i bytes = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
-            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        int8_t bytes[GROUP];
+        int32_t sum;
+        const float d = q8_group(x + g * GROUP, bytes, &sum);
         /* Where element i of group g goes: quads (AVX-512) or pairs are interleaved by
            halves, as a 64- or 32-byte load of weights unpacks; a last odd group keeps its
            own order. */
@@ -88,8 +96,8 @@ static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xc
             first = 0;
             second = 16;
         }
-        _mm_storeu_si128((__m128i *)(out + first), _mm256_castsi256_si128(bytes));
-        _mm_storeu_si128((__m128i *)(out + second), _mm256_extracti128_si256(bytes, 1));
+        _mm_storeu_si128((__m128i *)(out + first), _mm_loadu_si128((const __m128i *)bytes));
+        _mm_storeu_si128((__m128i *)(out + second), _mm_loadu_si128((const __m128i *)(bytes + 16)));
         xd[g] = d;
         xc[g] = d * (float)sum;
     }
@@ -235,9 +243,8 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
 #endif
 }
 
-/* The row's way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
-void rms_row(const float *x, int K, const float *w, float eps, float *y);
-void swiglu_row(const float *x, int K, float *y);
+/* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
+float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
 
 #if WIDE
 /* Many rows: q4_gemm.c's blocked product (from q4_gemm_rows rows on; settable for tests). */
@@ -259,16 +266,8 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
                 const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                 const float *norm, float eps, int gated) {
     const int G = K / GROUP;
-    float *normed = NULL;
-    if (norm || gated) {
-        normed = malloc(sizeof(float) * (size_t)M * K);
-#pragma omp parallel for schedule(static) if (M * K > 16384)
-        for (int m = 0; m < M; m++) {
-            if (gated) swiglu_row(x + (size_t)m * 2 * K, K, normed + (size_t)m * K);
-            else rms_row(x + (size_t)m * K, K, norm, eps, normed + (size_t)m * K);
-        }
-        x = normed;
-    }
+    float *normed = way_in(x, M, K, norm, eps, gated);
+    if (normed) x = normed;
     int8_t *xq = malloc((size_t)M * K);
     float *xd = malloc(sizeof(float) * (size_t)M * G);
     float *xc = malloc(sizeof(float) * (size_t)M * G);

@@ -23,36 +23,15 @@
 #define WORDS (GROUP / 4)             /* 64-byte words a group of a block */
 #define BLOCK_GROUP (WORDS * 64)      /* bytes of weights a group of a block */
 
-void rms_row(const float *x, int K, const float *w, float eps, float *y);
-void swiglu_row(const float *x, int K, float *y);
+/* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
+float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
 
-/* One row, natural order: int8 per group (rounded to nearest even, as lrintf), its scale, and
-   the group's sum of ints (what the flipped weights' +128 meets). */
+float q8_group(const float *v, int8_t *out, int32_t *sum);  /* q4_kernel.c: a group as int8, in order */
+
+/* One row, natural order: int8 per group, its scale, and the group's sum of ints (what the
+   flipped weights' +128 meets). */
 static void quantize_plain(const float *x, int K, int8_t *xq, float *xd, int32_t *xs) {
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    for (int g = 0; g < K / GROUP; g++) {
-        const float *v = x + g * GROUP;
-        __m256 a[4];
-        for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(v + 8 * j);
-        const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a[0]), _mm256_andnot_ps(sign, a[1])),
-                                       _mm256_max_ps(_mm256_andnot_ps(sign, a[2]), _mm256_andnot_ps(sign, a[3])));
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-        const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
-        const __m256 vinv = _mm256_set1_ps(inv);
-        __m256i q[4];
-        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(a[j], vinv));
-        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        xs[g] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
-        const __m256i bytes = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
-            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(xq + g * GROUP), bytes);
-        xd[g] = d;
-    }
+    for (int g = 0; g < K / GROUP; g++) xd[g] = q8_group(x + g * GROUP, xq + g * GROUP, xs + g);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
@@ -169,16 +148,8 @@ void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, c
                 const float *norm, float eps, int gated) {
     (void)mins;
     const int G = K / GROUP;
-    float *normed = NULL;
-    if (norm || gated) {
-        normed = malloc(sizeof(float) * (size_t)M * K);
-#pragma omp parallel for schedule(static) if (M * K > 16384)
-        for (int m = 0; m < M; m++) {
-            if (gated) swiglu_row(x + (size_t)m * 2 * K, K, normed + (size_t)m * K);
-            else rms_row(x + (size_t)m * K, K, norm, eps, normed + (size_t)m * K);
-        }
-        x = normed;
-    }
+    float *normed = way_in(x, M, K, norm, eps, gated);
+    if (normed) x = normed;
     int8_t *xq = malloc((size_t)M * K);
     float *xd = malloc(sizeof(float) * (size_t)M * G);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)M * G);
