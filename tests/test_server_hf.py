@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ async def test_prefix_cache_hits_show_in_status_metrics_and_prometheus(jp_fetch:
 
 
 async def test_the_kv_memory_of_the_running_rows_shows_in_status_metrics_and_prometheus(
-    jp_fetch: Any, jp_serverapp: Any,
+    jp_fetch: Any, jp_serverapp: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While a request runs, status, metrics and /metrics say what its rows hold in KV
     memory; once nothing runs, nothing is held."""
@@ -84,6 +85,11 @@ async def test_the_kv_memory_of_the_running_rows_shows_in_status_metrics_and_pro
     await service.wait_ready(60)
     idle = json.loads((await jp_fetch("infer", "status")).body)["kv_cache"]
     assert idle["bytes_held"] == 0 and idle["tokens_held"] == 0 and idle["bytes_per_token"] > 0
+    # The tiny model's 64 steps take ~25 ms, less than a poll and the reads below: each step
+    # is made to last 20 ms, so the request is still running while they look.
+    engine = service._loop.engine
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda *args: time.sleep(0.02) or step(*args))
     body = json.dumps({"prompt": "Tell me about batching", "max_tokens": 64, "ignore_eos": True})
     running = asyncio.ensure_future(jp_fetch("infer", "generate", method="POST", body=body))
     await eventually(lambda: (service.kv_cache() or {}).get("tokens_held", 0) > 0)
