@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from .kv_cache import GrowingLayer
-from .q4_linear import Int4Linear, Int4Linears, _kernel
-from .q8_linear import Q8Linear
+from .q4_linear import Int4Linears, _kernel
+from .q8_linear import GROUPED, Q8Linear
 
 _ptr = ctypes.c_void_p
 
@@ -80,7 +80,8 @@ class DecodeLayers:
     @classmethod
     def of(cls, model: nn.Module) -> DecodeLayers | None:
         """One call for ``model``'s layers where each is the plain Llama layer with int4 or int8
-        linears, one kind a joint (Qwen3's per-head q/k norms with one eps included), all of one shape; else ``None``."""
+        linears, one kind a joint (Qwen3's per-head q/k norms with one eps included), all of
+        one shape; else ``None``."""
         layers = model.model.layers
         if not len(layers) or model.model.norm.weight.dtype != torch.float32:
             return None
@@ -133,7 +134,7 @@ class DecodeLayers:
 
 def _grouped(linears: tuple[nn.Module, ...]) -> bool:
     """Linears one kernel call takes: all int4 or all int8 (q8_0's form)."""
-    return any(all(type(lin) is kind for lin in linears) for kind in (Int4Linear, Q8Linear))
+    return any(all(type(lin) is kind for lin in linears) for kind in GROUPED)
 
 
 def _head_norms_fit(attention: nn.Module) -> bool:

@@ -45,9 +45,7 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         length = self.get_seq_length()
         needed = length + key_states.shape[-2]
-        buf = self._key_buf
-        if buf is None or buf.shape[-2] < needed or buf.shape[0] != key_states.shape[0]:
-            self._reallocate(key_states, value_states, length, max(needed + self.spare, self.reserve))
+        self._make_room(key_states, value_states, length, needed)
         self._key_buf[:, :, length:needed] = key_states
         self._value_buf[:, :, length:needed] = value_states
         self.keys = self._key_buf[:, :, :needed]
@@ -59,9 +57,7 @@ class GrowingLayer(DynamicLayer):
         decode step that writes its key and value there itself (``decode_layers``), then
         calls ``wrote_one``. The layer must hold keys already."""
         length = self.get_seq_length()
-        buf = self._key_buf
-        if buf is None or buf.shape[-2] <= length or buf.shape[0] != self.keys.shape[0]:
-            self._reallocate(self.keys, self.values, length, max(length + 1 + self.spare, self.reserve))
+        self._make_room(self.keys, self.values, length, length + 1)
         return self._key_buf, self._value_buf, length
 
     def wrote_one(self, column: int) -> None:
@@ -78,6 +74,13 @@ class GrowingLayer(DynamicLayer):
         """Take buffers whose first ``length`` columns are the contents; the rest is spare room."""
         self._key_buf, self._value_buf = key_buf, value_buf
         self.keys, self.values = key_buf[:, :, :length], value_buf[:, :, :length]
+
+    def _make_room(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, needed: int) -> None:
+        """Buffers for ``needed`` columns of ``key_states``' rows: reallocated (with spare room)
+        when they are too small or hold another number of rows."""
+        buf = self._key_buf
+        if buf is None or buf.shape[-2] < needed or buf.shape[0] != key_states.shape[0]:
+            self._reallocate(key_states, value_states, length, max(needed + self.spare, self.reserve))
 
     def _reallocate(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, capacity: int) -> None:
         def grow(old: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -35,11 +35,8 @@ from . import layer_ops, q4_linear
 from .cpu_linear import Int8Linear
 from .decode_layers import DecodeLayers
 from .kv_cache import new_cache
-from .q8_linear import Q8Linear
+from .q8_linear import GROUPED as _GROUPED
 from .ragged import Block, Step, block_attention, forward
-
-# Our kernels' linears (int4, and int8 in q8_0's form): a joint of one kind is one kernel call.
-_GROUPED = (q4_linear.Int4Linear, Q8Linear)
 
 # Architectures whose decoder layer is exactly: norm, q/k/v (Qwen3: per-head q/k norms), RoPE,
 # attention, o, residual, norm, down(silu(gate) * up), residual.

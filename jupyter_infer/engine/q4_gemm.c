@@ -22,22 +22,7 @@
 #define ROWS 8 /* rows a pass: their 8 accumulators, the block's 8 weight registers and the
                   scales fit AVX-512's 32 registers */
 
-/* Where the quantized row keeps group g's elements 0..15 and 16..31 (q4_kernel.c's
-   quantize_row interleaves whole quads of groups by halves, then a pair, then an odd last). */
-static void halves(int G, int *lo, int *hi) {
-    for (int g = 0; g < G; g++) {
-        if (g < (G & ~3)) {
-            lo[g] = (g & ~3) * GROUP + (g & 3) * 16;
-            hi[g] = lo[g] + 64;
-        } else if ((g | 1) < G) {
-            lo[g] = (g & ~1) * GROUP + (g & 1) * 16;
-            hi[g] = lo[g] + 32;
-        } else {
-            lo[g] = g * GROUP;
-            hi[g] = lo[g] + 16;
-        }
-    }
-}
+void q4_halves(int G, int g, int *lo, int *hi); /* q4_kernel.c: where a quantized row keeps a group's halves */
 
 /* A block of 16 outputs (n0.., fewer at the end of N) for every group: packed[g * 4 + j] holds,
    for output o in lane o, the four bytes 4j..4j+3 of its group's 16 nibble bytes (low nibbles:
@@ -109,7 +94,7 @@ void q4_gemm(int M, int K, int nw, const uint8_t *const *qw, const uint16_t *con
     }
     first[nw] = blocks;
     int *lo = malloc(sizeof(int) * 2 * (size_t)G), *hi = lo + G;
-    halves(G, lo, hi);
+    for (int g = 0; g < G; g++) q4_halves(G, g, lo + g, hi + g);
 #pragma omp parallel
     {
         __m512i *packed = aligned_alloc(64, sizeof(__m512i) * 4 * (size_t)G);

@@ -72,32 +72,32 @@ float q8_group(const float *v, int8_t *out, int32_t *sum) {
    in the order the unpacked weights come in (for a pair: g's elements 0..15, g+1's 0..15, g's
    16..31, g+1's 16..31; a quad likewise),
    the group's scale, and its scale times the sum of its ints (what the weights' mins meet). */
+/* Where a quantized row keeps group g's elements 0..15 (*lo) and 16..31 (*hi), of G groups:
+   quads (AVX-512) or pairs are interleaved by halves, as a 64- or 32-byte load of weights
+   unpacks; a last odd group keeps its own order. Shared with q4_gemm.c. */
+void q4_halves(int G, int g, int *lo, int *hi) {
+    if (g < (G & ~(QUAD - 1))) {
+        *lo = (g & ~(QUAD - 1)) * GROUP + (g & (QUAD - 1)) * 16;
+        *hi = *lo + QUAD * 16;
+    } else if ((g | 1) < G) {
+        *lo = (g & ~1) * GROUP + (g & 1) * 16;
+        *hi = *lo + 32;
+    } else {
+        *lo = g * GROUP;
+        *hi = *lo + 16;
+    }
+}
+
 static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xc) {
     const int G = K / GROUP;
     for (int g = 0; g < G; g++) {
         int8_t bytes[GROUP];
         int32_t sum;
         const float d = q8_group(x + g * GROUP, bytes, &sum);
-        /* Where element i of group g goes: quads (AVX-512) or pairs are interleaved by
-           halves, as a 64- or 32-byte load of weights unpacks; a last odd group keeps its
-           own order. */
-        int8_t *out;
-        int first, second;  /* where elements 0..15 and 16..31 start */
-        if (g < (G & ~(QUAD - 1))) {
-            out = xq + (g & ~(QUAD - 1)) * GROUP;
-            first = (g & (QUAD - 1)) * 16;
-            second = first + QUAD * 16;
-        } else if ((g | 1) < G) {
-            out = xq + (g & ~1) * GROUP;
-            first = (g & 1) * 16;
-            second = first + 32;
-        } else {
-            out = xq + g * GROUP;
-            first = 0;
-            second = 16;
-        }
-        _mm_storeu_si128((__m128i *)(out + first), _mm_loadu_si128((const __m128i *)bytes));
-        _mm_storeu_si128((__m128i *)(out + second), _mm_loadu_si128((const __m128i *)(bytes + 16)));
+        int lo, hi;
+        q4_halves(G, g, &lo, &hi);
+        _mm_storeu_si128((__m128i *)(xq + lo), _mm_loadu_si128((const __m128i *)bytes));
+        _mm_storeu_si128((__m128i *)(xq + hi), _mm_loadu_si128((const __m128i *)(bytes + 16)));
         xd[g] = d;
         xc[g] = d * (float)sum;
     }

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from . import weight_arena
-from .q4_linear import GROUP, Int4Linears, _kernel
+from .q4_linear import GROUP, Int4Linear, Int4Linears, _kernel
 
 BLOCK = 16  # outputs a block
 
@@ -77,3 +77,8 @@ class Q8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 groups of {GROUP}"
+
+
+# Our kernels' linears (int4 in q4_0's form, int8 in q8_0's): a joint of one kind is one kernel
+# call (``Int4Linears``), and the one-call decode step takes them (``decode_layers``).
+GROUPED = (Int4Linear, Q8Linear)
