@@ -12,10 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.commands.model_builder import CORPUS
-from jupyter_infer.engine import cpu_linear, hf_device
+from jupyter_infer.engine import cpu_linear, hf_device, q4_linear
 from jupyter_infer.engine.cpu_linear import Int8Linear, PackedLinear, swap_linears
+from jupyter_infer.engine.f32_linear import F32Linear
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.q8_linear import Q8Linear
+from jupyter_infer.engine.hf_load import load_causal_lm
+from jupyter_infer.engine.q8_linear import OURS, Q8Linear
 from jupyter_infer.values.config import ServiceConfig
 
 needs_int8 = pytest.mark.skipif(not cpu_linear.int8_available(), reason="no int8 kernel (ours or fbgemm) here")
@@ -36,12 +38,20 @@ def _text_ids(model_dir: Path, tokens: int = 256) -> torch.Tensor:
     return AutoTokenizer.from_pretrained(model_dir)(CORPUS, return_tensors="pt").input_ids[:, :tokens]
 
 
-def test_prepacked_linears_compute_what_the_eager_ones_do(model_dir: Path) -> None:
+@pytest.mark.parametrize("ours", [True, False])
+def test_prepacked_linears_compute_what_the_eager_ones_do(model_dir: Path, ours: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # float32 is ours where the kernel library builds, oneDNN's prepacked weights where it does not.
+    if ours and q4_linear.unavailable() is not None:
+        pytest.skip("no kernel library on this machine")
+    if not ours:
+        monkeypatch.setattr(q4_linear, "unavailable", lambda: "as where the library cannot build")
+    kind, kernels = (F32Linear, cpu_linear.F32_KERNELS) if ours else (PackedLinear, "onednn prepacked float32")
     eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     packed = copy.deepcopy(eager)
     report = swap_linears(packed, prepack=True)
-    linears = [m for m in packed.modules() if isinstance(m, PackedLinear)]
-    assert report.layers == len(linears) > 0 and report.kernels == "onednn prepacked float32"
+    linears = [m for m in packed.modules() if isinstance(m, kind)]
+    assert report.layers == len(linears) > 0 and report.kernels == kernels
     assert not any(type(m) is torch.nn.Linear for m in packed.modules())
     ids = _text_ids(model_dir)
     want, got = _logits(eager, ids), _logits(packed, ids)
@@ -66,7 +76,9 @@ def test_int8_keeps_the_greedy_choices_of_float32(model_dir: Path) -> None:
 
 
 def test_the_engine_says_which_kernels_it_runs(tiny_model_dir: Path) -> None:
-    assert HFEngine(str(tiny_model_dir), dtype="float32").info.details["linear_kernels"] == "onednn prepacked float32"
+    ours = q4_linear.unavailable() is None
+    prepacked = cpu_linear.F32_KERNELS if ours else "onednn prepacked float32"
+    assert HFEngine(str(tiny_model_dir), dtype="float32").info.details["linear_kernels"] == prepacked
     eager = HFEngine(str(tiny_model_dir), dtype="float32", prepack_weights=False)
     assert eager.info.details["linear_kernels"] == "eager (aten addmm)"
 
@@ -144,3 +156,28 @@ def test_bfloat16_loads_with_eager_linears_where_onednn_cannot_prepack_it(tiny_m
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["kernels"].startswith("eager (aten addmm): oneDNN cannot prepack here") and report["new"] == 4
+
+
+@pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+@pytest.mark.parametrize("quantize", ["none", "int8", "int4"])
+def test_a_checkpoint_loaded_whole_keeps_the_weights_our_kernels_read(llama_model_dir: Path, tmp_path: Path,
+                                                                      quantize: str) -> None:
+    """A .bin checkpoint is loaded whole, its linears swapped after; copying the float tensors
+    out of the file's memory map then copied our linears' buffers too, and the kernels, which
+    hold their addresses, read freed memory (a crash in the first forward with q/k/v biases)."""
+    eager = AutoModelForCausalLM.from_pretrained(llama_model_dir, dtype=torch.float32)
+    eager.model.layers[0].self_attn.q_proj.bias = torch.nn.Parameter(torch.randn(eager.config.hidden_size))
+    for folder in ("bin", "safetensors"):
+        eager.save_pretrained(tmp_path / folder)
+    (tmp_path / "bin" / "model.safetensors").unlink()  # the older format: one pickled state dict
+    torch.save(eager.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    load = {"dtype": torch.float32, "device": "cpu", "local_files_only": True, "quantize": quantize, "prepack": True}
+    whole, _, report = load_causal_lm(str(tmp_path / "bin"), **load)
+    reference = load_causal_lm(str(tmp_path / "safetensors"), **load)[0]
+    assert not report.streamed
+    ours = [m for m in whole.modules() if isinstance(m, OURS)]
+    # the addresses the kernel reads (weights, scales, mins, bias) are the linear's own buffers
+    assert ours and all({a for a in (*m._weights[:3], m._weights[4]) if a} <= {b.data_ptr() for b in m.buffers()}
+                        for m in ours)
+    ids = _text_ids(llama_model_dir, 64)
+    assert torch.equal(_logits(whole, ids), _logits(reference, ids))

@@ -1,5 +1,5 @@
-"""A decode step's layers in one C call (engine/decode_layers.py): taken by the Llama family in
-int4 and int8, and what it computes is the per-layer path's to the bit — left-padded rows, every column
+"""A decode step's layers in one C call (engine/decode_layers.py): taken by the Llama family with
+our int4, int8 and float32 linears, and what it computes is the per-layer path's to the bit — left-padded rows, every column
 seen, a cache that must grow, q/k/v biases, Qwen3's per-head norms — so answers through the scheduler do not change."""
 
 from __future__ import annotations
@@ -61,19 +61,23 @@ def _counting(one_call, calls: list[int]):  # noqa: ANN001, ANN202 - a spy aroun
 
 
 @pytest.mark.parametrize(("kind", "quantize"), [("llama", "int4"), ("qwen2", "int4"), ("qwen3", "int4"),
-                                                 ("llama", "int8"), ("qwen3", "int8")])
+                                                 ("llama", "int8"), ("qwen3", "int8"), ("llama", "none"),
+                                                 ("qwen2", "none")])
 def test_one_call_gives_the_per_layer_logits_to_the_bit(kind: str, quantize: str, tiny_model_dir: Path,
                                                         tmp_path: Path) -> None:
-    # qwen2: q/k/v biases; qwen3: per-head q/k norms; int8: our q8_0-form linears
+    # qwen2: q/k/v biases; qwen3: per-head q/k norms; int8: our q8_0-form linears; none: float32 in ours
     engine = HFEngine(str(checkpoint(kind, tiny_model_dir, tmp_path / kind)), dtype="float32", num_threads=2,
                       quantize=quantize)
     assert engine._lean.one_call is not None
     assert torch.equal(_steps(engine, one_call=True), _steps(engine, one_call=False))
 
 
-def test_float_layers_keep_the_per_layer_path(tiny_model_dir: Path, tmp_path: Path) -> None:
-    # float32 linears are torch's (oneDNN's), called layer by layer.
-    engine = HFEngine(str(checkpoint("llama", tiny_model_dir, tmp_path / "llama")), dtype="float32", num_threads=1)
+@pytest.mark.parametrize(("dtype", "prepack"), [("float32", False), ("bfloat16", True)])
+def test_torchs_linears_keep_the_per_layer_path(dtype: str, prepack: bool, tiny_model_dir: Path,
+                                                tmp_path: Path) -> None:
+    # eager float32 (aten's) and bfloat16 (oneDNN's) linears are torch's, called layer by layer.
+    engine = HFEngine(str(checkpoint("llama", tiny_model_dir, tmp_path / "llama")), dtype=dtype, num_threads=1,
+                      prepack_weights=prepack)
     assert engine._lean is not None and engine._lean.one_call is None
 
 

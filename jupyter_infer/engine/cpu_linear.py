@@ -4,9 +4,12 @@ A decode step on the CPU is ~80 % linear layers (torch.profiler), and at a few r
 bound by reading their weights. Two swaps, measured on the "small" GPT-2-shaped model
 (docs/engine.md, "CPU linears"):
 
-* **prepacked** (the default on a CPU): each weight is reordered once into oneDNN's blocked
-  layout, the same ``mkldnn._linear_pointwise`` that inductor's ``freezing`` emits. Same dtype,
-  same math, sums in another order: 1.4x tokens/s alone and 2x at 16 rows in float32.
+* **prepacked** (the default on a CPU): each weight is reordered once into a blocked layout.
+  float32 runs in our own kernel (``f32_linear.py``: blocks of 16 outputs, read at the memory's
+  speed at one row) where the int4 library builds; bfloat16, and float32 where it does not, in
+  oneDNN's layout, the same ``mkldnn._linear_pointwise`` that inductor's ``freezing`` emits.
+  Same dtype, same math, sums in another order: oneDNN's gave 1.4x tokens/s alone and 2x at 16
+  rows in float32 over eager.
 * **int4** (``q4_linear.py``, the counterpart of llama.cpp's q4_0): 4-bit weights in groups
   of 32 with a float16 scale, multiplied by int8 activations in our own AVX2 kernel.
 * **int8** (``q8_linear.py``, llama.cpp's q8_0): int8 weights in groups of 32 with a float16
@@ -35,6 +38,7 @@ from transformers.pytorch_utils import Conv1D
 from ..values.config import QUANTIZE
 from . import q4_linear
 from .cpu_features import cpu_has_vnni
+from .f32_linear import F32Linear
 from .q4_linear import Int4Linear
 from .q8_linear import Q8Linear
 
@@ -118,6 +122,7 @@ def int8_available() -> bool:
 
 INT4_KERNELS = "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale (q4_0's form), int8 activations per group"
 Q8_KERNELS = "int8 (ours, q8_kernel.c): groups of 32 with a float16 scale (q8_0's form), int8 activations per group"
+F32_KERNELS = "float32 (ours, f32_kernel.c): blocks of 16 outputs, k-major"
 FBGEMM_KERNELS = "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"
 
 
@@ -151,9 +156,12 @@ def swappable(quantize: str, in_features: int) -> bool:
     return quantize == "int8" and QUANTIZED["int8"][0] is Int8Linear
 
 
-def float_linears(dtype: torch.dtype, prepack: bool) -> tuple[type[PackedLinear] | None, str]:
+def float_linears(dtype: torch.dtype, prepack: bool) -> tuple[type[nn.Module] | None, str]:
     """What builds this machine's float linears of ``dtype`` (None: the model's own stay) and
-    what status says they run on."""
+    what status says they run on: float32 in our kernel where the int4 library builds, else (and
+    bfloat16) oneDNN's prepacked weights."""
+    if prepack and dtype == torch.float32 and q4_linear.unavailable() is None:
+        return F32Linear, F32_KERNELS
     if not (prepack and onednn_available() and dtype in (torch.float32, torch.bfloat16)):
         return None, "eager (aten addmm)"
     refused = onednn_refuses(dtype)

@@ -1,5 +1,5 @@
 """A decode step's decoder layers in one C call (``decode_layers.c``), for the Llama family
-with our int4 or int8 linears (``q4_linear``, ``q8_linear``) in float32.
+with our int4, int8 or float32 linears (``q4_linear``, ``q8_linear``, ``f32_linear``), in float32.
 
 ``LlamaForward`` with the C ops still called seven functions a layer from Python, with their
 checks, views and the KV cache's bookkeeping: ~1 ms of a 0.5 B model's ~9 ms one-row step on a
@@ -18,7 +18,8 @@ from torch import nn
 
 from .kv_cache import GrowingLayer
 from .q4_linear import Int4Linears, _kernel
-from .q8_linear import GROUPED, Q8Linear
+from .f32_linear import F32Linear
+from .q8_linear import OURS, Q8Linear
 
 _ptr = ctypes.c_void_p
 
@@ -43,7 +44,8 @@ def _joint(linears: list[nn.Module], keep: list[object]) -> _Joint:
     joint = Int4Linears(linears)
     keep.append(joint)  # its arrays are what the struct points at
     n, qw, scales, mins, out, bias = joint._args
-    return _Joint(8 if joint.kind is Q8Linear else 4, n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
+    bits = {Q8Linear: 8, F32Linear: 32}.get(joint.kind, 4)
+    return _Joint(bits, n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
 
 
 class DecodeLayers:
@@ -79,8 +81,8 @@ class DecodeLayers:
 
     @classmethod
     def of(cls, model: nn.Module) -> DecodeLayers | None:
-        """One call for ``model``'s layers where each is the plain Llama layer with int4 or int8
-        linears, one kind a joint (Qwen3's per-head q/k norms with one eps included), all of
+        """One call for ``model``'s layers where each is the plain Llama layer with our int4, int8
+        or float32 linears, one kind a joint (Qwen3's per-head q/k norms with one eps included), all of
         one shape; else ``None``."""
         layers = model.model.layers
         if not len(layers) or model.model.norm.weight.dtype != torch.float32:
@@ -133,8 +135,8 @@ class DecodeLayers:
 
 
 def _grouped(linears: tuple[nn.Module, ...]) -> bool:
-    """Linears one kernel call takes: all int4 or all int8 (q8_0's form)."""
-    return any(all(type(lin) is kind for lin in linears) for kind in GROUPED)
+    """Linears one kernel call takes: all int4, all int8 (q8_0's form) or all float32 (ours)."""
+    return any(all(type(lin) is kind for lin in linears) for kind in OURS)
 
 
 def _head_norms_fit(attention: nn.Module) -> bool:

@@ -28,8 +28,7 @@ from . import gguf_load
 from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, PackedLinear, swap_linears, swappable
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
-from .q4_linear import Int4Linear
-from .q8_linear import Q8Linear
+from .q8_linear import OURS
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +83,8 @@ def _leave_the_file(lm: nn.Module) -> None:
         for param in lm.parameters():  # tied parameters are one object: copied once
             param.data = param.data.clone()
         for module in lm.modules():
+            if isinstance(module, OURS):  # copies of their own already, whose addresses our kernels hold
+                continue
             for name, buf in list(module._buffers.items()):
                 if buf is not None and not buf.is_mkldnn:
                     module._buffers[name] = buf.clone()
@@ -124,7 +125,7 @@ def parameter_count(model: nn.Module) -> int:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head = model.get_output_embeddings() if getattr(config, "tie_word_embeddings", False) else None
     swapped = sum(m.out_features * (m.in_features + _has_bias(m)) for m in model.modules()
-                  if isinstance(m, (PackedLinear, Int8Linear, Int4Linear, Q8Linear)) and m is not head)
+                  if isinstance(m, (PackedLinear, Int8Linear, *OURS)) and m is not head)
     return sum(p.numel() for p in model.parameters()) + swapped
 
 

@@ -7,14 +7,14 @@ the same model — its own weights, norms, rotary embedding and ``ragged.block_a
 none of that:
 
 - each norm is one ``F.rms_norm`` (float32; another dtype calls the model's own norm);
-- with int4 linears, q, k and v are one kernel call, gate and up another
+- with our linears (int4, int8, float32), q, k and v are one kernel call, gate and up another
   (``q4_linear.Int4Linears``), and the attention output and MLP projections add into the
   residual stream where they land;
-- RoPE rotates q and k in one pass over their joint columns (with int8 or int4 linears, in
+- RoPE rotates q and k in one pass over their joint columns (with our linears or int8, in
   place, in one C call that gives torch's numbers to the bit);
-- with int8 or int4 linears (float32), the norms, SwiGLU and a decode step's attention are one
-  C call each (``layer_ops``; the int4 kernel calls normalize their rows and take SwiGLU on their
-  way in): torch's arithmetic but for the order of sums and exp's last bits.
+- with our linears or fbgemm's int8, in float32, the norms, SwiGLU and a decode step's
+  attention are one C call each (``layer_ops``; our kernel calls normalize their rows and take
+  SwiGLU on their way in): torch's arithmetic but for the order of sums and exp's last bits.
 
 ``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
 the logits transformers' own forward gives; any other model keeps transformers' forward
@@ -35,7 +35,7 @@ from . import layer_ops, q4_linear
 from .cpu_linear import Int8Linear
 from .decode_layers import DecodeLayers
 from .kv_cache import new_cache
-from .q8_linear import GROUPED as _GROUPED
+from .q8_linear import OURS as _OURS
 from .ragged import Block, Step, block_attention, forward
 
 # Architectures whose decoder layer is exactly: norm, q/k/v (Qwen3: per-head q/k norms), RoPE,
@@ -74,7 +74,7 @@ class _Layer:
 def _joint(linears: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
     """Several linears over one input, outputs side by side: one kernel call where all are our
     int4, or all our int8."""
-    if any(all(isinstance(lin, kind) for lin in linears) for kind in _GROUPED):
+    if any(all(isinstance(lin, kind) for lin in linears) for kind in _OURS):
         return q4_linear.Int4Linears(linears)
     if len(linears) == 1:
         return linears[0]
@@ -100,7 +100,7 @@ def _adding(linear: nn.Module, gated: bool = False,
     """``h += linear(x)``, written into ``h`` by the int4 kernel itself. ``gated``: ``x`` is
     ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (with ``c_ops``, ``layer_ops``' or,
     for an int4 linear, its kernel call's on the way in: the last bits of their exp are their own)."""
-    if isinstance(linear, _GROUPED):
+    if isinstance(linear, _OURS):
         into = q4_linear.Int4Linears([linear])
         if gated and not c_ops:
             return lambda x, h: into(_swiglu(x), into=h)
@@ -130,22 +130,23 @@ def _layer(layer: nn.Module, c_ops: bool) -> _Layer:
 
 class LlamaForward:
     """``model``'s forward over a ragged step (``ragged.forward``'s call), without transformers'
-    module tree around the kernels. ``fused`` (a float32 model with int8 or int4 linears, where
+    module tree around the kernels. ``fused`` (a float32 model with our linears or int8, where
     the int4 library builds): the norms, SwiGLU and a decode step's attention are ``layer_ops``'
     C (the int4 kernel calls normalize their rows and take SwiGLU on their way in); the last bits
-    can differ from torch's, as the quantized activations' own rounding already makes them."""
+    can differ from torch's, as the quantized activations' own rounding (with int8 or int4)
+    already makes them."""
 
     def __init__(self, model: nn.Module, fused: bool = True) -> None:
         inner = model.model
-        quantized = any(isinstance(m, (*_GROUPED, Int8Linear)) for m in model.modules())
+        ours = any(isinstance(m, (*_OURS, Int8Linear)) for m in model.modules())
         # RoPE in C, in place, is torch's to the bit (float32): wherever the int4 library builds.
-        self.rope_in_place = (quantized and inner.norm.weight.dtype == torch.float32
+        self.rope_in_place = (ours and inner.norm.weight.dtype == torch.float32
                               and q4_linear.unavailable() is None)
         self.attend_in_c = c_ops = fused and self.rope_in_place
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.norm_head = _normed(inner.norm, _joint([model.lm_head]), c_ops)  # logits of the last norm
         self.layers = [_layer(layer, c_ops) for layer in inner.layers]
-        # With our int4 or int8 linears, a decode step's layers are one C call (decode_layers.py).
+        # With our int4, int8 or float32 linears, a decode step's layers are one C call (decode_layers.py).
         self.one_call = DecodeLayers.of(model) if c_ops else None
 
     @classmethod

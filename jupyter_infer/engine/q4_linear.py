@@ -40,10 +40,12 @@ from .cpu_features import cpu_flags
 
 GROUP = 32
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
-# The int4 kernel (and its many-rows product), the int8 one (q8_linear.py), the decoder's small
-# ops in C (layer_ops.py) and a decode step's layers in one call (decode_layers.py): one library.
+# The int4 kernel (and its many-rows product), the int8 one (q8_linear.py), the float32 one
+# (f32_linear.py), the decoder's small ops in C (layer_ops.py) and a decode step's layers in one
+# call (decode_layers.py): one library.
 _SOURCES = tuple(pathlib.Path(__file__).with_name(name)
-                 for name in ("q4_kernel.c", "q4_gemm.c", "q8_kernel.c", "layer_ops.c", "decode_layers.c"))
+                 for name in ("q4_kernel.c", "q4_gemm.c", "q8_kernel.c", "f32_kernel.c", "layer_ops.c",
+                              "decode_layers.c"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
@@ -85,7 +87,8 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
     lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, ptr, ctypes.c_float, i32]
     lib.q8_linears.restype = lib.q8_quantize.restype = None
-    lib.q8_linears.argtypes = lib.q4_linears.argtypes
+    lib.q8_linears.argtypes = lib.f32_linears.argtypes = lib.q4_linears.argtypes
+    lib.f32_linears.restype = None
     lib.q8_quantize.argtypes = [ptr, i32, i32, ptr, ptr]
     lib.q4_swiglu.restype = None
     lib.q4_swiglu.argtypes = [ptr, i32, i32, ptr]
@@ -159,7 +162,10 @@ class Int4Linear(nn.Module):
         self.register_buffer("nibbles", weight_arena.place(nibbles), persistent=False)
         self.register_buffer("scales", weight_arena.place(scales), persistent=False)
         self.register_buffer("mins", None if mins is None else weight_arena.place(mins), persistent=False)
-        self.register_buffer("bias", None if bias is None else bias.float().contiguous(), persistent=False)
+        # A copy: the kernel holds its address, and the model's own bias may be a view of the
+        # checkpoint's memory map.
+        bias = None if bias is None else bias.detach().to(torch.float32, copy=True).contiguous()
+        self.register_buffer("bias", bias, persistent=False)
         # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
         # replaced (``_apply`` keeps ``.to()`` and ``.half()`` off them).
         self._weights = (self.nibbles.data_ptr(), self.scales.data_ptr(),

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from . import weight_arena
+from .f32_linear import F32Linear
 from .q4_linear import GROUP, Int4Linear, Int4Linears, _kernel
 
 BLOCK = 16  # outputs a block
@@ -55,7 +56,10 @@ class Q8Linear(nn.Module):
         # In huge pages: every step streams them whole (weight_arena.py).
         self.register_buffer("packed", weight_arena.place(packed), persistent=False)
         self.register_buffer("scales", weight_arena.place(scales), persistent=False)
-        self.register_buffer("bias", None if bias is None else bias.float().contiguous(), persistent=False)
+        # A copy: the kernel holds its address, and the model's own bias may be a view of the
+        # checkpoint's memory map.
+        bias = None if bias is None else bias.detach().to(torch.float32, copy=True).contiguous()
+        self.register_buffer("bias", bias, persistent=False)
         # The kernel's weight arguments, as Int4Linears passes them (q8 has no mins).
         self._weights = (self.packed.data_ptr(), self.scales.data_ptr(), None, out_features,
                          None if self.bias is None else self.bias.data_ptr())
@@ -79,6 +83,7 @@ class Q8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 groups of {GROUP}"
 
 
-# Our kernels' linears (int4 in q4_0's form, int8 in q8_0's): a joint of one kind is one kernel
-# call (``Int4Linears``), and the one-call decode step takes them (``decode_layers``).
-GROUPED = (Int4Linear, Q8Linear)
+# Our kernels' linears (int4 in q4_0's form, int8 in q8_0's, float32 in blocks): a joint of one
+# kind is one kernel call (``Int4Linears``), and the one-call decode step takes them
+# (``decode_layers``).
+OURS = (Int4Linear, Q8Linear, F32Linear)
