@@ -4,6 +4,7 @@ failures, through ``InferenceService`` (policy decisions alone: test_scheduler_c
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from server_helpers import eventually
@@ -388,4 +389,26 @@ async def test_a_cancelled_prompt_part_way_through_its_prefill_frees_its_rows_at
     s.cancel(short.id)
     await eventually(lambda: loop.counts() == (0, 0))
     assert loop._rows is None or not loop._rows.prefilling
+    await s.stop()
+
+
+async def test_an_idle_engine_hands_its_freed_heap_back_once_nothing_has_run_for_a_while(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_infer.loops import engine_loop
+
+    trims: list[float] = []
+    monkeypatch.setattr(engine_loop, "release_freed", lambda: trims.append(time.monotonic()))
+    quiet = engine_loop.EngineLoop.IDLE_TRIM_S
+    s = await started(fast_engine(), mode="continuous")
+    await asyncio.sleep(quiet * 1.5)
+    assert trims == []  # nothing has run yet: nothing to give back
+    for _ in range(3):  # requests that follow each other closely never wait for a trim
+        await (await s.submit(req(max_tokens=4))).result()
+        await asyncio.sleep(0.05)
+    assert trims == []
+    await eventually(lambda: len(trims) == 1, timeout=5)
+    await asyncio.sleep(quiet * 1.5)
+    assert len(trims) == 1  # once per quiet spell, not every wake-up
+    await (await s.submit(req(max_tokens=4))).result()
+    await eventually(lambda: len(trims) == 2, timeout=5)
     await s.stop()

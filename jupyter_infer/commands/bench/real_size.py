@@ -5,15 +5,18 @@ dimensions in the Llama architecture, 0.36 B parameters; ``--real-model`` for an
 trained one say). Ours in f32, int8 and int4 (and on llama.cpp's own q4_0 file), and llama-server on GGUFs of the same weights
 in f32, q8_0, q4_0 and q4_K_M, each measured one request at a time and in a burst of 16,
 speculation off on both sides; then ours int4 and llama-server q4_0 with their n-gram
-speculation on. After the rounds, each server's resident memory (VmRSS) and its peak
-(VmHWM: loading included) are read from /proc.
+speculation on. After the rounds, each idle server's resident memory (VmRSS) and its peak
+(VmHWM: loading included) are read from /proc, once ours has had its quiet second to hand its
+freed heap back (``EngineLoop.IDLE_TRIM_S``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from ...loops.engine_loop import EngineLoop
 from ..loadgen import Arrival
 from . import cpu
 from . import workloads as wl
@@ -93,6 +96,7 @@ def measure(cfg: BenchConfig, log: Callable[[str], None], threads: int) -> dict[
             log(f"  {load.name}: {load.description}")
             measured[load.name] = {**load.describe(), "contenders": measure_rounds(load, active, cfg.repeats, log),
                                    "notes": notes, "model": model}
+        time.sleep(EngineLoop.IDLE_TRIM_S + 1.0)  # the servers idle, as a user's between two uses
         for c in active:
             pids = c.pids()
             used = memory(pids[0] if pids else None)
