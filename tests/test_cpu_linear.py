@@ -75,6 +75,17 @@ def test_int8_keeps_the_greedy_choices_of_float32(model_dir: Path) -> None:
     torch.testing.assert_close(layer(x.bfloat16()).float(), layer(x), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+def test_bfloat16_in_our_kernel_keeps_the_greedy_choices_of_float32(model_dir: Path) -> None:
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ours = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    report = swap_linears(ours, prepack=True)
+    assert report.kernels == cpu_linear.BF16_KERNELS and report.layers > 0
+    ids = _text_ids(model_dir)
+    want, got = _logits(eager, ids), _logits(ours, ids)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+
+
 def test_the_engine_says_which_kernels_it_runs(tiny_model_dir: Path) -> None:
     ours = q4_linear.unavailable() is None
     prepacked = cpu_linear.F32_KERNELS if ours else "onednn prepacked float32"
@@ -134,16 +145,22 @@ async def test_int8_serves_through_the_service(tiny_model_dir: Path) -> None:
         await service.stop()
 
 
-def test_bfloat16_loads_with_eager_linears_where_onednn_cannot_prepack_it(tiny_model_dir: Path) -> None:
-    """On an AVX2-only CPU oneDNN refuses to prepack bfloat16 (it crashed the engine's load);
-    ``ONEDNN_MAX_CPU_ISA=AVX2`` makes this CPU one, in a process of its own."""
+@pytest.mark.parametrize("ours", [True, False])
+def test_bfloat16_loads_on_a_cpu_where_onednn_cannot_prepack_it(tiny_model_dir: Path, ours: bool) -> None:
+    """On an AVX2-only CPU oneDNN refuses to prepack bfloat16 (it crashed the engine's load):
+    our kernel serves it there, and where our library cannot build either, the eager linears
+    do. ``ONEDNN_MAX_CPU_ISA=AVX2`` makes this CPU one, in a process of its own."""
     import json
     import os
     import subprocess
     import sys
 
+    if ours and q4_linear.unavailable() is not None:
+        pytest.skip("no kernel library on this machine")
     script = (
         "import json, sys\n"
+        "from jupyter_infer.engine import q4_linear\n"
+        + ("" if ours else "q4_linear.unavailable = lambda: 'no library'\n") +
         "from jupyter_infer.engine.hf import HFEngine\n"
         "e = HFEngine(sys.argv[1], dtype='bfloat16', num_threads=1)\n"
         "ids = e.tokenize('Hello there')\n"
@@ -155,7 +172,11 @@ def test_bfloat16_loads_with_eager_linears_where_onednn_cannot_prepack_it(tiny_m
                           env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["kernels"].startswith("eager (aten addmm): oneDNN cannot prepack here") and report["new"] == 4
+    if ours:
+        assert report["kernels"] == cpu_linear.BF16_KERNELS
+    else:
+        assert report["kernels"].startswith("eager (aten addmm): oneDNN cannot prepack here")
+    assert report["new"] == 4
 
 
 @pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")

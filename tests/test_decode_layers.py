@@ -73,9 +73,10 @@ def test_one_call_gives_the_per_layer_logits_to_the_bit(kind: str, quantize: str
 
 
 @pytest.mark.parametrize(("dtype", "prepack"), [("float32", False), ("bfloat16", True)])
-def test_torchs_linears_keep_the_per_layer_path(dtype: str, prepack: bool, tiny_model_dir: Path,
+def test_eager_and_bfloat16_layers_keep_the_per_layer_path(dtype: str, prepack: bool, tiny_model_dir: Path,
                                                 tmp_path: Path) -> None:
-    # eager float32 (aten's) and bfloat16 (oneDNN's) linears are torch's, called layer by layer.
+    # eager float32 linears are aten's; a bfloat16 model's norms and activations are bfloat16:
+    # both are called layer by layer.
     engine = HFEngine(str(checkpoint("llama", tiny_model_dir, tmp_path / "llama")), dtype=dtype, num_threads=1,
                       prepack_weights=prepack)
     assert engine._lean is not None and engine._lean.one_call is None

@@ -1,5 +1,6 @@
-"""float32 linears in our kernel (engine/f32_linear.py, f32_kernel.c): the blocks hold the
-weights as they are, the kernel computes x W^T + b for one row and many (a part-empty last
+"""float32 and bfloat16 linears in our kernel (engine/f32_linear.py, f32_kernel.c): the blocks
+hold the weights as they are (bfloat16's rounding for bfloat16), the kernel computes x W^T + b
+in float32 for one row and many (a part-empty last
 block, any input width), into a residual, with the norm or SwiGLU on the way in, on the AVX-512
 and the AVX2 paths, and a row's numbers are its own whatever its batch-mates."""
 
@@ -10,29 +11,44 @@ import torch
 
 from jupyter_infer.engine import layer_ops, q4_linear
 from jupyter_infer.engine.cpu_features import cpu_flags
-from jupyter_infer.engine.f32_linear import F32Linear, unpack
+from jupyter_infer.engine.f32_linear import BF16Linear, F32Linear, unpack
 
 pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+
+
+KINDS = [F32Linear, BF16Linear]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def test_the_blocks_hold_the_weights_as_they_are() -> None:
+def _expected(x: torch.Tensor, layer: F32Linear, b: torch.Tensor, flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """x W^T + b in float64, W as the layer holds it; with bfloat16 weights on a CPU with
+    AVX512-BF16 (unless the build's ``flags`` leave it out), x rounded to bfloat16 first."""
+    native = "avx512_bf16" in cpu_flags() and not {"-mno-avx512f", "-mno-avx512bf16"} & set(flags)
+    if isinstance(layer, BF16Linear) and native:
+        x = x.bfloat16()
+    return x.double() @ unpack(layer.packed, layer.out_features, layer.in_features).double().t() + b.double()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_blocks_hold_the_weights_as_they_are(kind: type[F32Linear]) -> None:
     w = torch.randn(37, 50)  # 37 outputs: the last block of 16 is part-empty
-    layer = F32Linear(w, None)
-    assert torch.equal(unpack(layer.packed, 37), w)
-    assert layer.packed.shape == (3, 50, 16) and not layer.packed[2, :, 5:].any()
+    layer = kind(w, None)
+    assert torch.equal(unpack(layer.packed, 37, 50), w.to(kind.DTYPE))
+    assert layer.packed.shape == ((3, 50, 16) if kind is F32Linear else (3, 25, 16, 2))
+    assert not layer.packed[2, :, 5:].any()
 
 
-@pytest.mark.parametrize("k", [50, 896])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k", [50, 51, 896])  # 51: bfloat16's last pair is half padding
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 20])
-def test_the_kernel_computes_x_w_plus_b(k: int, rows: int) -> None:
+def test_the_kernel_computes_x_w_plus_b(kind: type[F32Linear], k: int, rows: int) -> None:
     torch.manual_seed(k + rows)
     w, b = torch.randn(37, k), torch.randn(37)
-    layer, x = F32Linear(w, b), torch.randn(rows, k)
-    _close(layer(x), x.double() @ w.double().t() + b.double())
+    layer, x = kind(w, b), torch.randn(rows, k)
+    _close(layer(x), _expected(x, layer, b))
     for i in range(rows):  # a row's numbers are its own
         assert torch.equal(layer(x[i : i + 1])[0], layer(x)[i])
     assert layer(x.bfloat16()).dtype == torch.bfloat16  # another dtype goes in and comes out as itself
@@ -52,12 +68,15 @@ def test_a_joint_call_adds_into_a_residual_with_the_norm_or_swiglu_on_the_way_in
 
 
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 path already")
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512bf16",)])  # AVX2; AVX-512 widening bf16
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 4, 5, 9])
-def test_the_avx2_path_computes_the_same_on_an_avx512_machine(rows: int) -> None:
-    narrow = q4_linear._library(("-mno-avx512f",))
+def test_the_narrower_paths_compute_the_same_on_an_avx512_machine(flags: tuple[str, ...], kind: type[F32Linear],
+                                                                 rows: int) -> None:
+    narrow = q4_linear._library(flags)
     assert not isinstance(narrow, str), narrow
     torch.manual_seed(rows)
-    w, b = torch.randn(40, 192), torch.randn(40)
-    layer, x, y = F32Linear(w, b), torch.randn(rows, 192), torch.empty(rows, 40)
-    narrow.f32_linears(x.data_ptr(), rows, 192, *layer._joint._args, y.data_ptr(), 0, None, 0.0, 0)
-    _close(y, x.double() @ w.double().t() + b.double())
+    w, b = torch.randn(40, 193), torch.randn(40)
+    layer, x, y = kind(w, b), torch.randn(rows, 193), torch.empty(rows, 40)
+    getattr(narrow, kind.JOINT)(x.data_ptr(), rows, 193, *layer._joint._args, y.data_ptr(), 0, None, 0.0, 0)
+    _close(y, _expected(x, layer, b, flags))

@@ -272,7 +272,11 @@ def test_loading_int4_never_holds_the_float32_model(small_model_dir: Path) -> No
 @pytest.mark.slow
 def test_a_float32_model_does_not_keep_its_checkpoint_file_resident(small_model_dir: Path) -> None:
     """Prepacking reads every page of the memory-mapped checkpoint; the map must not outlive
-    the load (it held the whole file resident beside the packed copy: 2x the model)."""
+    the load (it held the whole file resident beside the packed copy: 2x the model). In our
+    float32 blocks the load is streamed, and never holds both (loaded whole, the 0.5b shape
+    peaked at 2.4x its resident size)."""
     seen = _load_in_a_process(small_model_dir, "none")
-    assert not seen["streamed"]
     assert seen["after"] - seen["before"] < 1.3 * seen["weights"] + 32 * 2**20, seen
+    if q4_linear.unavailable() is None:
+        assert seen["streamed"]
+        assert seen["peak"] - seen["before"] < 1.5 * seen["weights"] + 32 * 2**20, seen

@@ -5,9 +5,9 @@ bound by reading their weights. Two swaps, measured on the "small" GPT-2-shaped 
 (docs/engine.md, "CPU linears"):
 
 * **prepacked** (the default on a CPU): each weight is reordered once into a blocked layout.
-  float32 runs in our own kernel (``f32_linear.py``: blocks of 16 outputs, read at the memory's
-  speed at one row) where the int4 library builds; bfloat16, and float32 where it does not, in
-  oneDNN's layout, the same ``mkldnn._linear_pointwise`` that inductor's ``freezing`` emits.
+  float32 and bfloat16 run in our own kernel (``f32_linear.py``: blocks of 16 outputs, read at
+  the memory's speed at one row) where the int4 library builds; where it does not, in oneDNN's
+  layout, the same ``mkldnn._linear_pointwise`` that inductor's ``freezing`` emits.
   Same dtype, same math, sums in another order: oneDNN's gave 1.4x tokens/s alone and 2x at 16
   rows in float32 over eager.
 * **int4** (``q4_linear.py``, the counterpart of llama.cpp's q4_0): 4-bit weights in groups
@@ -38,7 +38,7 @@ from transformers.pytorch_utils import Conv1D
 from ..values.config import QUANTIZE
 from . import q4_linear
 from .cpu_features import cpu_has_vnni
-from .f32_linear import F32Linear
+from .f32_linear import BF16Linear, F32Linear
 from .q4_linear import Int4Linear
 from .q8_linear import Q8Linear
 
@@ -123,6 +123,7 @@ def int8_available() -> bool:
 INT4_KERNELS = "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale (q4_0's form), int8 activations per group"
 Q8_KERNELS = "int8 (ours, q8_kernel.c): groups of 32 with a float16 scale (q8_0's form), int8 activations per group"
 F32_KERNELS = "float32 (ours, f32_kernel.c): blocks of 16 outputs, k-major"
+BF16_KERNELS = "bfloat16 (ours, f32_kernel.c): blocks of 16 outputs, k-major, float32 activations"
 FBGEMM_KERNELS = "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"
 
 
@@ -158,10 +159,11 @@ def swappable(quantize: str, in_features: int) -> bool:
 
 def float_linears(dtype: torch.dtype, prepack: bool) -> tuple[type[nn.Module] | None, str]:
     """What builds this machine's float linears of ``dtype`` (None: the model's own stay) and
-    what status says they run on: float32 in our kernel where the int4 library builds, else (and
-    bfloat16) oneDNN's prepacked weights."""
-    if prepack and dtype == torch.float32 and q4_linear.unavailable() is None:
-        return F32Linear, F32_KERNELS
+    what status says they run on: float32 and bfloat16 in our kernel where the int4 library
+    builds, else oneDNN's prepacked weights."""
+    ours = {torch.float32: (F32Linear, F32_KERNELS), torch.bfloat16: (BF16Linear, BF16_KERNELS)}.get(dtype)
+    if prepack and ours and q4_linear.unavailable() is None:
+        return ours
     if not (prepack and onednn_available() and dtype in (torch.float32, torch.bfloat16)):
         return None, "eager (aten addmm)"
     refused = onednn_refuses(dtype)

@@ -18,7 +18,7 @@ from torch import nn
 
 from .kv_cache import GrowingLayer
 from .q4_linear import Int4Linears, _kernel
-from .f32_linear import F32Linear
+from .f32_linear import BF16Linear, F32Linear
 from .q8_linear import OURS, Q8Linear
 
 _ptr = ctypes.c_void_p
@@ -44,7 +44,7 @@ def _joint(linears: list[nn.Module], keep: list[object]) -> _Joint:
     joint = Int4Linears(linears)
     keep.append(joint)  # its arrays are what the struct points at
     n, qw, scales, mins, out, bias = joint._args
-    bits = {Q8Linear: 8, F32Linear: 32}.get(joint.kind, 4)
+    bits = {Q8Linear: 8, BF16Linear: 16, F32Linear: 32}.get(joint.kind, 4)
     return _Joint(bits, n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
 
 

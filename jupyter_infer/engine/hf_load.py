@@ -1,11 +1,13 @@
 """Loading a Hugging Face causal LM, and how much memory and time it took.
 
-Float weights load through transformers' ``from_pretrained``. A CPU weight format
-(``quantize``: int8, int4) loads **streamed** where it can: the model is built on the meta
-device, each linear's weight is read from the safetensors files (memory-mapped) one tensor
-at a time and quantized at once, and only what stays float (embeddings, norms) is
-materialized. So the float32 model never exists in memory: loading peaks near the served
-model's size instead of near float32's (six times int4's). A checkpoint the stream cannot
+Our CPU linears (``quantize``: int8, int4; float32 and bfloat16 in our blocks) load
+**streamed** where they can: the model is built on the meta device, each linear's weight is
+read from the safetensors files (memory-mapped) one tensor at a time and quantized or packed at
+once, and only what stays float (embeddings, norms) is materialized. So the checkpoint is never
+in memory beside the served model: loading peaks near the served model's size instead of near
+float32's plus it (six times int4's; for float32 itself, the file's pages and the packed copy
+were ~2.4x resident). Other linears (oneDNN's, eager) load through transformers'
+``from_pretrained``. A checkpoint the stream cannot
 read as it is (other key names, weights of another format, no safetensors) loads whole and is
 quantized after, and ``LoadReport.streamed`` says so.
 """
@@ -16,6 +18,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
 from . import gguf_load
-from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, PackedLinear, swap_linears, swappable
+from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, PackedLinear, float_linears, swap_linears, swappable
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
 from .q8_linear import OURS
@@ -54,9 +57,9 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
     streamed = None
     if gguf_load.is_gguf(model):
         streamed = gguf_load.load_model(model, dtype=dtype, device=device, quantize=quantize, prepack=prepack)
-    elif device == "cpu" and quantize in QUANTIZED:
+    elif device == "cpu" and (ours := _our_linears(quantize, dtype, prepack)) is not None:
         folder = _safetensors_folder(model, local_files_only)
-        streamed = _load_streamed(folder, dtype, quantize) if folder else None
+        streamed = _load_streamed(folder, dtype, quantize, *ours) if folder else None
     if streamed is None:
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, local_files_only=local_files_only).to(device)
         linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
@@ -187,9 +190,20 @@ def read_tensor(path: Path, name: str) -> torch.Tensor:
     return out
 
 
-def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str) -> tuple[nn.Module, LinearReport] | None:
-    """Build on meta, quantize each linear as its weight is read; None where the checkpoint
-    does not read that way (the caller loads it whole)."""
+def _our_linears(quantize: str, dtype: torch.dtype, prepack: bool) -> tuple[Callable[..., nn.Module], str] | None:
+    """What builds the CPU linears, where each can be built as its weight is read: our int8 and
+    int4, our float32 and bfloat16 blocks (and fbgemm's int8). None: the model's own linears
+    stay, or oneDNN's, which is given the loaded model."""
+    if quantize in QUANTIZED:
+        return QUANTIZED[quantize]
+    make, kernels = float_linears(dtype, prepack)
+    return (make, kernels) if make in OURS else None
+
+
+def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callable[..., nn.Module],
+                   kernels: str) -> tuple[nn.Module, LinearReport] | None:
+    """Build on meta, make each linear (quantized, or packed) as its weight is read; None where
+    the checkpoint does not read that way (the caller loads it whole)."""
     config = AutoConfig.from_pretrained(folder)
     if getattr(config, "quantization_config", None):
         return None  # its own format: transformers' quantizer reads it
@@ -206,7 +220,6 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str) -> tuple[nn.
         source = name if name in files else tied[name]
         return read_tensor(files[source], source)
 
-    make, kernels = QUANTIZED[quantize]
     start, swapped = time.perf_counter(), 0
     with torch.no_grad():
         for weight_name, (parent, attr, child) in linear_slots(lm).items():

@@ -71,10 +71,11 @@ class _Layer:
     down_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # h += down(silu(gate) * up), of gate | up
 
 
-def _joint(linears: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Several linears over one input, outputs side by side: one kernel call where all are our
-    int4, or all our int8."""
-    if any(all(isinstance(lin, kind) for lin in linears) for kind in _OURS):
+def _joint(linears: list[nn.Module], fp32: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Several linears over one input, outputs side by side: one kernel call where all are ours
+    of one kind (int4, int8, float32 or bfloat16 blocks) in a float32 model (``fp32``: the
+    kernel call reads and writes float32)."""
+    if fp32 and any(all(isinstance(lin, kind) for lin in linears) for kind in _OURS):
         return q4_linear.Int4Linears(linears)
     if len(linears) == 1:
         return linears[0]
@@ -95,12 +96,12 @@ def _normed(norm: nn.Module, joint: Callable[[torch.Tensor], torch.Tensor],
     return lambda h: joint(layer_ops.rms_norm(h, *args))
 
 
-def _adding(linear: nn.Module, gated: bool = False,
+def _adding(linear: nn.Module, fp32: bool, gated: bool = False,
             c_ops: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``h += linear(x)``, written into ``h`` by the int4 kernel itself. ``gated``: ``x`` is
     ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (with ``c_ops``, ``layer_ops``' or,
     for an int4 linear, its kernel call's on the way in: the last bits of their exp are their own)."""
-    if isinstance(linear, _OURS):
+    if fp32 and isinstance(linear, _OURS):
         into = q4_linear.Int4Linears([linear])
         if gated and not c_ops:
             return lambda x, h: into(_swiglu(x), into=h)
@@ -116,16 +117,16 @@ def _swiglu(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _layer(layer: nn.Module, c_ops: bool) -> _Layer:
+def _layer(layer: nn.Module, c_ops: bool, fp32: bool) -> _Layer:
     a, mlp = layer.self_attn, layer.mlp
     config = a.config
     return _Layer(
         attention=a, q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None),
         heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=a.head_dim,
-        norm_qkv=_normed(layer.input_layernorm, _joint([a.q_proj, a.k_proj, a.v_proj]), c_ops),
-        o_into=_adding(a.o_proj),
-        norm_gate_up=_normed(layer.post_attention_layernorm, _joint([mlp.gate_proj, mlp.up_proj]), c_ops),
-        down_into=_adding(mlp.down_proj, gated=True, c_ops=c_ops))
+        norm_qkv=_normed(layer.input_layernorm, _joint([a.q_proj, a.k_proj, a.v_proj], fp32), c_ops),
+        o_into=_adding(a.o_proj, fp32),
+        norm_gate_up=_normed(layer.post_attention_layernorm, _joint([mlp.gate_proj, mlp.up_proj], fp32), c_ops),
+        down_into=_adding(mlp.down_proj, fp32, gated=True, c_ops=c_ops))
 
 
 class LlamaForward:
@@ -144,8 +145,9 @@ class LlamaForward:
                               and q4_linear.unavailable() is None)
         self.attend_in_c = c_ops = fused and self.rope_in_place
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
-        self.norm_head = _normed(inner.norm, _joint([model.lm_head]), c_ops)  # logits of the last norm
-        self.layers = [_layer(layer, c_ops) for layer in inner.layers]
+        fp32 = inner.norm.weight.dtype == torch.float32
+        self.norm_head = _normed(inner.norm, _joint([model.lm_head], fp32), c_ops)  # logits of the last norm
+        self.layers = [_layer(layer, c_ops, fp32) for layer in inner.layers]
         # With our int4, int8 or float32 linears, a decode step's layers are one C call (decode_layers.py).
         self.one_call = DecodeLayers.of(model) if c_ops else None
 

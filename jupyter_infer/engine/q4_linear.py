@@ -87,8 +87,8 @@ def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     lib.q4_linear.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, ptr]
     lib.q4_linears.argtypes = [ptr, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32, ptr, ctypes.c_float, i32]
     lib.q8_linears.restype = lib.q8_quantize.restype = None
-    lib.q8_linears.argtypes = lib.f32_linears.argtypes = lib.q4_linears.argtypes
-    lib.f32_linears.restype = None
+    lib.q8_linears.argtypes = lib.f32_linears.argtypes = lib.bf16_linears.argtypes = lib.q4_linears.argtypes
+    lib.f32_linears.restype = lib.bf16_linears.restype = None
     lib.q8_quantize.argtypes = [ptr, i32, i32, ptr, ptr]
     lib.q4_swiglu.restype = None
     lib.q4_swiglu.argtypes = [ptr, i32, i32, ptr]

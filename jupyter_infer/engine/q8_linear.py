@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from . import weight_arena
-from .f32_linear import F32Linear
+from .f32_linear import BF16Linear, F32Linear
 from .q4_linear import GROUP, Int4Linear, Int4Linears, _kernel
 
 BLOCK = 16  # outputs a block
@@ -83,7 +83,7 @@ class Q8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 groups of {GROUP}"
 
 
-# Our kernels' linears (int4 in q4_0's form, int8 in q8_0's, float32 in blocks): a joint of one
+# Our kernels' linears (int4 in q4_0's form, int8 in q8_0's, float32 and bfloat16 in blocks): a joint of one
 # kind is one kernel call (``Int4Linears``), and the one-call decode step takes them
 # (``decode_layers``).
-OURS = (Int4Linear, Q8Linear, F32Linear)
+OURS = (Int4Linear, Q8Linear, F32Linear, BF16Linear)
