@@ -123,7 +123,7 @@ def int8_available() -> bool:
 INT4_KERNELS = "int4 (ours, q4_kernel.c): groups of 32 with a float16 scale (q4_0's form), int8 activations per group"
 Q8_KERNELS = "int8 (ours, q8_kernel.c): groups of 32 with a float16 scale (q8_0's form), int8 activations per group"
 F32_KERNELS = "float32 (ours, f32_kernel.c): blocks of 16 outputs, k-major"
-BF16_KERNELS = "bfloat16 (ours, f32_kernel.c): blocks of 16 outputs, k-major, float32 activations"
+BF16_KERNELS = "bfloat16 (ours, f32_kernel.c): blocks of 16 outputs in input pairs"
 FBGEMM_KERNELS = "int8 dynamic (fbgemm): int8 weights per channel, int8 activations per call"
 
 

@@ -1,4 +1,4 @@
-/* A decode step's decoder layers in one call, for the Llama family with our int4, int8 or
+/* A decode step's decoder layers in one call, for the Llama family with our int4, int8, bfloat16 or
    float32 linears (float32 activations): built into one library with the kernels and layer_ops.c (q4_linear.py builds it).
 
    At one row the kernels are ~7.5 ms of a 0.5 B model's step, and calling them from Python,

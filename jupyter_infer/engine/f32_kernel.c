@@ -1,4 +1,4 @@
-/* float32 and bfloat16 linears on the CPU (f32_linear.py), float32 activations: built into the
+/* float32 and bfloat16 linears on the CPU (f32_linear.py), float32 in and out: built into the
    int4 library with the other kernels (q4_linear.py builds it).
 
    At one row a float32 step is a read of every weight, and oneDNN's prepacked GEMV read them at
