@@ -28,6 +28,7 @@
 #endif
 
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
+int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
 
 /* y's row r (=, or += with accumulate) the block's sums for row r and the bias, n outputs. */
 static void store(const float (*sums)[BLOCK], int mt, float *y, int width, int n, const float *b, int accumulate) {
@@ -167,14 +168,8 @@ static inline __attribute__((always_inline)) void linears(const float *x, int M,
     if (normed) x = normed;
     const int K2 = (K + 1) / 2;
     void *xp = half ? pairs(x, M, K, K2) : NULL;
-    int first[9], offset[9], width = 0, blocks = 0; /* nw <= 8 */
-    for (int w = 0; w < nw; w++) {
-        first[w] = blocks;
-        offset[w] = width;
-        blocks += (N[w] + BLOCK - 1) / BLOCK;
-        width += N[w];
-    }
-    first[nw] = blocks;
+    int first[9], offset[9];
+    const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
 #pragma omp parallel for schedule(static)
     for (int block = 0; block < blocks; block++) {
         int w = 0;

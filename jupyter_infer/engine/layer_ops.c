@@ -84,6 +84,21 @@ float *way_in(const float *x, int M, int K, const float *norm, float eps, int ga
     return out;
 }
 
+/* A joint's outputs in blocks of 16, numbered across its nw weights (nw <= 8), as every kernel's
+   parallel loop takes them: first[w] is weight w's first block (first[nw]: how many in all),
+   offset[w] (unless NULL) its first column of y. Returns y's width, the sum of N. */
+int joint_blocks(int nw, const int *N, int *first, int *offset) {
+    int width = 0, blocks = 0;
+    for (int w = 0; w < nw; w++) {
+        first[w] = blocks;
+        if (offset) offset[w] = width;
+        blocks += (N[w] + 15) / 16;
+        width += N[w];
+    }
+    first[nw] = blocks;
+    return width;
+}
+
 /* y[M, K] = rms_row of each row of x: the norm q4_linears applies, on its own (for tests). */
 void q4_rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
     for (int m = 0; m < M; m++) rms_row(x + (size_t)m * K, K, w, eps, y + (size_t)m * K);

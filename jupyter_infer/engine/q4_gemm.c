@@ -23,6 +23,7 @@
                   scales fit AVX-512's 32 registers */
 
 void q4_halves(int G, int g, int *lo, int *hi); /* q4_kernel.c: where a quantized row keeps a group's halves */
+int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c: blocks of 16 */
 
 /* A block of 16 outputs (n0.., fewer at the end of N) for every group: packed[g * 4 + j] holds,
    for output o in lane o, the four bytes 4j..4j+3 of its group's 16 nibble bytes (low nibbles:
@@ -87,12 +88,9 @@ void q4_gemm(int M, int K, int nw, const uint8_t *const *qw, const uint16_t *con
              const uint16_t *const *mins, const int *N, const float *const *bias, const int8_t *xq, const float *xd,
              const float *xc, float *y, int width, const int *offset, int accumulate) {
     const int G = K / GROUP;
-    int first[9], blocks = 0;
-    for (int w = 0; w < nw; w++) {
-        first[w] = blocks;
-        blocks += (N[w] + 15) / 16;
-    }
-    first[nw] = blocks;
+    int first[9];
+    joint_blocks(nw, N, first, NULL);
+    const int blocks = first[nw];
     int *lo = malloc(sizeof(int) * 2 * (size_t)G), *hi = lo + G;
     for (int g = 0; g < G; g++) q4_halves(G, g, lo + g, hi + g);
 #pragma omp parallel

@@ -245,6 +245,7 @@ static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K,
 
 /* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
+int joint_blocks(int nw, const int *N, int *first, int *offset);
 
 #if WIDE
 /* Many rows: q4_gemm.c's blocked product (from q4_gemm_rows rows on; settable for tests). */
@@ -271,14 +272,9 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
     int8_t *xq = malloc((size_t)M * K);
     float *xd = malloc(sizeof(float) * (size_t)M * G);
     float *xc = malloc(sizeof(float) * (size_t)M * G);
-    int first_block[9], offset[9], width = 0, blocks = 0;  /* nw <= 8 */
-    for (int w = 0; w < nw; w++) {
-        first_block[w] = blocks;
-        offset[w] = width;
-        blocks += (N[w] + 15) / 16;
-        width += N[w];
-    }
-    first_block[nw] = blocks;
+    int first_block[9], offset[9];
+    const int width = joint_blocks(nw, N, first_block, offset);
+    int blocks = first_block[nw];
 #pragma omp parallel for schedule(static) if (M * K > 16384)
     for (int m = 0; m < M; m++)
         quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xc + (size_t)m * G);

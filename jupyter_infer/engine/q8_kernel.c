@@ -25,6 +25,7 @@
 
 /* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
+int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
 
 float q8_group(const float *v, int8_t *out, int32_t *sum);  /* q4_kernel.c: a group as int8, in order */
 
@@ -155,14 +156,8 @@ void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, c
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)M * G);
 #pragma omp parallel for schedule(static) if (M * K > 16384)
     for (int m = 0; m < M; m++) quantize_plain(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xs + (size_t)m * G);
-    int first[9], offset[9], width = 0, blocks = 0; /* nw <= 8 */
-    for (int w = 0; w < nw; w++) {
-        first[w] = blocks;
-        offset[w] = width;
-        blocks += (N[w] + BLOCK - 1) / BLOCK;
-        width += N[w];
-    }
-    first[nw] = blocks;
+    int first[9], offset[9];
+    const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
 #pragma omp parallel for schedule(static)
     for (int block = 0; block < blocks; block++) {
         int w = 0;
