@@ -7,9 +7,9 @@
    a row's x[k] broadcast against it adds 16 products to 16 sums that stay in one register, and
    a block is one stream of K * 64 bytes. Up to ROWS rows share each vector read; more rows take
    the block again from the cache. A block's 16 lanes are one zmm with AVX-512, two ymm with
-   AVX2. Measured on the 0.5b shape's matrices, 2 threads (docs/engine.md, "float32 and bfloat16 in our
-   kernel"): ~35 GB/s at one row against oneDNN's ~26, and at 64-352 rows oneDNN's speed (both
-   at the FMA units' peak), on both paths. bfloat16 weights are blocks of the same 16
+   AVX2. Measured on the 0.5b shape's matrices, 2 threads (docs/engine.md, "float32 and
+   bfloat16 in our kernel"): ~35 GB/s at one row against oneDNN's ~26, and at 64-352 rows
+   oneDNN's speed (both at the FMA units' peak), on both paths. bfloat16 weights are blocks of the same 16
    outputs in 2 bytes a weight, in pairs along the input (a 32-bit lane holds output o's weights
    2j and 2j+1): with AVX512-BF16 one vdpbf16ps takes 32 products against the rows' pairs
    rounded to bfloat16 (exact for a bfloat16 model's activations); without it the pairs are
