@@ -1,5 +1,6 @@
-/* A decode step's decoder layers in one call, for the Llama family with our int4, int8, bfloat16 or
-   float32 linears (float32 activations): built into one library with the kernels and layer_ops.c (q4_linear.py builds it).
+/* A decode step's decoder layers in one call, for the Llama family with our int4, int8 or
+   float32 linears (float32 activations): built into one library with the kernels and
+   layer_ops.c (q4_linear.py builds it).
 
    At one row the kernels are ~7.5 ms of a 0.5 B model's step, and calling them from Python,
    layer by layer, added ~1 ms: seven calls a layer with their argument checks, views and the
@@ -25,12 +26,9 @@ void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, c
 void f32_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
                  const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                  const float *norm, float eps, int gated);
-void bf16_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
-                  const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
-                  const float *norm, float eps, int gated);
 
-/* Linears over one input, as q4_linears (bits 4), q8_linears (bits 8), bf16_linears (bits 16) or
-   f32_linears (bits 32) takes them (q/k/v, o,
+/* Linears over one input, as q4_linears (bits 4), q8_linears (bits 8) or f32_linears (bits 32)
+   takes them (q/k/v, o,
    gate/up, down). */
 typedef struct {
     int bits;
@@ -55,10 +53,9 @@ typedef struct {
 
 static void run(const q4_joint *j, const float *x, int M, int K, float *y, int accumulate, const float *norm,
                 float eps, int gated) {
-    if (j->bits == 32 || j->bits == 16)
-        (j->bits == 32 ? f32_linears : bf16_linears)(x, M, K, j->nw, (const void *const *)j->qw,
-                                                    (const void *const *)j->scales, (const void *const *)j->mins,
-                                                    j->N, j->bias, y, accumulate, norm, eps, gated);
+    if (j->bits == 32)
+        f32_linears(x, M, K, j->nw, (const void *const *)j->qw, (const void *const *)j->scales,
+                    (const void *const *)j->mins, j->N, j->bias, y, accumulate, norm, eps, gated);
     else if (j->bits == 8)
         q8_linears(x, M, K, j->nw, (const int8_t *const *)j->qw, j->scales, (const void *const *)j->mins, j->N, j->bias,
                    y, accumulate, norm, eps, gated);

@@ -17,9 +17,13 @@ import torch
 from torch import nn
 
 from .kv_cache import GrowingLayer
-from .q4_linear import Int4Linears, _kernel
-from .f32_linear import BF16Linear, F32Linear
-from .q8_linear import OURS, Q8Linear
+from .f32_linear import F32Linear
+from .q4_linear import Int4Linear, Int4Linears, _kernel
+from .q8_linear import Q8Linear
+
+# The linears a layer's joints may be, one kind a joint, and the bits decode_layers.c's run() reads
+# for each. Not bfloat16's: a bfloat16 model's norms and activations are bfloat16 (DecodeLayers.of).
+_BITS = {Int4Linear: 4, Q8Linear: 8, F32Linear: 32}
 
 _ptr = ctypes.c_void_p
 
@@ -44,8 +48,7 @@ def _joint(linears: list[nn.Module], keep: list[object]) -> _Joint:
     joint = Int4Linears(linears)
     keep.append(joint)  # its arrays are what the struct points at
     n, qw, scales, mins, out, bias = joint._args
-    bits = {Q8Linear: 8, BF16Linear: 16, F32Linear: 32}.get(joint.kind, 4)
-    return _Joint(bits, n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
+    return _Joint(_BITS[joint.kind], n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
 
 
 class DecodeLayers:
@@ -136,7 +139,7 @@ class DecodeLayers:
 
 def _grouped(linears: tuple[nn.Module, ...]) -> bool:
     """Linears one kernel call takes: all int4, all int8 (q8_0's form) or all float32 (ours)."""
-    return any(all(type(lin) is kind for lin in linears) for kind in OURS)
+    return any(all(type(lin) is kind for lin in linears) for kind in _BITS)
 
 
 def _head_norms_fit(attention: nn.Module) -> bool:
