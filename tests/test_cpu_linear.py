@@ -13,11 +13,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.commands.model_builder import CORPUS
 from jupyter_infer.engine import cpu_linear, hf_device, q4_linear
-from jupyter_infer.engine.cpu_linear import Int8Linear, PackedLinear, swap_linears
+from jupyter_infer.engine.cpu_linear import OURS, Int8Linear, PackedLinear, swap_linears
 from jupyter_infer.engine.f32_linear import F32Linear
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_load import load_causal_lm
-from jupyter_infer.engine.q8_linear import OURS, Q8Linear
+from jupyter_infer.engine.q8_linear import Q8Linear
 from jupyter_infer.values.config import ServiceConfig
 
 needs_int8 = pytest.mark.skipif(not cpu_linear.int8_available(), reason="no int8 kernel (ours or fbgemm) here")

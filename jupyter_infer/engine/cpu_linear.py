@@ -148,6 +148,11 @@ class _Formats(Mapping):
 
 QUANTIZED = _Formats()
 
+# Our kernels' linears (int4 in q4_0's form, int8 in q8_0's, float32 and bfloat16 in blocks): a
+# joint of one kind is one kernel call (``Int4Linears``); the checkpoint loader leaves their
+# buffers alone (the kernels hold their addresses).
+OURS = (Int4Linear, Q8Linear, F32Linear, BF16Linear)
+
 
 def swappable(quantize: str, in_features: int) -> bool:
     """Whether a linear of this input width takes ``quantize``'s format (our int4 and int8 need

@@ -16,8 +16,8 @@ import ctypes
 import torch
 from torch import nn
 
-from .kv_cache import GrowingLayer
 from .f32_linear import F32Linear
+from .kv_cache import GrowingLayer
 from .q4_linear import Int4Linear, Int4Linears, _kernel
 from .q8_linear import Q8Linear
 

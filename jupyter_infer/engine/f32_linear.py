@@ -15,10 +15,9 @@ oneDNN's rate at many rows), and elsewhere they are widened exactly to float32.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from . import weight_arena
-from .q4_linear import Int4Linears
+from .q4_linear import Int4Linears, KernelLinear, own_bias
 
 BLOCK = 16  # outputs a block
 
@@ -47,10 +46,10 @@ def unpack(blocks: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n, :k]
 
 
-class F32Linear(nn.Module):
+class F32Linear(KernelLinear):
     """``y = x W^T + b`` in float32, ``W`` in the kernel's blocks."""
 
-    JOINT = "f32_linears"  # the kernel function Int4Linears calls for a joint of these
+    JOINT = "f32_linears"
     DTYPE = torch.float32  # the weights'
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -58,24 +57,11 @@ class F32Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         # In huge pages: every step streams them whole (weight_arena.py).
         self.register_buffer("packed", weight_arena.place(pack(weight, self.DTYPE)), persistent=False)
-        # A copy: the kernel holds its address, and the model's own bias may be a view of the
-        # checkpoint's memory map.
-        bias = None if bias is None else bias.detach().to(torch.float32, copy=True).contiguous()
-        self.register_buffer("bias", bias, persistent=False)
+        self.register_buffer("bias", own_bias(bias), persistent=False)
         # The kernel's weight arguments, as Int4Linears passes them (no scales, no mins).
         self._weights = (self.packed.data_ptr(), None, None, self.out_features,
                          None if self.bias is None else self.bias.data_ptr())
         self._joint = Int4Linears([self])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            return self._joint(x.float().contiguous()).to(x.dtype)
-        return self._joint(x)
-
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
-        """``model.to()`` and the like leave the weights as they are: the kernel holds their
-        addresses."""
-        return self
 
     def extra_repr(self) -> str:
         kind = str(self.DTYPE).removeprefix("torch.")

@@ -28,10 +28,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
 from . import gguf_load
-from .cpu_linear import QUANTIZED, Int8Linear, LinearReport, PackedLinear, float_linears, swap_linears, swappable
+from .cpu_linear import (
+    OURS,
+    QUANTIZED,
+    Int8Linear,
+    LinearReport,
+    PackedLinear,
+    float_linears,
+    swap_linears,
+    swappable,
+)
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
-from .q8_linear import OURS
 
 log = logging.getLogger(__name__)
 

@@ -32,10 +32,9 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from . import layer_ops, q4_linear
-from .cpu_linear import Int8Linear
+from .cpu_linear import OURS, Int8Linear
 from .decode_layers import DecodeLayers
 from .kv_cache import new_cache
-from .q8_linear import OURS as _OURS
 from .ragged import Block, Step, block_attention, forward
 
 # Architectures whose decoder layer is exactly: norm, q/k/v (Qwen3: per-head q/k norms), RoPE,
@@ -75,7 +74,7 @@ def _joint(linears: list[nn.Module], fp32: bool) -> Callable[[torch.Tensor], tor
     """Several linears over one input, outputs side by side: one kernel call where all are ours
     of one kind (int4, int8, float32 or bfloat16 blocks) in a float32 model (``fp32``: the
     kernel call reads and writes float32)."""
-    if fp32 and any(all(isinstance(lin, kind) for lin in linears) for kind in _OURS):
+    if fp32 and any(all(isinstance(lin, kind) for lin in linears) for kind in OURS):
         return q4_linear.Int4Linears(linears)
     if len(linears) == 1:
         return linears[0]
@@ -101,7 +100,7 @@ def _adding(linear: nn.Module, fp32: bool, gated: bool = False,
     """``h += linear(x)``, written into ``h`` by the int4 kernel itself. ``gated``: ``x`` is
     ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (with ``c_ops``, ``layer_ops``' or,
     for an int4 linear, its kernel call's on the way in: the last bits of their exp are their own)."""
-    if fp32 and isinstance(linear, _OURS):
+    if fp32 and isinstance(linear, OURS):
         into = q4_linear.Int4Linears([linear])
         if gated and not c_ops:
             return lambda x, h: into(_swiglu(x), into=h)
@@ -139,7 +138,7 @@ class LlamaForward:
 
     def __init__(self, model: nn.Module, fused: bool = True) -> None:
         inner = model.model
-        ours = any(isinstance(m, (*_OURS, Int8Linear)) for m in model.modules())
+        ours = any(isinstance(m, (*OURS, Int8Linear)) for m in model.modules())
         # RoPE in C, in place, is torch's to the bit (float32): wherever the int4 library builds.
         self.rope_in_place = (ours and inner.norm.weight.dtype == torch.float32
                               and q4_linear.unavailable() is None)

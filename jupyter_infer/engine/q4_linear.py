@@ -147,11 +147,35 @@ def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     return (q * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).reshape(n, -1)
 
 
-class Int4Linear(nn.Module):
+def own_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """A float32 copy of a linear's bias for our kernels: they hold its address, and the model's
+    own bias may be a view of the checkpoint's memory map."""
+    return None if bias is None else bias.detach().to(torch.float32, copy=True).contiguous()
+
+
+class KernelLinear(nn.Module):
+    """A linear our kernel library computes: its weights' addresses are fixed at construction
+    (``_weights``, as ``Int4Linears`` passes them; ``_joint``, a joint of this one alone), float32
+    in and out, another dtype in and out as itself."""
+
+    JOINT: str  # the kernel function Int4Linears calls for a joint of these
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return self._joint(x.float().contiguous()).to(x.dtype)
+        return self._joint(x)
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        """``model.to()``, ``.half()`` and the like leave the weights as they are: the kernel
+        holds their addresses, and its format is fixed."""
+        return self
+
+
+class Int4Linear(KernelLinear):
     """``y = x W^T + b`` with ``W`` in 4-bit groups of 32 (``mins`` ``None``: q4_0's form);
     float32 in and out."""
 
-    JOINT = "q4_linears"  # the kernel function Int4Linears calls for a joint of these
+    JOINT = "q4_linears"
 
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bias: torch.Tensor | None) -> None:
@@ -162,10 +186,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("nibbles", weight_arena.place(nibbles), persistent=False)
         self.register_buffer("scales", weight_arena.place(scales), persistent=False)
         self.register_buffer("mins", None if mins is None else weight_arena.place(mins), persistent=False)
-        # A copy: the kernel holds its address, and the model's own bias may be a view of the
-        # checkpoint's memory map.
-        bias = None if bias is None else bias.detach().to(torch.float32, copy=True).contiguous()
-        self.register_buffer("bias", bias, persistent=False)
+        self.register_buffer("bias", own_bias(bias), persistent=False)
         # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
         # replaced (``_apply`` keeps ``.to()`` and ``.half()`` off them).
         self._weights = (self.nibbles.data_ptr(), self.scales.data_ptr(),
@@ -185,11 +206,6 @@ class Int4Linear(nn.Module):
         if rows:
             self._run(x.data_ptr(), rows, self.in_features, *self._weights, y.data_ptr())
         return y
-
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
-        """``model.to()``, ``.half()`` and the like leave the 4-bit weights as they are: the
-        kernel holds their addresses, and its format is fixed (float16 scales, uint8 nibbles)."""
-        return self
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"

@@ -14,11 +14,9 @@ whose weights a broadcast row meets 64 at a time.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from . import weight_arena
-from .f32_linear import BF16Linear, F32Linear
-from .q4_linear import GROUP, Int4Linear, Int4Linears, _kernel
+from .q4_linear import GROUP, Int4Linears, KernelLinear, _kernel, own_bias
 
 BLOCK = 16  # outputs a block
 
@@ -44,10 +42,10 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, n: int, k: int) -> to
     return (q.float() * s.float()).reshape(blocks * BLOCK, k)[:n]
 
 
-class Q8Linear(nn.Module):
+class Q8Linear(KernelLinear):
     """``y = x W^T + b`` with ``W`` in int8 groups of 32 (q8_0's form); float32 in and out."""
 
-    JOINT = "q8_linears"  # the kernel function Int4Linears calls for a joint of these
+    JOINT = "q8_linears"
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None) -> None:
@@ -56,10 +54,7 @@ class Q8Linear(nn.Module):
         # In huge pages: every step streams them whole (weight_arena.py).
         self.register_buffer("packed", weight_arena.place(packed), persistent=False)
         self.register_buffer("scales", weight_arena.place(scales), persistent=False)
-        # A copy: the kernel holds its address, and the model's own bias may be a view of the
-        # checkpoint's memory map.
-        bias = None if bias is None else bias.detach().to(torch.float32, copy=True).contiguous()
-        self.register_buffer("bias", bias, persistent=False)
+        self.register_buffer("bias", own_bias(bias), persistent=False)
         # The kernel's weight arguments, as Int4Linears passes them (q8 has no mins).
         self._weights = (self.packed.data_ptr(), self.scales.data_ptr(), None, out_features,
                          None if self.bias is None else self.bias.data_ptr())
@@ -69,21 +64,6 @@ class Q8Linear(nn.Module):
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Q8Linear:
         return cls(*quantize(weight), weight.shape[0], weight.shape[1], bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            return self._joint(x.float().contiguous()).to(x.dtype)
-        return self._joint(x)
-
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
-        """``model.to()``, ``.half()`` and the like leave the weights as they are: the kernel
-        holds their addresses, and its format is fixed."""
-        return self
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 groups of {GROUP}"
 
-
-# Our kernels' linears (int4 in q4_0's form, int8 in q8_0's, float32 and bfloat16 in blocks): a joint of one
-# kind is one kernel call (``Int4Linears``), and the one-call decode step takes them
-# (``decode_layers``).
-OURS = (Int4Linear, Q8Linear, F32Linear, BF16Linear)

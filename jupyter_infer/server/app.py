@@ -156,9 +156,9 @@ class InferApp(ExtensionApp):
         D("num_threads"), help="CPU threads for the 'hf' engine; 0 picks for this machine."
     ).tag(config=True)
     prepack_weights = Bool(
-        D("prepack_weights"), help="""'hf' engine on a CPU: reorder each linear weight once into oneDNN's blocked
-        layout at load (1.4x decode tokens/s alone, 2x at 16 rows: docs/engine.md). False keeps
-        PyTorch's eager linears."""
+        D("prepack_weights"), help="""'hf' engine on a CPU: reorder each linear weight once at load into a
+        blocked layout: float32 and bfloat16 for our own kernel, oneDNN's where it cannot build
+        (docs/engine.md). False keeps PyTorch's eager linears."""
     ).tag(config=True)
     quantize = Unicode(
         D("quantize"), help="""'hf' engine on a CPU: 'none'; 'int8' for int8 linears (groups of 32 with a

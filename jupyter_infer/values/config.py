@@ -40,7 +40,7 @@ class ServiceConfig:
     device: str = "auto"
     dtype: str = "auto"
     num_threads: int = 0  # 0: pick for this machine
-    # CPU linears: reorder weights once for oneDNN (1.4-2x decode tokens/s, docs/engine.md)
+    # CPU linears: reorder weights once into our kernel's blocks, or oneDNN's (docs/engine.md)
     prepack_weights: bool = True
     quantize: str = "none"  # "int8" (q8_0's form) or "int4" (q4_0's), groups of 32, our kernels: x86 CPU; docs/engine.md
     seed: int = 0
