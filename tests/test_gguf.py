@@ -101,7 +101,7 @@ def test_a_4bit_file_is_served_in_int4_with_the_files_own_weights(gguf_dir: Path
     assert len(int4) == 2 * 7 + 1  # every linear of both layers and the LM head
     assert all((m.mins is None) == (kind == "q4_0") for _, m in int4)  # q4_0's 4.5 bits a weight, as in the file
     for name, module in int4:
-        np.testing.assert_allclose(_ours(module.nibbles, module.scales, module.mins),
+        np.testing.assert_allclose(_ours(*module.rows()),
                                    layers[name].weight.detach().numpy(), rtol=1e-6, atol=1e-6)
 
 

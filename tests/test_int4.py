@@ -7,7 +7,6 @@ without a float32 copy of itself."""
 from __future__ import annotations
 
 import asyncio
-import ctypes
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ def reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
     """The kernel's arithmetic in torch: activations rounded to int8 per group of 32 (one
     scale each), dotted with the 4-bit values, scaled; float64 so only the order of sums
     can differ from the kernel's."""
-    w = dequantize(layer.nibbles, layer.scales, layer.mins).double()
+    w = dequantize(*layer.rows()).double()
     xg = x.double().reshape(x.shape[0], -1, GROUP)
     d = xg.abs().amax(-1, keepdim=True).float().double() / 127
     xq = torch.where(d > 0, (xg / d).round(), torch.zeros_like(xg)) * d
@@ -86,23 +85,38 @@ def test_a_rows_numbers_do_not_depend_on_its_batch_mates() -> None:
     assert torch.equal(layer(x.reshape(7, 1, 256)).reshape(7, 64), together)  # any leading shape
 
 
-@pytest.mark.skipif("avx512_vnni" not in cpu_flags(), reason="the many-rows path is AVX-512 VNNI's")
-@pytest.mark.parametrize("k", [96, 192, 288, 896])  # a quad and an odd group, a quad and a pair, 28 groups
+@pytest.mark.parametrize("k", [96, 192, 288, 896])
 @pytest.mark.parametrize("form", ["q4_0", "q4_1"])
-def test_many_rows_take_the_blocked_path_and_compute_the_same(k: int, form: str) -> None:
-    # From q4_gemm_rows rows on (a prefill, a big batch) q4_gemm.c's blocked product runs; 40
-    # outputs leave its last block of 16 part-empty. Into a residual too, as the decoder adds.
-    rows_from = ctypes.c_int.in_dll(q4_linear._kernel(), "q4_gemm_rows").value
+def test_many_rows_compute_the_same_in_the_kernels_blocks(k: int, form: str) -> None:
+    # The weights live in blocks of 16 outputs (q4_kernel.c), and 8 rows (4 on AVX2) share a
+    # pass: 21 rows are passes and a remainder, and 40 outputs leave the last block part-empty.
+    # Into a residual too, as the decoder adds.
     torch.manual_seed(k)
     layer = Int4Linear.from_weight(torch.randn(40, k), torch.randn(40)) if form == "q4_0" else with_mins(40, k)
-    x = torch.randn(rows_from + 13, k)
+    x = torch.randn(21, k)
     want = reference(x, layer)
     torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
-    residual = torch.randn(rows_from + 13, 40)
+    residual = torch.randn(21, 40)
     added = q4_linear.Int4Linears([layer])(x, into=residual.clone())
     torch.testing.assert_close(added.double(), want + residual.double(), rtol=1e-4, atol=1e-4 * want.abs().max().item())
-    # Within the path a row's numbers are its own: the first rows alike in a batch of any size.
-    assert torch.equal(layer(x[: rows_from + 1])[: rows_from], layer(x)[: rows_from])
+    # A row's numbers are its own: the first rows alike in a batch of any size.
+    assert torch.equal(layer(x[:9])[:8], layer(x)[:8])
+
+
+@pytest.mark.parametrize("form", ["q4_0", "q4_1"])
+def test_the_blocks_give_back_the_rows_they_were_made_from(form: str) -> None:
+    # The row form is GGUF's and the quantizer's; the blocks are only the kernel's order.
+    torch.manual_seed(3)
+    nibbles = torch.randint(0, 256, (37, 48), dtype=torch.uint8)
+    scales = torch.rand(37, 3).half()
+    mins = None if form == "q4_0" else torch.randn(37, 3).half()
+    layer = Int4Linear(nibbles, scales, mins, None)
+    got = layer.rows()
+    assert torch.equal(got[0], nibbles) and torch.equal(got[1], scales)
+    assert got[2] is None if mins is None else torch.equal(got[2], mins)
+    x = torch.randn(2, 96)
+    want = x.double() @ dequantize(nibbles, scales, mins).double().t()
+    torch.testing.assert_close(layer(x).double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
 def llama_cpp_q4_0(w: torch.Tensor) -> torch.Tensor:

@@ -1,46 +1,39 @@
 /* 4-bit weights times 8-bit activations on an x86 CPU with AVX2 (jupyter_infer/engine/q4_linear.py).
 
-   Weights: groups of 32 along K, each 16 bytes of nibbles (byte j: element j in its low
-   nibble, element j + 16 in its high one, as in GGUF's q4_0/q4_1) and a float16 scale; with a
+   Weights: groups of 32 along K, each 16 bytes of nibbles (byte i: element i in its low
+   nibble, element i + 16 in its high one, as in GGUF's q4_0/q4_1) and a float16 scale; with a
    float16 min too, w = q * scale + min (q4_1's 5 bits a weight), without, w = (q - 8) * scale
-   (q4_0's 4.5 bits: the min is -8 * scale, read from nothing), q in 0..15. Activations are
-   quantized per call to int8 in the same groups (one float scale each, as llama.cpp's q8_0), so a group's dot product is
-   integer work: maddubs (u8 x s8 -> s16 pairs) and madd (-> s32), or VNNI's dpbusd, then one FMA with the two
-   scales. The min's share is min * x_scale * sum(x_q), summed per group.
+   (q4_0's 4.5 bits: the min is -8 * scale, read from nothing), q in 0..15.
 
+   They are stored in blocks of 16 outputs, as q8_kernel.c's int8: for a block and a group, four
+   64-byte words where lane o (4 bytes) holds output o's nibble bytes 4j..4j+3 (j the word), so
+   its low nibbles are elements 4j..4j+3 and its high ones 16+4j..16+4j+3; then the block's 16
+   scales of the group side by side (and its 16 mins). Activations are quantized per call to
+   int8 per group in their natural order (one float scale each, as llama.cpp's q8_0), and four
+   of them broadcast against a word's unpacked nibbles: one dpbusd (VNNI) sums 4 products for
+   16 outputs, a group is 8, and its int32 sums meet the scales in one FMA:
+
+   y[m, n] = sum_g scale[n,g] * xd[m,g] * (dot(q[n,g], xq[m,g]) - 8 * xs[m,g])       (q4_0)
    y[m, n] = sum_g scale[n,g] * xd[m,g] * dot(q[n,g], xq[m,g]) + min[n,g] * xd[m,g] * xs[m,g]
 
-   Each group of weights is unpacked once and used for up to TILE rows of activations, so a
-   batch reads the weights once. Threads (OpenMP, the same runtime as torch's) split N. */
+   (xs: the group's sum of int8 activations.) The same loop serves one row (a stream of the
+   weights, in order) and many (8 rows, 4 on AVX2, share each word from registers): the layout
+   ended a per-call gather of 16 outputs' rows that cost ~25 ms of a 20-row prefill of the 0.5b
+   shape (docs/engine.md). Threads (OpenMP, the same runtime as torch's) split the blocks. */
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#define TILE 4
 #define GROUP 32
+#define BLOCK 16                     /* outputs a block */
+#define WORDS (GROUP / 8)            /* 64-byte words a group of a block: 8 nibbles a lane each */
+#define BLOCK_GROUP (WORDS * 64)     /* bytes of nibbles a group of a block */
 
-/* Sums of u8 x s8 products, four at a time, into 8 int32: one instruction with VNNI, two
-   (maddubs to s16 pairs, madd to s32) without; the sums fit s16 (2 x 15 x 128 < 2^15). */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DOT2(lo, x0, hi, x1) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, x0), hi, x1)
-#elif defined(__AVXVNNI__)
-#define DOT2(lo, x0, hi, x1) _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, x0), hi, x1)
-#else
-#define DOT2(lo, x0, hi, x1) \
-    _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1)), _mm256_set1_epi16(1))
-#endif
-
-/* With AVX-512 (VNNI and BW), a 64-byte load unpacks four groups of weights at once. */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
-#define WIDE 1
-#define QUAD 4
-#else
-#define WIDE 0
-#define QUAD 2  /* no quads: the pairs' layout throughout */
-#endif
-#define PREFETCH 2048  /* bytes of nibbles a thread asks for ahead of its reads (measured: 512 to 4096) */
+/* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
+float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
+int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
 
 /* One group of 32 activations as int8, in order (rounded to nearest, even on ties, as lrintf):
    its scale (max |v| / 127) and the sum of its ints. Shared with q8_kernel.c. */
@@ -68,192 +61,139 @@ float q8_group(const float *v, int8_t *out, int32_t *sum) {
     return d;
 }
 
-/* One row of activations: int8 per group of 32, stored four (AVX-512) or two groups at a time
-   in the order the unpacked weights come in (for a pair: g's elements 0..15, g+1's 0..15, g's
-   16..31, g+1's 16..31; a quad likewise),
-   the group's scale, and its scale times the sum of its ints (what the weights' mins meet). */
-/* Where a quantized row keeps group g's elements 0..15 (*lo) and 16..31 (*hi), of G groups:
-   quads (AVX-512) or pairs are interleaved by halves, as a 64- or 32-byte load of weights
-   unpacks; a last odd group keeps its own order. Shared with q4_gemm.c. */
-void q4_halves(int G, int g, int *lo, int *hi) {
-    if (g < (G & ~(QUAD - 1))) {
-        *lo = (g & ~(QUAD - 1)) * GROUP + (g & (QUAD - 1)) * 16;
-        *hi = *lo + QUAD * 16;
-    } else if ((g | 1) < G) {
-        *lo = (g & ~1) * GROUP + (g & 1) * 16;
-        *hi = *lo + 32;
-    } else {
-        *lo = g * GROUP;
-        *hi = *lo + 16;
-    }
+/* One row, natural order: int8 per group, its scale, and the group's sum of ints (what q4_0's
+   -8 and q4_1's min meet). Shared with q8_kernel.c. */
+void q8_row(const float *x, int K, int8_t *xq, float *xd, int32_t *xs) {
+    for (int g = 0; g < K / GROUP; g++) xd[g] = q8_group(x + g * GROUP, xq + g * GROUP, xs + g);
 }
 
-static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xc) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define ROWS 8
+/* Rows m0..m0+mt of one block: out[t] = sum over groups of the terms above. */
+static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int K, const uint8_t *blk,
+                                                             const uint16_t *sc, const uint16_t *mn,
+                                                             const int8_t *xq, const float *xd, const int32_t *xs,
+                                                             __m512 *out) {
     const int G = K / GROUP;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[ROWS];
+    for (int t = 0; t < mt; t++) acc[t] = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
-        int8_t bytes[GROUP];
-        int32_t sum;
-        const float d = q8_group(x + g * GROUP, bytes, &sum);
-        int lo, hi;
-        q4_halves(G, g, &lo, &hi);
-        _mm_storeu_si128((__m128i *)(xq + lo), _mm_loadu_si128((const __m128i *)bytes));
-        _mm_storeu_si128((__m128i *)(xq + hi), _mm_loadu_si128((const __m128i *)(bytes + 16)));
-        xd[g] = d;
-        xc[g] = d * (float)sum;
+        const uint8_t *wg = blk + (size_t)g * BLOCK_GROUP;
+        _mm_prefetch((const char *)(wg + 2048), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wg + 2048 + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wg + 2048 + 128), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wg + 2048 + 192), _MM_HINT_T0);
+        __m512i lo[WORDS], hi[WORDS];
+        for (int j = 0; j < WORDS; j++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(wg + 64 * j));
+            lo[j] = _mm512_and_si512(v, low);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + (size_t)g * BLOCK)));
+        const __m512 m = mn ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mn + (size_t)g * BLOCK)))
+                            : _mm512_setzero_ps();
+        for (int t = 0; t < mt; t++) {
+            const size_t r = (size_t)(m0 + t);
+            const int8_t *x = xq + r * K + g * GROUP;
+            __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();  /* two chains, half as long */
+            for (int j = 0; j < WORDS; j++) {
+                d0 = _mm512_dpbusd_epi32(d0, lo[j], _mm512_set1_epi32(*(const int32_t *)(x + 4 * j)));
+                d1 = _mm512_dpbusd_epi32(d1, hi[j], _mm512_set1_epi32(*(const int32_t *)(x + 16 + 4 * j)));
+            }
+            __m512i dot = _mm512_add_epi32(d0, d1);
+            const float f = xd[r * G + g];
+            if (!mn) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * xs[r * G + g]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(f)), acc[t]);
+            if (mn) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(f * (float)xs[r * G + g]), acc[t]);
+        }
     }
+    for (int t = 0; t < mt; t++) out[t] = acc[t];
 }
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+static void store(const __m512 *out, int mt, float *y, int width, int n, const float *b, int accumulate) {
+    const __mmask16 live = (__mmask16)((1u << n) - 1u);
+    const __m512 bias = b ? _mm512_maskz_loadu_ps(live, b) : _mm512_setzero_ps();
+    for (int t = 0; t < mt; t++) {
+        float *at = y + (size_t)t * width;
+        __m512 v = _mm512_add_ps(out[t], bias);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, at));
+        _mm512_mask_storeu_ps(at, live, v);
+    }
 }
-
-/* A chunk of 8 groups' nibbles, scales and mins, PREFETCH bytes of nibbles ahead of group g:
-   the hardware's prefetch alone left a thread's stream at ~11 GB/s here. A macro: written as a
-   static inline function, GCC 12 at -O3 dropped the prefetches altogether. */
-#define PREFETCH_AHEAD(wrow, srow, mrow, g) do { \
-        _mm_prefetch((const char *)((wrow) + (g) * 16 + PREFETCH), _MM_HINT_T0); \
-        _mm_prefetch((const char *)((wrow) + (g) * 16 + PREFETCH + 64), _MM_HINT_T0); \
-        _mm_prefetch((const char *)((srow) + (g) + PREFETCH / 8), _MM_HINT_T0); \
-        _mm_prefetch((const char *)((mrow) + (g) + PREFETCH / 8), _MM_HINT_T0); \
-    } while (0)
-
-/* Rows m0 .. m0 + mt of y for output n. Inlined with mt a constant (see dot_rows), so its
-   accumulators live in registers. */
-static inline __attribute__((always_inline)) void dot_tile(int mt, int n, int K, const uint8_t *qw, const uint16_t *scales,
-                            const uint16_t *mins, const int8_t *xq, const float *xd,
-                            const float *xc, int m0, float *out) {
-    const int G = K / GROUP;
-    const uint8_t *wrow = qw + (size_t)n * (K / 2);
-    /* Without mins (q4_0's form) a group's min is -8 times its scale: the scales are read
-       again (from L1) in the mins' place and multiplied by -8, exactly. */
-    const uint16_t *srow = scales + (size_t)n * G, *mrow = (mins ? mins : scales) + (size_t)n * G;
-    const float mfactor = mins ? 1.f : -8.f;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    /* A chunk's 8 group sums come out of the hadds in the order 0 2 4 6 1 3 5 7. */
-    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    __m256 acc[TILE], macc[TILE];
-    float tail[TILE];
-    for (int t = 0; t < mt; t++) { acc[t] = _mm256_setzero_ps(); macc[t] = _mm256_setzero_ps(); tail[t] = 0.f; }
-    int g = 0;
-#if WIDE
-    /* Eight groups a pass, four to a 64-byte load: each lane's int32 sum is scaled by its own
-       group's factor (scale times the activations' scale), so no horizontal sums until the end. */
-    __m512 wacc[TILE];
-    for (int t = 0; t < mt; t++) wacc[t] = _mm512_setzero_ps();
-    const __m512i m4w = _mm512_set1_epi8(0x0F);
-    const __m512i lanes_lo = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i lanes_hi = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
-    for (; g + 8 <= G; g += 8) {
-        PREFETCH_AHEAD(wrow, srow, mrow, g);
-        const __m256 s8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g)));
-        const __m256 n8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g))), _mm256_set1_ps(mfactor));
-        const __m512i v0 = _mm512_loadu_si512((const void *)(wrow + g * 16));
-        const __m512i v1 = _mm512_loadu_si512((const void *)(wrow + g * 16 + 64));
-        const __m512i lo0 = _mm512_and_si512(v0, m4w), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), m4w);
-        const __m512i lo1 = _mm512_and_si512(v1, m4w), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), m4w);
-        for (int t = 0; t < mt; t++) {
-            const size_t row = (size_t)(m0 + t) * G + g;
-            const int8_t *x = xq + (size_t)(m0 + t) * K + g * GROUP;
-            const __m512i p0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo0,
-                _mm512_loadu_si512((const void *)x)), hi0, _mm512_loadu_si512((const void *)(x + 64)));
-            const __m512i p1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo1,
-                _mm512_loadu_si512((const void *)(x + 128))), hi1, _mm512_loadu_si512((const void *)(x + 192)));
-            const __m512 f = _mm512_castps256_ps512(_mm256_mul_ps(s8, _mm256_loadu_ps(xd + row)));
-            wacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p0), _mm512_permutexvar_ps(lanes_lo, f), wacc[t]);
-            wacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p1), _mm512_permutexvar_ps(lanes_hi, f), wacc[t]);
-            wacc[t] = _mm512_fmadd_ps(_mm512_zextps256_ps512(n8), _mm512_zextps256_ps512(_mm256_loadu_ps(xc + row)), wacc[t]);
-        }
-    }
-    if (g + 4 <= G) {  /* one quad left */
-        const __m512i v = _mm512_loadu_si512((const void *)(wrow + g * 16));
-        const __m512i lo = _mm512_and_si512(v, m4w), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4w);
-        const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(srow + g)));
-        const __m128 n4 = _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(mrow + g))), _mm_set1_ps(mfactor));
-        for (int t = 0; t < mt; t++) {
-            const size_t row = (size_t)(m0 + t) * G + g;
-            const int8_t *x = xq + (size_t)(m0 + t) * K + g * GROUP;
-            const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo,
-                _mm512_loadu_si512((const void *)x)), hi, _mm512_loadu_si512((const void *)(x + 64)));
-            const __m512 f = _mm512_castps128_ps512(_mm_mul_ps(s4, _mm_loadu_ps(xd + row)));
-            wacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(lanes_lo, f), wacc[t]);
-            wacc[t] = _mm512_add_ps(wacc[t], _mm512_zextps128_ps512(_mm_mul_ps(n4, _mm_loadu_ps(xc + row))));
-        }
-        g += 4;
-    }
-#endif
-    /* The AVX2 build's chunks of 8 (with WIDE every whole chunk went above, and macc stays 0). */
-    for (; g + 8 <= G; g += 8) {
-        PREFETCH_AHEAD(wrow, srow, mrow, g);
-        const __m256 s8 = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(srow + g))), order);
-        const __m256 n8 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mrow + g))), _mm256_set1_ps(mfactor));
-        __m256i lo[4], hi[4];
-        for (int j = 0; j < 4; j++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(wrow + (g + 2 * j) * 16));
-            lo[j] = _mm256_and_si256(v, m4);
-            hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        for (int t = 0; t < mt; t++) {
-            const size_t row = (size_t)(m0 + t) * G + g;
-            const int8_t *x = xq + (size_t)(m0 + t) * K + g * GROUP;
-            __m256i p[4];
-            for (int j = 0; j < 4; j++)  /* lanes 0-3: group g + 2j's partial sums, 4-7: g + 2j + 1's */
-                p[j] = DOT2(lo[j], _mm256_loadu_si256((const __m256i *)(x + 64 * j)), hi[j],
-                            _mm256_loadu_si256((const __m256i *)(x + 64 * j + 32)));
-            const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-            const __m256 xd8 = _mm256_permutevar8x32_ps(_mm256_loadu_ps(xd + row), order);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s8, xd8), acc[t]);
-            macc[t] = _mm256_fmadd_ps(n8, _mm256_loadu_ps(xc + row), macc[t]);
-        }
-    }
-    for (; g + 2 <= G; g += 2) {  /* the pairs left when G is not a multiple of 8 */
-        const float s0 = _cvtsh_ss(srow[g]), s1 = _cvtsh_ss(srow[g + 1]);
-        const float n0 = _cvtsh_ss(mrow[g]) * mfactor, n1 = _cvtsh_ss(mrow[g + 1]) * mfactor;
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(wrow + g * 16));
-        const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        for (int t = 0; t < mt; t++) {
-            const size_t row = (size_t)(m0 + t) * G + g;
-            const int8_t *x = xq + (size_t)(m0 + t) * K + g * GROUP;
-            const __m256 p = _mm256_cvtepi32_ps(DOT2(lo, _mm256_loadu_si256((const __m256i *)x), hi,
-                                                     _mm256_loadu_si256((const __m256i *)(x + 32))));
-            const __m256 sd = _mm256_set_m128(_mm_set1_ps(s1 * xd[row + 1]), _mm_set1_ps(s0 * xd[row]));
-            acc[t] = _mm256_fmadd_ps(p, sd, acc[t]);
-            tail[t] += n0 * xc[row] + n1 * xc[row + 1];
-        }
-    }
-    if (g < G) {  /* an odd last group, in its own order: plain C */
-        const uint8_t *w = wrow + g * 16;
-        const float s = _cvtsh_ss(srow[g]), mn = _cvtsh_ss(mrow[g]) * mfactor;
-        for (int t = 0; t < mt; t++) {
-            const size_t m = (size_t)(m0 + t);
-            const int8_t *x = xq + m * K + g * GROUP;
-            int32_t dot = 0;
-            for (int i = 0; i < 16; i++) dot += (w[i] & 15) * x[i] + (w[i] >> 4) * x[16 + i];
-            tail[t] += s * xd[m * G + g] * (float)dot + mn * xc[m * G + g];
-        }
-    }
-#if WIDE
-    /* acc holds a last pair's sums (past the quads), if there is one */
-    const int pair = (G & (QUAD - 1)) >= 2;
-    for (int t = 0; t < mt; t++) out[t] = _mm512_reduce_add_ps(wacc[t]) + (pair ? hsum(acc[t]) : 0.f) + tail[t];
 #else
-    for (int t = 0; t < mt; t++) out[t] = hsum(acc[t]) + hsum(macc[t]) + tail[t];
+#define ROWS 4
+/* The same with 256-bit registers: a block's 16 outputs are two halves of 8. The nibbles are
+   unsigned (0..15), so AVX2's maddubs takes them as they are: a word's low and high products
+   summed in int16 (2 x 2 x 15 x 128 < 2^15), then to int32 once. */
+#if defined(__AVXVNNI__)
+#define DOT8(acc, lo, x0, hi, x1) \
+    _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, lo, x0), hi, x1)
+#else
+#define DOT8(acc, lo, x0, hi, x1) \
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1)), \
+                                            _mm256_set1_epi16(1)))
 #endif
+static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int K, const uint8_t *blk,
+                                                             const uint16_t *sc, const uint16_t *mn,
+                                                             const int8_t *xq, const float *xd, const int32_t *xs,
+                                                             float (*out)[BLOCK]) {
+    const int G = K / GROUP;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[ROWS][2];
+    for (int t = 0; t < mt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        const uint8_t *wg = blk + (size_t)g * BLOCK_GROUP;
+        _mm_prefetch((const char *)(wg + 2048), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wg + 2048 + 128), _MM_HINT_T0);
+        const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (size_t)g * BLOCK)));
+        const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + (size_t)g * BLOCK + 8)));
+        const __m256 m0v = mn ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + (size_t)g * BLOCK)))
+                              : _mm256_setzero_ps();
+        const __m256 m1v = mn ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mn + (size_t)g * BLOCK + 8)))
+                              : _mm256_setzero_ps();
+        for (int t = 0; t < mt; t++) {
+            const size_t r = (size_t)(m0 + t);
+            const int8_t *x = xq + r * K + g * GROUP;
+            __m256i d0 = _mm256_setzero_si256(), d1 = _mm256_setzero_si256();
+            for (int j = 0; j < WORDS; j++) {
+                const __m256i x0 = _mm256_set1_epi32(*(const int32_t *)(x + 4 * j));
+                const __m256i x1 = _mm256_set1_epi32(*(const int32_t *)(x + 16 + 4 * j));
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(wg + 64 * j));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(wg + 64 * j + 32));
+                d0 = DOT8(d0, _mm256_and_si256(v0, low), x0, _mm256_and_si256(_mm256_srli_epi16(v0, 4), low), x1);
+                d1 = DOT8(d1, _mm256_and_si256(v1, low), x0, _mm256_and_si256(_mm256_srli_epi16(v1, 4), low), x1);
+            }
+            const float f = xd[r * G + g];
+            if (!mn) {
+                const __m256i off = _mm256_set1_epi32(8 * xs[r * G + g]);
+                d0 = _mm256_sub_epi32(d0, off);
+                d1 = _mm256_sub_epi32(d1, off);
+            }
+            const __m256 fv = _mm256_set1_ps(f);
+            acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(s0, fv), acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(s1, fv), acc[t][1]);
+            if (mn) {
+                const __m256 c = _mm256_set1_ps(f * (float)xs[r * G + g]);
+                acc[t][0] = _mm256_fmadd_ps(m0v, c, acc[t][0]);
+                acc[t][1] = _mm256_fmadd_ps(m1v, c, acc[t][1]);
+            }
+        }
+    }
+    for (int t = 0; t < mt; t++) {
+        _mm256_storeu_ps(out[t], acc[t][0]);
+        _mm256_storeu_ps(out[t] + 8, acc[t][1]);
+    }
 }
 
-/* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
-float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
-int joint_blocks(int nw, const int *N, int *first, int *offset);
-
-#if WIDE
-/* Many rows: q4_gemm.c's blocked product (from q4_gemm_rows rows on; settable for tests). */
-void q4_gemm(int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
-             const uint16_t *const *mins, const int *N, const float *const *bias, const int8_t *xq, const float *xd,
-             const float *xc, float *y, int width, const int *offset, int accumulate);
+static void store(float (*out)[BLOCK], int mt, float *y, int width, int n, const float *b, int accumulate) {
+    for (int t = 0; t < mt; t++)
+        for (int o = 0; o < n; o++) {
+            float *at = y + (size_t)t * width + o;
+            *at = out[t][o] + (b ? b[o] : 0.f) + (accumulate ? *at : 0.f);
+        }
+}
 #endif
-int q4_gemm_rows = 32;
 
 /* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
    y[M, sum of N]: q, k and v, or gate and up, read x's quantization once and share one
@@ -261,8 +201,8 @@ int q4_gemm_rows = 32;
    With norm (NULL: none), x is first RMS-normalized per row with those weights and eps: the
    decoder's norm before q/k/v or gate/up, in the same call. With gated, x is [M, 2K], gate and
    up side by side, and the linears read silu(gate) * up: the MLP's down projection.
-   Weight w's arguments are qw[w], scales[w], mins[w] (NULL: q4_0's form), N[w] and bias[w]
-   (NULL: none). */
+   Weight w's arguments are qw[w] (its blocks), scales[w], mins[w] (NULL: q4_0's form; else
+   blocked as the scales), N[w] and bias[w] (NULL: none). */
 void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
                 const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                 const float *norm, float eps, int gated) {
@@ -271,48 +211,42 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
     if (normed) x = normed;
     int8_t *xq = malloc((size_t)M * K);
     float *xd = malloc(sizeof(float) * (size_t)M * G);
-    float *xc = malloc(sizeof(float) * (size_t)M * G);
-    int first_block[9], offset[9];
-    const int width = joint_blocks(nw, N, first_block, offset);
-    int blocks = first_block[nw];
+    int32_t *xs = malloc(sizeof(int32_t) * (size_t)M * G);
 #pragma omp parallel for schedule(static) if (M * K > 16384)
-    for (int m = 0; m < M; m++)
-        quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xc + (size_t)m * G);
-#if WIDE
-    if (M >= q4_gemm_rows) {
-        q4_gemm(M, K, nw, qw, scales, mins, N, bias, xq, xd, xc, y, width, offset, accumulate);
-        blocks = 0;  /* done: the loop below has nothing to do */
-    }
-#endif
-    /* Blocks of 16 outputs: a block's weights stay in L1 while every row tile passes. */
+    for (int m = 0; m < M; m++) q8_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xs + (size_t)m * G);
+    int first[9], offset[9];
+    const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
 #pragma omp parallel for schedule(static)
     for (int block = 0; block < blocks; block++) {
         int w = 0;
-        while (block >= first_block[w + 1]) w++;
-        const int nb = block - first_block[w], n_end = nb * 16 + 16 < N[w] ? nb * 16 + 16 : N[w];
-        const float *b = bias[w];
-        float out[TILE];
-        for (int m0 = 0; m0 < M; m0 += TILE) {
-            const int mt = M - m0 < TILE ? M - m0 : TILE;
-            for (int n = nb * 16; n < n_end; n++) {
-                switch (mt) {
-                case 1: dot_tile(1, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out); break;
-                case 2: dot_tile(2, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out); break;
-                case 3: dot_tile(3, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out); break;
-                default: dot_tile(TILE, n, K, qw[w], scales[w], mins[w], xq, xd, xc, m0, out);
-                }
-                const float add = b ? b[n] : 0.f;
-                for (int t = 0; t < mt; t++) {
-                    float *at = y + (size_t)(m0 + t) * width + offset[w] + n;
-                    *at = out[t] + add + (accumulate ? *at : 0.f);
-                }
+        while (block >= first[w + 1]) w++;
+        const int b = block - first[w], n0 = b * BLOCK, n = N[w] - n0 < BLOCK ? N[w] - n0 : BLOCK;
+        const uint8_t *blk = qw[w] + (size_t)b * G * BLOCK_GROUP;
+        const uint16_t *sc = scales[w] + (size_t)b * G * BLOCK;
+        const uint16_t *mn = mins[w] ? mins[w] + (size_t)b * G * BLOCK : NULL;
+#if ROWS == 8
+        __m512 out[ROWS];
+#else
+        float out[ROWS][BLOCK];
+#endif
+        for (int m0 = 0; m0 < M; m0 += ROWS) {
+            const int mt = M - m0 < ROWS ? M - m0 : ROWS;
+            switch (mt) { /* each a constant: the accumulators stay in registers */
+#define PASS(r) case r: block_rows(r, m0, K, blk, sc, mn, xq, xd, xs, out); break;
+            PASS(1) PASS(2) PASS(3) PASS(4)
+#if ROWS == 8
+            PASS(5) PASS(6) PASS(7) PASS(8)
+#endif
+#undef PASS
             }
+            store(out, mt, y + (size_t)m0 * width + offset[w] + n0, width, n, bias[w] ? bias[w] + n0 : NULL,
+                  accumulate);
         }
     }
     free(normed);
     free(xq);
     free(xd);
-    free(xc);
+    free(xs);
 }
 
 /* y[M, N] = x[M, K] @ W^T (+ bias): one linear. */

@@ -44,7 +44,7 @@ NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 # (f32_linear.py), the decoder's small ops in C (layer_ops.py) and a decode step's layers in one
 # call (decode_layers.py): one library.
 _SOURCES = tuple(pathlib.Path(__file__).with_name(name)
-                 for name in ("q4_kernel.c", "q4_gemm.c", "q8_kernel.c", "f32_kernel.c", "layer_ops.c",
+                 for name in ("q4_kernel.c", "q8_kernel.c", "f32_kernel.c", "layer_ops.c",
                               "decode_layers.c"))
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
@@ -147,6 +147,34 @@ def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     return (q * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1)).reshape(n, -1)
 
 
+BLOCK = 16  # outputs a block of the kernel's layout
+
+
+def to_blocks(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """A row-form array [N, G * width] (nibbles: ``width`` 4, four bytes a lane; scales or mins:
+    1 element) in the kernel's blocks: ``[ceil(N/16), G, width/4 words... , 16 outputs, ...]``,
+    i.e. for a block and a group, lane o of each word holds output o's next bytes (q4_kernel.c).
+    A last block's missing outputs are zero."""
+    n, cols = rows.shape
+    per = 16 if width == 4 else 1  # a group's elements in the row form: 16 bytes, or one value
+    g = cols // per
+    nb = -(-n // BLOCK)
+    padded = rows.new_zeros((nb * BLOCK, cols))
+    padded[:n] = rows
+    if width == 4:  # [block, output, group, word, byte] -> [block, group, word, output, byte]
+        return padded.view(nb, BLOCK, g, 4, 4).permute(0, 2, 3, 1, 4).contiguous().view(-1)
+    return padded.view(nb, BLOCK, g).permute(0, 2, 1).contiguous().view(-1)  # [block, group, output]
+
+
+def from_blocks(blocks: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """``to_blocks``' inverse: the row form [N, ...]."""
+    if width == 4:
+        g = blocks.numel() // (-(-n // BLOCK) * BLOCK * 16)
+        return blocks.view(-1, g, 4, BLOCK, 4).permute(0, 3, 1, 2, 4).reshape(-1, g * 16)[:n].contiguous()
+    nb = -(-n // BLOCK)
+    return blocks.view(nb, -1, BLOCK).permute(0, 2, 1).reshape(nb * BLOCK, -1)[:n].contiguous()
+
+
 def own_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     """A float32 copy of a linear's bias for our kernels: they hold its address, and the model's
     own bias may be a view of the checkpoint's memory map."""
@@ -179,19 +207,28 @@ class Int4Linear(KernelLinear):
 
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bias: torch.Tensor | None) -> None:
+        """From the row form (``quantize``'s, GGUF's q4_0/q4_1): ``nibbles`` uint8 [N, K/2],
+        ``scales`` (and ``mins``) float16 [N, K/32]; kept in the kernel's blocks (``to_blocks``)."""
         super().__init__()
         self._run = _kernel().q4_linear
         self.out_features, self.in_features = nibbles.shape[0], nibbles.shape[1] * 2
         # In huge pages: every step streams them whole (weight_arena.py).
-        self.register_buffer("nibbles", weight_arena.place(nibbles), persistent=False)
-        self.register_buffer("scales", weight_arena.place(scales), persistent=False)
-        self.register_buffer("mins", None if mins is None else weight_arena.place(mins), persistent=False)
+        self.register_buffer("blocks", weight_arena.place(to_blocks(nibbles, 4)), persistent=False)
+        self.register_buffer("scales", weight_arena.place(to_blocks(scales, 1)), persistent=False)
+        self.register_buffer("mins", None if mins is None else weight_arena.place(to_blocks(mins, 1)),
+                             persistent=False)
         self.register_buffer("bias", own_bias(bias), persistent=False)
         # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
         # replaced (``_apply`` keeps ``.to()`` and ``.half()`` off them).
-        self._weights = (self.nibbles.data_ptr(), self.scales.data_ptr(),
+        self._weights = (self.blocks.data_ptr(), self.scales.data_ptr(),
                          None if self.mins is None else self.mins.data_ptr(), self.out_features,
                          None if self.bias is None else self.bias.data_ptr())
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The weights in the row form they came in: (nibbles, scales, mins)."""
+        n = self.out_features
+        return (from_blocks(self.blocks, n, 4), from_blocks(self.scales, n, 1),
+                None if self.mins is None else from_blocks(self.mins, n, 1))
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:

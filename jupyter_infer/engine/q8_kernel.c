@@ -7,7 +7,7 @@
    natural order, are broadcast four at a time against a word: one dpbusd (VNNI) sums 4
    products for 16 outputs, a group is 8 of them, and its int32 sums meet the two scales in one
    FMA. The same loop serves one row (a stream of the weights, in order) and many (8 rows share
-   each word from registers): q4_gemm.c's layout, kept here for good, since the format is ours.
+   each word from registers). q4_kernel.c keeps its nibbles in the same blocks.
 
    dpbusd multiplies unsigned by signed bytes: the weights (signed, -127..127) are flipped to
    q + 128 as they are loaded, and 128 times the group's sum of activations taken off the int32
@@ -27,13 +27,8 @@
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
 int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
 
-float q8_group(const float *v, int8_t *out, int32_t *sum);  /* q4_kernel.c: a group as int8, in order */
-
-/* One row, natural order: int8 per group, its scale, and the group's sum of ints (what the
-   flipped weights' +128 meets). */
-static void quantize_plain(const float *x, int K, int8_t *xq, float *xd, int32_t *xs) {
-    for (int g = 0; g < K / GROUP; g++) xd[g] = q8_group(x + g * GROUP, xq + g * GROUP, xs + g);
-}
+/* q4_kernel.c: one row as int8 per group in natural order, each group's scale and sum of ints. */
+void q8_row(const float *x, int K, int8_t *xq, float *xd, int32_t *xs);
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define ROWS 8
@@ -155,7 +150,7 @@ void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, c
     float *xd = malloc(sizeof(float) * (size_t)M * G);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)M * G);
 #pragma omp parallel for schedule(static) if (M * K > 16384)
-    for (int m = 0; m < M; m++) quantize_plain(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xs + (size_t)m * G);
+    for (int m = 0; m < M; m++) q8_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xs + (size_t)m * G);
     int first[9], offset[9];
     const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
 #pragma omp parallel for schedule(static)
