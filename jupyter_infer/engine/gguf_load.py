@@ -4,8 +4,9 @@ transformers reads a GGUF's config and tokenizer; its weight loader dequantizes 
 to float, which would make a 4-bit file a float32 model. Here each linear keeps the file's
 precision instead, tensor by tensor, on the meta-built model:
 
-- 4-bit blocks (q4_0, q4_1, q4_K) become our int4 layout as they are: the same nibbles in
-  groups of 32, each with a float16 scale (q4_0: our own form, 4.5 bits a weight), and a
+- 4-bit blocks (q4_0, q4_1, q4_K) become our int4 as they are: the same nibbles in groups of
+  32 (``Int4Linear`` puts them in its kernel's blocks of 16 outputs, the same bytes in another
+  order), each with a float16 scale (q4_0: our own form, 4.5 bits a weight), and a
   float16 min for q4_1 and q4_K (q4_K's 6-bit sub-block scales and mins times its block's,
   rounded to float16). No float copy of the weight exists on the way.
 - wider blocks (q5_*, q6_K, q8_0) are dequantized one tensor at a time and quantized to int8;

@@ -8,7 +8,10 @@ they are, with a third array.
 The product runs in ``q4_kernel.c``: activations quantized per call to int8 in the same
 groups (llama.cpp's q8_0), integer dot products (AVX2's ``maddubs``/``madd``, VNNI's
 ``dpbusd`` where the CPU has it), one FMA per group with the two scales; OpenMP threads, the
-same runtime torch runs on, split the outputs.
+same runtime torch runs on, split the outputs. The module takes the weights in the row form
+(``quantize``'s and GGUF's: an output's groups one after another) and keeps them in the
+kernel's blocks of 16 outputs (``to_blocks``), where a broadcast row meets 16 outputs' nibbles
+at once; ``Int4Linear.rows`` gives the row form back.
 
 Why our own kernel (docs/engine.md, "4-bit weights"): torch's ``_weight_int4pack_mm_for_cpu``
 is 5-10x slower than float32 with float32 activations and about float32's speed with bf16
@@ -40,7 +43,7 @@ from .cpu_features import cpu_flags
 
 GROUP = 32
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
-# The int4 kernel (and its many-rows product), the int8 one (q8_linear.py), the float32 one
+# The int4 kernel, the int8 one (q8_linear.py), the float32 one
 # (f32_linear.py), the decoder's small ops in C (layer_ops.py) and a decode step's layers in one
 # call (decode_layers.py): one library.
 _SOURCES = tuple(pathlib.Path(__file__).with_name(name)
