@@ -40,6 +40,9 @@ from .cpu_linear import (
 )
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
+from .q4_linear import Int4Linear
+from .q8_embedding import Q8Embedding, quantize_input_embedding
+from .q8_linear import Q8Linear
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,8 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
                 _leave_the_file(lm)
     else:
         lm, linears = streamed
+    if any(isinstance(m, (Int4Linear, Q8Linear)) for m in lm.modules()):
+        quantize_input_embedding(lm)  # int8 beside int4/int8 linears (q8_embedding.py)
     lm.eval()
     release_freed()
     report = LoadReport(seconds=time.perf_counter() - start, streamed=streamed is not None,
@@ -131,13 +136,15 @@ def resident_bytes(model: nn.Module) -> int:
 
 def parameter_count(model: nn.Module) -> int:
     """The model's parameters as its checkpoint counts them. A swapped linear's weight and
-    bias are buffers or an opaque pack, not parameters: counted here, once; a tied output
-    head's own packed copy of the embedding is not counted again."""
+    bias are buffers or an opaque pack, not parameters, and so is a quantized embedding's table:
+    counted here, once; a tied output head's own packed copy of the embedding is not counted
+    again."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     head = model.get_output_embeddings() if getattr(config, "tie_word_embeddings", False) else None
     swapped = sum(m.out_features * (m.in_features + _has_bias(m)) for m in model.modules()
                   if isinstance(m, (PackedLinear, Int8Linear, *OURS)) and m is not head)
-    return sum(p.numel() for p in model.parameters()) + swapped
+    tables = sum(m.num_embeddings * m.embedding_dim for m in model.modules() if isinstance(m, Q8Embedding))
+    return sum(p.numel() for p in model.parameters()) + swapped + tables
 
 
 def _has_bias(linear: nn.Module) -> bool:

@@ -32,11 +32,29 @@ def release_freed() -> None:
         libc.malloc_trim(0)
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def share_one_heap() -> bool:
+    """Have threads started from now on allocate from the heaps that exist instead of each
+    making its own (glibc's ``M_ARENA_MAX`` = 1); whether it could (glibc only).
+
+    Each thread that mallocs (the engine's, OpenMP's workers, the tokenizer's) would otherwise
+    get an arena of its own, and what bursts of requests free there stays spread over them:
+    on the 0.5b shape in int4, 20-40 MB more resident after three bursts, which
+    ``malloc_trim`` could not hand back. With one arena the same bursts left it unchanged, and
+    a decode step took the same time (docs/engine.md, "Resident memory"). Called before the
+    engine's thread starts: a thread keeps the arena it first got."""
+    libc = _libc()
+    return bool(libc is not None and libc.mallopt(M_ARENA_MAX, 1))
+
+
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim  # noqa: B018 (glibc only)
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         return libc
     except (OSError, AttributeError):
         return None

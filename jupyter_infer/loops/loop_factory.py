@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..engine import load_engine
+from ..engine.process_memory import share_one_heap
 from ..scheduler import Recorder
 from .engine_loop import EngineLoop
 
@@ -33,5 +34,7 @@ def make_loop(
         from .upstream_loop import UpstreamLoop
 
         return UpstreamLoop(cfg, recorder(UpstreamLoop.source), upstream, check_model=route is None)
+    if engine_loader is None and cfg.engine != "simulated":
+        share_one_heap()  # before the engine's thread starts (process_memory.py)
     return EngineLoop(engine_loader or (lambda: load_engine(cfg)), cfg, recorder(EngineLoop.source),
                       check_model=route is None)
