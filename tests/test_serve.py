@@ -91,3 +91,14 @@ def test_serve_runs_the_extension_alone_and_stops_cleanly_on_interrupt(tmp_path:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_local_server_alone_is_serve_and_otherwise_carries_jupyterlab(alone: bool) -> None:
+    # The bench sets `LocalServer(alone=True)` beside llama-server: our server and nothing else.
+    from jupyter_infer.kernel.launcher import LocalServer
+
+    with LocalServer(alone=alone, engine="simulated") as server:
+        assert server.get("infer/status")["engine"] == "simulated"
+        lab = httpx.get(server.url + "lab", headers=server.headers)
+        assert lab.status_code == (404 if alone else 200)

@@ -26,10 +26,15 @@ def free_port() -> int:
 class LocalServer:
     """``with LocalServer(engine="simulated") as server: server.url, server.token``.
 
-    Keyword arguments become ``--InferApp.<name>=<value>`` options.
+    Keyword arguments become ``--InferApp.<name>=<value>`` options. ``alone``: ``jupyter infer
+    serve``, the server that loads our extension and nothing else (the one to set beside
+    another inference server); otherwise a Jupyter server with every extension installed
+    packages enable (JupyterLab's among them), as inside a user's ``jupyter lab``.
     """
 
-    def __init__(self, *, startup_timeout: float = 120.0, log_path: str | None = None, **infer_options: Any) -> None:
+    def __init__(self, *, startup_timeout: float = 120.0, log_path: str | None = None, alone: bool = False,
+                 **infer_options: Any) -> None:
+        self.alone = alone
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -49,7 +54,7 @@ class LocalServer:
 
     def start(self) -> None:
         cmd = [
-            sys.executable, "-m", "jupyter_server",
+            sys.executable, "-m", *(("jupyter_infer.commands.cli", "serve") if self.alone else ("jupyter_server",)),
             "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
             "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={self._root.name}",

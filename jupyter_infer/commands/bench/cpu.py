@@ -154,7 +154,9 @@ def ours(cfg: BenchConfig, log: Callable[[str], None], v: Variant, model_dir: st
             notes.append(f"{v.label}: not measured, {why}")
             return None
         model = str(found)
-    server = LocalServer(engine="hf", model=model, num_threads=threads, mode="continuous",
+    # `jupyter infer serve`: our server alone, as llama-server is (inside `jupyter lab` the same
+    # process also carries JupyterLab's server extensions: ~11 MB more on the 0.5b shape).
+    server = LocalServer(alone=True, engine="hf", model=model, num_threads=threads, mode="continuous",
                          max_batch_size=parallel, prefix_cache_mb=0, log_path=str(cfg.out / f"server-{v.name}.log"),
                          **v.options)
     try:
