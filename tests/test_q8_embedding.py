@@ -19,7 +19,7 @@ def test_a_lookup_is_the_table_within_half_a_step_of_its_group(dtype: torch.dtyp
     torch.manual_seed(0)
     table = torch.randn(300, 96).to(dtype)
     table[7] = 0  # a row of zeros stays zeros
-    q = Q8Embedding(table)
+    q = Q8Embedding.of(table)
     ids = torch.tensor([[0, 7, 299], [5, 5, 1]])
     got = q(ids)
     assert got.shape == (2, 3, 96) and got.dtype == dtype
@@ -69,3 +69,38 @@ def test_a_quantized_model_holds_its_embedding_in_int8(llama_model_dir: Path, qu
         assert load.weight_bytes < sum(p.numel() * 4 for p in f32.parameters()) - table.numel() * 3
         ids = torch.arange(table.shape[0])
         torch.testing.assert_close(embedding(ids), table.detach(), atol=table.abs().max().item() / 127, rtol=0)
+
+
+def test_a_meta_built_model_reads_its_table_a_chunk_of_rows_at_a_time() -> None:
+    # The streamed loader's way (hf_load): the float table, a real vocabulary's largest tensor,
+    # is never whole in memory; what it builds is what the whole table would give.
+    torch.manual_seed(2)
+    table = torch.randn(2500, 64)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            with torch.device("meta"):
+                self.embed = nn.Embedding(2500, 64)
+
+        def get_input_embeddings(self) -> nn.Module:
+            return self.embed
+
+        def set_input_embeddings(self, module: nn.Module) -> None:
+            self.embed = module
+
+        def get_output_embeddings(self) -> None:
+            return None
+
+    asked: list[tuple[str, int, int]] = []
+
+    def rows(name: str, first: int, stop: int) -> torch.Tensor:
+        asked.append((name, first, stop))
+        return table[first:stop].clone()
+
+    model = Model()
+    assert quantize_input_embedding(model, rows) is True
+    assert {name for name, _, _ in asked} == {"embed.weight"} and max(b - a for _, a, b in asked) < 2500
+    assert [a for _, a, _ in asked] == sorted(a for _, a, _ in asked) and asked[-1][2] == 2500
+    whole = Q8Embedding.of(table)
+    assert torch.equal(model.embed.packed, whole.packed) and torch.equal(model.embed.scales, whole.scales)

@@ -13,7 +13,8 @@ precision instead, tensor by tensor, on the meta-built model:
   narrower ones (q2_K, q3_K, the i-quants) to int4; f32/f16/bf16 stay float.
 - ``quantize = "int4"`` or ``"int8"`` puts every linear in that format instead.
 
-Embeddings and norms are float32, as for a safetensors checkpoint. Tensors are read with plain
+Norms are float32 and the input embedding int8 beside int4/int8 linears (``q8_embedding``), as
+for a safetensors checkpoint. Tensors are read with plain
 file reads, not through the reader's memory map, so the file's pages are not resident after
 load. Off the CPU (CUDA, MPS) every tensor is dequantized to the model's dtype.
 """

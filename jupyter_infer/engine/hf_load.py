@@ -197,12 +197,26 @@ def read_tensor(path: Path, name: str) -> torch.Tensor:
     entry = header[name]
     begin, end = entry["data_offsets"]
     out = torch.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
+    _read_into(path, name, start + begin, end - begin, out)
+    return out
+
+
+def read_rows(path: Path, name: str, first: int, stop: int) -> torch.Tensor:
+    """Rows ``first:stop`` of a tensor of a safetensors file (plain reads, as ``read_tensor``)."""
+    header, start = _header(path)
+    entry = header[name]
+    out = torch.empty([stop - first, *entry["shape"][1:]], dtype=_DTYPES[entry["dtype"]])
+    row = out[0].numel() * out.element_size() if out.numel() else 0
+    _read_into(path, name, start + entry["data_offsets"][0] + first * row, (stop - first) * row, out)
+    return out
+
+
+def _read_into(path: Path, name: str, offset: int, size: int, out: torch.Tensor) -> None:
     view = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if out.numel() else memoryview(b"")
     with open(path, "rb") as f:
-        f.seek(start + begin)
-        if f.readinto(view) != end - begin:
+        f.seek(offset)
+        if f.readinto(view) != size:
             raise OSError(f"{path} ends inside tensor {name!r}")
-    return out
 
 
 def _our_linears(quantize: str, dtype: torch.dtype, prepack: bool) -> tuple[Callable[..., nn.Module], str] | None:
@@ -231,9 +245,11 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     if any(n not in files and tied.get(n) not in files for n in wanted):
         return None  # renamed keys (transformers' conversion mappings) or missing weights
 
+    def source(name: str) -> str:
+        return name if name in files else tied[name]
+
     def read(name: str) -> torch.Tensor:
-        source = name if name in files else tied[name]
-        return read_tensor(files[source], source)
+        return read_tensor(files[source(name)], source(name))
 
     start, swapped = time.perf_counter(), 0
     with torch.no_grad():
@@ -247,6 +263,11 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
             swapped += 1
             del weight, bias
             release_freed()
+        if any(isinstance(m, (Int4Linear, Q8Linear)) for m in lm.modules()):
+            # Read a chunk of rows at a time: a real vocabulary's float table is the checkpoint's
+            # largest tensor, and whole it would set the load's peak.
+            quantize_input_embedding(lm, lambda name, first, stop: read_rows(files[source(name)], source(name),
+                                                                            first, stop))
         seconds = time.perf_counter() - start
         for name, param in list(lm.named_parameters(remove_duplicate=False)):
             if param.device.type == "meta":
@@ -263,3 +284,4 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     if any(t.device.type == "meta" for t in [*lm.parameters(), *lm.buffers()]):
         return None
     return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds)
+

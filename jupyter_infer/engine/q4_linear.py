@@ -153,28 +153,26 @@ def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
 BLOCK = 16  # outputs a block of the kernel's layout
 
 
-def to_blocks(rows: torch.Tensor, width: int) -> torch.Tensor:
-    """A row-form array [N, G * width] (nibbles: ``width`` 4, four bytes a lane; scales or mins:
-    1 element) in the kernel's blocks: ``[ceil(N/16), G, width/4 words... , 16 outputs, ...]``,
-    i.e. for a block and a group, lane o of each word holds output o's next bytes (q4_kernel.c).
-    A last block's missing outputs are zero."""
+def to_blocks(rows: torch.Tensor, nibbles: bool) -> torch.Tensor:
+    """A row-form array in the kernel's blocks of 16 outputs (q4_kernel.c), flat. Nibbles
+    ``[N, G * 16 bytes]`` become ``[block, group, word (4), output (16), 4 bytes]``: lane o of a
+    word holds output o's next four bytes of the group. Scales or mins ``[N, G]`` become
+    ``[block, group, output]``. A last block's missing outputs are zero."""
     n, cols = rows.shape
-    per = 16 if width == 4 else 1  # a group's elements in the row form: 16 bytes, or one value
-    g = cols // per
     nb = -(-n // BLOCK)
     padded = rows.new_zeros((nb * BLOCK, cols))
     padded[:n] = rows
-    if width == 4:  # [block, output, group, word, byte] -> [block, group, word, output, byte]
-        return padded.view(nb, BLOCK, g, 4, 4).permute(0, 2, 3, 1, 4).contiguous().view(-1)
-    return padded.view(nb, BLOCK, g).permute(0, 2, 1).contiguous().view(-1)  # [block, group, output]
+    if nibbles:
+        return padded.view(nb, BLOCK, cols // 16, 4, 4).permute(0, 2, 3, 1, 4).contiguous().view(-1)
+    return padded.view(nb, BLOCK, cols).permute(0, 2, 1).contiguous().view(-1)
 
 
-def from_blocks(blocks: torch.Tensor, n: int, width: int) -> torch.Tensor:
-    """``to_blocks``' inverse: the row form [N, ...]."""
-    if width == 4:
-        g = blocks.numel() // (-(-n // BLOCK) * BLOCK * 16)
-        return blocks.view(-1, g, 4, BLOCK, 4).permute(0, 3, 1, 2, 4).reshape(-1, g * 16)[:n].contiguous()
+def from_blocks(blocks: torch.Tensor, n: int, nibbles: bool) -> torch.Tensor:
+    """``to_blocks``' inverse: the row form of ``n`` outputs."""
     nb = -(-n // BLOCK)
+    if nibbles:
+        g = blocks.numel() // (nb * BLOCK * 16)
+        return blocks.view(nb, g, 4, BLOCK, 4).permute(0, 3, 1, 2, 4).reshape(nb * BLOCK, g * 16)[:n].contiguous()
     return blocks.view(nb, -1, BLOCK).permute(0, 2, 1).reshape(nb * BLOCK, -1)[:n].contiguous()
 
 
@@ -216,9 +214,9 @@ class Int4Linear(KernelLinear):
         self._run = _kernel().q4_linear
         self.out_features, self.in_features = nibbles.shape[0], nibbles.shape[1] * 2
         # In huge pages: every step streams them whole (weight_arena.py).
-        self.register_buffer("blocks", weight_arena.place(to_blocks(nibbles, 4)), persistent=False)
-        self.register_buffer("scales", weight_arena.place(to_blocks(scales, 1)), persistent=False)
-        self.register_buffer("mins", None if mins is None else weight_arena.place(to_blocks(mins, 1)),
+        self.register_buffer("blocks", weight_arena.place(to_blocks(nibbles, True)), persistent=False)
+        self.register_buffer("scales", weight_arena.place(to_blocks(scales, False)), persistent=False)
+        self.register_buffer("mins", None if mins is None else weight_arena.place(to_blocks(mins, False)),
                              persistent=False)
         self.register_buffer("bias", own_bias(bias), persistent=False)
         # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
@@ -230,8 +228,8 @@ class Int4Linear(KernelLinear):
     def rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The weights in the row form they came in: (nibbles, scales, mins)."""
         n = self.out_features
-        return (from_blocks(self.blocks, n, 4), from_blocks(self.scales, n, 1),
-                None if self.mins is None else from_blocks(self.mins, n, 1))
+        return (from_blocks(self.blocks, n, True), from_blocks(self.scales, n, False),
+                None if self.mins is None else from_blocks(self.mins, n, False))
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:

@@ -14,67 +14,90 @@ lookup returns (Gemma's) stay as they are.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 GROUP = 32
-_CHUNK = 4096  # rows quantized at a time: the float temporaries stay small for any vocabulary
+_CHUNK = 1024  # rows quantized at a time: the float temporaries stay small for any vocabulary
 
 
 class Q8Embedding(nn.Module):
     """An embedding table in int8 groups of 32 with float16 scales; lookups give the table's
     former dtype."""
 
-    def __init__(self, weight: torch.Tensor, padding_idx: int | None = None) -> None:
+    def __init__(self, shape: tuple[int, int], dtype: torch.dtype, padding_idx: int | None = None) -> None:
+        """An empty table of ``shape`` whose lookups give ``dtype``: ``of`` and ``from_rows`` fill it."""
         super().__init__()
-        self.num_embeddings, self.embedding_dim = weight.shape
+        self.num_embeddings, self.embedding_dim = shape
         self.padding_idx = padding_idx
-        self.dtype = weight.dtype
-        groups = self.embedding_dim // GROUP
-        packed = torch.empty(weight.shape, dtype=torch.int8)
-        scales = torch.empty((self.num_embeddings, groups), dtype=torch.float16)
-        with torch.no_grad():
-            for start in range(0, self.num_embeddings, _CHUNK):
-                w = weight[start:start + _CHUNK].float().reshape(-1, groups, GROUP)
-                d = (w.abs().amax(-1) / 127).half()  # q8_0's scale, as stored
-                inv = torch.where(d > 0, 1 / d.float(), torch.zeros_like(d, dtype=torch.float32))
-                q = (w * inv.unsqueeze(-1)).round().clamp(-127, 127)
-                packed[start:start + _CHUNK] = q.to(torch.int8).reshape(-1, self.embedding_dim)
-                scales[start:start + _CHUNK] = d
-        self.register_buffer("packed", packed, persistent=False)
-        self.register_buffer("scales", scales, persistent=False)
+        self.dtype = dtype
+        self.register_buffer("packed", torch.empty(shape, dtype=torch.int8), persistent=False)
+        self.register_buffer("scales", torch.empty((shape[0], shape[1] // GROUP), dtype=torch.float16),
+                             persistent=False)
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, padding_idx: int | None = None) -> Q8Embedding:
+        """``weight`` ``[num_embeddings, embedding_dim]`` in q8_0's form."""
+        return cls.from_rows(lambda start, stop: weight[start:stop], tuple(weight.shape), weight.dtype, padding_idx)
+
+    @classmethod
+    def from_rows(cls, rows: Callable[[int, int], torch.Tensor], shape: tuple[int, int], dtype: torch.dtype,
+                  padding_idx: int | None = None) -> Q8Embedding:
+        """Quantized a chunk of rows at a time as ``rows(start, stop)`` gives them (read from the
+        checkpoint's file, say): the float table need never be whole in memory."""
+        table = cls(shape, dtype, padding_idx)
+        for start in range(0, shape[0], _CHUNK):
+            table._put(start, rows(start, min(start + _CHUNK, shape[0])))
+        return table
+
+    @torch.no_grad()
+    def _put(self, start: int, rows: torch.Tensor) -> None:
+        """q8_0's rounding of ``rows``, stored from row ``start`` on."""
+        w = rows.to(torch.float32, copy=True).reshape(rows.shape[0], -1, GROUP)
+        d = (w.abs().amax(-1) / 127).half()  # q8_0's scale, as stored
+        inv = d.float()
+        inv = torch.where(inv > 0, 1 / inv, inv)
+        w.mul_(inv.unsqueeze(-1)).round_().clamp_(-127, 127)
+        self.packed[start:start + rows.shape[0]] = w.reshape(rows.shape[0], -1).to(torch.int8)
+        self.scales[start:start + rows.shape[0]] = d
 
     @classmethod
     def fits(cls, module: nn.Module) -> bool:
         """Whether ``module`` is an embedding this class can stand in for."""
         return (type(module) is nn.Embedding and module.embedding_dim % GROUP == 0 and module.max_norm is None
-                and module.weight.device.type == "cpu")
+                and module.weight.device.type in ("cpu", "meta"))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.packed[ids].reshape(*ids.shape, -1, GROUP).to(torch.float32)
         out = rows * self.scales[ids].to(torch.float32).unsqueeze(-1)
         return out.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
 
-    def dequantized(self) -> torch.Tensor:
-        """The table the int8 groups stand for, ``[num_embeddings, embedding_dim]``."""
-        return self.forward(torch.arange(self.num_embeddings))
-
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 groups of {GROUP} (q8_0's form)"
 
 
-def quantize_input_embedding(model: nn.Module) -> bool:
+def quantize_input_embedding(model: nn.Module,
+                             rows: Callable[[str, int, int], torch.Tensor] | None = None) -> bool:
     """Put ``model``'s input embedding in ``Q8Embedding`` where it fits and nothing else holds
     its weight (a tied output head still reading it would keep the float32 table alive);
-    whether it did."""
+    whether it did. ``rows(name, first, stop)``: where the table's rows are read from (the
+    checkpoint's file, for a model built on the meta device), a chunk at a time, so the float
+    table is never whole in memory; by default its weight."""
     embedding = model.get_input_embeddings()
-    if not Q8Embedding.fits(embedding):
-        return False
     head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is embedding.weight:
+    if not Q8Embedding.fits(embedding) or (head is not None and getattr(head, "weight", None) is embedding.weight):
         return False
+    weight = embedding.weight
+    if rows is None:
+        table = Q8Embedding.of(weight, embedding.padding_idx)
+    else:
+        name = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is weight)
+        table = Q8Embedding.from_rows(lambda first, stop: rows(name, first, stop), tuple(weight.shape), weight.dtype,
+                                      embedding.padding_idx)
     try:
-        model.set_input_embeddings(Q8Embedding(embedding.weight, embedding.padding_idx))
+        model.set_input_embeddings(table)
     except NotImplementedError:  # a model that does not say where its embedding lives
         return False
     return True
