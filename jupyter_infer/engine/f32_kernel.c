@@ -29,17 +29,8 @@
 
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
 int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
-
-/* y's row r (=, or += with accumulate) the block's sums for row r and the bias, n outputs. */
-static void store(const float (*sums)[BLOCK], int mt, float *y, int width, int n, const float *b, int accumulate) {
-    for (int r = 0; r < mt; r++) {
-        float *yr = y + (size_t)r * width;
-        for (int o = 0; o < n; o++) {
-            const float v = sums[r][o] + (b ? b[o] : 0.f);
-            yr[o] = accumulate ? yr[o] + v : v;
-        }
-    }
-}
+void block_store(const float (*sums)[16], int mt, float *y, int width, int n, const float *b,
+                 int accumulate); /* layer_ops.c: a block's rows into y */
 
 /* A block's 16 float32 outputs for rows m0..m0+mt-1, into sums: mt a constant where inlined, so
    that the accumulators stay in registers. */
@@ -192,8 +183,8 @@ static inline __attribute__((always_inline)) void linears(const float *x, int M,
 #endif
 #undef PASS
             }
-            store(sums, mt, y + (size_t)m0 * width + offset[w] + n0, width, n, bias[w] ? bias[w] + n0 : NULL,
-                  accumulate);
+            block_store((const float (*)[BLOCK])sums, mt, y + (size_t)m0 * width + offset[w] + n0, width, n,
+                        bias[w] ? bias[w] + n0 : NULL, accumulate);
         }
     }
     free(xp);

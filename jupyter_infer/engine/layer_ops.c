@@ -99,6 +99,30 @@ int joint_blocks(int nw, const int *N, int *first, int *offset) {
     return width;
 }
 
+/* A block's results for mt rows into y: row r's n outputs (n <= 16) are sums[r] plus the bias b
+   (NULL: none), written to y + r * width, or added to what is there with accumulate. Every
+   kernel's blocks end here. */
+void block_store(const float (*sums)[16], int mt, float *y, int width, int n, const float *b, int accumulate) {
+#ifdef __AVX512F__
+    const __mmask16 live = (__mmask16)((1u << n) - 1u);
+    const __m512 bias = b ? _mm512_maskz_loadu_ps(live, b) : _mm512_setzero_ps();
+    for (int r = 0; r < mt; r++) {
+        float *at = y + (size_t)r * width;
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums[r]), bias);
+        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, at));
+        _mm512_mask_storeu_ps(at, live, v);
+    }
+#else
+    for (int r = 0; r < mt; r++) {
+        float *yr = y + (size_t)r * width;
+        for (int o = 0; o < n; o++) {
+            const float v = sums[r][o] + (b ? b[o] : 0.f);
+            yr[o] = accumulate ? yr[o] + v : v;
+        }
+    }
+#endif
+}
+
 /* y[M, K] = rms_row of each row of x: the norm q4_linears applies, on its own (for tests). */
 void q4_rms_norm(const float *x, int M, int K, const float *w, float eps, float *y) {
     for (int m = 0; m < M; m++) rms_row(x + (size_t)m * K, K, w, eps, y + (size_t)m * K);

@@ -34,6 +34,8 @@
 /* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
 int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
+void block_store(const float (*sums)[16], int mt, float *y, int width, int n, const float *b,
+                 int accumulate); /* layer_ops.c: a block's rows into y */
 
 /* One group of 32 activations as int8, in order (rounded to nearest, even on ties, as lrintf):
    its scale (max |v| / 127) and the sum of its ints. Shared with q8_kernel.c. */
@@ -111,16 +113,6 @@ static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int
     for (int t = 0; t < mt; t++) out[t] = acc[t];
 }
 
-static void store(const __m512 *out, int mt, float *y, int width, int n, const float *b, int accumulate) {
-    const __mmask16 live = (__mmask16)((1u << n) - 1u);
-    const __m512 bias = b ? _mm512_maskz_loadu_ps(live, b) : _mm512_setzero_ps();
-    for (int t = 0; t < mt; t++) {
-        float *at = y + (size_t)t * width;
-        __m512 v = _mm512_add_ps(out[t], bias);
-        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, at));
-        _mm512_mask_storeu_ps(at, live, v);
-    }
-}
 #else
 #define ROWS 4
 /* The same with 256-bit registers: a block's 16 outputs are two halves of 8. The nibbles are
@@ -186,13 +178,6 @@ static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int
     }
 }
 
-static void store(float (*out)[BLOCK], int mt, float *y, int width, int n, const float *b, int accumulate) {
-    for (int t = 0; t < mt; t++)
-        for (int o = 0; o < n; o++) {
-            float *at = y + (size_t)t * width + o;
-            *at = out[t][o] + (b ? b[o] : 0.f) + (accumulate ? *at : 0.f);
-        }
-}
 #endif
 
 /* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
@@ -239,8 +224,8 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
 #endif
 #undef PASS
             }
-            store(out, mt, y + (size_t)m0 * width + offset[w] + n0, width, n, bias[w] ? bias[w] + n0 : NULL,
-                  accumulate);
+            block_store((const float (*)[BLOCK])out, mt, y + (size_t)m0 * width + offset[w] + n0, width, n,
+                        bias[w] ? bias[w] + n0 : NULL, accumulate);
         }
     }
     free(normed);
