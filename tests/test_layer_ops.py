@@ -32,17 +32,24 @@ def test_joint_int4_linears_normalize_their_input_as_torch_does() -> None:
 
 def test_an_int4_down_projection_reads_swiglu_of_gate_and_up_as_torch_does() -> None:
     torch.manual_seed(3)
-    x = torch.randn(4, 2 * 104) * 4
+    x = torch.randn(4, 2 * 104) * 4  # 104: SwiGLU's vector loop and its tail
     x[0, :8] = torch.tensor([-100.0, -87.5, -20.0, -1e-8, 0.0, 1e-8, 20.0, 100.0])  # exp's far ends
     gate, up = x.chunk(2, dim=-1)
     ours = layer_ops.swiglu(x)
     torch.testing.assert_close(ours, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-30)
-    down = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(24, 104), None)])
+    x = torch.cat([x[:, :96], x[:, 104:200]], dim=-1)  # int4's input width: a multiple of 32
+    down = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(24, 96), None)])
     residual = torch.randn(4, 24)
-    expected = residual + down(ours)
+    expected = residual + down(layer_ops.swiglu(x))
     assert torch.equal(down(x, into=residual, gated=True), expected)  # the same SwiGLU, in the same call
-    with pytest.raises(ValueError, match="208 input columns"):
-        down(ours, gated=True)
+    with pytest.raises(ValueError, match="192 input columns"):
+        down(layer_ops.swiglu(x), gated=True)
+
+
+def test_int4_refuses_an_input_width_that_is_not_whole_groups() -> None:
+    # The kernel reads groups of 32: a tail would be dropped without a word.
+    with pytest.raises(ValueError, match="multiple of 32"):
+        q4_linear.Int4Linear.from_weight(torch.randn(24, 104), None)
 
 
 def test_qwen3s_per_head_norms_are_its_modules_in_place() -> None:

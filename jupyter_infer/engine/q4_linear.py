@@ -211,6 +211,8 @@ class Int4Linear(KernelLinear):
         """From the row form (``quantize``'s, GGUF's q4_0/q4_1): ``nibbles`` uint8 [N, K/2],
         ``scales`` (and ``mins``) float16 [N, K/32]; kept in the kernel's blocks (``to_blocks``)."""
         super().__init__()
+        if nibbles.shape[1] % (GROUP // 2):  # the kernel reads whole groups: a tail would be dropped
+            raise ValueError(f"int4 takes an input width that is a multiple of {GROUP}, not {nibbles.shape[1] * 2}")
         self._run = _kernel().q4_linear
         self.out_features, self.in_features = nibbles.shape[0], nibbles.shape[1] * 2
         # In huge pages: every step streams them whole (weight_arena.py).
