@@ -152,6 +152,7 @@ QUANTIZED = _Formats()
 # joint of one kind is one kernel call (``Int4Linears``); the checkpoint loader leaves their
 # buffers alone (the kernels hold their addresses).
 OURS = (Int4Linear, Q8Linear, F32Linear, BF16Linear)
+OURS_QUANTIZED = (Int4Linear, Q8Linear)  # beside these the input embedding is int8 too (q8_embedding.py)
 
 
 def swappable(quantize: str, in_features: int) -> bool:

@@ -30,6 +30,7 @@ from transformers.pytorch_utils import Conv1D
 from . import gguf_load
 from .cpu_linear import (
     OURS,
+    OURS_QUANTIZED,
     QUANTIZED,
     Int8Linear,
     LinearReport,
@@ -40,9 +41,7 @@ from .cpu_linear import (
 )
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
-from .q4_linear import Int4Linear
 from .q8_embedding import Q8Embedding, quantize_input_embedding
-from .q8_linear import Q8Linear
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +79,18 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
                 _leave_the_file(lm)
     else:
         lm, linears = streamed
-    if any(isinstance(m, (Int4Linear, Q8Linear)) for m in lm.modules()):
-        quantize_input_embedding(lm)  # int8 beside int4/int8 linears (q8_embedding.py)
+    if _quantized(lm):  # loaded whole, or from a GGUF (the streamed load did this as it read)
+        quantize_input_embedding(lm)
     lm.eval()
     release_freed()
     report = LoadReport(seconds=time.perf_counter() - start, streamed=streamed is not None,
                         weight_bytes=resident_bytes(lm), peak_rss_bytes=peak_rss(), rss_bytes=current_rss())
     return lm, linears, report
+
+
+def _quantized(lm: nn.Module) -> bool:
+    """Whether ``lm``'s linears are our int4 or int8 (its embedding then goes int8 too)."""
+    return any(isinstance(m, OURS_QUANTIZED) for m in lm.modules())
 
 
 def _leave_the_file(lm: nn.Module) -> None:
@@ -263,7 +267,7 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
             swapped += 1
             del weight, bias
             release_freed()
-        if any(isinstance(m, (Int4Linear, Q8Linear)) for m in lm.modules()):
+        if _quantized(lm):
             # Read a chunk of rows at a time: a real vocabulary's float table is the checkpoint's
             # largest tensor, and whole it would set the load's peak.
             quantize_input_embedding(lm, lambda name, first, stop: read_rows(files[source(name)], source(name),
