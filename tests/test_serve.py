@@ -96,9 +96,13 @@ def test_serve_runs_the_extension_alone_and_stops_cleanly_on_interrupt(tmp_path:
 @pytest.mark.parametrize("alone", [True, False])
 def test_a_local_server_alone_is_serve_and_otherwise_carries_jupyterlab(alone: bool) -> None:
     # The bench sets `LocalServer(alone=True)` beside llama-server: our server and nothing else.
+    from jupyter_infer import Client
     from jupyter_infer.kernel.launcher import LocalServer
 
     with LocalServer(alone=alone, engine="simulated") as server:
-        assert server.get("infer/status")["engine"] == "simulated"
+        # `api/status` answers before the engine has loaded (`engine` is None until then): wait
+        # as the bench does. A slow CI machine caught the test reading too early.
+        with Client(server.url, server.token, embedded=False) as client:
+            assert client.wait_ready(timeout=120)["engine"] == "simulated"
         lab = httpx.get(server.url + "lab", headers=server.headers)
         assert lab.status_code == (404 if alone else 200)
