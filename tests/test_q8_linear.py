@@ -77,3 +77,27 @@ def test_the_avx2_path_computes_the_same_on_an_avx512_machine(rows: int) -> None
     narrow.q8_linears(x.data_ptr(), rows, 192, *layer._joint._args, y.data_ptr(), 0, None, 0.0, 0)
     want = reference(x, layer)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_linear_built_a_chunk_of_rows_at_a_time_is_the_one_built_whole(kind: str) -> None:
+    # The loaders build a real vocabulary's output head this way (its float32 copy is never
+    # whole): chunks of whole 16-output blocks, the last one ragged, land where the whole
+    # weight's blocks would.
+    from jupyter_infer.engine.q4_linear import CHUNK_ROWS, Int4Linear
+
+    cls = Int4Linear if kind == "int4" else Q8Linear
+    weight, bias = torch.randn(CHUNK_ROWS + 37, 96), torch.randn(CHUNK_ROWS + 37)
+    asked: list[tuple[int, int]] = []
+
+    def rows(first: int, stop: int) -> torch.Tensor:
+        asked.append((first, stop))
+        return weight[first:stop].clone()
+
+    chunked, whole = cls.from_rows(rows, tuple(weight.shape), bias), cls.from_weight(weight, bias)
+    assert asked == [(0, CHUNK_ROWS), (CHUNK_ROWS, CHUNK_ROWS + 37)]
+    assert chunked.out_features == whole.out_features and chunked.in_features == whole.in_features
+    for name, buf in whole.named_buffers():
+        assert torch.equal(dict(chunked.named_buffers())[name], buf), name
+    x = torch.randn(3, 96)
+    torch.testing.assert_close(chunked(x), whole(x), rtol=0, atol=0)

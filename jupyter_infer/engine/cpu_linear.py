@@ -148,11 +148,27 @@ class _Formats(Mapping):
 
 QUANTIZED = _Formats()
 
+
+def from_rows(quantize: str) -> Callable[[q4_linear.Rows, tuple[int, int], torch.Tensor | None], nn.Module] | None:
+    """What builds a linear in ``quantize``'s format from its weight's rows, a chunk at a time
+    (``Int4Linear.from_rows``); None where the format takes the whole weight at once (float,
+    fbgemm's int8)."""
+    if quantize not in QUANTIZED:
+        return None
+    make = QUANTIZED[quantize][0]
+    return {Int4Linear.from_weight: Int4Linear.from_rows, Q8Linear.from_weight: Q8Linear.from_rows}.get(make)
+
+
 # Our kernels' linears (int4 in q4_0's form, int8 in q8_0's, float32 and bfloat16 in blocks): a
 # joint of one kind is one kernel call (``Int4Linears``); the checkpoint loader leaves their
 # buffers alone (the kernels hold their addresses).
 OURS = (Int4Linear, Q8Linear, F32Linear, BF16Linear)
 OURS_QUANTIZED = (Int4Linear, Q8Linear)  # beside these the input embedding is int8 too (q8_embedding.py)
+
+
+def quantized_by_us(model: nn.Module) -> bool:
+    """Whether ``model``'s linears are our int4 or int8 (its input embedding then goes int8 too)."""
+    return any(isinstance(m, OURS_QUANTIZED) for m in model.modules())
 
 
 def swappable(quantize: str, in_features: int) -> bool:

@@ -35,10 +35,19 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from transformers.pytorch_utils import Conv1D
 
 from . import q4_linear
-from .cpu_linear import QUANTIZED, LinearReport, float_linears, int8_available, swappable
+from .cpu_linear import (
+    QUANTIZED,
+    LinearReport,
+    float_linears,
+    from_rows,
+    int8_available,
+    quantized_by_us,
+    swappable,
+)
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import release_freed
-from .q4_linear import Int4Linear
+from .q4_linear import Int4Linear, Rows
+from .q8_embedding import quantize_input_embedding
 
 # The file's block types served as int4 when ``quantize`` is "none"; the float ones stay
 # float, and every other (q5_*, q6_K, q8_0: wider than 4 bits) is served as int8.
@@ -48,6 +57,10 @@ _FLOAT = {"F32", "F16", "BF16", "F64"}
 # Processors that only reorder a weight's rows (Llama's q/k un-permutation) or nothing: their
 # work applies to rows of blocks as it does to rows of floats.
 _ROW_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
+# The vocabulary's tables, which those processors leave as they are: a real vocabulary makes
+# them the file's largest tensors (Qwen2.5-0.5B's 151,936 x 896: 545 MB in float32), so they are
+# dequantized a chunk of rows at a time on their way into int4/int8, never whole.
+_VOCABULARY = ("token_embd.weight", "output.weight")
 # GGUF's names for architectures transformers calls otherwise (its loader's own renames).
 _ALIASES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "minimax-m2": "minimax_m2"}
 
@@ -115,13 +128,19 @@ def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
     start, formats = time.perf_counter(), {}
     floats: dict[str, torch.Tensor] = {}
     kinds: dict[str, str] = {}  # each float tensor's block type in the file
+    by_rows = device == "cpu" and rows_only  # the vocabulary's tables may be read by rows
+    tables: dict[str, _Tensor] = {}  # the input embedding's, read once the linears are built
     with torch.no_grad():
         # Everything but the linears' weights first (norms, embeddings, biases: small), so a
         # linear is built once with its bias.
         for tensor in file.tensors:
             hf = names.get(tensor.name)
             if hf is not None and hf not in linears:
-                floats[hf], kinds[hf] = torch.from_numpy(_dequantized(path, tensor, processor, names)).to(dtype), tensor.kind
+                kinds[hf] = tensor.kind
+                if by_rows and tensor.name in _VOCABULARY:
+                    tables[hf] = tensor
+                else:
+                    floats[hf] = torch.from_numpy(_dequantized(path, tensor, processor, names)).to(dtype)
         for tensor in file.tensors:
             hf = names.get(tensor.name)
             if hf not in linears:
@@ -133,6 +152,8 @@ def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
                 raw = _read(path, tensor).reshape(tensor.shape[0], -1)
                 raw = processor.process(weights=raw, name=tensor.name).weights
                 module = Int4Linear(*_DIRECT[tensor.kind](np.ascontiguousarray(raw)), bias)
+            elif by_rows and tensor.name in _VOCABULARY and (chunked := from_rows(fmt)) is not None:
+                module = chunked(_rows(path, tensor), (tensor.shape[0], tensor.shape[1]), bias)
             else:
                 weight = torch.from_numpy(_dequantized(path, tensor, processor, names))
                 module = _linear(weight.t() if type(child) is Conv1D else weight, bias, fmt, packed, dtype)
@@ -140,7 +161,13 @@ def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
             formats[fmt] = formats.get(fmt, 0) + 1
             del module
             release_freed()  # the tensor's float copies: back to the system before the next one
-        _tie_missing(lm, floats, kinds, linears, quantize, device, packed, dtype, formats)
+        _tie_missing(lm, floats, kinds, tables, path, linears, quantize, device, packed, dtype, formats)
+        if tables and quantized_by_us(lm):  # the input embedding in int8 beside them (q8_embedding)
+            table = next(iter(tables.values()))
+            if quantize_input_embedding(lm, lambda _name, first, stop: _rows(path, table)(first, stop)):
+                tables.clear()
+        for hf, tensor in tables.items():  # still float: whole
+            floats[hf] = torch.from_numpy(_dequantized(path, tensor, processor, names)).to(dtype)
         for hf, value in floats.items():
             put_tensor(lm, hf, value)
         init_missing_buffers(lm)  # what it cannot compute stays on meta, named below
@@ -222,26 +249,41 @@ def _format(kind: str, quantize: str, child: nn.Module, device: str) -> str:
     return fmt if fmt == "none" or swappable(fmt, in_features(child)) else "none"
 
 
-def _read(path: Path, tensor: _Tensor) -> np.ndarray:
-    """A tensor's bytes, read into memory of their own."""
-    out = np.empty(tensor.size, dtype=np.uint8)
+def _read(path: Path, tensor: _Tensor, first: int = 0, size: int | None = None) -> np.ndarray:
+    """A tensor's bytes (``size`` of them from byte ``first`` on), read into memory of their own."""
+    size = tensor.size - first if size is None else size
+    out = np.empty(size, dtype=np.uint8)
     with open(path, "rb") as f:
-        f.seek(tensor.offset)
-        if f.readinto(memoryview(out)) != tensor.size:
+        f.seek(tensor.offset + first)
+        if f.readinto(memoryview(out)) != size:
             raise OSError(f"{path} ends inside tensor {tensor.name!r}")
     return out
 
 
-def _dequantized(path: Path, tensor: _Tensor, processor: object, names: dict[str, str]) -> np.ndarray:
-    """One tensor as float32 in transformers' layout (its processor's reordering applied)."""
+def _as_float(raw: np.ndarray, kind: str, rows: int) -> np.ndarray:
+    """Bytes of ``rows`` rows of a tensor of block type ``kind`` as float32 ``[rows, ...]``."""
     from gguf import GGMLQuantizationType, dequantize
 
-    raw, shape = _read(path, tensor), tensor.shape
-    if tensor.kind in ("F32", "F16", "F64"):
-        value = raw.view({"F32": np.float32, "F16": np.float16, "F64": np.float64}[tensor.kind]).astype(np.float32)
-    else:
-        rows = shape[0] if len(shape) > 1 else 1
-        value = dequantize(raw.reshape(rows, -1), GGMLQuantizationType[tensor.kind]).astype(np.float32)
+    if kind in ("F32", "F16", "F64"):
+        return raw.view({"F32": np.float32, "F16": np.float16, "F64": np.float64}[kind]).astype(np.float32)
+    return dequantize(raw.reshape(rows, -1), GGMLQuantizationType[kind]).astype(np.float32)
+
+
+def _rows(path: Path, tensor: _Tensor) -> Rows:
+    """A vocabulary table's float32 rows ``first:stop``, read and dequantized on demand."""
+    row = tensor.size // tensor.shape[0]  # whole blocks a row: a row's width is whole blocks
+
+    def rows(first: int, stop: int) -> torch.Tensor:
+        raw = _read(path, tensor, first * row, (stop - first) * row)
+        return torch.from_numpy(_as_float(raw, tensor.kind, stop - first).reshape(stop - first, -1))
+
+    return rows
+
+
+def _dequantized(path: Path, tensor: _Tensor, processor: object, names: dict[str, str]) -> np.ndarray:
+    """One tensor as float32 in transformers' layout (its processor's reordering applied)."""
+    shape = tensor.shape
+    value = _as_float(_read(path, tensor), tensor.kind, shape[0] if len(shape) > 1 else 1)
     return np.ascontiguousarray(processor.process(weights=value.reshape(shape), name=tensor.name,
                                                   tensor_key_mapping=names, parsed_parameters={"tensors": {}}).weights)
 
@@ -312,15 +354,26 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, packed: t
 
 
 def _tie_missing(lm: nn.Module, floats: dict[str, torch.Tensor], kinds: dict[str, str],
+                 tables: dict[str, _Tensor], path: Path,
                  linears: dict[str, tuple[nn.Module, str, nn.Module]], quantize: str, device: str,
                  packed: type[nn.Module] | None, dtype: torch.dtype, formats: dict[str, int]) -> None:
     """A linear the file has no tensor for, tied to one it has (the LM head of a model with
-    tied embeddings: GGUF stores ``token_embd`` once): built from that tensor."""
+    tied embeddings: GGUF stores ``token_embd`` once): built from that tensor (from its
+    rows, a chunk at a time, where it is a vocabulary table going int4 or int8)."""
     tied = dict(getattr(lm, "all_tied_weights_keys", {}) or {})
     for hf, (parent, attr, child) in linears.items():
         if getattr(parent, attr) is not child:
             continue  # built from its own tensor
         source = tied.get(hf)
+        if source in tables:
+            table = tables[source]
+            fmt = _format(table.kind, quantize, child, device)
+            if (chunked := from_rows(fmt)) is not None:
+                setattr(parent, attr, chunked(_rows(path, table), (table.shape[0], table.shape[1]), None))
+                formats[fmt] = formats.get(fmt, 0) + 1
+                continue
+            floats[source] = _rows(path, table)(0, table.shape[0]).to(dtype)  # float: whole after all
+            del tables[source]
         if source not in floats:
             continue  # left on meta: load_model names it
         fmt = _format(kinds[source], quantize, child, device)

@@ -30,12 +30,13 @@ from transformers.pytorch_utils import Conv1D
 from . import gguf_load
 from .cpu_linear import (
     OURS,
-    OURS_QUANTIZED,
     QUANTIZED,
     Int8Linear,
     LinearReport,
     PackedLinear,
     float_linears,
+    from_rows,
+    quantized_by_us,
     swap_linears,
     swappable,
 )
@@ -79,18 +80,13 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
                 _leave_the_file(lm)
     else:
         lm, linears = streamed
-    if _quantized(lm):  # loaded whole, or from a GGUF (the streamed load did this as it read)
+    if quantized_by_us(lm):  # loaded whole, or from a GGUF (the streamed load did this as it read)
         quantize_input_embedding(lm)
     lm.eval()
     release_freed()
     report = LoadReport(seconds=time.perf_counter() - start, streamed=streamed is not None,
                         weight_bytes=resident_bytes(lm), peak_rss_bytes=peak_rss(), rss_bytes=current_rss())
     return lm, linears, report
-
-
-def _quantized(lm: nn.Module) -> bool:
-    """Whether ``lm``'s linears are our int4 or int8 (its embedding then goes int8 too)."""
-    return any(isinstance(m, OURS_QUANTIZED) for m in lm.modules())
 
 
 def _leave_the_file(lm: nn.Module) -> None:
@@ -255,23 +251,33 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     def read(name: str) -> torch.Tensor:
         return read_tensor(files[source(name)], source(name))
 
+    def rows(name: str, first: int, stop: int) -> torch.Tensor:
+        return read_rows(files[source(name)], source(name), first, stop)
+
+    chunked = from_rows(quantize)
     start, swapped = time.perf_counter(), 0
     with torch.no_grad():
         for weight_name, (parent, attr, child) in linear_slots(lm).items():
             if not swappable(quantize, in_features(child)):
                 continue  # left on meta: read with the float tensors below
-            weight = read(weight_name).float()
-            weight = weight.t() if type(child) is Conv1D else weight
             bias = read(f"{weight_name.removesuffix('.weight')}.bias").float() if child.bias is not None else None
-            setattr(parent, attr, make(weight, bias))
+            if chunked is not None and type(child) is not Conv1D:
+                # Quantized a chunk of rows at a time: a real vocabulary's (tied) output head is
+                # the checkpoint's largest tensor, and whole in float32 it would set the peak.
+                module = chunked(lambda first, stop, name=weight_name: rows(name, first, stop).float(),
+                                 (child.out_features, child.in_features), bias)
+            else:
+                weight = read(weight_name).float()
+                module = make(weight.t() if type(child) is Conv1D else weight, bias)
+                del weight
+            setattr(parent, attr, module)
             swapped += 1
-            del weight, bias
+            del module, bias
             release_freed()
-        if _quantized(lm):
+        if quantized_by_us(lm):
             # Read a chunk of rows at a time: a real vocabulary's float table is the checkpoint's
             # largest tensor, and whole it would set the load's peak.
-            quantize_input_embedding(lm, lambda name, first, stop: read_rows(files[source(name)], source(name),
-                                                                            first, stop))
+            quantize_input_embedding(lm, rows)
         seconds = time.perf_counter() - start
         for name, param in list(lm.named_parameters(remove_duplicate=False)):
             if param.device.type == "meta":

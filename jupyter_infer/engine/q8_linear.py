@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import weight_arena
-from .q4_linear import GROUP, Int4Linears, KernelLinear, _kernel, own_bias
+from .q4_linear import GROUP, Int4Linears, KernelLinear, Rows, _kernel, own_bias, row_chunks
 
 BLOCK = 16  # outputs a block
 
@@ -63,6 +63,21 @@ class Q8Linear(KernelLinear):
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Q8Linear:
         return cls(*quantize(weight), weight.shape[0], weight.shape[1], bias)
+
+    @classmethod
+    def from_rows(cls, rows: Rows, shape: tuple[int, int], bias: torch.Tensor | None) -> Q8Linear:
+        """``from_weight`` of the ``[N, K]`` weight that ``rows`` gives a chunk at a time (its
+        float copy is never whole). A chunk is whole blocks of 16 outputs, so its blocks are the
+        weight's blocks at the chunk's offset."""
+        n, k = shape
+        g, blocks = k // GROUP, -(-n // BLOCK)
+        packed = torch.empty(blocks * BLOCK * k, dtype=torch.int8)
+        scales = torch.empty(blocks * BLOCK * g, dtype=torch.float16)
+        for first, stop in row_chunks(n):
+            p, s = quantize(rows(first, stop))
+            packed[first * k:first * k + p.numel()] = p
+            scales[first * g:first * g + s.numel()] = s
+        return cls(packed, scales, n, k, bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 groups of {GROUP}"
