@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from jupyter_infer.engine import gguf_load, hf_load, q4_linear
 from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import Int4Linear
-from jupyter_infer.engine.q8_embedding import Q8Embedding
+from jupyter_infer.engine.q8_embedding import Q8Embedding, TiedQ8Embedding
 from jupyter_infer.engine.q8_linear import Q8Linear
 
 pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
@@ -55,8 +55,11 @@ def _assert_built_from(lm: torch.nn.Module, table: torch.Tensor, head: torch.Ten
     """``lm``'s embedding and head are what the whole float tables make."""
     embedding, out = lm.get_input_embeddings(), lm.get_output_embeddings()
     assert isinstance(embedding, Q8Embedding) and type(out) is kind
-    whole = Q8Embedding.of(table)
-    assert torch.equal(embedding.packed, whole.packed) and torch.equal(embedding.scales, whole.scales)
+    # A tied int8 head serves the lookups from its own blocks: the table is held once.
+    tied = lm.config.tie_word_embeddings and kind is Q8Linear
+    assert isinstance(embedding, TiedQ8Embedding) == tied
+    ids = torch.arange(table.shape[0]).reshape(-1, 16)
+    assert torch.equal(embedding(ids), Q8Embedding.of(table)(ids))
     want = dict(kind.from_weight(head, None).named_buffers())
     for name, buf in out.named_buffers():
         assert torch.equal(buf, want[name]), name
@@ -70,8 +73,14 @@ def test_a_tied_checkpoint_reads_its_table_by_rows_for_the_head_and_the_embeddin
     monkeypatch.setattr(hf_load, "read_tensor", lambda path, name: read_whole.append(name) or real(path, name))
     lm = _load(tied_dir, quantize)
     assert "model.embed_tokens.weight" not in read_whole and read_whole  # the norms are read whole
-    table = load_file(str(tied_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    checkpoint = load_file(str(tied_dir / "model.safetensors"))
+    table = checkpoint["model.embed_tokens.weight"]
     _assert_built_from(lm, table, table, kind)
+    assert hf_load.parameter_count(lm) == sum(t.numel() for t in checkpoint.values())
+    if kind is Q8Linear:  # one storage for the head and the lookups, counted once
+        head_bytes = lm.lm_head.packed.untyped_storage()
+        assert lm.get_input_embeddings().packed.untyped_storage().data_ptr() == head_bytes.data_ptr()
+        assert hf_load.resident_bytes(lm) < hf_load.resident_bytes(lm.model.layers) + 1.1 * head_bytes.nbytes()
     ids = torch.randint(5, 1900, (1, 12), generator=torch.Generator().manual_seed(0))
     f32 = AutoModelForCausalLM.from_pretrained(tied_dir, dtype=torch.float32)
     with torch.no_grad():  # the tied model computes what the checkpoint says, within int rounding

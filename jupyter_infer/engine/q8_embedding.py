@@ -6,7 +6,10 @@ real checkpoint's vocabulary the largest of all: Qwen2.5-0.5B's 151,936 x 896 is
 float32, against ~200 MB for every int4 linear of the model; Llama-3.2-1B's 128,256 x 2048 is
 1.05 GB. A step looks up a few rows, so dequantizing them costs nothing measurable. llama.cpp
 keeps ``token_embd`` in q8_0 or narrower too. A tied output head is its own quantized copy
-already (``cpu_linear``), so the embedding's float32 weight is then held by nothing else.
+already (``cpu_linear``), so the embedding's float32 weight is then held by nothing else; where
+that head is our int8 (q8_0's form too, the same rounding), ``TiedQ8Embedding`` looks rows up in
+the head's blocks, and the table is held once, as llama.cpp holds a tied ``token_embd`` (a
+Qwen2.5-0.5B q4_0 file's is q8_0: 138 MB, not twice that).
 
 Only a plain ``nn.Embedding`` is replaced: subclasses that scale or otherwise change what a
 lookup returns (Gemma's) stay as they are.
@@ -18,6 +21,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from .q8_linear import BLOCK, Q8Linear
 
 GROUP = 32
 _CHUNK = 1024  # rows quantized at a time: the float temporaries stay small for any vocabulary
@@ -70,12 +75,40 @@ class Q8Embedding(nn.Module):
                 and module.weight.device.type in ("cpu", "meta"))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.packed[ids].reshape(*ids.shape, -1, GROUP).to(torch.float32)
-        out = rows * self.scales[ids].to(torch.float32).unsqueeze(-1)
+        rows, scales = self._groups(ids)
+        out = rows.to(torch.float32) * scales.to(torch.float32).unsqueeze(-1)
         return out.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
+
+    def _groups(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' int8 ``[*ids, G, 32]`` and their scales ``[*ids, G]``."""
+        return self.packed[ids].reshape(*ids.shape, -1, GROUP), self.scales[ids]
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8 groups of {GROUP} (q8_0's form)"
+
+
+class TiedQ8Embedding(Q8Embedding):
+    """The input embedding of a model whose output head is tied to it and is our int8
+    (``Q8Linear``): lookups read the head's blocks, so the table is held once. Its rows are what
+    ``Q8Embedding.of`` of the float table would hold: the same q8_0 rounding."""
+
+    def __init__(self, head: Q8Linear, dtype: torch.dtype, padding_idx: int | None = None) -> None:
+        nn.Module.__init__(self)  # not Q8Embedding's: no table of its own
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.padding_idx, self.dtype = padding_idx, dtype
+        groups, blocks = head.in_features // GROUP, -(-head.out_features // BLOCK)
+        # Views of the head's buffers ([block, group, word, output, 4 bytes]; [block, group,
+        # output]): one storage, which resident_bytes counts once.
+        self.register_buffer("packed", head.packed.view(blocks, groups, GROUP // 4, BLOCK, 4), persistent=False)
+        self.register_buffer("scales", head.scales.view(blocks, groups, BLOCK), persistent=False)
+
+    def _groups(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        block, output = ids // BLOCK, ids % BLOCK
+        # Index tensors split by slices: their dimensions come first ([*ids, G, word, 4 bytes]).
+        return self.packed[block, :, :, output, :].flatten(-2), self.scales[block, :, output]
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, read from the tied output head's blocks"
 
 
 def quantize_input_embedding(model: nn.Module,
@@ -90,7 +123,9 @@ def quantize_input_embedding(model: nn.Module,
     if not Q8Embedding.fits(embedding) or (head is not None and getattr(head, "weight", None) is embedding.weight):
         return False
     weight = embedding.weight
-    if rows is None:
+    if isinstance(head, Q8Linear) and _tied(model) and (head.out_features, head.in_features) == tuple(weight.shape):
+        table = TiedQ8Embedding(head, weight.dtype, embedding.padding_idx)
+    elif rows is None:
         table = Q8Embedding.of(weight, embedding.padding_idx)
     else:
         name = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is weight)
@@ -101,3 +136,10 @@ def quantize_input_embedding(model: nn.Module,
     except NotImplementedError:  # a model that does not say where its embedding lives
         return False
     return True
+
+
+def _tied(model: nn.Module) -> bool:
+    """Whether the model's output head is its input embedding's weight (its config says so)."""
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(config, "tie_word_embeddings", False))
