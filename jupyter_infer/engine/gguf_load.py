@@ -162,10 +162,8 @@ def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
             del module
             release_freed()  # the tensor's float copies: back to the system before the next one
         _tie_missing(lm, floats, kinds, tables, path, linears, quantize, device, packed, dtype, formats)
-        if tables and quantized_by_us(lm):  # the input embedding in int8 beside them (q8_embedding)
-            table = next(iter(tables.values()))
-            if quantize_input_embedding(lm, lambda _name, first, stop: _rows(path, table)(first, stop)):
-                tables.clear()
+        if tables and quantized_by_us(lm) and _embedding_by_rows(lm, tables, path):
+            tables.clear()
         for hf, tensor in tables.items():  # still float: whole
             floats[hf] = torch.from_numpy(_dequantized(path, tensor, processor, names)).to(dtype)
         for hf, value in floats.items():
@@ -278,6 +276,17 @@ def _rows(path: Path, tensor: _Tensor) -> Rows:
         return torch.from_numpy(_as_float(raw, tensor.kind, stop - first).reshape(stop - first, -1))
 
     return rows
+
+
+def _embedding_by_rows(lm: nn.Module, tables: dict[str, _Tensor], path: Path) -> bool:
+    """The input embedding in int8 beside int4/int8 linears (``q8_embedding``), read from its
+    table by rows (or looked up in a tied int8 head's blocks); whether it is."""
+    weight = getattr(lm.get_input_embeddings(), "weight", None)
+    name = next((n for n, p in lm.named_parameters(remove_duplicate=False) if p is weight), None)
+    if name not in tables:
+        return False
+    rows = _rows(path, tables[name])
+    return quantize_input_embedding(lm, lambda _name, first, stop: rows(first, stop))
 
 
 def _dequantized(path: Path, tensor: _Tensor, processor: object, names: dict[str, str]) -> np.ndarray:
