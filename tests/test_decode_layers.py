@@ -60,25 +60,24 @@ def _counting(one_call, calls: list[int]):  # noqa: ANN001, ANN202 - a spy aroun
     return Spy()
 
 
-@pytest.mark.parametrize(("kind", "quantize"), [("llama", "int4"), ("qwen2", "int4"), ("qwen3", "int4"),
-                                                 ("llama", "int8"), ("qwen3", "int8"), ("llama", "none"),
-                                                 ("qwen2", "none")])
-def test_one_call_gives_the_per_layer_logits_to_the_bit(kind: str, quantize: str, tiny_model_dir: Path,
+@pytest.mark.parametrize(("kind", "quantize", "dtype"), [
+    ("llama", "int4", "float32"), ("qwen2", "int4", "float32"), ("qwen3", "int4", "float32"),
+    ("llama", "int8", "float32"), ("qwen3", "int8", "float32"), ("llama", "none", "float32"),
+    ("qwen2", "none", "float32"), ("llama", "none", "bfloat16")])
+def test_one_call_gives_the_per_layer_logits_to_the_bit(kind: str, quantize: str, dtype: str, tiny_model_dir: Path,
                                                         tmp_path: Path) -> None:
-    # qwen2: q/k/v biases; qwen3: per-head q/k norms; int8: our q8_0-form linears; none: float32 in ours
-    engine = HFEngine(str(checkpoint(kind, tiny_model_dir, tmp_path / kind)), dtype="float32", num_threads=2,
+    # qwen2: q/k/v biases; qwen3: per-head q/k norms; int8: our q8_0-form linears; none: float32
+    # in ours; bfloat16: our bfloat16 blocks in a float32 model (hf_load.held_as)
+    engine = HFEngine(str(checkpoint(kind, tiny_model_dir, tmp_path / kind)), dtype=dtype, num_threads=2,
                       quantize=quantize)
     assert engine._lean.one_call is not None
     assert torch.equal(_steps(engine, one_call=True), _steps(engine, one_call=False))
 
 
-@pytest.mark.parametrize(("dtype", "prepack"), [("float32", False), ("bfloat16", True)])
-def test_eager_and_bfloat16_layers_keep_the_per_layer_path(dtype: str, prepack: bool, tiny_model_dir: Path,
-                                                tmp_path: Path) -> None:
-    # eager float32 linears are aten's; a bfloat16 model's norms and activations are bfloat16:
-    # both are called layer by layer.
-    engine = HFEngine(str(checkpoint("llama", tiny_model_dir, tmp_path / "llama")), dtype=dtype, num_threads=1,
-                      prepack_weights=prepack)
+def test_eager_layers_keep_the_per_layer_path(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # eager float32 linears are aten's: called layer by layer.
+    engine = HFEngine(str(checkpoint("llama", tiny_model_dir, tmp_path / "llama")), dtype="float32", num_threads=1,
+                      prepack_weights=False)
     assert engine._lean is not None and engine._lean.one_call is None
 
 

@@ -6,6 +6,8 @@ and the AVX2 paths, and a row's numbers are its own whatever its batch-mates."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -80,3 +82,30 @@ def test_the_narrower_paths_compute_the_same_on_an_avx512_machine(flags: tuple[s
     layer, x, y = kind(w, b), torch.randn(rows, 193), torch.empty(rows, 40)
     getattr(narrow, kind.JOINT)(x.data_ptr(), rows, 193, *layer._joint._args, y.data_ptr(), 0, None, 0.0, 0)
     _close(y, _expected(x, layer, b, flags))
+
+
+def test_a_bfloat16_checkpoint_on_the_cpu_is_float32_with_bfloat16_weights(llama_model_dir: Path) -> None:
+    # Held as float32 (hf_load.held_as): the weights are bfloat16's rounding, half the read, and
+    # the decode step runs in C; what the model computes is the checkpoint with its linears'
+    # weights rounded to bfloat16.
+    from transformers import AutoModelForCausalLM
+
+    from jupyter_infer.engine.hf import HFEngine
+
+    engine = HFEngine(str(llama_model_dir), dtype="bfloat16", num_threads=2)
+    assert engine.info.dtype == "bfloat16" and "bfloat16" in engine.info.details["linear_kernels"]
+    linears = [m for m in engine.model.modules() if isinstance(m, F32Linear)]
+    assert linears and all(type(m) is BF16Linear for m in linears)
+    assert {p.dtype for p in engine.model.parameters()} == {torch.float32}
+    c = engine.model.config
+    assert engine.kv_bytes_per_token == 2 * 4 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim  # float32
+    assert engine._lean.one_call is not None
+    reference = AutoModelForCausalLM.from_pretrained(llama_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for module in reference.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(module.weight.bfloat16().float())
+        ids = torch.randint(5, 1900, (1, 24), generator=torch.Generator().manual_seed(0))
+        want, got = reference(ids).logits, engine.model(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0.05 * want.abs().max().item())
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9

@@ -26,10 +26,12 @@ void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, c
 void f32_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
                  const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                  const float *norm, float eps, int gated);
+void bf16_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
+                  const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                  const float *norm, float eps, int gated);
 
-/* Linears over one input, as q4_linears (bits 4), q8_linears (bits 8) or f32_linears (bits 32)
-   takes them (q/k/v, o,
-   gate/up, down). */
+/* Linears over one input, as q4_linears (bits 4), q8_linears (bits 8), bf16_linears (bits 16) or
+   f32_linears (bits 32) takes them (q/k/v, o, gate/up, down). */
 typedef struct {
     int bits;
     int nw;
@@ -53,7 +55,10 @@ typedef struct {
 
 static void run(const q4_joint *j, const float *x, int M, int K, float *y, int accumulate, const float *norm,
                 float eps, int gated) {
-    if (j->bits == 32)
+    if (j->bits == 16)
+        bf16_linears(x, M, K, j->nw, (const void *const *)j->qw, (const void *const *)j->scales,
+                     (const void *const *)j->mins, j->N, j->bias, y, accumulate, norm, eps, gated);
+    else if (j->bits == 32)
         f32_linears(x, M, K, j->nw, (const void *const *)j->qw, (const void *const *)j->scales,
                     (const void *const *)j->mins, j->N, j->bias, y, accumulate, norm, eps, gated);
     else if (j->bits == 8)

@@ -1,5 +1,6 @@
 """A decode step's decoder layers in one C call (``decode_layers.c``), for the Llama family
-with our int4, int8 or float32 linears (``q4_linear``, ``q8_linear``, ``f32_linear``), in float32.
+with our int4, int8, bfloat16 or float32 linears (``q4_linear``, ``q8_linear``, ``f32_linear``), in
+float32 (a bfloat16 checkpoint on the CPU is held so: ``hf_load``).
 
 ``LlamaForward`` with the C ops still called seven functions a layer from Python, with their
 checks, views and the KV cache's bookkeeping: ~1 ms of a 0.5 B model's ~9 ms one-row step on a
@@ -16,14 +17,14 @@ import ctypes
 import torch
 from torch import nn
 
-from .f32_linear import F32Linear
+from .f32_linear import BF16Linear, F32Linear
 from .kv_cache import GrowingLayer
 from .q4_linear import Int4Linear, Int4Linears, _kernel
 from .q8_linear import Q8Linear
 
 # The linears a layer's joints may be, one kind a joint, and the bits decode_layers.c's run() reads
-# for each. Not bfloat16's: a bfloat16 model's norms and activations are bfloat16 (DecodeLayers.of).
-_BITS = {Int4Linear: 4, Q8Linear: 8, F32Linear: 32}
+# for each (in a float32 model: DecodeLayers.of).
+_BITS = {Int4Linear: 4, Q8Linear: 8, BF16Linear: 16, F32Linear: 32}
 
 _ptr = ctypes.c_void_p
 
@@ -138,7 +139,7 @@ class DecodeLayers:
 
 
 def _grouped(linears: tuple[nn.Module, ...]) -> bool:
-    """Linears one kernel call takes: all int4, all int8 (q8_0's form) or all float32 (ours)."""
+    """Linears one kernel call takes: all int4, all int8 (q8_0's form), all bfloat16 or all float32 (ours)."""
     return any(all(type(lin) is kind for lin in linears) for kind in _BITS)
 
 

@@ -40,6 +40,7 @@ from .cpu_linear import (
     swap_linears,
     swappable,
 )
+from .f32_linear import BF16Linear
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
 from .q8_embedding import Q8Embedding, quantize_input_embedding
@@ -70,7 +71,7 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
         streamed = gguf_load.load_model(model, dtype=dtype, device=device, quantize=quantize, prepack=prepack)
     elif device == "cpu" and (ours := _our_linears(quantize, dtype, prepack)) is not None:
         folder = _safetensors_folder(model, local_files_only)
-        streamed = _load_streamed(folder, dtype, quantize, *ours) if folder else None
+        streamed = _load_streamed(folder, held_as(dtype, ours[0]), quantize, *ours) if folder else None
     if streamed is None:
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, local_files_only=local_files_only).to(device)
         linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
@@ -227,6 +228,17 @@ def _our_linears(quantize: str, dtype: torch.dtype, prepack: bool) -> tuple[Call
         return QUANTIZED[quantize]
     make, kernels = float_linears(dtype, prepack)
     return (make, kernels) if make in OURS else None
+
+
+def held_as(dtype: torch.dtype, make: Callable[..., nn.Module]) -> torch.dtype:
+    """The dtype a model of ``dtype`` whose linears ``make`` builds is held in: float32 where they
+    are our bfloat16 blocks. Their kernel reads and writes float32 (on AVX512-BF16 the activations
+    meet the weights rounded to bfloat16, as a bfloat16 model's are), and a float32 model's
+    decode step runs in C (``layer_ops``, ``decode_layers``) where a bfloat16 one's runs torch's
+    ops a layer at a time: the same half-size weight read, for the 0.5b shape ~1.5x the tokens
+    per second (docs/engine.md). Norms and embeddings are then float32 (small but for a real
+    vocabulary's table), and so is the KV cache."""
+    return torch.float32 if make is BF16Linear else dtype
 
 
 def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callable[..., nn.Module],
