@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from jupyter_infer.engine import gguf_load, hf_load, q4_linear
+from jupyter_infer.engine.float_embedding import BF16Embedding, TiedFloatEmbedding
 from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import Int4Linear
 from jupyter_infer.engine.q8_embedding import Q8Embedding, TiedQ8Embedding
@@ -119,3 +120,32 @@ def test_a_float_model_from_a_gguf_file_keeps_its_table_whole_and_float(
     whole = _gguf_tables(monkeypatch)
     lm = _load(path, "none")
     assert "token_embd.weight" in whole and type(lm.get_input_embeddings()) is torch.nn.Embedding
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_float_models_table_is_held_once_and_a_bfloat16_ones_in_bfloat16(
+        llama_model_dir: Path, tied_dir: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, tied: bool) -> None:
+    # float32 and bfloat16 checkpoints on the CPU are float32 models with our float kernel's
+    # linears (bfloat16: hf_load.held_as). A tied head's blocks serve the lookups; an untied
+    # bfloat16 model's table stays bfloat16 (read by rows), a float32 one's is the model's own.
+    source = tied_dir if tied else llama_model_dir
+    read_whole: list[str] = []
+    real = hf_load.read_tensor
+    monkeypatch.setattr(hf_load, "read_tensor", lambda path, name: read_whole.append(name) or real(path, name))
+    lm, _, load = load_causal_lm(str(source), dtype=dtype, device="cpu", local_files_only=True,
+                                 quantize="none", prepack=True)
+    checkpoint = load_file(str(source / "model.safetensors"))
+    table = checkpoint["model.embed_tokens.weight"]
+    embedding = lm.get_input_embeddings()
+    want = {(True, torch.float32): TiedFloatEmbedding, (True, torch.bfloat16): TiedFloatEmbedding,
+            (False, torch.bfloat16): BF16Embedding, (False, torch.float32): torch.nn.Embedding}[(tied, dtype)]
+    assert type(embedding) is want
+    ids = torch.arange(table.shape[0]).reshape(-1, 8)
+    assert torch.equal(embedding(ids), torch.nn.functional.embedding(ids, table.to(dtype).float()))
+    assert hf_load.parameter_count(lm) == sum(t.numel() for t in checkpoint.values())
+    if tied:  # the head's storage, counted once
+        assert embedding.packed.untyped_storage().data_ptr() == lm.lm_head.packed.untyped_storage().data_ptr()
+        assert load.weight_bytes < hf_load.resident_bytes(lm.model.layers) + 1.1 * lm.lm_head.packed.nbytes
+    if want is BF16Embedding:
+        assert "model.embed_tokens.weight" not in read_whole  # by rows, never whole in float32

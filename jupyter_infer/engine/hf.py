@@ -36,7 +36,7 @@ from .draft_model import DraftModel
 from .generation_defaults import reasons, sampling_defaults
 from .hf_batch import HFBatch
 from .hf_device import check_quantize, default_num_threads, pick_device, pick_dtype
-from .hf_load import check_format, load_causal_lm, parameter_count
+from .hf_load import check_format, held_dtype, load_causal_lm, parameter_count
 from .hf_prompts import PromptChunk, Start, WholePrompts, prompt_work
 from .hf_row import Row
 from .llama_forward import LlamaForward
@@ -118,9 +118,7 @@ class HFEngine(Engine):
         # small chunks would only add steps.
         self.prefill_chunk_tokens = (64 if self.device == "cpu" else 512) if self._reusable else 0
         self.configure_prefix_cache(prefix_cache_mb)
-        # The dtype the model is held in (a bfloat16 checkpoint on the CPU: float32, hf_load.held_as).
-        held = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch_dtype)
-        self.kv_bytes_per_token = kv_cache.bytes_per_token(config, held)
+        self.kv_bytes_per_token = kv_cache.bytes_per_token(config, held_dtype(self.model, torch_dtype))
         # What one more length bucket costs a decode step, in bytes read (buckets.py). With one
         # forward over all of them: its attention calls, ~90 us a layer on the 2-core CPU
         # machine, what reading ~1 MB of KV takes there; on a GPU a launch is worth far more

@@ -41,6 +41,7 @@ from .cpu_linear import (
     swappable,
 )
 from .f32_linear import BF16Linear
+from .float_embedding import BF16Embedding, TiedFloatEmbedding, compact_float_embedding
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 from .process_memory import current_rss, peak_rss, release_freed
 from .q8_embedding import Q8Embedding, quantize_input_embedding
@@ -81,8 +82,11 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
                 _leave_the_file(lm)
     else:
         lm, linears = streamed
-    if quantized_by_us(lm):  # loaded whole, or from a GGUF (the streamed load did this as it read)
+    # Loaded whole, or from a GGUF (the streamed load did this as it read).
+    if quantized_by_us(lm):
         quantize_input_embedding(lm)
+    elif device == "cpu":
+        compact_float_embedding(lm)
     lm.eval()
     release_freed()
     report = LoadReport(seconds=time.perf_counter() - start, streamed=streamed is not None,
@@ -144,7 +148,8 @@ def parameter_count(model: nn.Module) -> int:
     head = model.get_output_embeddings() if getattr(config, "tie_word_embeddings", False) else None
     swapped = sum(m.out_features * (m.in_features + _has_bias(m)) for m in model.modules()
                   if isinstance(m, (PackedLinear, Int8Linear, *OURS)) and m is not head)
-    tables = sum(m.num_embeddings * m.embedding_dim for m in model.modules() if isinstance(m, Q8Embedding))
+    tables = sum(m.num_embeddings * m.embedding_dim for m in model.modules()
+                 if isinstance(m, (Q8Embedding, BF16Embedding, TiedFloatEmbedding)))
     return sum(p.numel() for p in model.parameters()) + swapped + tables
 
 
@@ -241,6 +246,11 @@ def held_as(dtype: torch.dtype, make: Callable[..., nn.Module]) -> torch.dtype:
     return torch.float32 if make is BF16Linear else dtype
 
 
+def held_dtype(model: nn.Module, default: torch.dtype) -> torch.dtype:
+    """The dtype ``model`` is held in (its activations', its KV cache's): ``held_as``'s choice."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), default)
+
+
 def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callable[..., nn.Module],
                    kernels: str) -> tuple[nn.Module, LinearReport] | None:
     """Build on meta, make each linear (quantized, or packed) as its weight is read; None where
@@ -286,10 +296,12 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
             swapped += 1
             del module, bias
             release_freed()
+        # Read a chunk of rows at a time: a real vocabulary's float table is the checkpoint's
+        # largest tensor, and whole it would set the load's peak.
         if quantized_by_us(lm):
-            # Read a chunk of rows at a time: a real vocabulary's float table is the checkpoint's
-            # largest tensor, and whole it would set the load's peak.
             quantize_input_embedding(lm, rows)
+        else:
+            compact_float_embedding(lm, lambda name, first, stop: rows(name, first, stop).float())
         seconds = time.perf_counter() - start
         for name, param in list(lm.named_parameters(remove_duplicate=False)):
             if param.device.type == "meta":

@@ -123,7 +123,7 @@ def quantize_input_embedding(model: nn.Module,
     if not Q8Embedding.fits(embedding) or (head is not None and getattr(head, "weight", None) is embedding.weight):
         return False
     weight = embedding.weight
-    if isinstance(head, Q8Linear) and _tied(model) and (head.out_features, head.in_features) == tuple(weight.shape):
+    if isinstance(head, Q8Linear) and tied_head(model) and (head.out_features, head.in_features) == tuple(weight.shape):
         table = TiedQ8Embedding(head, weight.dtype, embedding.padding_idx)
     elif rows is None:
         table = Q8Embedding.of(weight, embedding.padding_idx)
@@ -138,7 +138,7 @@ def quantize_input_embedding(model: nn.Module,
     return True
 
 
-def _tied(model: nn.Module) -> bool:
+def tied_head(model: nn.Module) -> bool:
     """Whether the model's output head is its input embedding's weight (its config says so)."""
     config = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
