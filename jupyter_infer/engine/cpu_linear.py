@@ -20,7 +20,9 @@ bound by reading their weights. Two swaps, measured on the "small" GPT-2-shaped 
 Only the linears change: attention, norms, embeddings and the cache classes stay the
 model's own, so every architecture transformers loads keeps working; a linear of another kind
 (a LoRA wrapper, a quantized module) is left as it is. A tied output head (GPT-2's) gets its
-own packed copy of the embedding matrix: that much more memory, for the step's largest GEMV.
+own packed copy of the embedding matrix, the step's largest GEMV; where it is our float or int8
+kernel's, the embedding's lookups read that copy and the float table goes
+(``float_embedding``, ``q8_embedding``).
 """
 
 from __future__ import annotations
