@@ -209,12 +209,15 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     assert users["fair"]["median"]["b_during_burst"] == 3
     assert users["fair"]["median"]["parked_rows"] >= 1 and users["fifo"]["median"]["parked_rows"] == 0
     assert users["fair"]["median"]["ttft_p50_ms"] < users["fifo"]["median"]["ttft_p50_ms"]
-    # [g] at a real size (the quick run: llama-tiny): ours f32, int8 and int4 served the same
-    # tokens, and each server's memory was read.
+    # [g] at a real size (the quick run: llama-tiny): ours f32, int8 and int4 (and bf16 where
+    # the CPU has bf16 instructions) served the same tokens, and each server's memory was read.
+    from jupyter_infer.engine.hf_device import cpu_has_native_bf16
+
+    ours = ("real_f32", "real_int8", "real_int4", *(("real_bf16",) if cpu_has_native_bf16() else ()))
     for name in ("real_alone", "real_burst"):
         real = workloads[name]["contenders"]
-        assert {"real_f32", "real_int8", "real_int4", "real_int4_spec"} <= set(real), name
-        tokens = {real[k]["median"]["tokens"] for k in ("real_f32", "real_int8", "real_int4")}
+        assert {*ours, "real_int4_spec"} <= set(real), name
+        tokens = {real[k]["median"]["tokens"] for k in ours}
         assert tokens == {workloads[name]["total_new_tokens"]}, name
         assert all(0 < real[k]["median"]["rss_mb"] <= real[k]["median"]["peak_rss_mb"] for k in real), name
     earlier = [t for t in results["targets"] if not t["workload"].startswith(("cpu_", "real_"))]

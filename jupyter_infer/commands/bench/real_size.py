@@ -2,8 +2,9 @@
 
 The model has a real small model's shape (``make-model --size 0.5b``: Qwen2.5-0.5B's
 dimensions in the Llama architecture, 0.36 B parameters; ``--real-model`` for another, a
-trained one say). Ours in f32, int8 and int4 (and on llama.cpp's own q4_0 file), and llama-server on GGUFs of the same weights
-in f32, q8_0, q4_0 and q4_K_M, each measured one request at a time and in a burst of 16,
+trained one say). Ours in f32, bf16 (where the CPU has bf16 instructions), int8 and int4 (and
+on llama.cpp's own q4_0 file), and llama-server on GGUFs of the same weights in f32, f16, q8_0,
+q4_0 and q4_K_M, each measured one request at a time and in a burst of 16,
 speculation off on both sides; then ours int4 and llama-server q4_0 with their n-gram
 speculation on. After the rounds, each idle server's resident memory (VmRSS) and its peak
 (VmHWM: loading included) are read from /proc, once ours has had its quiet second to hand its
@@ -30,11 +31,13 @@ VARIANTS = (
     Variant("real_int8", "ours int8", {"dtype": "float32", "quantize": "int8", **OFF}),
     Variant("real_int4", "ours int4", {"quantize": "int4", **OFF}),
     Variant("real_int4_spec", "ours int4, n-gram speculation", {"quantize": "int4"}),
+    # What `dtype = "auto"` picks on a CPU with bf16 instructions, against llama.cpp's f16.
+    Variant("real_bf16", "ours bf16", {"dtype": "bfloat16", **OFF}, needs_bf16=True),
     # llama-server's own q4_0 file, served by us: the same 4-bit weights on both sides.
     Variant("real_gguf_q4_0", "ours on the q4_0 GGUF", OFF, gguf="q4_0"),
 )
 # (GGUF type, contender name, llama-server's extra arguments)
-LLAMA = (("f32", "real_llama_f32", []), ("q8_0", "real_llama_q8_0", []), ("q4_0", "real_llama_q4_0", []),
+LLAMA = (("f32", "real_llama_f32", []), ("f16", "real_llama_f16", []), ("q8_0", "real_llama_q8_0", []), ("q4_0", "real_llama_q4_0", []),
          ("q4_K_M", "real_llama_q4_K_M", []), ("q4_0", "real_llama_q4_0_ngram", LLAMA_SPECULATION))
 
 
@@ -85,8 +88,8 @@ def measure(cfg: BenchConfig, log: Callable[[str], None], threads: int) -> dict[
 
     alone, burst = ((3, 8), (8, 8)) if cfg.quick else ((4, 32), (16, 32))
     loads = workloads(count, alone, burst)
-    log(f"\n[g] real size ({model}, {threads} threads): ours f32 / int8 / int4 against llama-server "
-        "f32 / q8_0 / q4_0 / q4_K_M, speculation off on both sides, then on")
+    log(f"\n[g] real size ({model}, {threads} threads): ours f32 / bf16 / int8 / int4 against llama-server "
+        "f32 / f16 / q8_0 / q4_0 / q4_K_M, speculation off on both sides, then on")
     notes: list[str] = []
     longest = max(count(a.prompt) + a.max_tokens for w in loads for a in w.requests)
     active = cpu.contenders(cfg, log, model, threads, burst[0], longest * 2, notes, VARIANTS, LLAMA)

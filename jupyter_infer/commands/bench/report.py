@@ -11,7 +11,8 @@ from typing import Any
 ORDER = ("sequential", "static", "window", "continuous", "no_cache", "no_chunk", "standalone", "apart", "hf_cb", "ceiling",
          "http", "http_openai", "hf_serve", "llama_server",
          "f32_eager", "f32", "f32_nospec", "bf16", "int8", "llama_f32", "llama_f32_ngram", "llama_f16", "llama_q8_0",
-         "real_f32", "real_int8", "real_int4", "real_int4_spec", "real_gguf_q4_0", "real_llama_f32", "real_llama_q8_0", "real_llama_q4_0",
+         "real_f32", "real_bf16", "real_int8", "real_int4", "real_int4_spec", "real_gguf_q4_0", "real_llama_f32",
+         "real_llama_f16", "real_llama_q8_0", "real_llama_q4_0",
          "real_llama_q4_K_M", "real_llama_q4_0_ngram",
          "corpus", "unconstrained_mean", "unconstrained", "no_ff", "ff", "new_schema", "fair", "fifo", "idle")
 TITLES = {"burst": "[a] burst", "mixed": "[b] mixed", "open": "[c] open loop", "http": "[d] over HTTP",
@@ -110,7 +111,8 @@ TARGETS = (
            "tokens_per_s", ">=", 0.97),
     # issue 29: real size, speculation off on both sides
     *(Target("real_alone", f"real size, alone: ours {a} >= 1.0 x llama-server {b} (tok/s)", f"real_{a}",
-             f"real_llama_{b}", "tokens_per_s", ">=", 1.0) for a, b in (("int4", "q4_0"), ("int8", "q8_0"), ("f32", "f32"))),
+             f"real_llama_{b}", "tokens_per_s", ">=", 1.0)
+      for a, b in (("int4", "q4_0"), ("int8", "q8_0"), ("f32", "f32"), ("bf16", "f16"))),
     Target("real_burst", "real size, burst: ours int4 >= 1.2 x llama-server q4_0 (tok/s)", "real_int4",
            "real_llama_q4_0", "tokens_per_s", ">=", 1.2),
     Target("real_alone", "real size, alone, the same q4_0 file: ours >= 1.0 x llama-server (tok/s)", "real_gguf_q4_0",
