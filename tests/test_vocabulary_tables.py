@@ -1,7 +1,9 @@
 """A real vocabulary's tables (the input embedding and the output head: Qwen2.5-0.5B's are
 151,936 x 896, 545 MB in float32) go into int4/int8 a chunk of rows at a time, from a
 safetensors checkpoint or a GGUF file: their float32 copy is never whole in memory, so it does
-not set the load's peak, and what is built is what the whole table would give."""
+not set the load's peak, and what is built is what the whole table would give. A tied head in
+our int8 or float kernel serves the embedding's lookups (the table held once), and a bfloat16
+checkpoint held as float32 keeps an untied table in bfloat16."""
 
 from __future__ import annotations
 
