@@ -23,9 +23,8 @@ import torch
 from torch import nn
 
 from .f32_linear import BLOCK, BF16Linear, F32Linear
-from .q8_embedding import tied_head
-
-_CHUNK = 1024  # rows read at a time: the float32 temporaries stay small for any vocabulary
+from .q4_linear import row_chunks
+from .q8_embedding import head_reads, put_input_embedding, table_rows, tied_head
 
 
 class TiedFloatEmbedding(nn.Module):
@@ -66,8 +65,7 @@ class BF16Embedding(nn.Module):
                   padding_idx: int | None = None) -> BF16Embedding:
         """Filled a chunk of rows at a time as ``rows(start, stop)`` gives them."""
         table = cls(shape, padding_idx)
-        for start in range(0, shape[0], _CHUNK):
-            stop = min(start + _CHUNK, shape[0])
+        for start, stop in row_chunks(shape[0]):  # the float32 temporaries stay small
             table.table[start:stop] = rows(start, stop)
         return table
 
@@ -82,26 +80,16 @@ def compact_float_embedding(model: nn.Module, rows: Callable[[str, int, int], to
     """Hold a float32 model's input embedding once where its tied head is our float kernel's
     (``TiedFloatEmbedding``), or in bfloat16 where its linears are our bfloat16 blocks
     (``BF16Embedding``, from ``rows(name, first, stop)`` or its weight); whether it did."""
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    embedding = model.get_input_embeddings()
     if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
         return False
     weight = embedding.weight
-    if weight.dtype != torch.float32 or (head is not None and getattr(head, "weight", None) is weight):
+    if weight.dtype != torch.float32 or head_reads(model, weight):
         return False
-    if isinstance(head, F32Linear) and tied_head(model) and (head.out_features, head.in_features) == tuple(weight.shape):
+    if (head := tied_head(model, F32Linear)) is not None:
         table: nn.Module = TiedFloatEmbedding(head, embedding.padding_idx)
     elif any(type(m) is BF16Linear for m in model.modules()):
-        if rows is None:
-            table = BF16Embedding.from_rows(lambda first, stop: weight[first:stop], tuple(weight.shape),
-                                            embedding.padding_idx)
-        else:
-            name = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is weight)
-            table = BF16Embedding.from_rows(lambda first, stop: rows(name, first, stop), tuple(weight.shape),
-                                            embedding.padding_idx)
+        table = BF16Embedding.from_rows(table_rows(model, weight, rows), tuple(weight.shape), embedding.padding_idx)
     else:
         return False
-    try:
-        model.set_input_embeddings(table)
-    except NotImplementedError:  # a model that does not say where its embedding lives
-        return False
-    return True
+    return put_input_embedding(model, table)

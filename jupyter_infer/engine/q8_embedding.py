@@ -22,10 +22,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .q4_linear import KernelLinear, row_chunks
 from .q8_linear import BLOCK, Q8Linear
 
 GROUP = 32
-_CHUNK = 1024  # rows quantized at a time: the float temporaries stay small for any vocabulary
 
 
 class Q8Embedding(nn.Module):
@@ -53,8 +53,8 @@ class Q8Embedding(nn.Module):
         """Quantized a chunk of rows at a time as ``rows(start, stop)`` gives them (read from the
         checkpoint's file, say): the float table need never be whole in memory."""
         table = cls(shape, dtype, padding_idx)
-        for start in range(0, shape[0], _CHUNK):
-            table._put(start, rows(start, min(start + _CHUNK, shape[0])))
+        for start, stop in row_chunks(shape[0]):  # the float temporaries stay small for any vocabulary
+            table._put(start, rows(start, stop))
         return table
 
     @torch.no_grad()
@@ -119,27 +119,51 @@ def quantize_input_embedding(model: nn.Module,
     checkpoint's file, for a model built on the meta device), a chunk at a time, so the float
     table is never whole in memory; by default its weight."""
     embedding = model.get_input_embeddings()
-    head = model.get_output_embeddings()
-    if not Q8Embedding.fits(embedding) or (head is not None and getattr(head, "weight", None) is embedding.weight):
+    if not Q8Embedding.fits(embedding) or head_reads(model, embedding.weight):
         return False
     weight = embedding.weight
-    if isinstance(head, Q8Linear) and tied_head(model) and (head.out_features, head.in_features) == tuple(weight.shape):
+    if (head := tied_head(model, Q8Linear)) is not None:
         table = TiedQ8Embedding(head, weight.dtype, embedding.padding_idx)
-    elif rows is None:
-        table = Q8Embedding.of(weight, embedding.padding_idx)
     else:
-        name = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is weight)
-        table = Q8Embedding.from_rows(lambda first, stop: rows(name, first, stop), tuple(weight.shape), weight.dtype,
+        table = Q8Embedding.from_rows(table_rows(model, weight, rows), tuple(weight.shape), weight.dtype,
                                       embedding.padding_idx)
-    try:
-        model.set_input_embeddings(table)
-    except NotImplementedError:  # a model that does not say where its embedding lives
-        return False
-    return True
+    return put_input_embedding(model, table)
 
 
-def tied_head(model: nn.Module) -> bool:
-    """Whether the model's output head is its input embedding's weight (its config says so)."""
+# What the int8 embedding and the float ones (float_embedding) share: the tied head whose blocks
+# can serve the lookups, where the table's rows are read from, and the swap itself.
+def tied_head(model: nn.Module, kind: type[KernelLinear]) -> KernelLinear | None:
+    """The output head where the config ties it to the input embedding and it is ours of
+    ``kind`` with the table's shape (its blocks can serve the lookups); else None."""
     config = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return bool(getattr(config, "tie_word_embeddings", False))
+    head, weight = model.get_output_embeddings(), getattr(model.get_input_embeddings(), "weight", None)
+    if not getattr(config, "tie_word_embeddings", False) or not isinstance(head, kind) or weight is None:
+        return None
+    return head if (head.out_features, head.in_features) == tuple(weight.shape) else None
+
+
+def head_reads(model: nn.Module, weight: torch.Tensor) -> bool:
+    """Whether a float output head still reads ``weight`` (it would keep the table alive)."""
+    head = model.get_output_embeddings()
+    return head is not None and getattr(head, "weight", None) is weight
+
+
+def table_rows(model: nn.Module, weight: torch.Tensor,
+               rows: Callable[[str, int, int], torch.Tensor] | None) -> Callable[[int, int], torch.Tensor]:
+    """``(first, stop) -> rows`` of the embedding's table: from ``rows(name, first, stop)`` (the
+    checkpoint's file, for a model built on meta) or else from ``weight``."""
+    if rows is None:
+        return lambda first, stop: weight[first:stop]
+    name = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is weight)
+    return lambda first, stop: rows(name, first, stop)
+
+
+def put_input_embedding(model: nn.Module, table: nn.Module) -> bool:
+    """``model.set_input_embeddings(table)``; False where the model does not say where its
+    embedding lives."""
+    try:
+        model.set_input_embeddings(table)
+    except NotImplementedError:
+        return False
+    return True

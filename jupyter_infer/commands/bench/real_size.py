@@ -37,8 +37,9 @@ VARIANTS = (
     Variant("real_gguf_q4_0", "ours on the q4_0 GGUF", OFF, gguf="q4_0"),
 )
 # (GGUF type, contender name, llama-server's extra arguments)
-LLAMA = (("f32", "real_llama_f32", []), ("f16", "real_llama_f16", []), ("q8_0", "real_llama_q8_0", []), ("q4_0", "real_llama_q4_0", []),
-         ("q4_K_M", "real_llama_q4_K_M", []), ("q4_0", "real_llama_q4_0_ngram", LLAMA_SPECULATION))
+LLAMA = (("f32", "real_llama_f32", []), ("f16", "real_llama_f16", []), ("q8_0", "real_llama_q8_0", []),
+         ("q4_0", "real_llama_q4_0", []), ("q4_K_M", "real_llama_q4_K_M", []),
+         ("q4_0", "real_llama_q4_0_ngram", LLAMA_SPECULATION))
 
 
 def model_dir(cfg: BenchConfig, log: Callable[[str], None]) -> str:
