@@ -124,3 +124,35 @@ def test_make_model_takes_a_longer_context(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "long" / "tokenizer_config.json").read_text())["model_max_length"] == 4096
     with pytest.raises(SystemExit, match="from 16 to 131072"):
         main(["make-model", str(tmp_path / "bad"), "--context", "3"])
+
+
+# -- the command line itself --------------------------------------------------------------------
+_IMPORTED = """
+import sys
+from jupyter_infer.commands.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = ("torch", "transformers", "httpx", "jupyter_infer.commands.bench", "jupyter_infer.commands.make_model")
+print("imported:", [name for name in heavy if name in sys.modules])
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]])
+def test_a_command_imports_only_its_own_module(argv: list[str]) -> None:
+    """`jupyter infer --help` took ~3 s and `serve` held httpx, rich and the bench's modules:
+    every command's module was imported to build the parser."""
+    done = subprocess.run([sys.executable, "-c", _IMPORTED, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: jupyter infer" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "imported: []"
+
+
+def test_each_command_still_parses_its_own_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["make-model", "--help"])
+    assert "--size" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err

@@ -18,12 +18,17 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="jupyter infer", description="jupyter_infer command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Only the named command's module is imported: make-model's brings torch and transformers
+    # (~290 MB, 2-3 s), bench's its peers' clients. `serve` then holds just what it serves.
+    named = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(command)
+        if name == named:
+            importlib.import_module(module).add_arguments(command)
     args, rest = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
