@@ -27,8 +27,9 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
-from . import gguf_load
+from . import gguf_load, gptq_awq, q4_linear
 from .cpu_linear import (
+    INT4_KERNELS,
     OURS,
     QUANTIZED,
     Int8Linear,
@@ -256,15 +257,24 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     """Build on meta, make each linear (quantized, or packed) as its weight is read; None where
     the checkpoint does not read that way (the caller loads it whole)."""
     config = AutoConfig.from_pretrained(folder)
+    prequantized = gptq_awq.of(config)  # GPTQ/AWQ 4-bit: read into our int4 (gptq_awq.py)
     if getattr(config, "quantization_config", None):
-        return None  # its own format: transformers' quantizer reads it
+        if prequantized is None:
+            return None  # its own format: transformers' quantizer reads it
+        if (reason := prequantized.unsupported()) is not None:
+            raise ValueError(f"{folder}: {reason}")
+        if (reason := q4_linear.unavailable()) is not None:
+            raise ValueError(f"{folder}: its {prequantized.method.upper()} 4-bit weights need the int4 kernel, "
+                             f"which cannot run here: {reason}")
+        del config.quantization_config  # the model built here is ours, not transformers' quantized one
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
     files = _tensor_files(folder)
+    packed = gptq_awq.quantized_names(prequantized, files)
     tied = dict(getattr(lm, "all_tied_weights_keys", {}) or {})
     wanted = [n for n, _ in lm.named_parameters(remove_duplicate=False)]
     wanted += [n for n, _ in lm.named_buffers() if n not in dict(lm.named_non_persistent_buffers())]
-    if any(n not in files and tied.get(n) not in files for n in wanted):
+    if any(n not in files and tied.get(n) not in files and n not in packed for n in wanted):
         return None  # renamed keys (transformers' conversion mappings) or missing weights
 
     def source(name: str) -> str:
@@ -280,10 +290,12 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     start, swapped = time.perf_counter(), 0
     with torch.no_grad():
         for weight_name, (parent, attr, child) in linear_slots(lm).items():
-            if not swappable(quantize, in_features(child)):
+            if weight_name not in packed and not swappable(quantize, in_features(child)):
                 continue  # left on meta: read with the float tensors below
             bias = read(f"{weight_name.removesuffix('.weight')}.bias").float() if child.bias is not None else None
-            if chunked is not None and type(child) is not Conv1D:
+            if weight_name in packed:
+                module = prequantized.linear(read, files, weight_name.removesuffix(".weight"), bias)
+            elif chunked is not None and type(child) is not Conv1D:
                 # Quantized a chunk of rows at a time: a real vocabulary's (tied) output head is
                 # the checkpoint's largest tensor, and whole in float32 it would set the peak.
                 module = chunked(lambda first, stop, name=weight_name: rows(name, first, stop).float(),
@@ -317,5 +329,7 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
         pass  # no generation_config.json: from_config's default stands
     if any(t.device.type == "meta" for t in [*lm.parameters(), *lm.buffers()]):
         return None
+    if packed:
+        kernels = f"from {prequantized.method.upper()}: {INT4_KERNELS}, and zero points x{len(packed)}; {kernels}"
     return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds)
 

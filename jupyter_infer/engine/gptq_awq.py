@@ -1,0 +1,126 @@
+"""Checkpoints their authors quantized to 4 bits with GPTQ or AWQ (``quantization_config``'s
+``quant_method`` "gptq" or "awq", as Qwen's own ``-GPTQ-Int4`` and ``-AWQ`` repositories are),
+read straight into our int4 kernel's form on the CPU: no GPTQ or AWQ library, which
+transformers would need (``gptqmodel``) and which does not install on a plain CPU machine.
+
+Both store, for each output and each group of ``group_size`` inputs, 4-bit values ``q``, a
+float16 ``scale`` and a 4-bit zero point ``z``: ``w = (q - z) * scale``. Our kernel's min form
+is ``w = q * scale + min`` in groups of 32 (``q4_linear``, as GGUF's q4_1): ``min = -z * scale``,
+and a group of 128 is four of ours sharing a scale. What differs is how int32 words hold the
+nibbles (value j of a word in bits 4j..4j+3):
+
+- GPTQ: ``qweight`` [K/8, N], eight inputs a word; ``qzeros`` [K/G, N/8], eight outputs a
+  word, each stored one less than it is in the first format (``checkpoint_format`` "gptq";
+  "gptq_v2" stores them as they are); ``g_idx`` [K] names each input's group. Act-order
+  checkpoints (``desc_act``) shuffle ``g_idx``: their groups are not runs of inputs, so those
+  weights are dequantized and quantized again by rows (``q4_linear.quantize``).
+- AWQ (the "gemm" version): ``qweight`` [K, N/8] and ``qzeros`` [K/G, N/8], eight outputs a
+  word in the order 0 2 4 6 1 3 5 7.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .q4_linear import GROUP, Int4Linear
+
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+_AWQ_UNORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # output j of a word is at value _AWQ_UNORDER[j]
+
+
+@dataclass(frozen=True)
+class Prequantized:
+    """A checkpoint's GPTQ or AWQ settings, as ``of`` read them."""
+
+    method: str  # "gptq" | "awq"
+    group: int  # inputs one scale covers (0: a whole row)
+    zeros_one_less: bool  # GPTQ's first format
+
+    def unsupported(self) -> str | None:
+        """Why our int4 cannot hold this checkpoint's groups (None: it can)."""
+        if self.group % GROUP:
+            return (f"its {self.method.upper()} groups of {self.group} inputs do not split into int4's groups "
+                    f"of {GROUP}")
+        return None
+
+    def linear(self, read: Callable[[str], torch.Tensor], names: Container[str], prefix: str,
+               bias: torch.Tensor | None) -> Int4Linear:
+        """The linear ``prefix`` (``model.layers.0.mlp.up_proj``) as our int4, from its
+        ``qweight``, ``qzeros``, ``scales`` (and GPTQ's ``g_idx``, where ``names`` has it)."""
+        packed, zeros, scales = read(f"{prefix}.qweight"), read(f"{prefix}.qzeros"), read(f"{prefix}.scales")
+        if self.method == "gptq":
+            q = _unpack(packed, along=0)  # [K, N]
+            z = _unpack(zeros, along=1).to(torch.int16) + int(self.zeros_one_less)
+        else:
+            q = _awq_order(_unpack(packed, along=1))
+            z = _awq_order(_unpack(zeros, along=1)).to(torch.int16)
+        k, n = q.shape
+        group = self.group or k
+        groups = torch.arange(k) // group
+        if self.method == "gptq":
+            g_idx = read(f"{prefix}.g_idx") if f"{prefix}.g_idx" in names else groups
+            if not torch.equal(g_idx.long(), groups):  # act-order: groups are not runs of inputs
+                weight = (q.float() - z[g_idx.long()].float()) * scales[g_idx.long()].float()
+                return Int4Linear.from_weight(weight.t().contiguous(), bias)
+        if group % GROUP or k % group or scales.shape != (k // group, n) or z.shape != scales.shape:
+            raise ValueError(f"{prefix}: a {self.method.upper()} layer of {k} inputs in groups of {group} "
+                             f"(scales {tuple(scales.shape)}): int4 reads groups that are a multiple of {GROUP}")
+        repeat = group // GROUP
+        scale = scales.t().float().repeat_interleave(repeat, dim=1)  # [N, K/32]
+        low_min = (-z.t().float() * scales.t().float()).repeat_interleave(repeat, dim=1)
+        return Int4Linear(_row_nibbles(q.t()), scale.half(), low_min.half(), bias)
+
+
+def of(config: Any) -> Prequantized | None:
+    """The GPTQ or AWQ 4-bit settings of a checkpoint's config; None where it has none, or
+    another method or width (transformers' own quantizer reads those, where it can)."""
+    settings = getattr(config, "quantization_config", None)
+    if settings is None:
+        return None
+    settings = settings if isinstance(settings, dict) else settings.to_dict()
+    method = str(settings.get("quant_method", "")).lower()
+    if method not in ("gptq", "awq") or settings.get("bits", settings.get("w_bit")) != 4:
+        return None
+    if method == "awq" and (str(settings.get("version", "gemm")).lower() != "gemm"
+                            or not settings.get("zero_point", True)):
+        return None
+    layout = str(settings.get("checkpoint_format", "gptq")).lower()
+    if method == "gptq" and layout not in ("gptq", "gptq_v2"):
+        return None
+    group = int(settings.get("group_size", settings.get("q_group_size", 128)))
+    return Prequantized(method, max(group, 0), method == "gptq" and layout == "gptq")
+
+
+def quantized_names(settings: Prequantized | None, files: Iterable[str]) -> set[str]:
+    """The ``.weight`` names a GPTQ/AWQ checkpoint (``settings``) holds as ``.qweight`` instead."""
+    if settings is None:
+        return set()
+    return {f"{name.removesuffix('.qweight')}.weight" for name in files if name.endswith(".qweight")}
+
+
+def _unpack(words: torch.Tensor, along: int) -> torch.Tensor:
+    """int32 words of eight 4-bit values, unpacked along dim ``along`` (uint8, 8x as long)."""
+    words = words.to(torch.int32)
+    if along == 0:
+        values = (words.unsqueeze(1) >> _SHIFTS.view(1, 8, 1)) & 15
+        return values.reshape(-1, words.shape[1]).to(torch.uint8)
+    values = (words.unsqueeze(2) >> _SHIFTS.view(1, 1, 8)) & 15
+    return values.reshape(words.shape[0], -1).to(torch.uint8)
+
+
+def _awq_order(values: torch.Tensor) -> torch.Tensor:
+    """AWQ's unpacked columns (each word's outputs 0 2 4 6 1 3 5 7) in output order."""
+    rows = values.shape[0]
+    return values.view(rows, -1, 8)[:, :, _AWQ_UNORDER].reshape(rows, -1)
+
+
+def _row_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """4-bit values [N, K] in our row form: each group of 32 is 16 bytes, byte j holding value
+    j (low nibble) and value j + 16 (high), as GGUF's q4 blocks."""
+    n, k = q.shape
+    halves = q.contiguous().view(n, k // GROUP, 2, GROUP // 2)
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
