@@ -24,6 +24,8 @@ from jupyter_infer.engine import gptq_awq, q4_linear
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import Int4Linear, dequantize
+from jupyter_infer.engine.q8_linear import Q8Linear
+from jupyter_infer.engine.q8_linear import dequantize as q8_dequantize
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
@@ -33,42 +35,45 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's pack order
 
 
-def _quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric 4-bit groups along the input: (q [N, K], zero points [N, K/G], float16 scales
+def _quantize(weight: torch.Tensor, group: int,
+              bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric groups along the input: (q [N, K], zero points [N, K/G], float16 scales
     [N, K/G], and the float weight they stand for, ``(q - z) * scale``)."""
     n, k = weight.shape
+    top = (1 << bits) - 1
     w = weight.float().view(n, k // group, group)
     lo, hi = w.amin(-1).clamp(max=0), w.amax(-1).clamp(min=0)
-    scale = ((hi - lo) / 15).clamp(min=1e-6).half()
-    z = torch.round(-lo / scale.float()).clamp(1, 15)  # >= 1: GPTQ's first format cannot store 0
-    q = torch.clamp(torch.round(w / scale.float().unsqueeze(-1)) + z.unsqueeze(-1), 0, 15)
+    scale = ((hi - lo) / top).clamp(min=1e-6).half()
+    z = torch.round(-lo / scale.float()).clamp(1, top)  # >= 1: GPTQ's first format cannot store 0
+    q = torch.clamp(torch.round(w / scale.float().unsqueeze(-1)) + z.unsqueeze(-1), 0, top)
     stands_for = ((q - z.unsqueeze(-1)) * scale.float().unsqueeze(-1)).view(n, k)
     return q.view(n, k).long(), z.long(), scale, stands_for
 
 
-def _words(values: torch.Tensor, order: list[int], along: int) -> torch.Tensor:
-    """Eight 4-bit values an int32 along dim ``along``: value ``order[j]`` of each eight in bits 4j."""
-    out = 0
+def _words(values: torch.Tensor, order: list[int], along: int, bits: int = 4) -> torch.Tensor:
+    """32/bits values an int32 along dim ``along``: value ``order[j]`` of each in bits ``bits*j``."""
+    out, per = 0, len(order)
     for j, pick in enumerate(order):
-        part = values[pick::8] if along == 0 else values[:, pick::8]
-        out = out | ((part & 15) << (4 * j))
+        part = values[pick::per] if along == 0 else values[:, pick::per]
+        out = out | ((part & ((1 << bits) - 1)) << (bits * j))
     return torch.from_numpy(np.ascontiguousarray(out.numpy().astype(np.uint32)).view(np.int32))
 
 
 def _pack(method: str, q: torch.Tensor, z: torch.Tensor, scale: torch.Tensor, group: int,
-          g_idx: torch.Tensor | None) -> dict[str, torch.Tensor]:
+          g_idx: torch.Tensor | None, bits: int = 4) -> dict[str, torch.Tensor]:
     """One linear's tensors in ``method``'s layout (q, z, scale: ``_quantize``'s, [N, ...])."""
-    straight = list(range(8))
+    straight = list(range(32 // bits))
     if method == "awq":
         return {"qweight": _words(q.t(), AWQ_ORDER, along=1), "qzeros": _words(z.t(), AWQ_ORDER, along=1),
                 "scales": scale.t().contiguous()}
     k = q.shape[1]
-    return {"qweight": _words(q.t(), straight, along=0), "qzeros": _words(z.t() - 1, straight, along=1),
+    return {"qweight": _words(q.t(), straight, 0, bits), "qzeros": _words(z.t() - 1, straight, 1, bits),
             "scales": scale.t().contiguous(),
             "g_idx": (torch.arange(k) // group if g_idx is None else g_idx).to(torch.int32)}
 
 
-def _checkpoints(source: Path, out: Path, method: str, group: int, act_order: bool) -> tuple[Path, Path]:
+def _checkpoints(source: Path, out: Path, method: str, group: int, act_order: bool,
+                 bits: int = 4) -> tuple[Path, Path]:
     """``source`` quantized by ``method`` (folder 1) and the float weights it stands for (folder 2)."""
     packed_dir, float_dir = out / method, out / f"{method}-float"
     for folder in (packed_dir, float_dir):
@@ -83,10 +88,11 @@ def _checkpoints(source: Path, out: Path, method: str, group: int, act_order: bo
             g_idx = torch.randperm(k, generator=gen) // group if act_order else None
             # Act-order: input i belongs to group g_idx[i], so quantize the columns in that order.
             columns = torch.argsort(g_idx, stable=True) if act_order else torch.arange(k)
-            q, z, scale, stands_for = _quantize(value[:, columns], group)
+            q, z, scale, stands_for = _quantize(value[:, columns], group, bits)
             inverse = torch.argsort(columns)
             q, stands_for = q[:, inverse], stands_for[:, inverse]
-            packed.update({f"{prefix}.{key}": t for key, t in _pack(method, q, z, scale, group, g_idx).items()})
+            packed.update({f"{prefix}.{key}": t
+                           for key, t in _pack(method, q, z, scale, group, g_idx, bits).items()})
             floats[name] = stands_for.contiguous()
         else:  # what a GPTQ/AWQ checkpoint keeps float: float16
             packed[name] = value.half()
@@ -94,7 +100,7 @@ def _checkpoints(source: Path, out: Path, method: str, group: int, act_order: bo
     save_file(packed, packed_dir / "model.safetensors")
     save_file(floats, float_dir / "model.safetensors")
     config = json.loads((source / "config.json").read_text())
-    settings = ({"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": act_order, "sym": False,
+    settings = ({"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": act_order, "sym": False,
                  "checkpoint_format": "gptq"} if method == "gptq" else
                 {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"})
     (packed_dir / "config.json").write_text(json.dumps({**config, "torch_dtype": "float16",
@@ -102,15 +108,16 @@ def _checkpoints(source: Path, out: Path, method: str, group: int, act_order: bo
     return packed_dir, float_dir
 
 
-CASES = {"gptq": ("gptq", 64, False), "awq": ("awq", 128, False), "gptq-act-order": ("gptq", 32, True)}
+CASES = {"gptq": ("gptq", 64, False, 4), "awq": ("awq", 128, False, 4), "gptq-act-order": ("gptq", 32, True, 4),
+         "gptq-int8": ("gptq", 128, False, 8)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def checkpoints(request: pytest.FixtureRequest, llama_model_dir: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
-    method, group, act_order = CASES[request.param]
+    method, group, act_order, bits = CASES[request.param]
     return (request.param, *_checkpoints(llama_model_dir, tmp_path_factory.mktemp(request.param),
-                                         method, group, act_order))
+                                         method, group, act_order, bits))
 
 
 def _load(path: Path) -> torch.nn.Module:
@@ -119,22 +126,26 @@ def _load(path: Path) -> torch.nn.Module:
 
 
 @needs_int4
-def test_every_quantized_linear_is_our_int4_holding_the_checkpoints_weights(
-        checkpoints: tuple[str, Path, Path]) -> None:
+def test_every_quantized_linear_is_ours_holding_the_checkpoints_weights(checkpoints: tuple[str, Path, Path]) -> None:
     case, packed_dir, float_dir = checkpoints
     lm, linears, load = _load(packed_dir)
-    assert linears.kernels.startswith(f"from {case[:4].upper()}: int4")
+    kind, bits = (Q8Linear, "int8") if case == "gptq-int8" else (Int4Linear, "int4")
+    assert linears.kernels.startswith(f"from {case[:4].upper()}: {bits}")
     assert load.streamed
     want = dict(AutoModelForCausalLM.from_pretrained(float_dir).named_modules())
-    int4 = [(n, m) for n, m in lm.named_modules() if isinstance(m, Int4Linear)]
-    assert len(int4) == 2 * len(LINEARS)  # the LM head was float in the checkpoint: not ours to make int4
-    for name, module in int4:
-        got, weight = dequantize(*module.rows()), want[name].weight.detach()
-        if case == "gptq-act-order":  # groups that are not runs of inputs: quantized again in ours
-            assert (got - weight).abs().max() <= 0.25 * weight.abs().max()
+    ours = [(n, m) for n, m in lm.named_modules() if isinstance(m, kind)]
+    assert len(ours) == 2 * len(LINEARS)  # the LM head was float in the checkpoint: not ours to quantize
+    for name, module in ours:
+        weight = want[name].weight.detach()
+        if kind is Q8Linear:  # q8_0's groups of 32: each value within half its step of the checkpoint's
+            got = q8_dequantize(module.packed, module.scales, module.out_features, module.in_features)
+            assert (got - weight).abs().max() <= weight.abs().max() / 127
+        elif case == "gptq-act-order":  # groups that are not runs of inputs: quantized again in ours
+            assert (dequantize(*module.rows()) - weight).abs().max() <= 0.25 * weight.abs().max()
             assert module.mins is None
         else:  # the checkpoint's values exactly; its zero points times scales rounded to float16
-            torch.testing.assert_close(got, weight, rtol=0, atol=float(weight.abs().max()) * 2 ** -9)
+            torch.testing.assert_close(dequantize(*module.rows()), weight, rtol=0,
+                                       atol=float(weight.abs().max()) * 2 ** -9)
 
 
 @needs_int4
@@ -145,7 +156,7 @@ def test_the_model_computes_what_the_checkpoint_says(checkpoints: tuple[str, Pat
         want = AutoModelForCausalLM.from_pretrained(float_dir)(ids).logits
         got = _load(packed_dir)[0](ids).logits
     error = (got - want).norm() / want.norm()
-    assert error < (0.2 if case == "gptq-act-order" else 0.05), error  # int8 activations in our kernel
+    assert error < {"gptq-act-order": 0.2, "gptq-int8": 0.02}.get(case, 0.05), error  # int8 activations in ours
 
 
 def test_other_methods_and_widths_are_left_to_transformers() -> None:
@@ -153,7 +164,8 @@ def test_other_methods_and_widths_are_left_to_transformers() -> None:
         def __init__(self, **settings: Any) -> None:
             self.quantization_config = settings
 
-    assert gptq_awq.of(Config(quant_method="gptq", bits=8, group_size=128)) is None
+    assert gptq_awq.of(Config(quant_method="gptq", bits=3, group_size=128)) is None
+    assert gptq_awq.of(Config(quant_method="awq", bits=8)) is None
     assert gptq_awq.of(Config(quant_method="awq", bits=4, version="gemv")) is None
     assert gptq_awq.of(Config(quant_method="gptq", bits=4, checkpoint_format="marlin")) is None
     assert gptq_awq.of(Config(quant_method="bitsandbytes", load_in_4bit=True)) is None

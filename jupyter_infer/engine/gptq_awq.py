@@ -1,10 +1,10 @@
-"""Checkpoints their authors quantized to 4 bits with GPTQ or AWQ (``quantization_config``'s
+"""Checkpoints their authors quantized with GPTQ or AWQ (``quantization_config``'s
 ``quant_method`` "gptq" or "awq", as Qwen's own ``-GPTQ-Int4`` and ``-AWQ`` repositories are),
-read straight into our int4 kernel's form on the CPU: no GPTQ or AWQ library, which
-transformers would need (``gptqmodel``) and which does not install on a plain CPU machine.
+read straight into our kernels' forms on the CPU, without the library transformers would need
+for them (``gptqmodel``).
 
 Both store, for each output and each group of ``group_size`` inputs, 4-bit values ``q``, a
-float16 ``scale`` and a 4-bit zero point ``z``: ``w = (q - z) * scale``. Our kernel's min form
+float16 ``scale`` and a 4-bit zero point ``z``: ``w = (q - z) * scale``. Our int4's min form
 is ``w = q * scale + min`` in groups of 32 (``q4_linear``, as GGUF's q4_1): ``min = -z * scale``,
 and a group of 128 is four of ours sharing a scale. What differs is how int32 words hold the
 nibbles (value j of a word in bits 4j..4j+3):
@@ -13,7 +13,8 @@ nibbles (value j of a word in bits 4j..4j+3):
   word, each stored one less than it is in the first format (``checkpoint_format`` "gptq";
   "gptq_v2" stores them as they are); ``g_idx`` [K] names each input's group. Act-order
   checkpoints (``desc_act``) shuffle ``g_idx``: their groups are not runs of inputs, so those
-  weights are dequantized and quantized again by rows (``q4_linear.quantize``).
+  weights are dequantized and quantized again in ours (``q4_linear.quantize``). GPTQ's 8-bit
+  form packs four values a word the same way and becomes our int8 (q8_0's groups of 32).
 - AWQ (the "gemm" version): ``qweight`` [K, N/8] and ``qzeros`` [K/G, N/8], eight outputs a
   word in the order 0 2 4 6 1 3 5 7.
 """
@@ -25,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from .q4_linear import GROUP, Int4Linear
+from .q8_linear import Q8Linear
 
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 _AWQ_UNORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # output j of a word is at value _AWQ_UNORDER[j]
 
 
@@ -39,6 +41,7 @@ class Prequantized:
     method: str  # "gptq" | "awq"
     group: int  # inputs one scale covers (0: a whole row)
     zeros_one_less: bool  # GPTQ's first format
+    bits: int = 4  # 4, or 8 (GPTQ's Int8: our int8)
 
     def unsupported(self) -> str | None:
         """Why our int4 cannot hold this checkpoint's groups (None: it can)."""
@@ -48,24 +51,26 @@ class Prequantized:
         return None
 
     def linear(self, read: Callable[[str], torch.Tensor], names: Container[str], prefix: str,
-               bias: torch.Tensor | None) -> Int4Linear:
-        """The linear ``prefix`` (``model.layers.0.mlp.up_proj``) as our int4, from its
-        ``qweight``, ``qzeros``, ``scales`` (and GPTQ's ``g_idx``, where ``names`` has it)."""
+               bias: torch.Tensor | None) -> nn.Module:
+        """The linear ``prefix`` (``model.layers.0.mlp.up_proj``) as our int4 (int8 for 8-bit
+        GPTQ), from its ``qweight``, ``qzeros``, ``scales`` (and GPTQ's ``g_idx``, where
+        ``names`` has it)."""
         packed, zeros, scales = read(f"{prefix}.qweight"), read(f"{prefix}.qzeros"), read(f"{prefix}.scales")
         if self.method == "gptq":
-            q = _unpack(packed, along=0)  # [K, N]
-            z = _unpack(zeros, along=1).to(torch.int16) + int(self.zeros_one_less)
+            q = _unpack(packed, 0, self.bits)  # [K, N]
+            z = _unpack(zeros, 1, self.bits).to(torch.int16) + int(self.zeros_one_less)
         else:
-            q = _awq_order(_unpack(packed, along=1))
-            z = _awq_order(_unpack(zeros, along=1)).to(torch.int16)
+            q = _awq_order(_unpack(packed, 1, 4))
+            z = _awq_order(_unpack(zeros, 1, 4)).to(torch.int16)
         k, n = q.shape
         group = self.group or k
         groups = torch.arange(k) // group
-        if self.method == "gptq":
-            g_idx = read(f"{prefix}.g_idx") if f"{prefix}.g_idx" in names else groups
-            if not torch.equal(g_idx.long(), groups):  # act-order: groups are not runs of inputs
-                weight = (q.float() - z[g_idx.long()].float()) * scales[g_idx.long()].float()
-                return Int4Linear.from_weight(weight.t().contiguous(), bias)
+        g_idx = read(f"{prefix}.g_idx").long() if f"{prefix}.g_idx" in names else groups
+        if self.bits == 8 or not torch.equal(g_idx, groups):
+            # 8 bits: our int8 (q8_0's groups of 32) from the weight, ~exact. Act-order: groups
+            # that are not runs of inputs, quantized again in ours.
+            weight = ((q.float() - z[g_idx].float()) * scales[g_idx].float()).t().contiguous()
+            return (Q8Linear if self.bits == 8 else Int4Linear).from_weight(weight, bias)
         if group % GROUP or k % group or scales.shape != (k // group, n) or z.shape != scales.shape:
             raise ValueError(f"{prefix}: a {self.method.upper()} layer of {k} inputs in groups of {group} "
                              f"(scales {tuple(scales.shape)}): int4 reads groups that are a multiple of {GROUP}")
@@ -83,7 +88,8 @@ def of(config: Any) -> Prequantized | None:
         return None
     settings = settings if isinstance(settings, dict) else settings.to_dict()
     method = str(settings.get("quant_method", "")).lower()
-    if method not in ("gptq", "awq") or settings.get("bits", settings.get("w_bit")) != 4:
+    bits = settings.get("bits", settings.get("w_bit"))
+    if method not in ("gptq", "awq") or bits not in ((4, 8) if method == "gptq" else (4,)):
         return None
     if method == "awq" and (str(settings.get("version", "gemm")).lower() != "gemm"
                             or not settings.get("zero_point", True)):
@@ -92,7 +98,7 @@ def of(config: Any) -> Prequantized | None:
     if method == "gptq" and layout not in ("gptq", "gptq_v2"):
         return None
     group = int(settings.get("group_size", settings.get("q_group_size", 128)))
-    return Prequantized(method, max(group, 0), method == "gptq" and layout == "gptq")
+    return Prequantized(method, max(group, 0), method == "gptq" and layout == "gptq", bits)
 
 
 def quantized_names(settings: Prequantized | None, files: Iterable[str]) -> set[str]:
@@ -102,13 +108,15 @@ def quantized_names(settings: Prequantized | None, files: Iterable[str]) -> set[
     return {f"{name.removesuffix('.qweight')}.weight" for name in files if name.endswith(".qweight")}
 
 
-def _unpack(words: torch.Tensor, along: int) -> torch.Tensor:
-    """int32 words of eight 4-bit values, unpacked along dim ``along`` (uint8, 8x as long)."""
-    words = words.to(torch.int32)
+def _unpack(words: torch.Tensor, along: int, bits: int) -> torch.Tensor:
+    """int32 words of 32/``bits`` values, unpacked along dim ``along`` (uint8, that many times
+    as long)."""
+    words, per = words.to(torch.int32), 32 // bits
+    shifts, mask = torch.arange(0, 32, bits, dtype=torch.int32), (1 << bits) - 1
     if along == 0:
-        values = (words.unsqueeze(1) >> _SHIFTS.view(1, 8, 1)) & 15
+        values = (words.unsqueeze(1) >> shifts.view(1, per, 1)) & mask
         return values.reshape(-1, words.shape[1]).to(torch.uint8)
-    values = (words.unsqueeze(2) >> _SHIFTS.view(1, 1, 8)) & 15
+    values = (words.unsqueeze(2) >> shifts.view(1, 1, per)) & mask
     return values.reshape(words.shape[0], -1).to(torch.uint8)
 
 

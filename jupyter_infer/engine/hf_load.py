@@ -31,6 +31,7 @@ from . import gguf_load, gptq_awq, q4_linear
 from .cpu_linear import (
     INT4_KERNELS,
     OURS,
+    Q8_KERNELS,
     QUANTIZED,
     Int8Linear,
     LinearReport,
@@ -330,6 +331,7 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     if any(t.device.type == "meta" for t in [*lm.parameters(), *lm.buffers()]):
         return None
     if packed:
-        kernels = f"from {prequantized.method.upper()}: {INT4_KERNELS}, and zero points x{len(packed)}; {kernels}"
+        theirs = f"{INT4_KERNELS}, with zero points" if prequantized.bits == 4 else Q8_KERNELS
+        kernels = f"from {prequantized.method.upper()}: {theirs} x{len(packed)}; {kernels}"
     return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds)
 
