@@ -196,7 +196,7 @@ async def test_the_server_serves_an_awq_checkpoint(jp_fetch: Any, jp_http_port: 
 async def test_groups_our_int4_cannot_hold_are_refused_by_name_and_the_server_stays_up(
         llama_model_dir: Path, tmp_path: Path) -> None:
     packed_dir, _ = _checkpoints(llama_model_dir, tmp_path, "gptq", 16, False)
-    reason = "its GPTQ groups of 16 inputs do not split into int4's groups of 32"
+    reason = "its GPTQ groups of 16 inputs do not split into our groups of 32"
     with pytest.raises(ValueError, match=f"{packed_dir.name}: {reason}"):
         HFEngine(str(packed_dir), local_files_only=True)
     service = InferenceService(ServiceConfig(engine="auto", model=str(packed_dir)))

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import q4_linear
+from .cpu_linear import INT4_KERNELS, Q8_KERNELS
 from .q4_linear import GROUP, Int4Linear
 from .q8_linear import Q8Linear
 
@@ -43,12 +45,10 @@ class Prequantized:
     zeros_one_less: bool  # GPTQ's first format
     bits: int = 4  # 4, or 8 (GPTQ's Int8: our int8)
 
-    def unsupported(self) -> str | None:
-        """Why our int4 cannot hold this checkpoint's groups (None: it can)."""
-        if self.group % GROUP:
-            return (f"its {self.method.upper()} groups of {self.group} inputs do not split into int4's groups "
-                    f"of {GROUP}")
-        return None
+    def kernels(self, count: int) -> str:
+        """What ``count`` linears read from the checkpoint run on (``infer/status``)."""
+        ours = f"{INT4_KERNELS}, with zero points" if self.bits == 4 else Q8_KERNELS
+        return f"from {self.method.upper()}: {ours} x{count}"
 
     def linear(self, read: Callable[[str], torch.Tensor], names: Container[str], prefix: str,
                bias: torch.Tensor | None) -> nn.Module:
@@ -78,6 +78,23 @@ class Prequantized:
         scale = scales.t().float().repeat_interleave(repeat, dim=1)  # [N, K/32]
         low_min = (-z.t().float() * scales.t().float()).repeat_interleave(repeat, dim=1)
         return Int4Linear(_row_nibbles(q.t()), scale.half(), low_min.half(), bias)
+
+
+def take(config: Any, folder: object) -> Prequantized | None:
+    """``of(config)``, its ``quantization_config`` taken off the config (the model built from it
+    is ours, not transformers' quantized one); ``ValueError`` naming ``folder`` where our
+    kernels cannot hold it."""
+    settings = of(config)
+    if settings is None:
+        return None
+    if settings.group % GROUP:
+        raise ValueError(f"{folder}: its {settings.method.upper()} groups of {settings.group} inputs do not "
+                         f"split into our groups of {GROUP}")
+    if (reason := q4_linear.unavailable()) is not None:  # int8 is in the same library
+        raise ValueError(f"{folder}: its {settings.method.upper()} weights need our int4/int8 kernels, which "
+                         f"cannot run here: {reason}")
+    del config.quantization_config
+    return settings
 
 
 def of(config: Any) -> Prequantized | None:

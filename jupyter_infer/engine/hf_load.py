@@ -27,11 +27,9 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 from transformers.pytorch_utils import Conv1D
 
-from . import gguf_load, gptq_awq, q4_linear
+from . import gguf_load, gptq_awq
 from .cpu_linear import (
-    INT4_KERNELS,
     OURS,
-    Q8_KERNELS,
     QUANTIZED,
     Int8Linear,
     LinearReport,
@@ -258,16 +256,9 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     """Build on meta, make each linear (quantized, or packed) as its weight is read; None where
     the checkpoint does not read that way (the caller loads it whole)."""
     config = AutoConfig.from_pretrained(folder)
-    prequantized = gptq_awq.of(config)  # GPTQ/AWQ 4-bit: read into our int4 (gptq_awq.py)
+    prequantized = gptq_awq.take(config, folder)  # GPTQ/AWQ: read into our kernels (gptq_awq.py)
     if getattr(config, "quantization_config", None):
-        if prequantized is None:
-            return None  # its own format: transformers' quantizer reads it
-        if (reason := prequantized.unsupported()) is not None:
-            raise ValueError(f"{folder}: {reason}")
-        if (reason := q4_linear.unavailable()) is not None:
-            raise ValueError(f"{folder}: its {prequantized.method.upper()} 4-bit weights need the int4 kernel, "
-                             f"which cannot run here: {reason}")
-        del config.quantization_config  # the model built here is ours, not transformers' quantized one
+        return None  # its own format: transformers' quantizer reads it
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
     files = _tensor_files(folder)
@@ -331,7 +322,6 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     if any(t.device.type == "meta" for t in [*lm.parameters(), *lm.buffers()]):
         return None
     if packed:
-        theirs = f"{INT4_KERNELS}, with zero points" if prequantized.bits == 4 else Q8_KERNELS
-        kernels = f"from {prequantized.method.upper()}: {theirs} x{len(packed)}; {kernels}"
+        kernels = f"{prequantized.kernels(len(packed))}; {kernels}"
     return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds)
 
