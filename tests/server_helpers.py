@@ -14,7 +14,9 @@ import pytest
 
 from jupyter_infer.engine import Sampled
 from jupyter_infer.engine.simulated import SimulatedBatch, SimulatedEngine
+from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"token {TOKEN}"}
@@ -157,3 +159,17 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float
         if time.monotonic() > deadline:
             raise AssertionError(f"condition still false after {timeout:.1f} s")
         await asyncio.sleep(0.02)
+
+
+async def assert_up_on_the_fallback(config: ServiceConfig, reason: str) -> None:
+    """A service told to load a model it cannot serve: up on the simulated engine, saying
+    ``reason``, and answering."""
+    service = InferenceService(config)
+    service.start()
+    await service.wait_ready()
+    try:
+        status = service.status()
+        assert status["engine"] == "simulated" and reason in str(status.get("fallback_reason"))
+        assert (await (await service.submit(Request("hello", SamplingParams(max_tokens=4)))).result()).text
+    finally:
+        await service.stop()

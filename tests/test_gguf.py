@@ -14,7 +14,7 @@ import openai
 import pytest
 import torch
 from gguf_files import write_llama_gguf
-from server_helpers import TOKEN, server_config
+from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
 from test_int4 import assert_own_greedy_choices
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -185,12 +185,4 @@ async def test_a_gguf_file_we_cannot_serve_is_refused_by_name_and_the_server_sta
     make(path)
     with pytest.raises(ValueError, match=f"model-q4_0.gguf: {reason}"):
         HFEngine(str(path), local_files_only=True)
-    service = InferenceService(ServiceConfig(engine="auto", model=str(path)))
-    service.start()
-    await service.wait_ready()
-    try:
-        status = service.status()
-        assert status["engine"] == "simulated" and reason in str(status.get("fallback_reason"))
-        assert (await (await service.submit(Request("hello", SamplingParams(max_tokens=4)))).result()).text
-    finally:
-        await service.stop()
+    await assert_up_on_the_fallback(ServiceConfig(engine="auto", model=str(path)), reason)

@@ -17,7 +17,7 @@ import openai
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from server_helpers import TOKEN, server_config
+from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
 from transformers import AutoModelForCausalLM
 
 from jupyter_infer.engine import gptq_awq, q4_linear
@@ -26,9 +26,7 @@ from jupyter_infer.engine.hf_load import load_causal_lm
 from jupyter_infer.engine.q4_linear import Int4Linear, dequantize
 from jupyter_infer.engine.q8_linear import Q8Linear
 from jupyter_infer.engine.q8_linear import dequantize as q8_dequantize
-from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
-from jupyter_infer.values.request import Request, SamplingParams
 
 needs_int4 = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -199,12 +197,4 @@ async def test_groups_our_int4_cannot_hold_are_refused_by_name_and_the_server_st
     reason = "its GPTQ groups of 16 inputs do not split into our groups of 32"
     with pytest.raises(ValueError, match=f"{packed_dir.name}: {reason}"):
         HFEngine(str(packed_dir), local_files_only=True)
-    service = InferenceService(ServiceConfig(engine="auto", model=str(packed_dir)))
-    service.start()
-    await service.wait_ready()
-    try:
-        status = service.status()
-        assert status["engine"] == "simulated" and reason in str(status.get("fallback_reason"))
-        assert (await (await service.submit(Request("hello", SamplingParams(max_tokens=4)))).result()).text
-    finally:
-        await service.stop()
+    await assert_up_on_the_fallback(ServiceConfig(engine="auto", model=str(packed_dir)), reason)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from server_helpers import assert_up_on_the_fallback
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.engine import hf_device, q4_linear
@@ -226,17 +227,8 @@ def test_int4_is_refused_at_load_where_it_cannot_run(tiny_model_dir: Path, monke
 async def test_a_server_asked_for_int4_where_it_cannot_run_stays_up_and_says_why(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(q4_linear, "unavailable", lambda: "no C compiler was found (set CC)")
-    service = InferenceService(ServiceConfig(engine="auto", model=str(tiny_model_dir), quantize="int4"))
-    service.start()
-    await service.wait_ready()
-    try:
-        status = service.status()
-        assert status["engine"] == "simulated"
-        assert "no C compiler" in str(status.get("fallback_reason"))
-        answer = await (await service.submit(Request("hello", SamplingParams(max_tokens=4)))).result()
-        assert answer.text
-    finally:
-        await service.stop()
+    await assert_up_on_the_fallback(ServiceConfig(engine="auto", model=str(tiny_model_dir), quantize="int4"),
+                                    "no C compiler")
 
 
 LOAD_PEAK = """
