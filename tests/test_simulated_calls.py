@@ -70,3 +70,18 @@ async def test_a_chat_is_answered_about_its_users_last_message(client: Any) -> N
     first = steered.choices[0].message.content.split(". ")[0]
     assert "cache" in first.lower(), steered.choices[0].message.content
     assert steered.choices[0].message.content == alone.choices[0].message.content
+
+
+async def test_a_tool_calls_record_says_tool_calls_in_infer_batches(client: Any, jp_fetch: Any) -> None:
+    """The engine finishes a call's tokens as "stop"; the answer says "tool_calls", and so must
+    the record ``infer/batches`` shows (the panels and timelines read it)."""
+    said = [{"role": "user", "content": "write `a.txt` with `hi`"}]
+    whole = await client.chat.completions.create(model="simulated", messages=said, tools=[WRITE])
+    streamed = [chunk async for chunk in await client.chat.completions.create(
+        model="simulated", messages=said, tools=[WRITE], stream=True)]
+    text = await client.chat.completions.create(
+        model="simulated", messages=[{"role": "user", "content": "What is the KV cache?"}], tools=[WRITE])
+    assert [whole.choices[0].finish_reason, streamed[-1].choices[0].finish_reason, text.choices[0].finish_reason] \
+        == ["tool_calls", "tool_calls", "stop"]
+    records = json.loads((await jp_fetch("infer", "batches")).body)["requests"]
+    assert [r["finish_reason"] for r in records[-3:]] == ["tool_calls", "tool_calls", "stop"]

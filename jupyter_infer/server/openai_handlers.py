@@ -86,7 +86,10 @@ class OpenAIHandler(InferHandler):
                 if not stream.done:
                     stream.cancel()  # another choice failed, or the client left
         if not self.gone.is_set():
-            self.finish(shape.whole(results))
+            answer = shape.whole(results)
+            for stream, choice in zip(streams, answer["choices"], strict=True):
+                _record_calls(stream, choice["finish_reason"])
+            self.finish(answer)
 
     def _opened_reasoning(self, streams: list[RequestStream]) -> list[bool]:
         """Per choice, whether its prompt opened the reasoning section (its last tokens' text)."""
@@ -156,6 +159,7 @@ class OpenAIHandler(InferHandler):
                 text += "".join(map(data, shape.call_chunks(i, parsers[i].finish(), usage(i))))
                 called = bool(parsers[i].calls) and not call.tools.named
             reason = openai_answers.finish_reason(event, called, legacy=call.tools is not None and call.tools.legacy)
+            _record_calls(streams[i], reason)
             return text + data(shape.chunk(i, None if chat else "", finish_reason=reason, logprobs=lp, usage=usage(i)))
 
         self.start_event_stream()
@@ -171,6 +175,13 @@ class OpenAIHandler(InferHandler):
         text = data(shape.usage_chunk(outcome)) if call.include_usage else ""
         await self.send(text + format_event("[DONE]"))
         self.finish_event_stream()
+
+
+def _record_calls(stream: RequestStream, reason: str) -> None:
+    """A choice that ended in tool calls says so in its record (``infer/batches``), as in its
+    answer: the engine finished it as "stop", and only this layer reads the calls."""
+    if reason in ("tool_calls", "function_call") and stream.record is not None:
+        stream.record.finish_reason = reason
 
 
 class CompletionsHandler(OpenAIHandler):

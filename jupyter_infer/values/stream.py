@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+from .metrics import RequestRecord
 from .request import RequestResult, TokenEvent
 
 
@@ -21,6 +22,9 @@ class RequestStream:
         self.model: str | None = None  # the model that serves it (the service fills it in)
         self.route: str | None = None  # the router's backend that serves it
         self.tool_format = "hermes"  # how its answer writes tool calls (constraints/tool_formats)
+        # Its record in the service's metrics (``infer/batches``): the OpenAI routes name a
+        # tool call's finish reason there, which only they read from the answer's text.
+        self.record: RequestRecord | None = None
         self._cancel = cancel
         self._events: asyncio.Queue[TokenEvent | _End] = asyncio.Queue()
         self._result: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
