@@ -98,8 +98,9 @@ def take(config: Any, folder: object) -> Prequantized | None:
 
 
 def of(config: Any) -> Prequantized | None:
-    """The GPTQ or AWQ 4-bit settings of a checkpoint's config; None where it has none, or
-    another method or width (transformers' own quantizer reads those, where it can)."""
+    """The GPTQ (4 or 8 bits) or AWQ (4 bits) settings of a checkpoint's config; None where it
+    has none, or another method, width or layout (transformers' own quantizer reads those,
+    where its library is installed)."""
     settings = getattr(config, "quantization_config", None)
     if settings is None:
         return None
