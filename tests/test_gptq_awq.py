@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from jupyter_infer.engine import gptq_awq, q4_linear
 from jupyter_infer.engine.hf import HFEngine
@@ -155,6 +155,32 @@ def test_the_model_computes_what_the_checkpoint_says(checkpoints: tuple[str, Pat
         got = _load(packed_dir)[0](ids).logits
     error = (got - want).norm() / want.norm()
     assert error < {"gptq-act-order": 0.2, "gptq-int8": 0.02}.get(case, 0.05), error  # int8 activations in ours
+
+
+@needs_int4
+def test_a_qwen2_checkpoint_keeps_its_attention_biases(llama_model_dir: Path, tmp_path: Path) -> None:
+    """Qwen's own GPTQ/AWQ repositories are Qwen2 models: q/k/v carry float biases beside the
+    packed weights."""
+    source = tmp_path / "qwen2"
+    config = Qwen2Config(vocab_size=2000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:  # initialised to zero: biases that change the answer
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(source)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(llama_model_dir / name, source / name)
+    packed_dir, float_dir = _checkpoints(source, tmp_path, "awq", 128, False)
+    lm = _load(packed_dir)[0]
+    assert lm.model.layers[0].self_attn.q_proj.bias is not None
+    ids = torch.randint(5, 1900, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(float_dir)(ids).logits
+        got = lm(ids).logits
+    assert (got - want).norm() / want.norm() < 0.05
 
 
 def test_other_methods_and_widths_are_left_to_transformers() -> None:
