@@ -118,7 +118,8 @@ def checkpoints(request: pytest.FixtureRequest, llama_model_dir: Path,
                                          method, group, act_order, bits))
 
 
-def _load(path: Path) -> torch.nn.Module:
+def _load(path: Path) -> tuple[torch.nn.Module, Any, Any]:
+    """``load_causal_lm``'s (model, linears report, load report) for the CPU in float32."""
     return load_causal_lm(str(path), dtype=torch.float32, device="cpu", local_files_only=True,
                           quantize="none", prepack=True)
 
