@@ -71,9 +71,9 @@ class Prequantized:
             # that are not runs of inputs, quantized again in ours.
             weight = ((q.float() - z[g_idx].float()) * scales[g_idx].float()).t().contiguous()
             return (Q8Linear if self.bits == 8 else Int4Linear).from_weight(weight, bias)
-        if group % GROUP or k % group or scales.shape != (k // group, n) or z.shape != scales.shape:
-            raise ValueError(f"{prefix}: a {self.method.upper()} layer of {k} inputs in groups of {group} "
-                             f"(scales {tuple(scales.shape)}): int4 reads groups that are a multiple of {GROUP}")
+        if k % group or scales.shape != (k // group, n) or z.shape != scales.shape:  # (take() checked the group)
+            raise ValueError(f"{prefix}: a {self.method.upper()} layer of {k} inputs and {n} outputs does not match "
+                             f"its scales {tuple(scales.shape)} and zero points {tuple(z.shape)} in groups of {group}")
         repeat = group // GROUP
         scale = scales.t().float().repeat_interleave(repeat, dim=1)  # [N, K/32]
         low_min = (-z.t().float() * scales.t().float()).repeat_interleave(repeat, dim=1)
@@ -119,10 +119,8 @@ def of(config: Any) -> Prequantized | None:
     return Prequantized(method, max(group, 0), method == "gptq" and layout == "gptq", bits)
 
 
-def quantized_names(settings: Prequantized | None, files: Iterable[str]) -> set[str]:
-    """The ``.weight`` names a GPTQ/AWQ checkpoint (``settings``) holds as ``.qweight`` instead."""
-    if settings is None:
-        return set()
+def quantized_names(files: Iterable[str]) -> set[str]:
+    """The ``.weight`` names a GPTQ/AWQ checkpoint holds as ``.qweight`` instead."""
     return {f"{name.removesuffix('.qweight')}.weight" for name in files if name.endswith(".qweight")}
 
 

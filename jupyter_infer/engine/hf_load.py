@@ -262,7 +262,7 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config, dtype=dtype)
     files = _tensor_files(folder)
-    packed = gptq_awq.quantized_names(prequantized, files)
+    packed = gptq_awq.quantized_names(files) if prequantized else set()
     tied = dict(getattr(lm, "all_tied_weights_keys", {}) or {})
     wanted = [n for n, _ in lm.named_parameters(remove_duplicate=False)]
     wanted += [n for n, _ in lm.named_buffers() if n not in dict(lm.named_non_persistent_buffers())]
