@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from jupyter_infer.engine import Sampled
-from jupyter_infer.engine.simulated import SimulatedBatch, SimulatedEngine
+from jupyter_infer.engine.simulated import SimulatedEngine
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
@@ -67,16 +67,14 @@ def server_config(**infer: Any) -> dict[str, Any]:
 class ScriptedEngine(SimulatedEngine):
     """The simulated engine, plus fixed answers for ``SCRIPTS`` prompts and a poison pill."""
 
-    def prefill(self, seqs: list[Any], *args: Any) -> tuple[Sampled, SimulatedBatch | None, dict]:
+    def prefill(self, seqs: list[Any], *args: Any) -> Sampled:
         if any(POISON in s.request.prompt for s in seqs):
             raise RuntimeError("the scripted engine refuses poisoned prompts")
-        sampled, batch, partial = super().prefill(seqs, *args)
-        for i, seq in enumerate(seqs if batch is not None else ()):
-            script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
-            if script is not None:
-                batch.rows[i].answer = self.tokenize(script)
-                sampled[i].tokens = [batch.rows[i].answer[0]]
-        return sampled, batch, partial
+        return super().prefill(seqs, *args)
+
+    def answer(self, seq: Any) -> list[int]:
+        script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
+        return self.tokenize(script) if script is not None else super().answer(seq)
 
 
 @dataclass

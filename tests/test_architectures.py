@@ -15,8 +15,8 @@ import pytest
 import torch
 from test_hf_engine import LENGTHS, PROMPTS, _seq, reference, run_with_late_joiners
 
-from jupyter_infer.engine import kv_cache
 from jupyter_infer.engine.hf import HFEngine
+from jupyter_infer.engine.kv import kv_cache
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512)
@@ -114,9 +114,9 @@ def test_a_hybrids_recurrent_states_are_not_counted_as_wasted_kv(tiny_model_dir:
     folder = checkpoint("granitemoehybrid", tiny_model_dir, tmp_path / "hybrid")
     engine = HFEngine(str(folder), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 4) for p in PROMPTS[:2]]
-    _, rows = engine.step(StepPlan(0, seqs), None)
-    usage = engine.kv_usage(rows)
-    batch = rows.decoding.buckets[0]
+    engine.execute(StepPlan(0, seqs))
+    usage = engine.kv_usage()
+    batch = engine.rows.decoding.buckets[0]
     states = kv_cache.state_bytes(batch.cache)
     assert usage.state_bytes == states > 0
     assert usage.bytes_held == kv_cache.bytes_held(batch.cache)  # the attention layers' buffers only

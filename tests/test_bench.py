@@ -211,7 +211,7 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     assert users["fair"]["median"]["ttft_p50_ms"] < users["fifo"]["median"]["ttft_p50_ms"]
     # [g] at a real size (the quick run: llama-tiny): ours f32, int8 and int4 (and bf16 where
     # the CPU has bf16 instructions) served the same tokens, and each server's memory was read.
-    from jupyter_infer.engine.hf_device import cpu_has_native_bf16
+    from jupyter_infer.formats.device_choice import cpu_has_native_bf16
 
     ours = ("real_f32", "real_int8", "real_int4", *(("real_bf16",) if cpu_has_native_bf16() else ()))
     for name in ("real_alone", "real_burst"):

@@ -174,8 +174,8 @@ def test_rows_in_other_buckets_keep_their_errors_and_forced_counts(tiny_model_di
     doom_the_regex(monkeypatch)
     seen = []
     decode = hf.HFEngine.decode
-    monkeypatch.setattr(hf.HFEngine, "decode", lambda self, batch, seqs, *more: seen.append(len(batch.buckets)) or
-                        decode(self, batch, seqs, *more))
+    monkeypatch.setattr(hf.HFEngine, "decode", lambda self, seqs, *more: seen.append(len(self.rows.decoding.buckets)) or
+                        decode(self, seqs, *more))
 
     async def main():
         service = InferenceService(ServiceConfig(engine="hf", model=str(tiny_model_dir), dtype="float32",

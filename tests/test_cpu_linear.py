@@ -12,15 +12,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.commands.model_builder import CORPUS
-from jupyter_infer.engine import cpu_linear, hf_device, q4_linear
-from jupyter_infer.engine.cpu_linear import OURS, Int8Linear, PackedLinear, swap_linears
-from jupyter_infer.engine.f32_linear import F32Linear
+from jupyter_infer.cpu import kernels, model_linears
+from jupyter_infer.cpu.float_linear import F32Linear
+from jupyter_infer.cpu.int8_linear import Q8Linear
+from jupyter_infer.cpu.model_linears import OURS, Int8Linear, PackedLinear, swap_linears
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.hf_load import load_causal_lm
-from jupyter_infer.engine.q8_linear import Q8Linear
+from jupyter_infer.formats import device_choice
+from jupyter_infer.formats.hf_load import load_causal_lm
 from jupyter_infer.values.config import ServiceConfig
 
-needs_int8 = pytest.mark.skipif(not cpu_linear.int8_available(), reason="no int8 kernel (ours or fbgemm) here")
+needs_int8 = pytest.mark.skipif(not model_linears.int8_available(), reason="no int8 kernel (ours or fbgemm) here")
 INT8 = (Int8Linear, Q8Linear)  # fbgemm's, or ours (q8_0's form) where the int4 library builds
 
 
@@ -42,16 +43,16 @@ def _text_ids(model_dir: Path, tokens: int = 256) -> torch.Tensor:
 def test_prepacked_linears_compute_what_the_eager_ones_do(model_dir: Path, ours: bool,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # float32 is ours where the kernel library builds, oneDNN's prepacked weights where it does not.
-    if ours and q4_linear.unavailable() is not None:
+    if ours and kernels.unavailable() is not None:
         pytest.skip("no kernel library on this machine")
     if not ours:
-        monkeypatch.setattr(q4_linear, "unavailable", lambda: "as where the library cannot build")
-    kind, kernels = (F32Linear, cpu_linear.F32_KERNELS) if ours else (PackedLinear, "onednn prepacked float32")
+        monkeypatch.setattr(kernels, "unavailable", lambda: "as where the library cannot build")
+    kind, expected = (F32Linear, model_linears.F32_KERNELS) if ours else (PackedLinear, "onednn prepacked float32")
     eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     packed = copy.deepcopy(eager)
     report = swap_linears(packed, prepack=True)
     linears = [m for m in packed.modules() if isinstance(m, kind)]
-    assert report.layers == len(linears) > 0 and report.kernels == kernels
+    assert report.layers == len(linears) > 0 and report.kernels == expected
     assert not any(type(m) is torch.nn.Linear for m in packed.modules())
     ids = _text_ids(model_dir)
     want, got = _logits(eager, ids), _logits(packed, ids)
@@ -75,20 +76,20 @@ def test_int8_keeps_the_greedy_choices_of_float32(model_dir: Path) -> None:
     torch.testing.assert_close(layer(x.bfloat16()).float(), layer(x), rtol=0.05, atol=0.05)
 
 
-@pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+@pytest.mark.skipif(kernels.unavailable() is not None, reason="no kernel library on this machine")
 def test_bfloat16_in_our_kernel_keeps_the_greedy_choices_of_float32(model_dir: Path) -> None:
     eager = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ours = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     report = swap_linears(ours, prepack=True)
-    assert report.kernels == cpu_linear.BF16_KERNELS and report.layers > 0
+    assert report.kernels == model_linears.BF16_KERNELS and report.layers > 0
     ids = _text_ids(model_dir)
     want, got = _logits(eager, ids), _logits(ours, ids)
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
 
 
 def test_the_engine_says_which_kernels_it_runs(tiny_model_dir: Path) -> None:
-    ours = q4_linear.unavailable() is None
-    prepacked = cpu_linear.F32_KERNELS if ours else "onednn prepacked float32"
+    ours = kernels.unavailable() is None
+    prepacked = model_linears.F32_KERNELS if ours else "onednn prepacked float32"
     assert HFEngine(str(tiny_model_dir), dtype="float32").info.details["linear_kernels"] == prepacked
     eager = HFEngine(str(tiny_model_dir), dtype="float32", prepack_weights=False)
     assert eager.info.details["linear_kernels"] == "eager (aten addmm)"
@@ -104,11 +105,10 @@ def test_the_engine_counts_the_models_parameters_whatever_its_linears_run_on(mod
     assert engine.info.details["parameters"] == expected
 
 
-@pytest.mark.skipif(not cpu_linear.fbgemm_available(), reason="no fbgemm here")
+@pytest.mark.skipif(not model_linears.fbgemm_available(), reason="no fbgemm here")
 def test_int8_is_fbgemms_where_our_kernel_cannot_build(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from jupyter_infer.engine import q4_linear
 
-    monkeypatch.setattr(q4_linear, "unavailable", lambda: "no C compiler here")
+    monkeypatch.setattr(kernels, "unavailable", lambda: "no C compiler here")
     engine = HFEngine(str(tiny_model_dir), dtype="float32", quantize="int8")
     assert engine.info.details["linear_kernels"].startswith("int8 dynamic (fbgemm)")
     assert any(isinstance(m, Int8Linear) for m in engine.model.modules())
@@ -116,11 +116,11 @@ def test_int8_is_fbgemms_where_our_kernel_cannot_build(tiny_model_dir: Path, mon
 
 
 def test_int8_is_refused_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hf_device, "int8_available", lambda: False)
+    monkeypatch.setattr(device_choice, "int8_available", lambda: False)
     with pytest.raises(ValueError, match="int8 kernel"):
         HFEngine(str(tiny_model_dir), quantize="int8")
     with pytest.raises(ValueError, match="CPU weight format"):
-        hf_device.check_quantize("int8", "cuda")
+        device_choice.check_quantize("int8", "cuda")
     with pytest.raises(ValueError, match="InferApp.quantize"):
         ServiceConfig(quantize="int3")
 
@@ -155,13 +155,13 @@ def test_bfloat16_loads_on_a_cpu_where_onednn_cannot_prepack_it(tiny_model_dir: 
     import subprocess
     import sys
 
-    if ours and q4_linear.unavailable() is not None:
+    if ours and kernels.unavailable() is not None:
         pytest.skip("no kernel library on this machine")
     script = (
         "import json, sys\n"
-        "from jupyter_infer.engine import q4_linear\n"
-        + ("" if ours else "q4_linear.unavailable = lambda: 'no library'\n") +
-        "from jupyter_infer.engine.hf import HFEngine\n"
+        "from jupyter_infer.cpu import kernels\n"
+        + ("" if ours else "kernels.unavailable = lambda: 'no library'\n") +
+        "from jupyter_infer.engine.hf.hf_engine import HFEngine\n"
         "e = HFEngine(sys.argv[1], dtype='bfloat16', num_threads=1)\n"
         "ids = e.tokenize('Hello there')\n"
         "out = e.model.generate(__import__('torch').tensor([ids]), max_new_tokens=4, do_sample=False)\n"
@@ -173,13 +173,13 @@ def test_bfloat16_loads_on_a_cpu_where_onednn_cannot_prepack_it(tiny_model_dir: 
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     if ours:
-        assert report["kernels"] == cpu_linear.BF16_KERNELS
+        assert report["kernels"] == model_linears.BF16_KERNELS
     else:
         assert report["kernels"].startswith("eager (aten addmm): oneDNN cannot prepack here")
     assert report["new"] == 4
 
 
-@pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+@pytest.mark.skipif(kernels.unavailable() is not None, reason="no kernel library on this machine")
 @pytest.mark.parametrize("quantize", ["none", "int8", "int4"])
 def test_a_checkpoint_loaded_whole_keeps_the_weights_our_kernels_read(llama_model_dir: Path, tmp_path: Path,
                                                                       quantize: str) -> None:

@@ -1,4 +1,4 @@
-"""A decode step's layers in one C call (engine/decode_layers.py): taken by the Llama family with
+"""A decode step's layers in one C call (engine/hf/decode_layers.py): taken by the Llama family with
 our int4, int8 and float32 linears, and what it computes is the per-layer path's to the bit — left-padded rows, every column
 seen, a cache that must grow, q/k/v biases, Qwen3's per-head norms — so answers through the scheduler do not change."""
 
@@ -11,11 +11,12 @@ import torch
 from test_architectures import checkpoint
 from test_hf_engine import run_with_late_joiners
 
-from jupyter_infer.engine import kv_cache, q4_linear
+from jupyter_infer.cpu import kernels
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.ragged import Block, forward
+from jupyter_infer.engine.hf.ragged import Block, forward
+from jupyter_infer.engine.kv import kv_cache
 
-pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no int4 kernel on this machine")
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no int4 kernel on this machine")
 
 
 def _steps(engine: HFEngine, one_call: bool) -> torch.Tensor:

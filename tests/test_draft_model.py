@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_steps import keeping
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.commands.model_builder import make_model
-from jupyter_infer.engine import Rows, StepPlan
-from jupyter_infer.engine.draft_model import DraftKV
 from jupyter_infer.engine.hf import HFEngine
+from jupyter_infer.engine.hf.draft_model import DraftKV
 from jupyter_infer.values.config import ServiceConfig
 from tests.test_hf_engine import _seq, reference
 from tests.test_speculative import COPY, _answers
@@ -70,14 +70,14 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
     engine.eos_token_ids = frozenset()
     engine.configure_speculation("draft", 4, 8)
     seqs = [_seq(engine, p, 30) for p in FRESH[:2]]
-    sampled, rows = engine.step(StepPlan(0, seqs), None)
+    sampled = engine.execute(keeping(engine, 0, seqs))
     guessed = 0
     for _ in range(8):
         for seq, output in zip(seqs, sampled, strict=True):
             seq.output_ids += output.tokens
-        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs], guesses=[4, 4]), rows)
+        sampled = engine.execute(keeping(engine, 0, seqs, [s.id for s in seqs], guesses=[4, 4]))
         for seq, proposed in zip(seqs, [o.proposed for o in sampled], strict=True):
-            row = _draft_kv(rows, seq.id)
+            row = _draft_kv(engine, seq.id)
             assert row.cache.get_seq_length() == len(row.fed)
             if proposed:  # its cache holds the row's history and the guesses it fed after it
                 guessed += 1
@@ -85,16 +85,15 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
                 assert row.fed[: len(history)] == history and len(row.fed) == len(history) + proposed - 1
     assert guessed
     del row  # the test's own reference
-    departed = weakref.ref(_draft_kv(rows, seqs[1].id))
-    rows = rows.keep([seqs[0].id])
-    _, rows = engine.step(StepPlan(0, seqs[:1], [seqs[0].id]), rows)
+    departed = weakref.ref(_draft_kv(engine, seqs[1].id))
+    engine.execute(keeping(engine, 0, seqs[:1], [seqs[0].id]))
     gc.collect()
-    assert departed() is None and _draft_kv(rows, seqs[0].id) is not None  # the row that left freed its draft KV
+    assert departed() is None and _draft_kv(engine, seqs[0].id) is not None  # the row that left freed its draft KV
 
 
-def _draft_kv(rows: Rows, row_id: str) -> DraftKV | None:
+def _draft_kv(engine: HFEngine, row_id: str) -> DraftKV | None:
     """The draft model's KV that the running row ``row_id`` holds."""
-    return next(r.draft for bucket in rows.decoding for r in bucket.rows if r.id == row_id)
+    return next(r.draft for bucket in engine.rows.decoding for r in bucket.rows if r.id == row_id)
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(tiny_model_dir: Path, models_dir: Path) -> None:
@@ -147,19 +146,19 @@ def test_a_draft_model_that_cannot_be_loaded_says_so_and_how_to_do_without(tiny_
 
 
 def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_dir: Path) -> None:
-    from jupyter_infer.engine.draft_model import CATCH_UP_TOKENS
+    from jupyter_infer.engine.hf.draft_model import CATCH_UP_TOKENS
 
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, draft_model=str(tiny_model_dir))
     engine.eos_token_ids = frozenset()
     engine.configure_speculation("draft", 4, 8)
     seq = _seq(engine, " ".join(FRESH * 12), 40)
     assert len(seq.prompt_ids) > 2 * CATCH_UP_TOKENS
-    sampled, rows = engine.step(StepPlan(0, [seq]), None)
+    sampled = engine.execute(keeping(engine, 0, [seq]))
     fed = []
     for _ in range(6):
         seq.output_ids += sampled[0].tokens
-        sampled, rows = engine.step(StepPlan(0, [seq], [seq.id], guesses=[4]), rows)
-        fed.append(len(_draft_kv(rows, seq.id).fed))
+        sampled = engine.execute(keeping(engine, 0, [seq], [seq.id], guesses=[4]))
+        fed.append(len(_draft_kv(engine, seq.id).fed))
     history = len(seq.prompt_ids)
     steps = -(-history // CATCH_UP_TOKENS)  # chunks its history takes, then it guesses
     assert fed[: steps - 1] == [CATCH_UP_TOKENS * (i + 1) for i in range(steps - 1)]

@@ -1,4 +1,4 @@
-"""float32 and bfloat16 linears in our kernel (engine/f32_linear.py, f32_kernel.c): the blocks
+"""float32 and bfloat16 linears in our kernel (cpu/float_linear.py, float.c): the blocks
 hold the weights as they are (bfloat16's rounding for bfloat16), the kernel computes x W^T + b
 in float32 for one row and many (a part-empty last
 block, any input width), into a residual, with the norm or SwiGLU on the way in, on the AVX-512
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from jupyter_infer.engine import layer_ops, q4_linear
-from jupyter_infer.engine.cpu_features import cpu_flags
-from jupyter_infer.engine.f32_linear import BF16Linear, F32Linear, unpack
+from jupyter_infer.cpu import int4_linear, kernels, layer_ops
+from jupyter_infer.cpu.features import cpu_flags
+from jupyter_infer.cpu.float_linear import BF16Linear, F32Linear, unpack
 
-pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no kernel library on this machine")
 
 
 KINDS = [F32Linear, BF16Linear]
@@ -59,14 +59,14 @@ def test_the_kernel_computes_x_w_plus_b(kind: type[F32Linear], k: int, rows: int
 def test_a_joint_call_adds_into_a_residual_with_the_norm_or_swiglu_on_the_way_in() -> None:
     torch.manual_seed(1)
     q, k = F32Linear(torch.randn(48, 64), None), F32Linear(torch.randn(16, 64), torch.randn(16))
-    joint = q4_linear.Int4Linears([q, k])
+    joint = int4_linear.Int4Linears([q, k])
     x, weight = torch.randn(5, 64), torch.rand(64) + 0.5
     assert torch.equal(joint(x), torch.cat([q(x), k(x)], dim=-1))
     assert torch.equal(joint(x, norm=(weight, 1e-6)), joint(layer_ops.rms_norm(x, weight, 1e-6)))
     residual = torch.randn(5, 64)
     assert torch.equal(joint(x, into=residual.clone()), residual + joint(x))
     gate_up = torch.randn(5, 128)
-    assert torch.equal(q4_linear.Int4Linears([q])(gate_up, gated=True), q(layer_ops.swiglu(gate_up)))
+    assert torch.equal(int4_linear.Int4Linears([q])(gate_up, gated=True), q(layer_ops.swiglu(gate_up)))
 
 
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 path already")
@@ -75,7 +75,7 @@ def test_a_joint_call_adds_into_a_residual_with_the_norm_or_swiglu_on_the_way_in
 @pytest.mark.parametrize("rows", [1, 4, 5, 9])
 def test_the_narrower_paths_compute_the_same_on_an_avx512_machine(flags: tuple[str, ...], kind: type[F32Linear],
                                                                  rows: int) -> None:
-    narrow = q4_linear._library(flags)
+    narrow = kernels.load(flags)
     assert not isinstance(narrow, str), narrow
     torch.manual_seed(rows)
     w, b = torch.randn(40, 193), torch.randn(40)

@@ -53,7 +53,7 @@ def test_a_newcomer_takes_the_place_of_a_burst_row_which_is_parked_then_resumes(
     assert len(plan.park) == 1 and plan.resume == []
     parked = s.parked[0]
     assert parked.status is Status.PARKED and parked.request.owner == "alice"
-    assert parked.id in plan.keep  # its KV stays
+    assert parked.id not in plan.finished  # its KV stays
     assert bob.record.first_token_at == 0.1
     outputs = len(parked.output_ids)
     decode = step(s, 0.2)  # bob's second token ends it
@@ -143,7 +143,7 @@ def test_a_parked_row_cancelled_ends_at_once_and_its_kv_goes() -> None:
     assert s.cancel(parked.id, 0.2)
     assert parked.status is Status.FINISHED and parked.record.outcome == "cancelled"
     plan = step(s, 0.3)
-    assert parked.id not in plan.keep and s.parked == []
+    assert parked.id in plan.finished and s.parked == []  # its KV goes
 
 
 def test_parked_and_resumed_show_in_the_spans_and_the_counts() -> None:

@@ -13,7 +13,7 @@ import pytest
 from server_helpers import TOKEN, server_config, service_of
 from transformers import GenerationConfig
 
-from jupyter_infer.engine.generation_defaults import sampling_defaults
+from jupyter_infer.text.generation_defaults import sampling_defaults
 from jupyter_infer.values.engine_info import EngineInfo
 from jupyter_infer.wire.openai_requests import parse_chat
 

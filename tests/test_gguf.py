@@ -18,19 +18,20 @@ from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
 from test_int4 import assert_own_greedy_choices
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.engine import gguf_load, q4_linear
-from jupyter_infer.engine.cpu_linear import Int8Linear
+from jupyter_infer.cpu import kernels
+from jupyter_infer.cpu.int4_linear import Int4Linear, dequantize
+from jupyter_infer.cpu.int8_linear import Q8Linear
+from jupyter_infer.cpu.int8_linear import dequantize as q8_dequantize
+from jupyter_infer.cpu.model_linears import Int8Linear
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.hf_load import load_causal_lm
-from jupyter_infer.engine.q4_linear import Int4Linear, dequantize
-from jupyter_infer.engine.q8_linear import Q8Linear
-from jupyter_infer.engine.q8_linear import dequantize as q8_dequantize
+from jupyter_infer.formats import gguf_load
+from jupyter_infer.formats.hf_load import load_causal_lm
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
 
 gguf = pytest.importorskip("gguf")
-needs_int4 = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
+needs_int4 = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_wider_blocks_are_int8_and_a_named_format_takes_every_linear(gguf_dir: P
             np.testing.assert_allclose(q8_dequantize(module.packed, module.scales, module.out_features,
                                                      module.in_features).numpy(),
                                        theirs[name].weight.detach().numpy(), rtol=0, atol=0)
-    if q4_linear.unavailable() is None:
+    if kernels.unavailable() is None:
         lm = _load(gguf_dir / "model-q8_0.gguf", quantize="int4")
         assert sum(isinstance(m, Int4Linear) for m in lm.modules()) == 15  # the LM head too
 

@@ -20,15 +20,16 @@ from safetensors.torch import load_file, save_file
 from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from jupyter_infer.engine import gptq_awq, q4_linear
+from jupyter_infer.cpu import kernels
+from jupyter_infer.cpu.int4_linear import Int4Linear, dequantize
+from jupyter_infer.cpu.int8_linear import Q8Linear
+from jupyter_infer.cpu.int8_linear import dequantize as q8_dequantize
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.hf_load import load_causal_lm
-from jupyter_infer.engine.q4_linear import Int4Linear, dequantize
-from jupyter_infer.engine.q8_linear import Q8Linear
-from jupyter_infer.engine.q8_linear import dequantize as q8_dequantize
+from jupyter_infer.formats import gptq_awq
+from jupyter_infer.formats.hf_load import load_causal_lm
 from jupyter_infer.values.config import ServiceConfig
 
-needs_int4 = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
+needs_int4 = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's pack order
 

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_steps import keeping
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.engine import RowOutput, Rows, StepPlan, kv_cache, load_engine
+from jupyter_infer.engine import RowOutput, StepPlan, load_engine
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.hf_device import cpu_has_native_bf16, pick_device
+from jupyter_infer.engine.kv import kv_cache
+from jupyter_infer.formats.device_choice import cpu_has_native_bf16, pick_device
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, RequestResult, SamplingParams
@@ -79,19 +81,18 @@ def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
     return Sequence(Request(prompt, SamplingParams(max_tokens=n)), engine.tokenize(prompt))
 
 
-def step(engine: HFEngine, plan: StepPlan, batch):
-    """Run ``plan`` on the decoding ``batch``, append each row's tokens; the decoding batch
-    after the step."""
-    sampled, rows = engine.step(plan, None if batch is None else Rows(batch))
+def step(engine: HFEngine, plan: StepPlan):
+    """Run ``plan``, append each row's tokens; the engine's decoding rows after the step."""
+    sampled = engine.execute(plan)
     for seq, tokens in zip(plan.seqs, [o.tokens for o in sampled], strict=True):
         seq.output_ids += tokens
-    return rows.decoding
+    return engine.rows.decoding
 
 
 def prefill(engine: HFEngine, seqs: list[Sequence]):
-    """The newcomers' first tokens, and their batch."""
-    sampled, rows = engine.step(StepPlan(0, seqs), None)
-    return sampled, dense(rows.decoding)
+    """The newcomers' first tokens (every other row gone), and their batch."""
+    sampled = engine.execute(keeping(engine, 0, seqs))
+    return sampled, dense(engine.rows.decoding)
 
 
 def dense(batch):
@@ -107,19 +108,19 @@ def ids(seqs: list[Sequence]) -> list[str]:
 def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:3]]
-    batch = step(engine, StepPlan(1, seqs), None)
-    batch = step(engine, StepPlan(2, seqs, ids(seqs)), batch)
+    batch = step(engine, keeping(engine, 1, seqs))
+    batch = step(engine, keeping(engine, 2, seqs, ids(seqs)))
     # The longest prompt leaves: its padding columns go with it.
     longest = max(seqs, key=lambda s: s.num_prompt_tokens)
     rest = [s for s in seqs if s is not longest]
-    batch = step(engine, StepPlan(3, rest, ids(rest)), batch)
+    batch = step(engine, keeping(engine, 3, rest, ids(rest)))
     assert batch.ids == ids(rest) and len(dense(batch).rows) == 2
     width = max(s.num_prompt_tokens for s in rest) + 2  # prompt + the two tokens fed back so far
     assert dense(batch).mask.shape == (2, width)
     for layer in dense(batch).cache.layers:
         assert layer.keys.shape[0] == 2 and layer.keys.shape[2] == width
     for _ in range(7):
-        batch = step(engine, StepPlan(4, rest, ids(rest)), batch)
+        batch = step(engine, keeping(engine, 4, rest, ids(rest)))
     for seq in rest:
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, 10)
     assert batch.filter([]) is None  # the last rows leave: nothing runs
@@ -128,13 +129,13 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
 def test_a_newcomer_joins_rows_that_stay_after_others_left(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, StepPlan(1, [a, b], []), None)
-    batch = step(engine, StepPlan(2, [a, b], ids([a, b])), batch)
+    batch = step(engine, keeping(engine, 1, [a, b], []))
+    batch = step(engine, keeping(engine, 2, [a, b], ids([a, b])))
     # b left before c's prefill: the plan keeps only a, and c joins after it.
-    batch = step(engine, StepPlan(3, [c], [a.id]), batch)
+    batch = step(engine, keeping(engine, 3, [c], [a.id]))
     assert batch.ids == ids([a, c])
     for n in range(4, 10):
-        batch = step(engine, StepPlan(n, [a, c], ids([a, c])), batch)
+        batch = step(engine, keeping(engine, n, [a, c], ids([a, c])))
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
@@ -151,25 +152,24 @@ def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactl
     real = engine._forward
     monkeypatch.setattr(engine, "_forward", lambda blocks, every=False: forwards.append(len(blocks)) or real(blocks, every))
     a, b, c, long_ = (_seq(engine, p, 12) for p in (*PROMPTS[:3], " ".join(PROMPTS)))
-    held: list = [None]
 
     def run(plan: StepPlan) -> None:
-        sampled, held[0] = engine.step(plan, held[0])
+        sampled = engine.execute(plan)
         for row, (seq, tokens) in enumerate(zip(plan.seqs, [o.tokens for o in sampled], strict=True)):
             if plan.prompt[row]:
                 seq.num_computed = len(seq.prompt_ids) if tokens else sampled[row].computed
             seq.output_ids += tokens
 
-    run(StepPlan(1, [a]))
+    run(keeping(engine, 1, [a]))
     forwards.clear()
-    plan = StepPlan(2, [a, b, c], [a.id])
+    plan = keeping(engine, 2, [a, b, c], [a.id])
     run(plan)
     assert plan.kind == "mixed" and forwards == [2]  # a's bucket and the newcomers' block, one call
     assert [len(x.output_ids) for x in (a, b, c)] == [2, 1, 1]
     chunks = 0
     while not long_.output_ids:  # a chunk of 16 a step beside the three decoding rows
         forwards.clear()
-        plan = StepPlan(3 + chunks, [a, b, c, long_], ids([a, b, c]) + [long_.id] * bool(long_.num_computed),
+        plan = keeping(engine, 3 + chunks, [a, b, c, long_], ids([a, b, c]) + [long_.id] * bool(long_.num_computed),
                         [1, 1, 1, 16])
         run(plan)
         assert plan.kind == "mixed" and plan.chunk == 16 and len(forwards) == 1
@@ -177,7 +177,7 @@ def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactl
     assert chunks == -(-len(long_.prompt_ids) // 16) > 1
     live = [a, b, c, long_]
     while live:
-        run(StepPlan(99, live, ids(live)))
+        run(keeping(engine, 99, live, ids(live)))
         live = [x for x in live if len(x.output_ids) < 12]
     for seq in (a, b, c, long_):
         assert seq.output_ids[:12] == reference(model_dir, seq.request.prompt, 12), seq.request.prompt
@@ -239,12 +239,12 @@ def test_auto_loads_a_local_model_folder(tiny_model_dir: Path) -> None:
 def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:2]]
-    batch = step(engine, StepPlan(1, seqs), None)
-    batch = step(engine, StepPlan(2, seqs, ids(seqs)), batch)
+    batch = step(engine, keeping(engine, 1, seqs))
+    batch = step(engine, keeping(engine, 2, seqs, ids(seqs)))
     layer = dense(batch).cache.layers[0]
     buffers = layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()
     for n in range(3, 8):
-        batch = step(engine, StepPlan(n, seqs, ids(seqs)), batch)
+        batch = step(engine, keeping(engine, n, seqs, ids(seqs)))
     # Keys, values and the mask grow in place: a decode step copies neither.
     assert (layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()) == buffers
     assert layer.keys.shape[2] == dense(batch).mask.shape[1]  # one column per token fed so far
@@ -335,26 +335,29 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     prompt, short = SYSTEM + AGENT_TASKS[1], "agents"
     cold_seqs = [_seq(engine, prompt, 1), _seq(engine, short, 1)]
-    cold_tokens, cold = engine.step(StepPlan(0, cold_seqs), None)
+    cold_tokens = engine.execute(keeping(engine, 0, cold_seqs))
     engine.configure_prefix_cache(64)
     # The system prompt, cached, and still running: the rows below share it with this one.
-    _, running = engine.step(StepPlan(0, [_seq(engine, SYSTEM + AGENT_TASKS[0], 1)]), None)
+    running = _seq(engine, SYSTEM + AGENT_TASKS[0], 1)
+    engine.execute(keeping(engine, 0, [running], ids(cold_seqs)))
     hot_seqs = [_seq(engine, prompt, 1), _seq(engine, short, 1)]
-    hot_tokens, hot = engine.step(StepPlan(0, hot_seqs), None)
+    hot_tokens = engine.execute(keeping(engine, 0, hot_seqs, ids([*cold_seqs, running])))
     assert engine.prefix_cache_stats()["reused_tokens"] >= 32
-    seq, rows, first = _seq(engine, prompt, 1), None, RowOutput()
+    seq, first = _seq(engine, prompt, 1), RowOutput()
+    held = ids([*cold_seqs, running, *hot_seqs])
     while not first.tokens:  # 16 tokens a step, continuing the row, until the prompt is in
-        [first], rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [16]), rows)
+        [first] = engine.execute(keeping(engine, 1, [seq], held + [seq.id] * bool(seq.num_computed), [16]))
         seq.num_computed = first.computed if first.computed is not None else seq.num_prompt_tokens
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
     assert [o.tokens for o in hot_tokens] == [o.tokens for o in cold_tokens] and first.tokens == cold_tokens[0].tokens
     # The cached start is shared, not copied: the hot row and the chunked one refer to one prefix.
-    [hot_prefix] = {id(b.shared) for b in hot.decoding if b.shared is not None}
-    assert [id(b.shared) for b in rows.decoding] == [hot_prefix]
-    pairs = [(hot.decoding, h.id, c.id) for h, c in zip(hot_seqs, cold_seqs, strict=True)]
-    for buckets, row_id, cold_id in [*pairs, (rows.decoding, seq.id, cold_seqs[0].id)]:
-        assert _position(buckets, row_id) == _position(cold.decoding, cold_id)
-        for a, b in zip(_real_kv(buckets, row_id), _real_kv(cold.decoding, cold_id), strict=True):
+    buckets = list(engine.rows.decoding)
+    [hot_prefix] = {id(b.shared) for b in buckets if b.shared is not None and set(b.ids) & set(ids(hot_seqs))}
+    assert [id(b.shared) for b in buckets if seq.id in b.ids] == [hot_prefix]
+    pairs = [(h.id, c.id) for h, c in zip(hot_seqs, cold_seqs, strict=True)]
+    for row_id, cold_id in [*pairs, (seq.id, cold_seqs[0].id)]:
+        assert _position(buckets, row_id) == _position(buckets, cold_id)
+        for a, b in zip(_real_kv(buckets, row_id), _real_kv(buckets, cold_id), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -367,26 +370,26 @@ def test_rows_after_a_cached_system_prompt_hold_it_once_and_decode_exactly(reque
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     engine.configure_prefix_cache(64)
     first = _seq(engine, SYSTEM * 2 + "Begin.", 16)
-    batch = step(engine, StepPlan(0, [first]), None)  # caches the system prompt, and runs
+    batch = step(engine, keeping(engine, 0, [first]))  # caches the system prompt, and runs
     agents = [_seq(engine, SYSTEM * 2 + task, 8) for task in AGENT_TASKS]
     plain = _seq(engine, PROMPTS[0], 8)
-    batch = step(engine, StepPlan(1, [agents[0], plain, agents[1]], [first.id]), batch)
+    batch = step(engine, keeping(engine, 1, [agents[0], plain, agents[1]], [first.id]))
     everyone = [first, agents[0], plain, agents[1]]
-    batch = step(engine, StepPlan(2, everyone, ids(everyone)), batch)
-    batch = step(engine, StepPlan(3, [agents[2]], ids(everyone)), batch)  # joins late
+    batch = step(engine, keeping(engine, 2, everyone, ids(everyone)))
+    batch = step(engine, keeping(engine, 3, [agents[2]], ids(everyone)))  # joins late
     everyone.append(agents[2])
     [prefix] = {b.shared.root for b in batch if b.shared is not None}
     assert {i for b in batch if b.shared is not None for i in b.ids} == set(ids(agents))
-    usage = engine.kv_usage(Rows(batch))
+    usage = engine.kv_usage()
     own = sum(int(b.mask.sum()) for b in batch)
     assert usage.tokens_held == prefix.length + own  # the prefix counted once, not three times
     spare = len(batch.buckets) * kv_cache.SPARE_COLUMNS * len(everyone)
     assert usage.bytes_held <= (prefix.length + own + spare) * usage.bytes_per_token
     for n in range(4, 8):
-        batch = step(engine, StepPlan(n, everyone, ids(everyone)), batch)
+        batch = step(engine, keeping(engine, n, everyone, ids(everyone)))
     batch = batch.filter(ids(everyone[2:]))  # the first row and the first agent leave
     for n in range(8, 10):
-        batch = step(engine, StepPlan(n, everyone[2:], ids(everyone[2:])), batch)
+        batch = step(engine, keeping(engine, n, everyone[2:], ids(everyone[2:])))
     for seq in everyone:
         assert seq.output_ids == reference(model_dir, seq.request.prompt, len(seq.output_ids)), seq.request.prompt
 
@@ -424,17 +427,17 @@ def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_mo
     generate when it grows past it."""
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     few, many = _seq(engine, PROMPTS[0], 5), _seq(engine, PROMPTS[1], 100)
-    batch = step(engine, StepPlan(1, [few]), None)
+    batch = step(engine, keeping(engine, 1, [few]))
     layer = dense(batch).cache.layers[0]
     assert layer._key_buf.shape[2] - layer.keys.shape[2] <= 5
-    batch = step(engine, StepPlan(2, [many], [few.id]), batch)  # joins: room for the most
+    batch = step(engine, keeping(engine, 2, [many], [few.id]))  # joins: room for the most
     layer = dense(batch).cache.layers[0]
     assert layer._key_buf.shape[2] - layer.keys.shape[2] == kv_cache.SPARE_COLUMNS
     for n in range(3, 7):
-        batch = step(engine, StepPlan(n, [few, many], ids([few, many])), batch)
+        batch = step(engine, keeping(engine, n, [few, many], ids([few, many])))
     batch = batch.filter([many.id])
     for n in range(7, 80):  # past the first allocation's room: it grows, and stays exact
-        batch = step(engine, StepPlan(n, [many], [many.id]), batch)
+        batch = step(engine, keeping(engine, n, [many], [many.id]))
     for seq in (few, many):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
@@ -442,16 +445,16 @@ def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_mo
 def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, StepPlan(1, [a, b]), None)
-    batch = step(engine, StepPlan(2, [c], ids([a, b])), batch)  # c joins
+    batch = step(engine, keeping(engine, 1, [a, b]))
+    batch = step(engine, keeping(engine, 2, [c], ids([a, b])))  # c joins
     layer = dense(batch).cache.layers[0]
     merged = layer._key_buf.data_ptr()
-    batch = step(engine, StepPlan(3, [a, b, c], ids([a, b, c])), batch)
+    batch = step(engine, keeping(engine, 3, [a, b, c], ids([a, b, c])))
     # The join wrote into a buffer with spare room: the decode after it copied nothing.
     assert layer._key_buf.data_ptr() == merged
     batch = batch.filter(ids([a, c]))  # b leaves
     kept = layer._key_buf.data_ptr()
-    batch = step(engine, StepPlan(4, [a, c], ids([a, c])), batch)
+    batch = step(engine, keeping(engine, 4, [a, c], ids([a, c])))
     assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == dense(batch).mask.shape[1]
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
@@ -528,17 +531,18 @@ def test_the_engine_reports_the_kv_memory_its_rows_hold(tiny_model_dir: Path) ->
     config = engine.model.config
     per_token = 2 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * 4
     short, long_ = _seq(engine, "hi", 4), _seq(engine, SYSTEM * 3, 4)
-    batch = step(engine, StepPlan(1, [short, long_]), None)
-    usage = engine.kv_usage(Rows(batch))
+    batch = step(engine, keeping(engine, 1, [short, long_]))
+    usage = engine.kv_usage()
     assert usage.bytes_per_token == per_token
     assert usage.tokens_held == short.num_prompt_tokens + long_.num_prompt_tokens
     width = dense(batch).mask.shape[1]
     assert usage.bytes_held >= 2 * width * per_token  # both rows as long as the longest
     assert usage.waste_ratio > 1.5
-    batch = step(engine, StepPlan(2, [short], [short.id]), batch)  # the long row left
-    after = engine.kv_usage(Rows(batch))
+    batch = step(engine, keeping(engine, 2, [short], [short.id]))  # the long row left
+    after = engine.kv_usage()
     assert after.tokens_held == short.num_prompt_tokens + 1 and after.bytes_held < usage.bytes_held / 2
-    assert engine.kv_usage(None).bytes_held == 0 and engine.kv_usage(None).waste_ratio is None
+    engine.execute(keeping(engine, 3, []))  # the last row leaves
+    assert engine.kv_usage().bytes_held == 0 and engine.kv_usage().waste_ratio is None
 
 
 @pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
@@ -550,11 +554,11 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     long_, shorts = _seq(engine, SYSTEM * 3, 6), [_seq(engine, p, 6) for p in PROMPTS[:3]]
-    batch = step(engine, StepPlan(1, [long_]), None)
-    batch = step(engine, StepPlan(2, shorts, [long_.id]), batch)
+    batch = step(engine, keeping(engine, 1, [long_]))
+    batch = step(engine, keeping(engine, 2, shorts, [long_.id]))
     assert [b.ids for b in batch.buckets] == [[long_.id], ids(shorts)]
     everyone = [long_, *shorts]
-    usage = engine.kv_usage(Rows(batch))
+    usage = engine.kv_usage()
     # One dense batch would hold every short row at the long one's length (and spare room).
     padded = len(everyone) * (long_.num_prompt_tokens + kv_cache.SPARE_COLUMNS) * usage.bytes_per_token
     assert usage.bytes_held < 0.6 * padded
@@ -562,21 +566,21 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     # the embedding runs once a forward, transformers' or the Llama family's lean one
     hook = engine.model.get_input_embeddings().register_forward_pre_hook(lambda *_: forwards.append(1))
     for n in range(3, 8):  # the plan's order is the order they joined; the answers come back in it
-        batch = step(engine, StepPlan(n, everyone, ids(everyone)), batch)
+        batch = step(engine, keeping(engine, n, everyone, ids(everyone)))
     hook.remove()
     assert len(forwards) == 5  # one forward a step, whatever the buckets: the weights are read once
     for seq in everyone:
         assert seq.output_ids[:6] == reference(model_dir, seq.request.prompt, 6), seq.request.prompt
     # The long row leaves: the short ones are one bucket, as they were.
-    batch = step(engine, StepPlan(9, shorts, ids(shorts)), batch)
+    batch = step(engine, keeping(engine, 9, shorts, ids(shorts)))
     assert [b.ids for b in batch.buckets] == [ids(shorts)]
 
 
 def test_equal_prompts_and_late_joiners_of_similar_length_share_one_bucket(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, StepPlan(1, [a, b]), None)
-    batch = step(engine, StepPlan(2, [c], ids([a, b])), batch)
+    batch = step(engine, keeping(engine, 1, [a, b]))
+    batch = step(engine, keeping(engine, 2, [c], ids([a, b])))
     assert len(batch.buckets) == 1 and batch.ids == ids([a, b, c])
 
 
@@ -584,8 +588,8 @@ def test_buckets_merge_when_the_rows_that_kept_them_apart_leave(tiny_model_dir: 
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     overhead, engine.bucket_bytes = engine.bucket_bytes, 50 * engine.kv_bytes_per_token
     long_, short, other = _seq(engine, SYSTEM * 3, 8), _seq(engine, PROMPTS[0], 8), _seq(engine, PROMPTS[1], 8)
-    batch = step(engine, StepPlan(1, [long_, other]), None)  # padded together: one bucket
-    batch = step(engine, StepPlan(2, [short], ids([long_, other])), batch)
+    batch = step(engine, keeping(engine, 1, [long_, other]))  # padded together: one bucket
+    batch = step(engine, keeping(engine, 2, [short], ids([long_, other])))
     assert len(batch.buckets) == 2
     batch.bucket_bytes = overhead  # now a bucket costs what it does
     engine_rows = batch.filter(ids([other, short]))  # the long row leaves: its padding goes
@@ -597,12 +601,12 @@ def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_mode
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     a, long_, c = _seq(engine, PROMPTS[0], 6), _seq(engine, SYSTEM * 3, 6), _seq(engine, PROMPTS[1], 6)
-    batch = step(engine, StepPlan(1, [a]), None)
-    batch = step(engine, StepPlan(2, [long_], [a.id]), batch)
-    batch = step(engine, StepPlan(3, [c], ids([a, long_])), batch)
+    batch = step(engine, keeping(engine, 1, [a]))
+    batch = step(engine, keeping(engine, 2, [long_], [a.id]))
+    batch = step(engine, keeping(engine, 3, [c], ids([a, long_])))
     assert [b.ids for b in batch.buckets] == [ids([a, c]), [long_.id]]
     for n in range(4, 9):
-        batch = step(engine, StepPlan(n, [a, long_, c], ids([a, long_, c])), batch)
+        batch = step(engine, keeping(engine, n, [a, long_, c], ids([a, long_, c])))
     for seq in (a, long_, c):
         assert seq.output_ids[:6] == reference(tiny_model_dir, seq.request.prompt, 6), seq.request.prompt
 

@@ -14,18 +14,19 @@ import torch
 from server_helpers import assert_up_on_the_fallback
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.engine import hf_device, q4_linear
-from jupyter_infer.engine.cpu_features import cpu_flags
+from jupyter_infer.cpu import int4_linear, kernels
+from jupyter_infer.cpu.features import cpu_flags
+from jupyter_infer.cpu.int4_linear import GROUP, Int4Linear, dequantize, quantize
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.hf_load import load_causal_lm
-from jupyter_infer.engine.q4_linear import GROUP, Int4Linear, dequantize, quantize
+from jupyter_infer.formats import device_choice
+from jupyter_infer.formats.hf_load import load_causal_lm
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
 
 NEAR_TIE = 5e-3  # the random-weight model's top and tenth logits are ~0.1-0.2 apart
 
-pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 
 
 def reference(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
@@ -64,7 +65,7 @@ def test_the_kernel_computes_what_its_weights_say(k: int, rows: int, form: str) 
 @pytest.mark.parametrize("k", [96, 192, 896])
 def test_the_avx2_path_computes_the_same_on_an_avx512_machine(k: int) -> None:
     # CI and users' machines are AVX2 some days and AVX-512 others: each path is checked.
-    narrow = q4_linear._library(("-mno-avx512f",))
+    narrow = kernels.load(("-mno-avx512f",))
     assert not isinstance(narrow, str), narrow
     torch.manual_seed(k)
     for layer, rows in ((Int4Linear.from_weight(torch.randn(40, k), torch.randn(40)), 1),
@@ -89,7 +90,7 @@ def test_a_rows_numbers_do_not_depend_on_its_batch_mates() -> None:
 @pytest.mark.parametrize("k", [96, 192, 288, 896])
 @pytest.mark.parametrize("form", ["q4_0", "q4_1"])
 def test_many_rows_compute_the_same_in_the_kernels_blocks(k: int, form: str) -> None:
-    # The weights live in blocks of 16 outputs (q4_kernel.c), and 8 rows (4 on AVX2) share a
+    # The weights live in blocks of 16 outputs (int4.c), and 8 rows (4 on AVX2) share a
     # pass: 21 rows are passes and a remainder, and 40 outputs leave the last block part-empty.
     # Into a residual too, as the decoder adds.
     torch.manual_seed(k)
@@ -98,7 +99,7 @@ def test_many_rows_compute_the_same_in_the_kernels_blocks(k: int, form: str) -> 
     want = reference(x, layer)
     torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     residual = torch.randn(21, 40)
-    added = q4_linear.Int4Linears([layer])(x, into=residual.clone())
+    added = int4_linear.Int4Linears([layer])(x, into=residual.clone())
     torch.testing.assert_close(added.double(), want + residual.double(), rtol=1e-4, atol=1e-4 * want.abs().max().item())
     # A row's numbers are its own: the first rows alike in a batch of any size.
     assert torch.equal(layer(x[:9])[:8], layer(x)[:8])
@@ -216,25 +217,25 @@ def assert_own_greedy_choices(engine: HFEngine, prompt: str, chosen: list[int], 
 
 
 def test_int4_is_refused_at_load_where_it_cannot_run(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(q4_linear, "unavailable", lambda: "no C compiler was found (set CC)")
+    monkeypatch.setattr(kernels, "unavailable", lambda: "no C compiler was found (set CC)")
     with pytest.raises(ValueError, match="int4.*no C compiler"):
         HFEngine(str(tiny_model_dir), quantize="int4")
     with pytest.raises(ValueError, match="CPU weight format"):
-        hf_device.check_quantize("int4", "cuda")
+        device_choice.check_quantize("int4", "cuda")
 
 
 @pytest.mark.asyncio
 async def test_a_server_asked_for_int4_where_it_cannot_run_stays_up_and_says_why(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(q4_linear, "unavailable", lambda: "no C compiler was found (set CC)")
+    monkeypatch.setattr(kernels, "unavailable", lambda: "no C compiler was found (set CC)")
     await assert_up_on_the_fallback(ServiceConfig(engine="auto", model=str(tiny_model_dir), quantize="int4"),
                                     "no C compiler")
 
 
 LOAD_PEAK = """
 import json, sys, torch
-from jupyter_infer.engine.hf_load import load_causal_lm
-from jupyter_infer.engine.process_memory import current_rss
+from jupyter_infer.formats.hf_load import load_causal_lm
+from jupyter_infer.cpu.process_memory import current_rss
 from transformers import GPT2LMHeadModel  # noqa: F401 (its code: the runtime's memory, not the model's)
 torch.ones(1) @ torch.ones(1)
 before = current_rss()
@@ -283,6 +284,6 @@ def test_a_float32_model_does_not_keep_its_checkpoint_file_resident(small_model_
     peaked at 2.4x its resident size)."""
     seen = _load_in_a_process(small_model_dir, "none")
     assert seen["after"] - seen["before"] < 1.3 * seen["weights"] + 32 * 2**20, seen
-    if q4_linear.unavailable() is None:
+    if kernels.unavailable() is None:
         assert seen["streamed"]
         assert seen["peak"] - seen["before"] < 1.5 * seen["weights"] + 32 * 2**20, seen

@@ -1,4 +1,4 @@
-"""The decoder's small ops in C for the int4 path (engine/layer_ops.py, layer_ops.c): each
+"""The decoder's small ops in C for the int4 path (cpu/layer_ops.py, layer_ops.c): each
 computes what torch computes, to the bit (RoPE) or to float32's last bits (RMSNorm, SwiGLU,
 decode attention), and a row's result is its own, whatever its batch-mates."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from jupyter_infer.engine import layer_ops, q4_linear
+from jupyter_infer.cpu import int4_linear, kernels, layer_ops
 
-pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no int4 kernel on this machine")
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no int4 kernel on this machine")
 
 
 def test_joint_int4_linears_normalize_their_input_as_torch_does() -> None:
@@ -21,7 +21,7 @@ def test_joint_int4_linears_normalize_their_input_as_torch_does() -> None:
     torch.testing.assert_close(ours, torch.nn.functional.rms_norm(x, (96,), weight, eps), rtol=1e-6, atol=1e-7)
     for i in range(5):  # a row's norm is its own
         assert torch.equal(layer_ops.rms_norm(x[i:i + 1], weight, eps)[0], ours[i])
-    joint = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(n, 96), None) for n in (32, 16)])
+    joint = int4_linear.Int4Linears([int4_linear.Int4Linear.from_weight(torch.randn(n, 96), None) for n in (32, 16)])
     assert torch.equal(joint(x, norm=(weight, eps)), joint(ours))  # the same norm, in the same call
     residual = torch.randn(5, 48)
     expected = residual + joint(ours)
@@ -38,7 +38,7 @@ def test_an_int4_down_projection_reads_swiglu_of_gate_and_up_as_torch_does() -> 
     ours = layer_ops.swiglu(x)
     torch.testing.assert_close(ours, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-30)
     x = torch.cat([x[:, :96], x[:, 104:200]], dim=-1)  # int4's input width: a multiple of 32
-    down = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(24, 96), None)])
+    down = int4_linear.Int4Linears([int4_linear.Int4Linear.from_weight(torch.randn(24, 96), None)])
     residual = torch.randn(4, 24)
     expected = residual + down(layer_ops.swiglu(x))
     assert torch.equal(down(x, into=residual, gated=True), expected)  # the same SwiGLU, in the same call
@@ -49,7 +49,7 @@ def test_an_int4_down_projection_reads_swiglu_of_gate_and_up_as_torch_does() -> 
 def test_int4_refuses_an_input_width_that_is_not_whole_groups() -> None:
     # The kernel reads groups of 32: a tail would be dropped without a word.
     with pytest.raises(ValueError, match="multiple of 32"):
-        q4_linear.Int4Linear.from_weight(torch.randn(24, 104), None)
+        int4_linear.Int4Linear.from_weight(torch.randn(24, 104), None)
 
 
 def test_qwen3s_per_head_norms_are_its_modules_in_place() -> None:

@@ -94,6 +94,10 @@ FLOORS = [
     ("values",),
     ("constraints",),
     ("wire",),
+    ("cpu",),
+    ("formats",),
+    ("text",),
+    ("decoding",),
     ("engine",),
     ("scheduler",),
     ("upstream",),
@@ -151,10 +155,10 @@ def test_the_checker_sees_a_circle_and_an_upward_import() -> None:
     graph = import_graph()
     assert "jupyter_infer.engine" in graph["jupyter_infer.scheduler.scheduler"]
     assert "jupyter_infer.scheduler" in graph["jupyter_infer.upstream.admission"]
-    assert upward_imports({"jupyter_infer.engine.hf": {"jupyter_infer.loops.engine_loop"},
+    assert upward_imports({"jupyter_infer.engine.hf.hf_engine": {"jupyter_infer.loops.engine_loop"},
                            "jupyter_infer.server.app": {"jupyter_infer.loops.loop_factory"},
-                           "jupyter_infer.loops.engine_loop": {"jupyter_infer.engine.hf"}}) == [
-        "jupyter_infer.engine.hf -> jupyter_infer.loops.engine_loop",
+                           "jupyter_infer.loops.engine_loop": {"jupyter_infer.engine.hf.hf_engine"}}) == [
+        "jupyter_infer.engine.hf.hf_engine -> jupyter_infer.loops.engine_loop",
         "jupyter_infer.server.app -> jupyter_infer.loops.loop_factory",
     ]
 

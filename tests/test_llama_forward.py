@@ -1,4 +1,4 @@
-"""The Llama family's lean forward (engine/llama_forward.py): taken only by the architectures it
+"""The Llama family's lean forward (engine/hf/llama_forward.py): taken only by the architectures it
 implements, and what it computes is transformers' forward — greedy answers through the
 scheduler (rows joining, leaving, mixing with prompts) equal ``generate`` on the same model in
 float32; in int4 (q/k/v and gate/up one kernel call each, the norms in the kernel) every choice
@@ -16,11 +16,11 @@ from test_hf_engine import LENGTHS, PROMPTS, run_with_late_joiners
 from test_int4 import assert_own_greedy_choices
 from transformers import AutoTokenizer
 
-from jupyter_infer.engine import q4_linear
+from jupyter_infer.cpu import int4_linear, kernels
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.llama_forward import LlamaForward
+from jupyter_infer.engine.hf.llama_forward import LlamaForward
 
-needs_int4 = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no int4 kernel on this machine")
+needs_int4 = pytest.mark.skipif(kernels.unavailable() is not None, reason="no int4 kernel on this machine")
 
 
 def _greedy(engine: HFEngine, prompt: str, n: int) -> list[int]:
@@ -36,7 +36,7 @@ def _greedy(engine: HFEngine, prompt: str, n: int) -> list[int]:
                                                  ("qwen3", "none"), ("qwen3", "int4"), ("llama", "int8")])
 async def test_the_family_answers_as_transformers_does(kind: str, quantize: str, tiny_model_dir: Path,
                                                        tmp_path: Path) -> None:
-    if quantize != "none" and q4_linear.unavailable():
+    if quantize != "none" and kernels.unavailable():
         pytest.skip("no int4 library on this machine")  # int8's norms, SwiGLU and attention are in it too
     # qwen2 has q/k/v biases, qwen3 per-head q/k norms; widths are multiples of int4's groups.
     folder = checkpoint(kind, tiny_model_dir, tmp_path / kind)
@@ -78,9 +78,9 @@ def test_a_variant_whose_probe_disagrees_keeps_transformers_forward(llama_model_
 @needs_int4
 def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
     torch.manual_seed(0)
-    linears = [q4_linear.Int4Linear.from_weight(torch.randn(n, 96), torch.randn(n) if n == 40 else None)
+    linears = [int4_linear.Int4Linear.from_weight(torch.randn(n, 96), torch.randn(n) if n == 40 else None)
                for n in (48, 40, 16)]
-    joint = q4_linear.Int4Linears(linears)
+    joint = int4_linear.Int4Linears(linears)
     x = torch.randn(3, 96)
     assert torch.equal(joint(x), torch.cat([lin(x) for lin in linears], dim=-1))
     residual = torch.randn(3, 104)
@@ -95,7 +95,7 @@ def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
 def test_joint_int4_linears_read_a_strided_input_as_its_values() -> None:
     # The kernel reads raw memory: a transposed (non-contiguous) input must not be read as laid out.
     torch.manual_seed(1)
-    joint = q4_linear.Int4Linears([q4_linear.Int4Linear.from_weight(torch.randn(32, 64), None)])
+    joint = int4_linear.Int4Linears([int4_linear.Int4Linear.from_weight(torch.randn(32, 64), None)])
     x = torch.randn(64, 3).t()
     assert not x.is_contiguous()
     assert torch.equal(joint(x), joint(x.contiguous()))

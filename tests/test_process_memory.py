@@ -1,4 +1,4 @@
-"""How the server's process keeps its memory (engine/process_memory.py)."""
+"""How the server's process keeps its memory (cpu/process_memory.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_infer.engine import process_memory
+from jupyter_infer.cpu import process_memory
 from jupyter_infer.loops import loop_factory
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.events import EventBus
@@ -18,7 +18,7 @@ from jupyter_infer.values.metrics import MetricsCollector
 # (``malloc_info``'s ``<heap nr=...>``): one per arena in use.
 HEAPS = """
 import ctypes, sys, threading
-from jupyter_infer.engine import process_memory
+from jupyter_infer.cpu import process_memory
 if sys.argv[1] == "shared":
     assert process_memory.share_one_heap()
 libc = ctypes.CDLL("libc.so.6")

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jupyter_infer.engine.simulated import SimulatedEngine
-from jupyter_infer.engine.token_bound import NORMALIZER_MARGIN, longest_token_chars
 from jupyter_infer.errors import InvalidRequest
 from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.text.token_bound import NORMALIZER_MARGIN, longest_token_chars
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request
 

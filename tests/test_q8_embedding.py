@@ -1,4 +1,4 @@
-"""A quantized model's input embedding in q8_0's form (engine/q8_embedding.py)."""
+"""A quantized model's input embedding in q8_0's form (cpu/int8_embedding.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from jupyter_infer.engine import q4_linear
-from jupyter_infer.engine.hf_load import load_causal_lm, parameter_count
-from jupyter_infer.engine.q8_embedding import Q8Embedding, quantize_input_embedding
+from jupyter_infer.cpu import kernels
+from jupyter_infer.cpu.int8_embedding import Q8Embedding, quantize_input_embedding
+from jupyter_infer.formats.hf_load import load_causal_lm, parameter_count
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -55,7 +55,7 @@ def test_only_a_plain_embedding_no_head_still_reads_is_replaced() -> None:
     assert quantize_input_embedding(tied) is False and type(tied.embed) is nn.Embedding
 
 
-@pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
+@pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 @pytest.mark.parametrize("quantize", ["int4", "int8", "none"])
 def test_a_quantized_model_holds_its_embedding_in_int8(llama_model_dir: Path, quantize: str) -> None:
     f32 = AutoModelForCausalLM.from_pretrained(llama_model_dir, dtype=torch.float32).eval()

@@ -1,4 +1,4 @@
-"""int8 in q8_0's form (engine/q8_linear.py, q8_kernel.c): the weights are q8_0's rounding in
+"""int8 in q8_0's form (cpu/int8_linear.py, int8.c): the weights are q8_0's rounding in
 blocks of 16 outputs, the kernel computes what they say for one row and many, into a residual,
 with the norm or SwiGLU on the way in, on the AVX-512 and the AVX2 paths, and a row's numbers
 are its own whatever its batch-mates."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jupyter_infer.engine import layer_ops, q4_linear
-from jupyter_infer.engine.cpu_features import cpu_flags
-from jupyter_infer.engine.q8_linear import Q8Linear, dequantize
+from jupyter_infer.cpu import int4_linear, kernels, layer_ops
+from jupyter_infer.cpu.features import cpu_flags
+from jupyter_infer.cpu.int8_linear import Q8Linear, dequantize
 
-pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason="no kernel library on this machine")
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no kernel library on this machine")
 
 
 def reference(x: torch.Tensor, layer: Q8Linear) -> torch.Tensor:
@@ -52,23 +52,23 @@ def test_the_kernel_computes_what_its_weights_say(k: int, rows: int) -> None:
 def test_a_joint_call_adds_into_a_residual_with_the_norm_or_swiglu_on_the_way_in() -> None:
     torch.manual_seed(1)
     q, k = Q8Linear.from_weight(torch.randn(48, 64), None), Q8Linear.from_weight(torch.randn(16, 64), torch.randn(16))
-    joint = q4_linear.Int4Linears([q, k])
+    joint = int4_linear.Int4Linears([q, k])
     x, weight = torch.randn(5, 64), torch.rand(64) + 0.5
     assert torch.equal(joint(x), torch.cat([q(x), k(x)], dim=-1))
     assert torch.equal(joint(x, norm=(weight, 1e-6)), joint(layer_ops.rms_norm(x, weight, 1e-6)))
     residual = torch.randn(5, 64)
     assert torch.equal(joint(x, into=residual.clone()), residual + joint(x))
-    down = q4_linear.Int4Linears([q])
+    down = int4_linear.Int4Linears([q])
     gate_up = torch.randn(5, 128)
     assert torch.equal(down(gate_up, gated=True), q(layer_ops.swiglu(gate_up)))
     with pytest.raises(ValueError, match="one kind"):
-        q4_linear.Int4Linears([q, q4_linear.Int4Linear.from_weight(torch.randn(16, 64), None)])
+        int4_linear.Int4Linears([q, int4_linear.Int4Linear.from_weight(torch.randn(16, 64), None)])
 
 
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 path already")
 @pytest.mark.parametrize("rows", [1, 5, 9])
 def test_the_avx2_path_computes_the_same_on_an_avx512_machine(rows: int) -> None:
-    narrow = q4_linear._library(("-mno-avx512f",))
+    narrow = kernels.load(("-mno-avx512f",))
     assert not isinstance(narrow, str), narrow
     torch.manual_seed(rows)
     layer = Q8Linear.from_weight(torch.randn(40, 192), torch.randn(40))  # the layout is the same on both paths
@@ -84,7 +84,7 @@ def test_a_linear_built_a_chunk_of_rows_at_a_time_is_the_one_built_whole(kind: s
     # The loaders build a real vocabulary's output head this way (its float32 copy is never
     # whole): chunks of whole 16-output blocks, the last one ragged, land where the whole
     # weight's blocks would.
-    from jupyter_infer.engine.q4_linear import CHUNK_ROWS, Int4Linear
+    from jupyter_infer.cpu.int4_linear import CHUNK_ROWS, Int4Linear
 
     cls = Int4Linear if kind == "int4" else Q8Linear
     weight, bias = torch.randn(CHUNK_ROWS + 37, 96), torch.randn(CHUNK_ROWS + 37)

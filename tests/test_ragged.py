@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from jupyter_infer.engine import ragged
+from jupyter_infer.engine.hf import ragged
 
 
 def _reference(query, keys, values, mask, shared_keys, shared_values, scale):
@@ -56,7 +56,7 @@ def test_padding_never_reaches_the_linears_and_every_real_column_is_the_models_o
     from transformers import AutoModelForCausalLM
 
     from jupyter_infer.engine.hf import HFEngine
-    from jupyter_infer.engine.hf_prompts import WholePrompts
+    from jupyter_infer.engine.hf.prompt_work import WholePrompts
     from jupyter_infer.values.request import Request, SamplingParams
     from jupyter_infer.values.sequence import Sequence
 

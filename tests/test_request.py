@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_infer.engine.logits_processors import processors_for
+from jupyter_infer.decoding.logits_processors import processors_for
 from jupyter_infer.errors import InvalidRequest
 from jupyter_infer.wire.fields import parse_generate_body
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from jupyter_infer.engine.sampling import RowSampler, filter_logits, prompt_logprobs, sample
+from jupyter_infer.decoding.sampling import RowSampler, filter_logits, prompt_logprobs, sample
 from jupyter_infer.values.request import SamplingParams
 
 EOS = 0

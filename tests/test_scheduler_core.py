@@ -91,11 +91,11 @@ def test_continuous_newcomer_joins_after_one_decode_step_and_leavers_go_at_once(
     # The running row gets a decode step before the next prefill (it cannot starve) ...
     assert run_step(s, 0.01).kind == "decode"
     plan = run_step(s, 0.02)
-    # ... then the newcomer joins the running batch; the plan says who stays.
-    assert plan.kind == "prefill" and plan.seqs == [b] and plan.keep == [a.id]
+    # ... then the newcomer joins the running batch; nobody left before it.
+    assert plan.kind == "prefill" and plan.seqs == [b] and plan.finished == []
     assert b.status is Status.FINISHED and b.record.finish_reason == "length"
     plan = run_step(s, 0.03)
-    assert plan.kind == "decode" and plan.seqs == [a] and plan.keep == [a.id]
+    assert plan.kind == "decode" and plan.seqs == [a] and plan.finished == [b.id]  # b's row goes
 
 
 def test_priority_first_then_fifo() -> None:
@@ -134,8 +134,11 @@ def test_cancel_queued_ends_now_and_running_at_the_next_step() -> None:
     assert s.cancel(queued.id, 0.01)
     assert [x.id for x in s.queue.pop_finished()] == [queued.id] and queued.record.outcome == "cancelled"
     assert s.cancel(running.id, 0.01) and running.status is Status.RUNNING
-    assert s.schedule(0.02)[0] is None  # the cancelled row left before anything else ran
+    # The cancelled row left before anything else ran: the only plan lets go of its KV.
+    plan = s.schedule(0.02)[0]
+    assert plan.kind == "release" and plan.seqs == [] and plan.finished == [running.id]
     assert running.record.outcome == "cancelled" and not s.running
+    assert s.schedule(0.02)[0] is None  # nothing left to run, nor to free
     assert not s.cancel("req-unknown", 0.03)
 
 
@@ -265,7 +268,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps() -> None:
         assert run_step(s, 0.02 + i / 100).kind == "decode"  # the running row first, each time
         plan = chunk_step(s, 0.025 + i / 100, last)
         # The running row stays, and so does b's row from its second chunk on.
-        assert plan.seqs == [b] and plan.keep == [a.id] + [b.id] * (i > 0) and plan.chunk == 4
+        assert plan.seqs == [b] and plan.finished == [] and plan.chunk == 4
         kinds.append(b.prefilling)
     # Prefilling until the last chunk; no token (no first-token time) before it.
     assert kinds == [True, True, False] and b.num_computed == 10
@@ -479,7 +482,7 @@ def test_a_newcomer_rides_in_the_decoding_rows_next_step_and_gets_its_first_toke
     plan = mixed_step(s, 0.01)
     # One step: a's next token and both newcomers' prompts, whole; nobody waits for a step of its own.
     assert plan.kind == "mixed" and plan.seqs == [a, b, c] and plan.prompt == [False, True, True]
-    assert plan.num_scheduled == [1, 5, 6] and plan.keep == [a.id] and not plan.chunk
+    assert plan.num_scheduled == [1, 5, 6] and plan.finished == [] and not plan.chunk
     assert a.output_ids == [7, 7] and b.output_ids == [7] == c.output_ids
     assert b.record.first_token_at == pytest.approx(0.01)
     plan = mixed_step(s, 0.02)

@@ -88,8 +88,8 @@ async def test_the_kv_memory_of_the_running_rows_shows_in_status_metrics_and_pro
     # The tiny model's 64 steps take ~25 ms, less than a poll and the reads below: each step
     # is made to last 20 ms, so the request is still running while they look.
     engine = service._loop.engine
-    step = engine.step
-    monkeypatch.setattr(engine, "step", lambda *args: time.sleep(0.02) or step(*args))
+    execute = engine.execute
+    monkeypatch.setattr(engine, "execute", lambda *args: time.sleep(0.02) or execute(*args))
     body = json.dumps({"prompt": "Tell me about batching", "max_tokens": 64, "ignore_eos": True})
     running = asyncio.ensure_future(jp_fetch("infer", "generate", method="POST", body=body))
     await eventually(lambda: (service.kv_cache() or {}).get("tokens_held", 0) > 0)

@@ -271,10 +271,10 @@ async def test_stop_waits_for_the_running_step_to_end() -> None:
     class SlowDecode(SimulatedEngine):
         steps_running = 0
 
-        def decode(self, batch, seqs, *args):
+        def decode(self, seqs, *args):
             SlowDecode.steps_running += 1
             try:
-                return super().decode(batch, seqs, *args)
+                return super().decode(seqs, *args)
             finally:
                 SlowDecode.steps_running -= 1
 
@@ -367,9 +367,8 @@ async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole()
     slept: list[float] = []
     engine._sleep_ms = slept.append
     seq = Sequence(req("x"), list(range(1, 101)))
-    rows = None
     while True:
-        [output], rows = engine.step(StepPlan(1, [seq], [seq.id] * bool(seq.num_computed), [64]), rows)
+        [output] = engine.execute(StepPlan(1, [seq], [64]))
         if output.tokens:
             break
         seq.num_computed = output.computed
@@ -384,11 +383,11 @@ async def test_a_cancelled_prompt_part_way_through_its_prefill_frees_its_rows_at
     loop = s._loop
     await eventually(lambda: loop.counts()[1] == 1 and short.done is False)
     long_ = await s.submit(req("Explain continuous batching, chunked prefill and the KV cache in depth", max_tokens=2))
-    await eventually(lambda: loop._rows is not None and long_.id in loop._rows.prefilling)
+    await eventually(lambda: long_.id in loop.engine.rows.prefilling)
     s.cancel(long_.id)
     s.cancel(short.id)
     await eventually(lambda: loop.counts() == (0, 0))
-    assert loop._rows is None or not loop._rows.prefilling
+    await eventually(lambda: loop.engine.rows.ids == [])  # the engine let go of both rows
     await s.stop()
 
 

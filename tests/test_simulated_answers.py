@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_infer.engine.simulated_answers import CONCEPT_NAMES, compose_answer, matched_concepts
+from jupyter_infer.engine.simulated.answers import CONCEPT_NAMES, compose_answer, matched_concepts
 from jupyter_infer.values.prompts import SAMPLE_PROMPTS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +179,7 @@ def test_same_answers_across_processes() -> None:
     cases.append(("no known keyword here", 5))
     script = (
         "import json, sys\n"
-        "from jupyter_infer.engine.simulated_answers import compose_answer\n"
+        "from jupyter_infer.engine.simulated.answers import compose_answer\n"
         "cases = json.loads(sys.stdin.read())\n"
         "sys.stdout.write(json.dumps([compose_answer(p, s) for p, s in cases]))\n"
     )

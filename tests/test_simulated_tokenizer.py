@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from jupyter_infer.engine.simulated import SimulatedEngine
-from jupyter_infer.engine.simulated_answers import compose_answer
-from jupyter_infer.engine.simulated_tokenizer import EOS_ID, knowledge_tokenizer
+from jupyter_infer.engine.simulated.answers import compose_answer
+from jupyter_infer.engine.simulated.knowledge_tokenizer import EOS_ID, knowledge_tokenizer
 from jupyter_infer.values.prompts import SAMPLE_PROMPTS
 
 _LETTERS = bytes((string.ascii_lowercase + " ")[b % 27].encode()[0] for b in range(256))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_steps import keeping
 
-from jupyter_infer.engine import Rows, StepPlan
+from jupyter_infer.decoding.ngram import propose
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.ngram import propose
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, RequestResult, SamplingParams
@@ -119,7 +119,7 @@ def test_the_engine_proposes_what_the_plan_allows_and_nothing_more(tiny_model_di
     engine.eos_token_ids = frozenset()
     engine.configure_speculation("ngram", 16, 8)
     seqs = [_seq(engine, p, 40) for p in COPY]
-    sampled, rows = engine.step(StepPlan(0, seqs), None)
+    sampled = engine.execute(keeping(engine, 0, seqs))
     allowed = {0: [], 1: [0, 3, 0], 2: [2, 0, 5]}
     proposed = []
     for step in range(9):
@@ -127,7 +127,7 @@ def test_the_engine_proposes_what_the_plan_allows_and_nothing_more(tiny_model_di
             seq.output_ids += output.tokens
             seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) - 1
         guesses = allowed[step % 3]
-        sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs], guesses=guesses), rows)
+        sampled = engine.execute(keeping(engine, 0, seqs, [s.id for s in seqs], guesses=guesses))
         for i, output in enumerate(sampled):
             assert output.proposed <= (guesses[i] if guesses else 0)
         proposed += [o.proposed for o in sampled]
@@ -140,43 +140,47 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
     cold prefill of all its tokens but the last, at the position after them."""
     engine = HFEngine(str(llama_model_dir), dtype="float32", num_threads=1)
 
-    def decode(speculate: bool, steps: int) -> tuple[list, Rows]:
+    def decode(speculate: bool, steps: int) -> list:
+        """Fresh rows of the COPY prompts, ``steps`` steps (every row the engine held leaves)."""
         engine.configure_speculation("ngram" if speculate else "off", 4, 8)
         seqs = [_seq(engine, p, 64) for p in COPY]
-        sampled, rows = engine.step(StepPlan(0, seqs), None)
+        sampled = engine.execute(keeping(engine, 0, seqs))
         for _ in range(steps):
             for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
                 seq.output_ids += tokens
             guesses = [4] * len(seqs) if speculate else []  # the scheduler's part, here fixed
-            sampled, rows = engine.step(StepPlan(0, seqs, [s.id for s in seqs], guesses=guesses), rows)
+            sampled = engine.execute(keeping(engine, 0, seqs, [s.id for s in seqs], guesses=guesses))
         for seq, tokens in zip(seqs, [o.tokens for o in sampled], strict=True):
             seq.output_ids += tokens
-        return seqs, rows
+        return seqs
 
-    guessed, rows = decode(True, 8)
-    plain, _ = decode(False, max(len(s.output_ids) for s in guessed))
+    guessed = decode(True, 8)
     assert sum(len(s.output_ids) for s in guessed) > 3 * 9  # more than a token a step
-    for seq, one_by_one in zip(guessed, plain, strict=True):
-        assert seq.output_ids == one_by_one.output_ids[: len(seq.output_ids)]
     engine.configure_speculation("off", 0, 0)
-    for seq in guessed:
+    held = [s.id for s in guessed]
+    for seq in guessed:  # cold prefills beside the rows that guessed (a prefill leaves them be)
         tokens = [*seq.prompt_ids, *seq.output_ids[:-1]]  # the last one is fed next step
         cold = _seq(engine, "", 1)
         cold.prompt_ids = tokens
-        _, cold_rows = engine.step(StepPlan(0, [cold]), None)
-        expected, got = _real_kv(cold_rows.decoding, cold.id), _real_kv(rows.decoding, seq.id)
+        engine.execute(keeping(engine, 0, [cold], held))
+        held.append(cold.id)
+        buckets = list(engine.rows.decoding)
+        expected, got = _real_kv(buckets, cold.id), _real_kv(buckets, seq.id)
         assert [t.shape for t in got] == [t.shape for t in expected]
         for a, b in zip(got, expected, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-        bucket = next(b for b in rows.decoding if seq.id in b.ids)
+        bucket = next(b for b in buckets if seq.id in b.ids)
         assert int(bucket.positions[bucket.ids.index(seq.id)]) == len(tokens)
+    plain = decode(False, max(len(s.output_ids) for s in guessed))
+    for seq, one_by_one in zip(guessed, plain, strict=True):
+        assert seq.output_ids == one_by_one.output_ids[: len(seq.output_ids)]
 
 
 def test_a_sampled_rows_tokens_follow_its_models_distribution_guesses_or_not() -> None:
     """Rejection sampling with a sure draft: the first token is distributed as the model's
     first distribution says, and after an accepted guess the next as its second says."""
-    from jupyter_infer.engine.sampling import RowSampler, filter_logits
-    from jupyter_infer.engine.speculate import accept_sampled
+    from jupyter_infer.decoding.sampling import RowSampler, filter_logits
+    from jupyter_infer.engine.hf.speculate import accept_sampled
 
     params = SamplingParams(temperature=0.8, top_k=6, max_tokens=8)
     sampler = RowSampler.build(params, [1], frozenset())

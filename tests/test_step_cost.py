@@ -1,4 +1,4 @@
-"""How wide a step feeds a grammar's forced runs (``engine/step_cost.py``): learnt from the
+"""How wide a step feeds a grammar's forced runs (``decoding/step_cost.py``): learnt from the
 steps that ran. Where a step costs per column (a real-size model on a CPU), rows are not padded
 to one row's long run; where it costs per step (a small model), the whole runs go at once. The
 answers are the same either way: a run cut short is forced again at the next step."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.constraints.spec import from_body
-from jupyter_infer.engine.step_cost import PROBE_EVERY, StepCost
+from jupyter_infer.decoding.step_cost import PROBE_EVERY, StepCost
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams

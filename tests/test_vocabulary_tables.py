@@ -17,14 +17,15 @@ from gguf_files import write_llama_gguf
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from jupyter_infer.engine import gguf_load, hf_load, q4_linear
-from jupyter_infer.engine.float_embedding import BF16Embedding, TiedFloatEmbedding
-from jupyter_infer.engine.hf_load import load_causal_lm
-from jupyter_infer.engine.q4_linear import Int4Linear
-from jupyter_infer.engine.q8_embedding import Q8Embedding, TiedQ8Embedding
-from jupyter_infer.engine.q8_linear import Q8Linear
+from jupyter_infer.cpu import int4_linear, kernels
+from jupyter_infer.cpu.float_embedding import BF16Embedding, TiedFloatEmbedding
+from jupyter_infer.cpu.int4_linear import Int4Linear
+from jupyter_infer.cpu.int8_embedding import Q8Embedding, TiedQ8Embedding
+from jupyter_infer.cpu.int8_linear import Q8Linear
+from jupyter_infer.formats import gguf_load, hf_load
+from jupyter_infer.formats.hf_load import load_causal_lm
 
-pytestmark = pytest.mark.skipif(q4_linear.unavailable() is not None, reason=str(q4_linear.unavailable()))
+pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason=str(kernels.unavailable()))
 CHUNK = 64  # rows a chunk here: the tiny model's 2k vocabulary is then ~30 chunks
 
 
@@ -46,7 +47,7 @@ def tied_dir(llama_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(q4_linear, "CHUNK_ROWS", CHUNK)
+    monkeypatch.setattr(int4_linear, "CHUNK_ROWS", CHUNK)
 
 
 def _load(model: Path, quantize: str) -> torch.nn.Module:

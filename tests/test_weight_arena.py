@@ -1,4 +1,4 @@
-"""Huge-page memory for streamed weights (engine/weight_arena.py): a placed tensor is an
+"""Huge-page memory for streamed weights (cpu/weight_arena.py): a placed tensor is an
 independent, aligned copy, placements never overlap, and where Linux gives transparent huge
 pages on request the weights sit in them."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jupyter_infer.engine import weight_arena
+from jupyter_infer.cpu import weight_arena
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

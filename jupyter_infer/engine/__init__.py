@@ -10,9 +10,9 @@ from urllib.parse import urlparse
 
 from ..values.config import ServiceConfig
 from ..values.engine_info import EngineInfo
-from .base import Batch, Engine, KVUsage, RowOutput, Rows, Sampled, StepPlan
+from .base import Batch, Engine, KVUsage, RowOutput, RowTable, Sampled, StepPlan
 
-__all__ = ["Batch", "Engine", "EngineInfo", "KVUsage", "RowOutput", "Rows", "Sampled", "StepPlan", "load_engine"]
+__all__ = ["Batch", "Engine", "EngineInfo", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan", "load_engine"]
 
 log = logging.getLogger(__name__)
 # A server logs this as a warning; an engine embedded in a kernel says it once, quietly
@@ -36,7 +36,7 @@ def load_engine(config: ServiceConfig) -> Engine:
 
 
 def _simulated(config: ServiceConfig, fallback_reason: str | None = None) -> Engine:
-    from .simulated import SimulatedEngine
+    from .simulated.simulated_engine import SimulatedEngine
 
     return SimulatedEngine(
         seed=config.seed,
@@ -47,7 +47,7 @@ def _simulated(config: ServiceConfig, fallback_reason: str | None = None) -> Eng
 
 
 def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
-    from .hf import HFEngine
+    from .hf.hf_engine import HFEngine
 
     model, local_only = _local_or_hub(config.model, auto)
     draft, draft_local_only = _local_or_hub(config.draft_model, auto) if config.speculation == "draft" else ("", True)

@@ -1,4 +1,7 @@
-"""The one small interface the engine loop drives, step by step, from its engine thread."""
+"""The one small interface the engine loop drives, step by step, from its engine thread:
+``execute(plan)``, one output per row. The engine owns its running rows (``RowTable``), as
+vLLM's runner keeps its ``InputBatch``: the plan names them by id, says which left and which
+park or resume, and nothing of them crosses back."""
 
 from __future__ import annotations
 
@@ -9,114 +12,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..constraints.tool_formats import HERMES, ToolFormat
 from ..values.engine_info import EngineInfo
+from ..values.step import KVUsage, RowOutput, Sampled, StepPlan
 
 if TYPE_CHECKING:
     from ..constraints.grammar import GrammarCompiler
-    from ..values.request import TokenLogprob
     from ..values.sequence import Sequence
 
-
-@dataclass
-class StepPlan:
-    """What one engine step runs: ``num_scheduled[i]`` more tokens of each sequence in ``seqs``.
-
-    The scheduler's one rule: a sequence's computed tokens (``num_computed``, their KV in the
-    engine) catch up with its tokens. A row with no output yet is a *prompt row*: newcomers'
-    whole prompts, or the next chunk of a long one (a row whose prompt completes samples its
-    first token and joins the decoding rows); the others are *decoding rows*: each one's
-    uncomputed tokens (its last one, or those a grammar forced after it), and a token each;
-    when a step has any, they are every decoding row. A step may hold both (``kind``
-    "mixed"): one forward where the engine can (``Engine.mixed``). ``keep``: the ids of the
-    rows already in the engine that stay (rows not in it have left, and their KV goes). A
-    chunk's budget may pass its prompt's end (or a prefix-cache hit may cover part of it):
-    the engine computes up to the end.
-    """
-
-    step_id: int
-    seqs: list[Sequence]
-    keep: list[str] = field(default_factory=list)
-    num_scheduled: list[int] = field(default_factory=list)  # default: all of each row's uncomputed tokens
-    # Fair share: decoding rows that sit out from this step on (their state kept aside), and
-    # parked rows that rejoin the decoding rows (after them, in this order), before it runs.
-    park: list[str] = field(default_factory=list)
-    resume: list[str] = field(default_factory=list)
-    # Speculation, per row: the most draft tokens it may propose and have verified in this
-    # step (the scheduler's policy, ``scheduler/guessing.py``); empty: no row guesses.
-    guesses: list[int] = field(default_factory=list)
-    # Per row: a prompt row (no output yet). Fixed when planned.
-    prompt: list[bool] = field(init=False, default_factory=list)
-    # The prompt tokens of a prompt that continues or stops short of its end (chunked
-    # prefill); 0 for whole prompts. Fixed when planned.
-    chunk: int = field(init=False, default=0)
-
-    def __post_init__(self) -> None:
-        self.prompt = [not s.output_ids for s in self.seqs]
-        if not self.num_scheduled:
-            # A decoding row catches up with its last tokens: one, or those a grammar forced.
-            self.num_scheduled = [s.num_uncomputed for s in self.seqs]
-        if any(p and (s.num_computed or n < s.num_uncomputed)
-               for s, n, p in zip(self.seqs, self.num_scheduled, self.prompt, strict=True)):
-            self.chunk = sum(n for n, p in zip(self.num_scheduled, self.prompt, strict=True) if p)
-
-    @property
-    def kind(self) -> str:
-        """"prefill" (prompt rows only), "decode" (decoding rows only) or "mixed"."""
-        if all(self.prompt):
-            return "prefill"
-        return "mixed" if any(self.prompt) else "decode"
-
-
-@dataclass
-class RowOutput:
-    """One row's output of a step: the tokens it yields, in order (one for a decode or a
-    completed prompt; none for a prompt chunk that is not its last; several for a row whose
-    grammar forced a run, or whose draft tokens its model kept) and, only where its request
-    asks, their log probabilities. Adding something a step tells about a row is one field."""
-
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] | None = None  # one per token, where the request asks
-    # A completed prompt's own (the first is None), where the request asks
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    # A prompt row still short of its prompt's end: its computed tokens after the step (a
-    # prefix-cache hit counts); None once its prompt is complete
-    computed: int | None = None
-    error: str | None = None  # why this row failed this step (its grammar could not go on): it alone fails
-    forced: int = 0  # how many of its tokens a grammar forced
-    # Speculation: the draft tokens it proposed this step, and how many of them its model
-    # agreed with (its first ``accepted`` tokens; their KV is computed)
-    proposed: int = 0
-    accepted: int = 0
-
-
-# One step's output: a ``RowOutput`` per row (of the plan, from ``Engine.step``).
-Sampled = list[RowOutput]
-
-
-@dataclass(frozen=True)
-class KVUsage:
-    """What an engine's rows hold in KV memory now: the bytes allocated for their keys and
-    values (padding and spare room included), the real tokens in them, and one token's
-    keys and values over every layer. ``waste_ratio`` is 1.0 when each row costs what it
-    holds. ``shared_tokens``: tokens of prompt prefixes held once for several rows (counted
-    once in ``tokens_held``). ``state_bytes``: a hybrid model's recurrent states (a fixed size
-    per row, not per token: outside ``bytes_held`` and its ratio)."""
-
-    bytes_held: int
-    tokens_held: int
-    bytes_per_token: int
-    shared_tokens: int = 0
-    state_bytes: int = 0
-
-    @property
-    def waste_ratio(self) -> float | None:
-        needed = self.tokens_held * self.bytes_per_token
-        return self.bytes_held / needed if needed else None
-
-    def to_json(self) -> dict[str, Any]:
-        ratio = self.waste_ratio
-        return {"bytes_held": self.bytes_held, "tokens_held": self.tokens_held,
-                "bytes_per_token": self.bytes_per_token, "waste_ratio": None if ratio is None else round(ratio, 3),
-                "shared_tokens": self.shared_tokens, "state_bytes": self.state_bytes}
+__all__ = ["Batch", "Engine", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan"]
 
 
 class Batch(Protocol):
@@ -137,10 +39,10 @@ class Batch(Protocol):
 
 
 @dataclass
-class Rows:
-    """All an engine holds for the loop between steps: the decoding rows as one ``Batch``,
-    the row of each prompt still being prefilled (its KV so far), and each parked row (fair
-    share: a decoding row sitting out, as a batch of its own), by request id."""
+class RowTable:
+    """The rows an engine holds between steps, by request id: the decoding rows as one
+    ``Batch``, the row of each prompt still being prefilled (its KV so far), and each parked
+    row (fair share: a decoding row sitting out, as a batch of its own)."""
 
     decoding: Batch | None = None
     prefilling: dict[str, Any] = field(default_factory=dict)
@@ -150,17 +52,16 @@ class Rows:
     def ids(self) -> list[str]:
         return (self.decoding.ids if self.decoding is not None else []) + list(self.prefilling) + list(self.parked)
 
-    def keep(self, ids: list[str]) -> Rows:
-        """Only the rows in ``ids`` stay (the rest left: their KV is dropped)."""
-        if self.ids == ids:
-            return self
-        wanted = set(ids)
-        decoding = self.decoding
-        if decoding is not None:
-            kept = [i for i in decoding.ids if i in wanted]
-            decoding = decoding.filter(kept) if kept != decoding.ids else decoding
-        return Rows(decoding, {i: row for i, row in self.prefilling.items() if i in wanted},
-                    {i: row for i, row in self.parked.items() if i in wanted})
+    def drop(self, ids: list[str]) -> None:
+        """The rows in ``ids`` left: their KV goes (an id the table does not hold is skipped)."""
+        if not ids:
+            return
+        gone = set(ids)
+        if self.decoding is not None and gone.intersection(self.decoding.ids):
+            self.decoding = self.decoding.filter([i for i in self.decoding.ids if i not in gone])
+        for row_id in gone:
+            self.prefilling.pop(row_id, None)
+            self.parked.pop(row_id, None)
 
     def move(self, park: list[str], resume: list[str]) -> None:
         """Set the rows in ``park`` aside, and put those in ``resume`` back after the decoding rows."""
@@ -178,14 +79,18 @@ class Rows:
         if newcomers is not None:
             self.decoding = newcomers if self.decoding is None else self.decoding.concatenate(newcomers)
 
+    def clear(self) -> None:
+        self.decoding, self.prefilling, self.parked = None, {}, {}
+
 
 class Engine(abc.ABC):
     """A causal LM, stepped one plan at a time from the engine loop's single thread.
 
-    An engine holds no running rows itself: ``step`` takes the loop's ``Rows`` and gives them
-    back (``prefill`` returns the batch of the prompts it completed and the rows of those still
-    part-way; ``decode`` advances the batch it is given), so the loop that owns the rows is
-    the one place that says which rows run. ``tokenize``/``detokenize`` may run on any thread.
+    ``execute(plan)`` is its one step call: it frees the rows the plan says left, parks and
+    resumes, runs the plan's tokens and answers one ``RowOutput`` per row, in the plan's order.
+    The rows themselves stay here (``rows``) from step to step; an engine computes them in
+    ``prefill`` (prompt rows), ``decode`` (the decoding rows) and ``mixed`` (both).
+    ``tokenize``/``detokenize`` may run on any thread.
     """
 
     info: EngineInfo
@@ -227,62 +132,71 @@ class Engine(abc.ABC):
         """Token ids from 0 to ``vocab_size - 1`` are valid in a prompt or ``logit_bias``."""
         raise NotImplementedError
 
-    @abc.abstractmethod
-    def prefill(
-        self, seqs: list[Sequence], num_scheduled: list[int], partial: dict[str, Any],
-    ) -> tuple[Sampled, Batch | None, dict[str, Any]]:
-        """Run ``num_scheduled[i]`` more prompt tokens of each of ``seqs``, continuing the
-        rows in ``partial`` (by request id) where a prompt was begun. Returns the step's
-        tokens, the batch of the rows whose prompt is now complete (``None``: none is), and
-        the rows still short of their prompt's end."""
+    def __init__(self) -> None:
+        self.rows = RowTable()  # the running rows, from one step to the next
 
-    @abc.abstractmethod
-    def decode(self, batch: Batch, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
-        """The tokens of every row of ``batch`` (``seqs`` are its rows, in the batch's order:
-        ``step`` hands them so, and answers in the plan's). ``guesses``: the most draft tokens
-        a row may propose, by id (rows not named propose none; an engine that cannot verify
-        drafts ignores it)."""
-
-    def step(self, plan: StepPlan, rows: Rows | None) -> tuple[Sampled, Rows]:
-        """Run ``plan`` on the engine's ``rows``: the plan's tokens, and the rows after the
-        step. Rows that left are dropped first."""
-        rows = (rows or Rows()).keep(plan.keep)
+    def execute(self, plan: StepPlan) -> Sampled:
+        """Run ``plan``: the rows that left go, parked rows move, then the plan's tokens, one
+        ``RowOutput`` per row of ``plan.seqs``. A step that fails leaves no half-updated row:
+        the decoding rows it ran are dropped (the scheduler fails their requests)."""
+        rows = self.rows
+        rows.drop(plan.finished)
         rows.move(plan.park, plan.resume)
+        if not plan.seqs:
+            return []
+        try:
+            return self._run(plan)
+        except Exception:
+            if plan.decoding:
+                rows.decoding = None  # a decode may have half-updated the batch: start clean
+            raise
+
+    def _run(self, plan: StepPlan) -> Sampled:
         prompts = [i for i, p in enumerate(plan.prompt) if p]
-        new = ([plan.seqs[i] for i in prompts], [plan.num_scheduled[i] for i in prompts], rows.prefilling)
-        if len(prompts) == len(plan.seqs):
-            sampled, complete, rows.prefilling = self.prefill(*new)
-            rows.join(complete)
-            return sampled, rows
-        batch = rows.decoding
-        if batch is None:
-            raise RuntimeError("a step with decoding rows needs decoding rows")
+        new = ([plan.seqs[i] for i in prompts], [plan.num_scheduled[i] for i in prompts])
+        if not plan.decoding:
+            return self.prefill(*new)
+        batch = self.rows.decoding
+        at = {plan.seqs[i].id: i for i in plan.decoding}
+        if batch is None or sorted(batch.ids) != sorted(at):
+            raise RuntimeError(f"the plan's decoding rows {sorted(at)} are not the engine's "
+                               f"{sorted(batch.ids) if batch is not None else []}")
         # The batch's order is the engine's (length buckets; rows resumed while a prompt was
         # part-way): decode sees its rows in it, the answer comes in the plan's.
-        at = {s.id: i for i, s in enumerate(plan.seqs)}
         order = [at[i] for i in batch.ids]  # before the step: newcomers join the batch
         decoding = [plan.seqs[i] for i in order]
         guesses = {plan.seqs[i].id: k for i, k in enumerate(plan.guesses) if k}
         if not prompts:
-            parts = [(order, self.decode(batch, decoding, guesses))]
+            parts = [(order, self.decode(decoding, guesses))]
         else:
-            decoded, (sampled, complete, rows.prefilling) = self.mixed(batch, decoding, *new, guesses)
-            rows.join(complete)
+            decoded, sampled = self.mixed(decoding, *new, guesses)
             parts = [(order, decoded), (prompts, sampled)]
         out: Sampled = [RowOutput()] * len(plan.seqs)
         for where, part in parts:
             for row, output in zip(where, part, strict=True):
                 out[row] = output
-        return out, rows
+        return out
+
+    @abc.abstractmethod
+    def prefill(self, seqs: list[Sequence], num_scheduled: list[int]) -> Sampled:
+        """Run ``num_scheduled[i]`` more prompt tokens of each of ``seqs``, continuing the row
+        in ``rows.prefilling`` where a prompt was begun. Rows whose prompt is now complete
+        join the decoding rows; the others stay in ``rows.prefilling``."""
+
+    @abc.abstractmethod
+    def decode(self, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
+        """The tokens of every decoding row (``seqs`` are its rows, in ``rows.decoding``'s
+        order). ``guesses``: the most draft tokens a row may propose, by id (rows not named
+        propose none; an engine that cannot verify drafts ignores it)."""
 
     def mixed(
-        self, batch: Batch, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
-        partial: dict[str, Any], guesses: dict[str, int] | None = None,
-    ) -> tuple[Sampled, tuple[Sampled, Batch | None, dict[str, Any]]]:
-        """A step of both kinds: ``decode(batch, decoding, guesses)``'s tokens, and what
-        ``prefill`` gives for the prompt rows. Here one after the other; an engine that can
-        runs both in one forward (and says so with ``mixes_steps``)."""
-        return self.decode(batch, decoding, guesses), self.prefill(seqs, num_scheduled, partial)
+        self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        guesses: dict[str, int] | None = None,
+    ) -> tuple[Sampled, Sampled]:
+        """A step of both kinds: ``decode(decoding, guesses)``'s tokens, and ``prefill``'s for
+        the prompt rows. Here one after the other; an engine that can runs both in one forward
+        (and says so with ``mixes_steps``)."""
+        return self.decode(decoding, guesses), self.prefill(seqs, num_scheduled)
 
     def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
         """Draft tokens verified in the decode step, from ``method`` ("ngram", "draft": the
@@ -290,8 +204,8 @@ class Engine(abc.ABC):
         decode (the scheduler reads these three back for its policy, ``scheduler/guessing.py``);
         an engine that cannot verify drafts ignores it."""
 
-    def kv_usage(self, rows: Rows | None) -> KVUsage | None:
-        """What ``rows`` hold in KV memory (``None``: this engine keeps no KV)."""
+    def kv_usage(self) -> KVUsage | None:
+        """What the running rows hold in KV memory (``None``: this engine keeps no KV)."""
         return None
 
     def prefix_cache_stats(self) -> dict | None:

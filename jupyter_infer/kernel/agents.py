@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.simulated_answers import compose_answer
+from ..engine.simulated.answers import compose_answer
 from .client import Client, Completion
 
 Tool = Callable[[str], Awaitable[str]]

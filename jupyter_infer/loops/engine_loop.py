@@ -1,10 +1,10 @@
-"""The async engine loop: the engine's one thread, the engine's rows, and the request streams.
+"""The async engine loop: the engine's one thread, and the request streams.
 
-Each turn asks the scheduling core for a plan, runs it on the engine thread, hands the
-tokens back to the core and pushes the released text to each request's stream. It owns
-the executor, the engine's rows (one ``Rows`` value: the decoding batch and any prompt
-part-way through its prefill) and the streams, and nothing else: what to run is the
-core's decision, what happened is the recorder's to tell.
+Each turn asks the scheduling core for a plan, runs it on the engine thread
+(``Engine.execute``: the engine keeps its rows), hands the tokens back to the core and
+pushes the released text to each request's stream. It owns the executor and the streams,
+and nothing else: what to run is the core's decision, what happened is the recorder's to
+tell.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..constraints.grammar import Grammar, compile_in_time
-from ..engine import Engine, Rows, StepPlan
-from ..engine.process_memory import release_freed
+from ..cpu.process_memory import release_freed
+from ..engine import Engine
 from ..errors import InvalidRequest
 from ..scheduler.scheduler import Scheduler
 from ..values.engine_info import EngineInfo
 from ..values.limits import check_model, check_token_ids
 from ..values.request import TokenEvent
 from ..values.sequence import Sequence
+from ..values.step import StepPlan
 from .request_loop import LoopSnapshot, RequestLoop
 from .tokenizing import off_loop, render_prompt
 
@@ -50,7 +51,6 @@ class EngineLoop(RequestLoop):
         super().__init__(config, recorder, check_model=check_model)
         self._load = load
         self.engine: Engine | None = None
-        self._rows: Rows | None = None  # what the engine holds for the running sequences
         self._executor: ThreadPoolExecutor | None = None
         self._stepped_at: float | None = None  # when the last step ended, until the heap is trimmed
 
@@ -74,7 +74,8 @@ class EngineLoop(RequestLoop):
         executor, self._executor = self._executor, None
         if executor is not None:
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
-        self._rows = None
+        if self.engine is not None:
+            self.engine.rows.clear()  # the step that held them has ended
         self._state = "stopped"
 
     # -- requests ---------------------------------------------------------------------------
@@ -121,7 +122,7 @@ class EngineLoop(RequestLoop):
 
     def kv_cache(self) -> dict[str, Any] | None:
         # Read while a step may run on the engine thread: a gauge, off by a step at most.
-        usage = self.engine.kv_usage(self._rows) if self.engine is not None else None
+        usage = self.engine.kv_usage() if self.engine is not None else None
         return usage.to_json() if usage is not None else None
 
     def snapshot(self) -> LoopSnapshot:
@@ -169,13 +170,14 @@ class EngineLoop(RequestLoop):
         while True:
             plan, wake_at = core.schedule(time.monotonic())
             self._end_finished()
-            self._free_rows_of_the_gone()
             if plan is None:
                 await self._idle(wake_at)
                 continue
             started = time.monotonic()
             try:
-                sampled, self._rows = await loop.run_in_executor(self._executor, self.engine.step, plan, self._rows)
+                sampled = await loop.run_in_executor(self._executor, self.engine.execute, plan)
+                if not plan.seqs:
+                    continue  # it only freed the rows that left
             except Exception as err:
                 self._fail(plan, err, in_engine=True)
                 continue
@@ -196,7 +198,7 @@ class EngineLoop(RequestLoop):
     async def _idle(self, wake_at: float | None) -> None:
         """Wait for work; once nothing has run for ``IDLE_TRIM_S``, trim the heap first (on the
         engine's thread: the server's event loop never waits for it)."""
-        if self._rows is None and self._stepped_at is not None:
+        if not self.scheduler.running and not self.scheduler.parked and self._stepped_at is not None:
             due = self._stepped_at + self.IDLE_TRIM_S
             if time.monotonic() >= due:
                 self._stepped_at = None
@@ -207,23 +209,6 @@ class EngineLoop(RequestLoop):
 
     def _fail(self, plan: StepPlan, err: Exception, *, in_engine: bool) -> None:
         log.error("jupyter_infer: engine step %s (%s) failed", plan.step_id, plan.kind, exc_info=err)
-        if in_engine and plan.kind != "prefill" and self._rows is not None:
-            self._rows.decoding = None  # a decode may have half-updated the batch: start clean
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()
-        self._free_rows_of_the_gone()
-
-    def _free_rows_of_the_gone(self) -> None:
-        """Free at once the KV of requests that left when no step may come soon to do it: all
-        of it once nothing runs (the last rows of a batch), and a prompt's part-way through
-        its prefill (room for its whole prompt). The next step drops a decoding row that left
-        while others run."""
-        rows = self._rows
-        if rows is None:
-            return
-        if not self.scheduler.running and not self.scheduler.parked:
-            self._rows = None
-        elif rows.prefilling:
-            live = {s.id for s in self.scheduler.running}
-            rows.prefilling = {i: row for i, row in rows.prefilling.items() if i in live}

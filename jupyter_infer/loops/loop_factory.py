@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from ..cpu.process_memory import share_one_heap
 from ..engine import load_engine
-from ..engine.process_memory import share_one_heap
 from ..scheduler import Recorder
 from .engine_loop import EngineLoop
 

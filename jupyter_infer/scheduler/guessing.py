@@ -1,6 +1,6 @@
 """Who guesses, and how many, step after step (speculative decoding): the scheduler's policy;
 the engine proposes at most that many draft tokens per row and verifies them
-(``engine/speculate.py``), and the step's answer says how many each row kept.
+(``engine/hf/speculate.py``), and the step's answer says how many each row kept.
 
 Who: a decoding row whose tokens its model's plain distribution decides. A row that asks for
 logprobs does not guess (each of its tokens has its own), nor a sampled row with a seed (its
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..engine.ngram import propose
+from ..decoding.ngram import propose
 
 if TYPE_CHECKING:
     from ..engine import Engine, RowOutput
@@ -76,14 +76,15 @@ class Guesses:
     def __init__(self) -> None:
         self.state: dict[str, Guessing] = {}  # by request id; a row that never guessed has none
 
-    def plan(self, engine: Engine, decoding: list[Sequence], keep: list[str]) -> list[int]:
+    def forget(self, ids: list[str]) -> None:
+        """The rows in ``ids`` left the engine: their state goes."""
+        for row_id in ids:
+            self.state.pop(row_id, None)
+
+    def plan(self, engine: Engine, decoding: list[Sequence]) -> list[int]:
         """The most draft tokens each of ``decoding`` may propose this step (0: none), from
         the engine's speculation settings (``Engine.configure_speculation``); an empty list
-        when no row guesses. ``keep``: the rows still in the engine (parked ones included):
-        the state of every other row is dropped."""
-        if len(self.state) > len(keep):
-            kept = set(keep)
-            self.state = {i: g for i, g in self.state.items() if i in kept}
+        when no row guesses."""
         tokens = engine.speculative_tokens if engine.speculative_method != "off" else 0
         if not tokens or not decoding or len(decoding) > engine.speculative_max_rows:
             return []

@@ -26,9 +26,9 @@ from ..values.events import EventBus
 from ..values.metrics import BatchRecord, MetricsCollector, wall
 
 if TYPE_CHECKING:
-    from ..engine import StepPlan
     from ..values.engine_info import EngineInfo
     from ..values.sequence import Sequence
+    from ..values.step import StepPlan
 
 
 RECENT_IDS = 1024  # finished request ids remembered (a reconnecting EventSource names one)

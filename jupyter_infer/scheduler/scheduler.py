@@ -38,10 +38,10 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
-from ..engine import Sampled, StepPlan
 from ..errors import ConstraintFailed
 from ..values.request import TokenLogprob
 from ..values.sequence import Sequence, Status
+from ..values.step import Sampled, StepPlan
 from .guessing import Guesses
 from .recorder import Recorder
 from .request_queue import RequestQueue
@@ -74,6 +74,7 @@ class Scheduler:
         self._step_ids = itertools.count(1)
         self._parking: list[str] = []  # rows parked, and resumed, since the last plan
         self._resuming: list[str] = []
+        self._held: set[str] = set()  # the rows the engine may hold: planned, not yet released
         self.guesses = Guesses()  # who speculates, and how many (speculation the engine runs)
 
     # -- requests ---------------------------------------------------------------------------
@@ -96,8 +97,8 @@ class Scheduler:
         self.queue.add(seq, now)
 
     def cancel(self, request_id: str, now: float) -> bool:
-        """Cancel a request: dropped now if queued or parked (its KV goes with the next step's
-        ``keep``), at the next step if running."""
+        """Cancel a request: dropped now if queued or parked (its KV goes with the next plan's
+        ``finished``), at the next step if running."""
         seq = self.queue.live(request_id)
         if seq is None:
             return False
@@ -115,30 +116,45 @@ class Scheduler:
     # -- decisions --------------------------------------------------------------------------
     def schedule(self, now: float) -> tuple[StepPlan | None, float | None]:
         """The next step, or ``(None, wake_at)``: nothing to run before ``wake_at`` (``None``:
-        until something arrives)."""
+        until something arrives). A plan with no rows only frees those that left."""
         cancelled = [s for s in self.running if s.cancelled]
         if cancelled:
             for seq in cancelled:
                 self._retire(seq, "cancelled", now)
             self.recorder.left(self.running, now)
-        # Rows whose KV stays: the running ones the engine has begun, and the parked.
-        in_engine = [s.id for s in self.running if s.num_computed] + [s.id for s in self.parked]
+        finished = self._released()
         decoding = self.decoding
         prefill, wake_at = self._prefill_work(now, decoding)
-        moves = {"park": self._parking, "resume": self._resuming}
+        moves = {"finished": finished, "park": self._parking, "resume": self._resuming}
         self._parking, self._resuming = [], []
         budgets = [self._budget(s, bool(decoding)) for s in prefill]
         decoding = self.decoding  # with the rows resumed
+        plan = None
         if prefill and not (decoding and self.mixes and not any(s.alone for s in prefill)):
             self._decodes_since_prefill = 0
-            return StepPlan(next(self._step_ids), prefill, in_engine, budgets, **moves), None
-        if decoding:  # and the prompt tokens, where the engine runs them in the same forward
+            plan = StepPlan(next(self._step_ids), prefill, budgets, **moves)
+        elif decoding:  # and the prompt tokens, where the engine runs them in the same forward
             self._decodes_since_prefill += 1
             scheduled = [s.num_uncomputed for s in decoding] + budgets
-            guesses = self.guesses.plan(self.engine, decoding, in_engine)
-            return StepPlan(next(self._step_ids), decoding + prefill, in_engine, scheduled, **moves,
-                            guesses=guesses and guesses + [0] * len(prefill)), None
-        return None, wake_at
+            guesses = self.guesses.plan(self.engine, decoding)
+            plan = StepPlan(next(self._step_ids), decoding + prefill, scheduled, **moves,
+                            guesses=guesses and guesses + [0] * len(prefill))
+        elif finished or moves["park"] or moves["resume"]:
+            plan = StepPlan(0, [], **moves)  # nothing runs: the engine only lets go of them
+        if plan is None:
+            return None, wake_at
+        self._held.update(s.id for s in plan.seqs)
+        return plan, None
+
+    def _released(self) -> list[str]:
+        """The rows the engine holds that left since the last plan: every one but the running
+        rows it has begun and the parked (whose KV stays). Their speculation state goes too."""
+        live = {s.id for s in self.running if s.num_computed} | {s.id for s in self.parked}
+        gone = sorted(self._held - live)
+        if gone:
+            self._held -= set(gone)
+            self.guesses.forget(gone)
+        return gone
 
     def _prefill_work(self, now: float, decoding: list[Sequence]) -> tuple[list[Sequence], float | None]:
         """The sequences whose prompt tokens this step computes: the next chunk of a long
@@ -330,7 +346,7 @@ class Scheduler:
         decoding rows every decoding row fails: its batch state is unknown.
         """
         newcomers = [s for s, p in zip(plan.seqs, plan.prompt, strict=True) if p]
-        decoding = self.decoding if plan.kind != "prefill" else []
+        decoding = self.decoding if plan.decoding else []
         if newcomers and retry and (len(newcomers) > 1 or decoding):
             again = []
             for seq in newcomers:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ...engine.hf_batch import left_pad_rows
+from ...engine.hf.batch import left_pad_rows
 from .contenders import Contender, Run
 from .workloads import Workload
 

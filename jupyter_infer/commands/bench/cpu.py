@@ -56,16 +56,16 @@ class Variant:
 
     def missing(self) -> str | None:
         """Why this CPU cannot run it, or None."""
-        from ...engine import q4_linear
-        from ...engine.cpu_linear import int8_available
-        from ...engine.hf_device import cpu_has_native_bf16
+        from ...cpu import kernels
+        from ...cpu.model_linears import int8_available
+        from ...formats.device_choice import cpu_has_native_bf16
 
         if self.needs_bf16 and not cpu_has_native_bf16():
             return "this CPU has no bf16 instructions"
         if self.options.get("quantize") == "int8" and not int8_available():
             return "no x86 quantized kernels (fbgemm) here"
         if self.options.get("quantize") == "int4":
-            return q4_linear.unavailable()
+            return kernels.unavailable()
         return None
 
 
@@ -213,7 +213,7 @@ def quality(model_dir: str, text: str, threads: int) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ...engine.cpu_linear import swap_linears
+    from ...cpu.model_linears import swap_linears
 
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -78,8 +78,8 @@ class Suite:
         return str(ensure_model(size))
 
     def _setup(self) -> Setup:
-        from ...engine.hf import HFEngine
-        from ...engine.hf_device import default_num_threads
+        from ...engine.hf.hf_engine import HFEngine
+        from ...formats.device_choice import default_num_threads
 
         cfg = self.config
         model_dir = self._model_dir()

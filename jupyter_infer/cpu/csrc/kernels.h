@@ -1,0 +1,81 @@
+/* Every entry point of the CPU kernel library, and the pieces its files share: one place for
+   the C side of what kernels.py declares to Python (jupyter_infer/cpu/kernels.py). The library
+   is built from every .c file here into one shared object (build.py). */
+
+#ifndef JUPYTER_INFER_KERNELS_H
+#define JUPYTER_INFER_KERNELS_H
+
+#include <stdint.h>
+
+/* -- linears over one input (a joint: q/k/v, gate/up), one kind a joint ----------------------
+   x [M, K] float32; nw linears with weights qw[i] (and scales, mins: the format's), N[i]
+   outputs and an optional float32 bias each; y [M, sum N] (added to with accumulate); norm
+   (RMSNorm weight, eps) on the way in, or gated: x is [M, 2K] gate | up, the linears read
+   swiglu(x). */
+void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
+                const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                const float *norm, float eps, int gated);
+void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, const uint16_t *const *scales,
+                const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                const float *norm, float eps, int gated);
+void f32_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
+                 const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                 const float *norm, float eps, int gated);
+void bf16_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
+                  const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                  const float *norm, float eps, int gated);
+/* One int4 linear (int4.c) and the two formats' quantizers. */
+void q4_linear(const float *x, int M, int K, const uint8_t *qw, const uint16_t *scales, const uint16_t *mins,
+               int N, const float *bias, float *y);
+void q4_quantize(const float *w, int N, int K, uint8_t *nibbles, uint16_t *scales);
+void q8_quantize(const float *w, int N, int K, int8_t *blocks, uint16_t *scales);
+
+/* -- the decoder's small ops (layer_ops.c) ---------------------------------------------------- */
+void ji_rms_norm(const float *x, int M, int K, const float *w, float eps, float *y);
+void ji_swiglu(const float *x, int M, int K, float *y);
+void ji_head_norm(float *x, int T, int stride, int first, int heads, int D, const float *w, float eps);
+void ji_rope(float *x, int T, int heads, int stride, int D, const float *cos, const float *sin);
+void ji_attend_decode(const float *q, int rows, int heads, int kv_heads, int D, long q_stride, const float *k,
+                      const float *v, long kv_row, long kv_head, int L, const uint8_t *mask, float scale, float *out);
+
+/* -- a decode step's layers in one call (decode_layers.c) ----------------------------------------
+   Linears over one input, as q4_linears (bits 4), q8_linears (bits 8), bf16_linears (bits 16) or
+   f32_linears (bits 32) takes them (q/k/v, o, gate/up, down). */
+typedef struct {
+    int bits;
+    int nw;
+    const uint8_t *const *qw;
+    const uint16_t *const *scales;
+    const uint16_t *const *mins;
+    const int *N;
+    const float *const *bias;
+} joint_args;
+
+/* One decoder layer: its linears, its two norms (and Qwen3's per-head q and k norms; NULL: none),
+   and its KV cache buffers [rows, kv_heads, capacity, D] (a row kv_row floats from the next, a
+   head kv_head). */
+typedef struct {
+    joint_args qkv, o, gate_up, down;
+    const float *input_norm, *post_norm, *q_norm, *k_norm;
+    float input_eps, post_eps, head_eps;
+    float *keys, *values;
+    long kv_row, kv_head;
+} layer_args;
+
+void ji_decode_layers(int n_layers, const layer_args *layers, int rows, int hidden, int heads, int kv_heads, int D,
+                      int intermediate, float *h, const float *cos, const float *sin, int column,
+                      const uint8_t *mask, float scale);
+
+/* -- the build's self-test, run in a child process before a server loads the library (probe.c) */
+int ji_probe(void);
+
+/* -- shared between the files ------------------------------------------------------------------- */
+/* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
+float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
+int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
+void block_store(const float (*sums)[16], int mt, float *y, int width, int n, const float *b,
+                 int accumulate); /* layer_ops.c: a block's rows into y */
+/* int4.c: one row as int8 per group in natural order, each group's scale and sum of ints. */
+void q8_row(const float *x, int K, int8_t *xq, float *xd, int32_t *xs);
+
+#endif

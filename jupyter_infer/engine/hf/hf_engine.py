@@ -1,0 +1,380 @@
+"""Hugging Face causal LMs with iteration-level batching over a plain ``DynamicCache``.
+
+The running batch is a value with two operations, as in TGI's ``CausalLMBatch``:
+``concatenate`` (prefilled newcomers join: both KV caches are left-padded to one length and
+concatenated on the batch axis) and ``filter`` (finished or cancelled rows leave, and cache
+columns that only padding uses are trimmed). Per-row sampling state (each row's
+``RowSampler``: parameters, RNG, logits processors) lives in the batch beside the tensors.
+A long prompt prefilled in chunks is a one-row batch of its own until its last chunk, when it
+joins the decoding rows. Every row keeps its own attention mask and
+explicit ``position_ids``, so left padding never shifts a row's positions: that is what keeps
+GPT-2's learned positions and Llama's RoPE exact. The decoding rows are length buckets of
+such batches (``buckets.py``), all run by one forward (``ragged.py``), and rows that start with
+a prefix another running row starts with hold it once (``shared_prefix.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from ...constraints import tool_formats
+from ...constraints.grammar import GrammarCompiler, masks_beside
+from ...cpu import kernels
+from ...cpu.model_linears import LinearReport
+from ...decoding.sampling import RowSampler, grammar_rows, sample
+from ...decoding.step_cost import StepCost
+from ...errors import InvalidRequest
+from ...formats import gguf_load
+from ...formats.device_choice import check_quantize, default_num_threads, pick_device, pick_dtype
+from ...formats.hf_load import check_format, held_dtype, load_causal_lm, parameter_count
+from ...text.generation_defaults import reasons, sampling_defaults
+from ...text.token_bound import longest_token_chars
+from ...values.engine_info import EngineInfo
+from ..base import Engine, KVUsage, Sampled
+from ..kv import kv_cache
+from ..kv.prefix_cache import PrefixCache
+from ..kv.shared_prefix import Claim, SharedPrefixes
+from . import ragged, speculate
+from .batch import HFBatch
+from .buckets import Buckets
+from .draft_model import DraftModel
+from .llama_forward import LlamaForward
+from .prompt_work import PromptChunk, Start, WholePrompts, prompt_work
+from .row import Row
+
+if TYPE_CHECKING:
+    from ...values.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class HFEngine(Engine):
+    mixes_steps = True  # newcomers' prompt blocks run in the decoding rows' forward (ragged.py)
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        num_threads: int = 0,
+        local_files_only: bool = False,
+        prefix_cache_mb: float = 0,
+        prepack_weights: bool = True,
+        quantize: str = "none",
+        draft_model: str = "",
+        draft_local_files_only: bool | None = None,
+        generation_defaults: bool = True,
+        split_reasoning: bool = True,
+        tool_call_format: str = "",
+    ) -> None:
+        super().__init__()
+        hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
+        check_format(model)
+        self.device = pick_device(device)
+        torch_dtype = pick_dtype(dtype, self.device)
+        gguf = gguf_load.is_gguf(model)
+        if quantize != "none":
+            check_quantize(quantize, self.device)  # refused off the CPU
+        if (quantize != "none" or gguf) and self.device == "cpu" and dtype == "auto":
+            torch_dtype = torch.float32  # what the int8 and int4 kernels take and give
+        if self.device == "cpu":
+            torch.set_num_threads(num_threads or default_num_threads())
+        self.tokenizer = (gguf_load.load_tokenizer(model) if gguf
+                          else AutoTokenizer.from_pretrained(model, local_files_only=local_files_only))
+        self.model, linears, self.load = load_causal_lm(
+            model, dtype=torch_dtype, device=self.device, local_files_only=local_files_only,
+            quantize=quantize, prepack=prepack_weights)
+        parameters = parameter_count(self.model)
+        config = self.model.config
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
+        self.max_token_chars = longest_token_chars(self.tokenizer)
+        self.logits_width = int(config.vocab_size)  # what a grammar's mask covers
+        self.grammars = _grammars(self.tokenizer, self.logits_width, self.eos_token_ids)
+        self.draft = DraftModel.load(draft_model, self.tokenizer, self.logits_width, device=self.device,
+                                     dtype=torch_dtype, prepack=prepack_weights,
+                                     local_files_only=local_files_only if draft_local_files_only is None
+                                     else draft_local_files_only) if draft_model else None
+        # Rows can continue from stored KV (chunked prefill, prefix caching) when every layer
+        # attends to the whole past; sliding-window layers would need their window kept.
+        self._reusable = kv_cache.reusable(config)
+        # One forward over every length bucket (ragged.py) where rows can continue from their
+        # own KV; otherwise a forward per bucket, through the model's own attention.
+        self._ragged = self._reusable and ragged.install(self.model)
+        self._lean = LlamaForward.of(self.model) if self._ragged else None  # the Llama family's own forward
+        # On a CPU, 64-token chunks keep a running stream's worst stall near 0.15x of an
+        # 800-token prefill for 1.5x its TTFT (docs/engine.md); a GPU prefills so fast that
+        # small chunks would only add steps.
+        self.prefill_chunk_tokens = (64 if self.device == "cpu" else 512) if self._reusable else 0
+        self.configure_prefix_cache(prefix_cache_mb)
+        self.kv_bytes_per_token = kv_cache.bytes_per_token(config, held_dtype(self.model, torch_dtype))
+        # What one more length bucket costs a decode step, in bytes read (buckets.py). With one
+        # forward over all of them: its attention calls, ~90 us a layer on the 2-core CPU
+        # machine, what reading ~1 MB of KV takes there; on a GPU a launch is worth far more
+        # bytes (~20 us at ~3 TB/s: ~64 MB; an estimate, no GPU measured). With a forward
+        # each: a second read of every weight.
+        per_layer = 2**20 if self.device == "cpu" else 64 * 2**20
+        self.bucket_bytes = config.num_hidden_layers * per_layer if self._ragged else self.load.weight_bytes
+        self.tool_format, self.renders_tools, self.tool_specials = tool_formats.of_tokenizer(
+            self.tokenizer, tool_call_format)
+        self.info = self._engine_info(model, torch_dtype, parameters, linears, quantize)
+        if generation_defaults:
+            self.info.sampling_defaults = sampling_defaults(self.model.generation_config)
+        self.info.reasoning = split_reasoning and reasons(self.tokenizer)
+        # How wide a forced run is fed (step_cost: its pad columns stay in the bucket's cache).
+        # On the CPU only: a GPU's forward returns before it ran, and is overhead-bound anyway.
+        self.step_cost = StepCost() if self.device == "cpu" else None
+
+    def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
+                     quantize: str) -> EngineInfo:
+        config = self.model.config
+        max_context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 2048)
+        draft = {"draft_model": self.draft.name, "draft_parameters": self.draft.parameters} if self.draft else {}
+        return EngineInfo(
+            engine="hf",
+            model=model,
+            device=self.device,
+            dtype=str(dtype).removeprefix("torch."),
+            max_context=int(max_context),
+            tool_calls={"format": self.tool_format.name,
+                        "prompt": "chat template" if self.renders_tools else "built-in"},
+            details={
+                "architecture": (config.architectures or [type(self.model).__name__])[0],
+                "parameters": parameters,
+                "num_threads": torch.get_num_threads(),
+                "linear_kernels": linears.kernels,
+                # Whether our CPU kernels serve here, or why not (their probe: cpu/build.py).
+                **({"cpu_kernels": kernels.status()} if self.device == "cpu" else {}),
+                "quantize": quantize,
+                "prepack_s": round(linears.seconds, 3),
+                **self.load.details(),
+                "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+                **draft,
+            },
+        )
+
+    # -- text -------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def detokenize(self, token_ids: Seq[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().num_embeddings)
+
+    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        if getattr(self.tokenizer, "chat_template", None):
+            from jinja2 import TemplateError
+
+            try:
+                return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                          tools=tools, **(template_kwargs or {}))
+            except (TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as err:
+                # "Conversation roles must alternate user/assistant", a template's own
+                # raise_exception, one that reads a field these messages lack, or tools
+                # nested too deep for its ``tojson``.
+                raise InvalidRequest(f"The model's chat template refused these messages: {err}",
+                                     param="messages") from None
+        return super().render_chat(messages, template_kwargs, tools)
+
+    # -- steps ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence], num_scheduled: list[int]) -> Sampled:
+        """Whole prompts in one forward; a long prompt alone, a chunk at a time (its row in
+        ``rows.prefilling`` until the last)."""
+        work, rest = prompt_work(self, seqs, num_scheduled, self.rows.prefilling)
+        masks = masks_beside(grammar_rows(r.sampler for r in work.rows), self.logits_width)
+        logits = self._forward(work.blocks, every=work.echo)
+        if masks is not None:
+            masks.result()
+        return self._took(work.finish(logits, work.echo), rest)
+
+    def _took(self, finished: tuple[Sampled, Buckets | None, dict[str, HFBatch]],
+              rest: dict[str, HFBatch]) -> Sampled:
+        """The prompt rows' tokens; complete rows join the decoding rows, begun ones wait."""
+        sampled, complete, begun = finished
+        self.rows.prefilling = {**rest, **begun}
+        self.rows.join(complete)
+        return sampled
+
+    def _buckets(self, batches: list[HFBatch]) -> Buckets:
+        """Newly complete rows, as the decoding rows hold them: a group of very different
+        lengths is split already (``concatenate`` regroups them with the rows running)."""
+        buckets = Buckets(batches, self.bucket_bytes, self.kv_bytes_per_token)
+        buckets.rebalance()
+        return buckets
+
+    def _remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
+        """Put the full blocks of a row's prompt, just prefilled in ``block``, in the prefix
+        cache (those it lacks: a shared or cached start is there already)."""
+        if self.prefix_cache is None:
+            return
+        shared, n, _ = start
+        offset = shared.length if shared is not None else 0
+        columns, rest = block.mask.shape[1], len(prompt) - n
+        past = columns - block.ids.shape[1]  # the block's cached columns, before its new ones
+
+        def kv_of(a: int, b: int) -> torch.Tensor:  # blocks never straddle a region: all are whole blocks
+            if b <= offset:
+                return shared.kv[:, :, :, a:b]
+            if b <= n:  # cached token j (after the shared prefix) sits in column past - n + j
+                return kv_cache.row_kv(block.cache, row, past - n + a, past - n + b)
+            return kv_cache.row_kv(block.cache, row, columns - rest + a - n, columns - rest + b - n)
+
+        self.prefix_cache.insert(prompt, len(prompt), kv_of)
+
+    def _cached_start(self, seq: Sequence) -> Start:
+        """Where ``seq``'s row starts: the shared prefix it refers to (held once: ``None`` if
+        none, or where the model runs no blocks), how many prompt tokens are cached (shared
+        ones included) and the KV of the cached ones after the shared prefix, for the row's own
+        cache (``None``: none)."""
+        n, kv = self._cached_prefix(seq)
+        shared = self._shared.share(seq.prompt_ids, n, kv) if n and self._shared is not None else None
+        if shared is None:
+            return None, n, kv
+        return shared, n, kv[:, :, :, shared.length :].contiguous() if shared.length < n else None
+
+    def _claim(self, seq: Sequence) -> Claim | None:
+        """The row's claim on its prompt's blocks, which newcomers may share while it runs."""
+        return self._shared.claim(seq.prompt_ids) if self._shared is not None else None
+
+    def _cached_prefix(self, seq: Sequence) -> tuple[int, torch.Tensor | None]:
+        """The longest cached prefix of ``seq``'s prompt (0 and ``None`` without a cache, or
+        for a row that wants its prompt's logprobs: those need every prompt position's logits)."""
+        if self.prefix_cache is None or seq.params.prompt_logprobs is not None:
+            return 0, None
+        return self.prefix_cache.match(seq.prompt_ids)
+
+    def configure_prefix_cache(self, megabytes: float) -> None:
+        """A fresh, empty prefix cache of ``megabytes`` (0: none); running rows start from its
+        blocks by reference to one shared copy where the model runs blocks (``ragged``)."""
+        self.prefix_cache = None
+        self._shared: SharedPrefixes | None = None
+        if megabytes > 0 and self._reusable:
+            self.prefix_cache = PrefixCache(int(megabytes * 2**20))
+            if self._ragged:
+                self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
+
+    def kv_usage(self) -> KVUsage:
+        rows = self.rows
+        batches = [*(rows.decoding or ()), *rows.prefilling.values(),
+                   *(b for parked in rows.parked.values() for b in parked)]
+        # A shared prefix counts once, however many rows start with it.
+        shared = {id(b.shared.root): b.shared.root for b in batches if b.shared is not None}.values()
+        return KVUsage(
+            bytes_held=sum(kv_cache.bytes_held(b.cache) for b in batches) + sum(s.nbytes for s in shared),
+            tokens_held=sum(int(b.mask.sum()) for b in batches) + sum(s.length for s in shared),
+            bytes_per_token=self.kv_bytes_per_token,
+            shared_tokens=sum(s.length for s in shared),
+            state_bytes=sum(kv_cache.state_bytes(b.cache) for b in batches),
+        )
+
+    def prefix_cache_stats(self) -> dict[str, Any] | None:
+        if self.prefix_cache is None:
+            return {"enabled": False, "reason": "off (prefix_cache_mb = 0)" if self._reusable
+                    else "this model's cache has sliding-window layers"}
+        return self.prefix_cache.stats()
+
+    def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:
+        if not self._reusable or not tokens or (method == "draft" and self.draft is None):
+            method = "off"  # drafts are cut off a row's KV when refused: its layers must keep it all
+        self.speculative_method, self.speculative_max_rows = method, max_rows
+        self.speculative_tokens = tokens if method != "off" else 0
+
+    def decode(self, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
+        """Every row's next tokens, all buckets in one forward (``_forward``), in the batch's
+        order; a row feeds a grammar's forced run, or draft tokens to verify (speculate.py)."""
+        return self._step(seqs, guesses, None)[0]
+
+    @torch.inference_mode()
+    def mixed(
+        self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        guesses: dict[str, int] | None = None,
+    ) -> tuple[Sampled, Sampled]:
+        """The decoding rows' step and the prompt tokens ``prefill`` would run, in one forward:
+        the prompts' blocks beside the buckets' (``ragged.py``), so newcomers cost the
+        decoding rows their tokens' share of a step, not a step of their own."""
+        work, rest = prompt_work(self, seqs, num_scheduled, self.rows.prefilling)
+        decoded, finished = self._step(decoding, guesses, work)
+        return decoded, self._took(finished, rest)
+
+    @torch.inference_mode()
+    def _step(self, seqs: list[Sequence], guesses: dict[str, int] | None,
+              prompts: WholePrompts | PromptChunk | None) -> tuple:
+        """The decoding rows' tokens (the batch's order) and, with ``prompts``, what their
+        ``finish`` gives, from one forward over the buckets' blocks then the prompts'."""
+        buckets = list(self.rows.decoding)
+        rows = [r for bucket in buckets for r in bucket.rows]
+        extra = prompts.blocks if prompts is not None else []
+        masks = masks_beside(grammar_rows(r.sampler for r in rows + (prompts.rows if prompts is not None else [])),
+                             self.logits_width)
+        drafts = {}
+        if guesses and self.speculative_method != "off":
+            drafts = speculate.drafts(buckets, seqs, guesses, self.draft if self.speculative_method == "draft" else None)
+        blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
+        every = bool(drafts) or (prompts is not None and prompts.echo)
+        started = time.perf_counter()
+        logits = self._forward(blocks + extra, every=every)
+        cost = self.step_cost
+        if cost is not None and prompts is None:  # what a decode step costs by its width
+            cost.add(sum(block.ids.numel() for block in blocks), time.perf_counter() - started)
+        split = sum(block.tokens if every else block.ids.shape[0] for block in blocks)
+        logits, theirs = logits[:split], logits[split:]
+        if masks is not None:
+            masks.result()
+        if drafts:
+            sampled = speculate.verify(logits, blocks, buckets, drafts)
+        else:
+            if every:  # the prompts' echo kept every column: each row's last one
+                logits = logits[ragged.last_columns(blocks)]
+            sampled = sample(logits, [r.sampler for r in rows], cost.width if cost is not None else None)
+            tokens = iter([o.tokens for o in sampled])
+            for bucket, block in zip(buckets, blocks, strict=True):
+                bucket.advance(block, [next(tokens) for _ in bucket.rows])
+        # in the batch's order, as seqs are (Engine.execute answers in the plan's)
+        return sampled, (prompts.finish(theirs, every) if prompts is not None else None)
+
+    def _forward(self, blocks: list[ragged.Block], every: bool = False) -> torch.Tensor:
+        """The model over ``blocks``: logits of each row's last column, block after block
+        (``[rows, vocab]``), or with ``every`` of every column (``[tokens, vocab]``). One forward
+        (``ragged.forward``) where the model allows it; else one per block."""
+        if self._ragged:
+            return ragged.forward(self.model, blocks, every, self._lean)
+        logits = []
+        for block in blocks:
+            out = self.model(input_ids=block.ids, attention_mask=block.mask, position_ids=block.positions,
+                             cache=block.cache, use_cache=True, logits_to_keep=0 if every else 1)
+            logits.append(out.logits.flatten(0, 1))
+        return torch.cat(logits)
+
+    def _row(self, seq: Sequence) -> Row:
+        """A newcomer's row: its sampler (its claim on its prompt comes once it is prefilled)."""
+        return Row(seq.id, RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device,
+                                            seq.grammar))
+
+
+def _grammars(tokenizer: Any, vocab: int, eos_ids: frozenset[int]) -> GrammarCompiler | None:
+    """The grammar compiler for this tokenizer; ``None`` (structured outputs refused with a
+    400 that says why, the model still served) where the library cannot read it (a slow,
+    Python-only tokenizer)."""
+    try:
+        return GrammarCompiler.for_hf(tokenizer, vocab, eos_ids)
+    except Exception as err:
+        log.warning("jupyter_infer: structured outputs are off for this model: its tokenizer cannot be "
+                    "read by the grammar library (%s: %s)", type(err).__name__, err)
+        return None

@@ -1,0 +1,2 @@
+"""KV memory: the dense caches of running rows, the prefix cache, and prefixes shared
+between running rows."""
