@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ from tornado.httpclient import HTTPClientError
 
 from jupyter_infer.server.app import InferApp
 from jupyter_infer.server.handlers import routes
+from jupyter_infer.values.config import ServiceConfig
 
 ROUTES = [
     ("POST", "infer/generate"),
@@ -359,6 +361,15 @@ def test_invalid_traits_say_what_to_fix(options: dict[str, Any], message: str) -
 def test_every_trait_has_help() -> None:
     for name, trait in InferApp.class_own_traits(config=True).items():
         assert trait.help, name
+
+
+def test_every_knob_is_declared_once_and_is_a_trait_with_its_help_and_default() -> None:
+    """A ``ServiceConfig`` field is the whole declaration of a knob: ``InferApp`` has a trait of
+    it, with its help text, and an unconfigured app gives the defaults back."""
+    traits = InferApp.class_traits(config=True)
+    for knob in dataclasses.fields(ServiceConfig):
+        assert knob.metadata["help"] and traits[knob.name].help == knob.metadata["help"], knob.name
+    assert InferApp().service_config() == ServiceConfig()
 
 
 @pytest.mark.parametrize("infer_options", [{"max_queue_size": 0}])

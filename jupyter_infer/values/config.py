@@ -1,8 +1,9 @@
-"""One source for the service's configuration: every knob, its default and its check.
+"""One source for the service's configuration: every knob, its default, its help and its check.
 
-``InferApp``'s traits take their defaults from here, the embedded client uses the same
-defaults, and ``ServiceConfig`` resolves what depends on other knobs (``max_batch_size=0``
-picks for the mode) in one place. A bad value raises ``ValueError`` with a message that
+A knob is one line here (``knob(default, help)``): ``InferApp``'s trait of it is made from the
+field (``server/config_traits.py``), the embedded client uses the same defaults, and
+``ServiceConfig`` resolves what depends on other knobs (``max_batch_size=0`` picks for the
+mode) in one place. A bad value raises ``ValueError`` with a message that
 names the ``InferApp`` option to fix.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
@@ -32,79 +33,154 @@ _BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _CALLABLE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
+def knob(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
+         **options: Any) -> Any:
+    """One configuration knob: its default and the help text its ``InferApp`` trait shows
+    (``--help-all``, the config docs); ``factory`` makes a mutable default."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help}, **options)
+    return field(default=default, metadata={"help": help}, **options)
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     # -- the engine ---------------------------------------------------------------------------
-    engine: str = "auto"
-    model: str = DEFAULT_MODEL
-    device: str = "auto"
-    dtype: str = "auto"
-    num_threads: int = 0  # 0: pick for this machine
-    # CPU linears: reorder weights once into our kernel's blocks, or oneDNN's (docs/engine.md)
-    prepack_weights: bool = True
-    quantize: str = "none"  # "int8" (q8_0's form) or "int4" (q4_0's), groups of 32, our kernels: x86 CPU; docs/engine.md
-    seed: int = 0
-    # The checkpoint's generation config sets the sampling an OpenAI request leaves out
-    generation_defaults: bool = True
-    split_reasoning: bool = True  # a reasoning model's <think> section as reasoning_content
-    tool_call_format: str = ""  # how the model writes tool calls; "": its chat template says
-    simulated_token_delay_ms: tuple[float, float] = (10.0, 40.0)
-    simulated_prefill_ms_per_token: float = 0.2
+    engine: str = knob("auto", f"""One of {', '.join(ENGINES)}. Which engine generates tokens: 'hf' (a Hugging Face causal LM through
+        transformers), 'simulated' (offline, deterministic, realistic timing), 'auto'
+        ('hf' with the configured model; 'simulated' if it cannot load, and status says why),
+        'openai' (an upstream OpenAI-compatible server at upstream_url: vLLM, TGI, SGLang,
+        llama.cpp, another jupyter_infer) or 'router' (the backends of router_backends and a
+        rule per request; docs/scale-out.md).""")
+    model: str = knob(DEFAULT_MODEL, "Hugging Face model id or local directory of the model the 'hf' engine serves.")
+    device: str = knob("auto", "Device for the 'hf' engine: auto (CUDA > MPS > CPU), cpu, cuda, cuda:N or mps.")
+    dtype: str = knob("auto", f"""One of {', '.join(DTYPES)}. Weights dtype for the 'hf' engine; auto: bfloat16/float16 on GPUs; on
+        a CPU bfloat16 where it has bf16 instructions (AVX512-BF16, AMX), else float32.""")
+    num_threads: int = knob(0, "CPU threads for the 'hf' engine; 0 picks for this machine.")
+    prepack_weights: bool = knob(True, """'hf' engine on a CPU: reorder each linear weight once at load into a
+        blocked layout: float32 and bfloat16 for our own kernel, oneDNN's where it cannot build
+        (docs/engine.md). False keeps PyTorch's eager linears.""")
+    quantize: str = knob("none", """'hf' engine on a CPU: 'none'; 'int8' for int8 linears (groups of 32 with a
+        scale, llama.cpp's q8_0 form, our kernel; fbgemm's where it cannot build);
+        'int4' for 4-bit linears in groups of 32 (a scale each, 4.5 bits a weight: llama.cpp's
+        q4_0 form, a seventh of float32's), loaded without a float32 copy of the model. x86 CPUs with AVX2;
+        speed, memory and quality in docs/engine.md.""")
+    seed: int = knob(0, "The seed of the simulated engine's answers and timings.")
+    generation_defaults: bool = knob(True, """'hf' engine: where an OpenAI request leaves out temperature,
+        top_p, top_k or repetition_penalty, use the checkpoint's own (its generation_config.json;
+        shown in infer/status as sampling_defaults). Off: OpenAI's defaults. The native
+        infer/generate route is greedy unless asked, either way.""")
+    split_reasoning: bool = knob(True, """'hf' engine, a reasoning model (Qwen3, DeepSeek-R1's distills: its
+        chat template and vocabulary have <think> and </think>): the OpenAI chat answer's <think>
+        section comes as message.reasoning_content (streamed as delta.reasoning_content), the rest
+        as content. Off: all in content.""")
+    tool_call_format: str = knob("", """'hf' engine: how the model writes tool calls, where its chat
+        template does not tell: 'hermes' (<tool_call>{...}</tool_call>: Qwen, Hermes), 'llama3_json'
+        ({"name": ..., "parameters": ...}: Llama 3.1-3.3), 'mistral' ([TOOL_CALLS][...]), 'granite'
+        (<|tool_call|>[...]). Empty: read from the chat template (hermes when it shows none).
+        Shown in infer/status as tool_calls.""")
+    simulated_token_delay_ms: tuple[float, float] = knob((10.0, 40.0), "The simulated engine's per-step decode delay, drawn uniformly from [low, high] ms.")
+    simulated_prefill_ms_per_token: float = knob(0.2, "The simulated engine's prefill cost per prompt token (ms).")
     # -- scheduling -----------------------------------------------------------------------------
-    mode: str = "continuous"
-    batch_window_ms: float = 50.0
-    max_batch_size: int = 0  # 0: DEFAULT_BATCH_SIZE[mode]
-    max_queue_size: int = 256
-    max_new_tokens: int = 512
-    max_prompt_tokens: int = 32768  # the models users run read 32k; an agent's tools and system prompt take ~10k
-    max_prefill_tokens: int = 4096
-    idle_admit_delay_ms: float = 5.0
-    # A longer prompt is prefilled in chunks of this many tokens, between decode steps of the
-    # running rows (continuous mode); 0 prefills every prompt whole; None: the engine's own
-    # choice (hf: 64 on a CPU, measured in docs/engine.md; 512 on a GPU).
-    prefill_chunk_tokens: int | None = None
-    # -- speculative decoding: draft tokens verified in the decode step (engine/ngram.py) --------
-    # "auto": "draft" with a draft_model, else "ngram" (prompt lookup); "off"
-    speculative: str = "auto"
-    draft_model: str = ""  # a smaller model with the model's tokenizer that guesses (engine/draft_model.py)
-    speculative_tokens: int = 16  # most draft tokens a row proposes a step (fewer when many rows guess)
-    speculative_max_rows: int = 8  # no drafts while more rows than this decode (measured: docs/engine.md)
+    mode: str = knob("continuous", f"""One of {', '.join(MODES)}. Batching: 'continuous' (newcomers join the running batch at the next step) or
+        'window' (the first request opens a batch_window_ms window; the batch then runs to
+        completion).""")
+    batch_window_ms: float = knob(50.0, "How long a 'window' batch waits for more requests after the first one (ms).")
+    max_batch_size: int = knob(0, """Most requests that run together in one batch; 0 picks for the mode: 16 in
+        'window' mode (the classic batcher), 32 in 'continuous' mode (measured best on CPU:
+        docs/benchmark.md).""")
+    max_queue_size: int = knob(256, "Most requests that may wait; more are refused with 429 and Retry-After.")
+    max_new_tokens: int = knob(512, "Largest max_tokens a request may ask for.")
+    max_prompt_tokens: int = knob(32768, "Longest prompt (in tokens) a request may send.")
+    max_prefill_tokens: int = knob(4096, "Prompt tokens that one step may run (newcomers together); bounds a step's cost.")
+    idle_admit_delay_ms: float = knob(5.0, """Continuous mode: an idle engine starts its first prefill once no request
+        arrived for this long (at most 10x this after the first), so that a burst of requests
+        shares one prefill (ms).""")
+    prefill_chunk_tokens: int | None = knob(None, """Continuous mode: a prompt longer than this is prefilled in chunks of this many
+        tokens, with a decode step of the running requests between two chunks, so a long
+        prompt never freezes the streams already running for its whole prefill; while requests
+        run, a group prefill of short prompts is bounded by it too. 0 prefills every prompt
+        whole. Unset: the engine's choice, 64 on a CPU (measured: docs/engine.md), 512 on a GPU.""")
+    # -- speculative decoding: draft tokens verified in the decode step (decoding/ngram.py) --------
+    speculative: str = knob("auto", """Speculative decoding for the 'hf' engine: draft tokens that the
+        decode step verifies in the same forward; a row keeps those its model agrees with, so
+        its answer is the same, several tokens a step where the guesses land. 'ngram': a row
+        proposes the tokens that followed its latest tokens earlier in its prompt or answer
+        (prompt lookup: pays where it quotes tool results, code, documents, JSON keys; a row
+        with no match proposes nothing and pays nothing). 'draft': draft_model guesses.
+        'auto' (default): 'draft' when draft_model is set, else 'ngram'. 'off'.""")
+    draft_model: str = knob("", """A smaller causal LM with the model's tokenizer (a Hugging Face id or a
+        directory) whose greedy guesses the model verifies (speculative = 'draft' or 'auto').
+        It pays where it is ~10x cheaper than the model and agrees with it often.""")
+    speculative_tokens: int = knob(16, "Most draft tokens a row proposes a step (it follows the row's recent acceptance).")
+    speculative_max_rows: int = knob(8, """No drafts while more rows than this decode: a step of many rows is
+        busy enough that verifying guesses costs more than it saves (docs/engine.md).""")
     # -- many users: fair share and per-owner limits (an owner is the Jupyter or hub user) -------
-    fair_share: bool = True  # rows shared between owners (fair.py); False: priority + FIFO for all
-    # Weights of owners against each other: "alice": 2, or "group:staff": 4 (a hub group); default 1
-    fair_share_weights: Mapping[str, float] = field(default_factory=dict, hash=False)
-    owner_max_running: int = 0  # rows one owner holds at once (the rest of its requests wait); 0: no cap
-    owner_max_queued: int = 0  # requests one owner may have waiting (more: 429); 0: only max_queue_size
-    owner_tokens_per_minute: int = 0  # prompt + generated tokens per owner per minute (more: 429); 0: none
-    admin_users: tuple[str, ...] = ()  # see everyone's requests in full (as do hub admins)
+    fair_share: bool = knob(True, """Share the batch's rows between users (the Jupyter or hub users who send
+        the requests): the next row goes to the user holding the fewest, and a user with none
+        takes a row from one holding more than their share, whose request is parked (its KV
+        kept) and resumes where it was. So on a shared server nobody waits for another's burst.
+        Priorities order each user's own requests. False: priority + FIFO for everyone. A
+        single-user server has one user: nothing changes there.""")
+    fair_share_weights: Mapping[str, float] = knob(factory=dict, hash=False, help="""Users' weights against each other in fair share (default 1):
+        {"alice": 2} or, for a JupyterHub group, {"group:staff": 4}; a user's own weight wins
+        over their groups', else their groups' highest.""")
+    owner_max_running: int = knob(0, """The most rows one user holds at once (the rest of their
+        requests wait in the queue). 0: no cap.""")
+    owner_max_queued: int = knob(0, """The most requests one user may have waiting; more are refused
+        with 429 and Retry-After. 0: only max_queue_size bounds them.""")
+    owner_tokens_per_minute: int = knob(0, """Tokens per user per minute: a request reserves its prompt
+        and max_tokens when queued (what it really cost once it ends); over the budget it is
+        refused with 429 and a Retry-After of when enough has aged out. 0: no limit.""")
+    admin_users: tuple[str, ...] = knob((), """Users who see everyone's requests in full
+        in infer/batches, infer/events, infer/metrics and the panels (hub admins do too); others
+        see their own, and everyone else's only as anonymous rows.""")
     # -- the engine's prefix cache --------------------------------------------------------------
-    prefix_cache_mb: float = 512.0  # KV of recent prompt prefixes, reused by later prompts; 0: off
+    prefix_cache_mb: float = knob(512.0, """Memory (MB) for the 'hf' engine's prefix cache: the KV of recent prompts, in
+        blocks of 16 tokens, so that a prompt starting like an earlier one (a shared system
+        prompt, an agent's growing history) prefills only what is new. Least recently used
+        blocks go first. 0 turns it off.""")
     # -- structured outputs ---------------------------------------------------------------------
-    grammar_timeout_s: float = 10.0  # a constraint that takes longer to compile is refused (400)
-    # Tokens a grammar allows no alternative to are appended without sampling (a step for many)
-    grammar_fast_forward: bool = True
+    grammar_timeout_s: float = knob(10.0, """Seconds a structured-output constraint (JSON schema, regex, grammar,
+        tools) may take to compile; a slower one is refused with 400. Compiled constraints are cached.""")
+    grammar_fast_forward: bool = knob(True, """Append the tokens a constrained answer's grammar allows no
+        alternative to (a schema's keys and punctuation, a tool's name) without sampling them: several
+        tokens per step. Off: one token per step, as unconstrained rows.""")
     # -- records and live events -----------------------------------------------------------------
-    keep_records: int = 1000
-    max_event_subscribers: int = 64
-    event_buffer: int = 2048  # events a live subscriber may fall behind before it loses some
+    keep_records: int = knob(1000, """Most finished requests whose records infer/batches and the timeline keep (the
+        oldest go first).""")
+    max_event_subscribers: int = knob(64, "Most live infer/events subscribers at once; more are refused with 429.")
+    event_buffer: int = knob(2048, """Events an infer/events subscriber may fall behind (one log shared by all
+        subscribers); one further behind loses the oldest and is told how many (a 'dropped' event).""")
     # -- engine = "openai": an upstream OpenAI-compatible server ----------------------------------
-    upstream_url: str = ""  # base URL, e.g. http://vllm:8000/v1
-    upstream_model: str = ""  # "": the first id of the upstream's v1/models
-    upstream_api_key: str = field(default="", repr=False)  # never logged, never in status
-    upstream_api_key_env: str = ""  # or: the environment variable that holds the key
-    upstream_timeout_s: float = 60.0  # for the first token (retries included), then between chunks
-    upstream_retries: int = 2  # retries before the first token, with backoff
+    upstream_url: str = knob("", """engine='openai': the upstream server's OpenAI-compatible base URL, ending in
+        /v1 (e.g. http://vllm:8000/v1, or http://host:8888/infer/v1 for another jupyter_infer).""")
+    upstream_model: str = knob("", "engine='openai': the upstream model to use; empty: the first id of its v1/models.")
+    upstream_api_key: str = knob("", """engine='openai': the upstream's API key, sent as a Bearer token; never logged
+        nor shown in status. Prefer upstream_api_key_env, which keeps it out of config files.""", repr=False)
+    upstream_api_key_env: str = knob("", "engine='openai': the environment variable that holds the upstream's API key.")
+    upstream_timeout_s: float = knob(60.0, """engine='openai': seconds to wait for the upstream's first token (retries
+        included) and then between two chunks; past it the request fails with 504.""")
+    upstream_retries: int = knob(2, """engine='openai': how often a request is retried (with backoff) while the
+        upstream is unreachable or overloaded, before its first token only.""")
     # -- engine = "router": named backends and the rule that picks one per request -------------
-    # repr=False: a backend's options may hold an upstream_api_key
-    router_backends: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False, repr=False)
-    router_default: str = ""  # "": the first backend
-    router_policies: tuple[str, ...] = ("sensitivity", "complexity")
-    router_sensitive_patterns: tuple[str, ...] = ()
-    router_private_backend: str = ""  # "": the first backend that runs in this process
-    router_complex_backend: str = ""  # "": the first openai backend
-    router_complex_prompt_tokens: int = 1024
-    router_complex_max_tokens: int = 512
-    router_fallback: Mapping[str, str] = field(default_factory=dict, hash=False)
+    router_backends: Mapping[str, Mapping[str, Any]] = knob(factory=dict, hash=False, repr=False, help="""engine='router': the backends by name, each a dict of InferApp options with
+        an 'engine', e.g. {'local': {'engine': 'hf', 'model': 'Qwen/Qwen2.5-0.5B-Instruct'},
+        'cluster': {'engine': 'openai', 'upstream_url': 'http://vllm:8000/v1',
+        'upstream_api_key_env': 'VLLM_KEY'}}. Options not given are the router's own.""")
+    router_default: str = knob("", "engine='router': the backend for requests no policy decides; empty: the first.")
+    router_policies: tuple[str, ...] = knob(("sensitivity", "complexity"), """engine='router': the policies asked in order, after the model a request names; the
+        first that picks a backend wins: 'sensitivity', 'complexity', or 'module:function' (a
+        callable f(request, prompt_tokens) returning a backend name or None).""")
+    router_sensitive_patterns: tuple[str, ...] = knob((), """engine='router', policy 'sensitivity': regular expressions (case-insensitive); a
+        request whose text matches one stays on router_private_backend.""")
+    router_private_backend: str = knob("", """engine='router': where sensitive requests go; empty: the first backend that
+        runs in this process.""")
+    router_complex_backend: str = knob("", "engine='router': where complex requests go; empty: the first 'openai' backend.")
+    router_complex_prompt_tokens: int = knob(1024, """engine='router', policy 'complexity': prompts of at least this many tokens
+        (estimated, 4 characters a token) are complex.""")
+    router_complex_max_tokens: int = knob(512, "engine='router', policy 'complexity': requests for at least this many tokens are complex.")
+    router_fallback: Mapping[str, str] = knob(factory=dict, hash=False, help="""engine='router': where a request goes when its backend fails before the first
+        token (unreachable, overloaded, queue full), e.g. {'cluster': 'local'}.""")
 
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
