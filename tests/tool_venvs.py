@@ -4,7 +4,7 @@ conflict with each other and with ours, and neither belongs in the project's own
 Jupyter AI installed *beside* us (an environment that sees the project's own through a ``.pth``
 file, as a user's ``pip install jupyter-ai`` next to jupyter_infer would, without every other
 test's server loading its extensions), and JupyterHub's proxy, configurable-http-proxy, from
-npm (for tests/test_hub_service.py).
+npm (for tests/server/test_hub_service.py).
 
 Created on first use (from PyPI, torch from the CPU wheel the Makefile pins too; from npm),
 reused after; ``make tools`` (a prerequisite of ``make test``) builds them ahead of the test

@@ -7,7 +7,7 @@ checks, views and the KV cache's bookkeeping: ~1 ms of a 0.5 B model's ~9 ms one
 2-core CPU, whose kernels are the rest. ``DecodeLayers`` builds every layer's arguments once
 (weights, norms) and per step only points each layer at its cache buffers; the C loop then calls
 the same functions in the same order, so the logits are the per-layer path's to the bit
-(tests/test_decode_layers.py).
+(tests/engine/test_decode_layers.py).
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ class LlamaForward:
         # The probe checks the decoder's structure, with the norms and SwiGLU as torch computes
         # them: with int4 the kernel's own (its sum's order, its exp) can flip an activation's
         # int8 rounding, and random weights carry that to a few % of the logits
-        # (tests/test_layer_ops.py checks each C op against torch's).
+        # (tests/cpu/test_layer_ops.py checks each C op against torch's).
         try:
             with torch.inference_mode():
                 theirs, ours = _probe(model, None), _probe(model, cls(model, fused=False))

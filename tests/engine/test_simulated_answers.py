@@ -15,8 +15,8 @@ import pytest
 from jupyter_infer.engine.simulated.answers import CONCEPT_NAMES, compose_answer, matched_concepts
 from jupyter_infer.values.prompts import SAMPLE_PROMPTS
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-RECORDED = json.loads((Path(__file__).parent / "fixtures" / "simulated_answers_expected.json").read_text("utf-8"))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECORDED = json.loads((Path(__file__).parents[1] / "fixtures" / "simulated_answers_expected.json").read_text("utf-8"))
 BATCHING_PROMPT = "How does dynamic batching interact with the KV cache?"
 UNRELATED_PROMPTS = ("What's a good recipe for banana bread?", "", "   ")
 INVITATION = "try asking about "

@@ -15,7 +15,7 @@ from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, RequestResult, SamplingParams
-from tests.test_hf_engine import _real_kv, _seq, reference
+from test_hf_engine import _real_kv, _seq, reference
 
 # Answers that quote their prompt: code being rewritten, a record whose fields repeat.
 COPY = [

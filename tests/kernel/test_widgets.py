@@ -1,7 +1,7 @@
 """Widget state without a browser: timeline rows, the summary, the panel after a run.
 
 The timeline's drawing code (TypeScript, shared with the lab panel) is tested in
-``labextension/test/`` (tests/test_labextension.py runs those tests).
+``labextension/test/`` (tests/kernel/test_labextension.py runs those tests).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from jupyter_infer.kernel.widgets import panel as panel_module
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 
-STATIC = Path(__file__).resolve().parent.parent / "jupyter_infer" / "kernel" / "widgets" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "jupyter_infer" / "kernel" / "widgets" / "static"
 
 # A past run as infer/batches returns it: a joins b's running batch (continuous mode).
 PAYLOAD = {

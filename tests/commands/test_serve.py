@@ -1,6 +1,6 @@
 """``jupyter infer serve``: the extension alone in a Jupyter server (no notebook UI), the
 server's own options passed through, and a clean stop on ^C. As a hub service:
-tests/test_hub_service.py."""
+tests/server/test_hub_service.py."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "bench-results" / "screenshots"
 TOKEN = "browser-test-token-0123456789"

@@ -15,7 +15,7 @@ import pytest
 import torch
 from gguf_files import write_llama_gguf
 from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
-from test_int4 import assert_own_greedy_choices
+from test_int4_linear import assert_own_greedy_choices
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.cpu import kernels

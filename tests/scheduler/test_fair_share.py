@@ -10,7 +10,7 @@ from jupyter_infer.errors import QueueFull
 from jupyter_infer.scheduler import Scheduler
 from jupyter_infer.values.request import Request, SamplingParams
 from jupyter_infer.values.sequence import Sequence, Status
-from tests.test_scheduler_core import core, outputs
+from test_scheduler_core import core, outputs
 
 
 def seq(owner: str, max_tokens: int = 50, priority: int = 0, weight: float = 1.0, at: float = 0.0) -> Sequence:

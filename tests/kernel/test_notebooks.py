@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 
 from jupyter_infer.kernel.launcher import LocalServer
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 pytestmark = pytest.mark.slow
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 

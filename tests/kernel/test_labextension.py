@@ -22,7 +22,7 @@ import pytest
 import jupyter_infer
 from jupyter_infer.kernel.widgets.timeline import timeline_data
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "labextension"
 BUILT = ROOT / "jupyter_infer" / "labextension"
 WIDGET = ROOT / "jupyter_infer" / "kernel" / "widgets" / "static"

@@ -164,7 +164,7 @@ async def test_auto_lets_the_model_answer_in_text(client: openai.AsyncOpenAI) ->
     ({"tools": [WEATHER, WEATHER]}, "tools", "Two tools"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "letters, digits"),
     # Tools combine with a JSON schema or object for the text answer (calls or an object that
-    # fits: tests/test_client_gaps.py), not with a regex.
+    # fits: tests/kernel/test_client_gaps.py), not with a regex.
     ({"tools": [WEATHER], "guided_regex": "a+"}, "guided_regex", "one or the other"),
 ])
 async def test_bad_constraints_are_refused_before_anything_runs(

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_architectures import checkpoint
 from test_hf_engine import LENGTHS, PROMPTS, run_with_late_joiners
-from test_int4 import assert_own_greedy_choices
+from test_int4_linear import assert_own_greedy_choices
 from transformers import AutoTokenizer
 
 from jupyter_infer.cpu import int4_linear, kernels

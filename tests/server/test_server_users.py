@@ -1,6 +1,6 @@
 """Many users on one server: each request's owner, fair share between users, what each may see
 and cancel, and the per-user limits, through the real server with an identity provider that
-names users by their tokens (as JupyterHub's does; tests/test_hub_service.py runs the hub)."""
+names users by their tokens (as JupyterHub's does; tests/server/test_hub_service.py runs the hub)."""
 
 from __future__ import annotations
 

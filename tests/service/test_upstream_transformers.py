@@ -29,7 +29,7 @@ from jupyter_infer.kernel.launcher import LocalServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVE_VENV = ROOT / ".venv-serve"
 
 
