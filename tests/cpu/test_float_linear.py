@@ -99,7 +99,7 @@ def test_a_bfloat16_checkpoint_on_the_cpu_is_float32_with_bfloat16_weights(llama
     assert {p.dtype for p in engine.model.parameters()} == {torch.float32}
     c = engine.model.config
     assert engine.kv_bytes_per_token == 2 * 4 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim  # float32
-    assert engine._lean.one_call is not None
+    assert engine.llama_forward.one_call is not None
     reference = AutoModelForCausalLM.from_pretrained(llama_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         for module in reference.modules():

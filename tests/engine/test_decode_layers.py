@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no in
 def _steps(engine: HFEngine, one_call: bool) -> torch.Tensor:
     """Two rows' logits: a left-padded prompt block, then four decode steps (one with every
     column seen), the cache without spare room so that each step grows it."""
-    model, lean = engine.model, engine._lean
+    model, lean = engine.model, engine.llama_forward
     saved, calls = lean.one_call, []
     if one_call:
         lean.one_call = _counting(saved, calls)
@@ -71,7 +71,7 @@ def test_one_call_gives_the_per_layer_logits_to_the_bit(kind: str, quantize: str
     # in ours; bfloat16: our bfloat16 blocks in a float32 model (hf_load.held_as)
     engine = HFEngine(str(checkpoint(kind, tiny_model_dir, tmp_path / kind)), dtype=dtype, num_threads=2,
                       quantize=quantize)
-    assert engine._lean.one_call is not None
+    assert engine.llama_forward.one_call is not None and "one C call" in engine.info.details["forward"]
     assert torch.equal(_steps(engine, one_call=True), _steps(engine, one_call=False))
 
 
@@ -79,7 +79,7 @@ def test_eager_layers_keep_the_per_layer_path(tiny_model_dir: Path, tmp_path: Pa
     # eager float32 linears are aten's: called layer by layer.
     engine = HFEngine(str(checkpoint("llama", tiny_model_dir, tmp_path / "llama")), dtype="float32", num_threads=1,
                       prepack_weights=False)
-    assert engine._lean is not None and engine._lean.one_call is None
+    assert engine.llama_forward is not None and engine.llama_forward.one_call is None
 
 
 @pytest.mark.asyncio
@@ -87,10 +87,10 @@ async def test_answers_through_the_scheduler_do_not_change(llama_model_dir: Path
     # Rows join a running batch and leave it: the one call serves the decode steps between.
     engine = HFEngine(str(llama_model_dir), dtype="float32", num_threads=2, quantize="int4")
     calls: list[int] = []
-    one_call = engine._lean.one_call
-    engine._lean.one_call = _counting(one_call, calls)
+    one_call = engine.llama_forward.one_call
+    engine.llama_forward.one_call = _counting(one_call, calls)
     ours = await run_with_late_joiners(engine, "continuous")
-    engine._lean.one_call = None
+    engine.llama_forward.one_call = None
     theirs = await run_with_late_joiners(engine, "continuous")
     assert calls
     assert [r.token_ids for r in ours] == [r.token_ids for r in theirs]

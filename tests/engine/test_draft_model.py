@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from engine_steps import keeping
+from test_hf_engine import _seq, reference
+from test_speculative import COPY, _answers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.commands.model_builder import make_model
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf.draft_model import DraftKV
 from jupyter_infer.values.config import ServiceConfig
-from test_hf_engine import _seq, reference
-from test_speculative import COPY, _answers
 
 # Prompts that do not quote themselves: prompt lookup finds little here, a draft model guesses anyway.
 FRESH = ["Explain how a tokenizer splits words", "Batching helps because", "The scheduler picks"]

@@ -41,9 +41,9 @@ async def test_the_family_answers_as_transformers_does(kind: str, quantize: str,
     # qwen2 has q/k/v biases, qwen3 per-head q/k norms; widths are multiples of int4's groups.
     folder = checkpoint(kind, tiny_model_dir, tmp_path / kind)
     engine = HFEngine(str(folder), dtype="float32", num_threads=1, quantize=quantize)
-    assert isinstance(engine._lean, LlamaForward)
-    lean, calls = engine._lean, []
-    engine._lean = lambda *args: calls.append(1) or lean(*args)
+    assert isinstance(engine.llama_forward, LlamaForward)
+    lean, calls = engine.llama_forward, []
+    engine.llama_forward = lambda *args: calls.append(1) or lean(*args)
     results = await run_with_late_joiners(engine, "continuous")
     assert calls and results[3].batch_size > 2  # its steps ran here, and the late pair joined
     for result, prompt, n in zip(results, PROMPTS, LENGTHS, strict=True):
@@ -61,7 +61,8 @@ def test_other_architectures_keep_transformers_forward(kind: str, tiny_model_dir
     # Granite scales its residuals, Gemma its norms and embeddings, Phi-3 fuses q/k/v, OLMo 2
     # norms after attention: each would be computed wrong by the lean forward.
     engine = HFEngine(str(checkpoint(kind, tiny_model_dir, tmp_path / kind)), dtype="float32", num_threads=1)
-    assert engine._ragged and engine._lean is None
+    assert engine.ragged and engine.llama_forward is None
+    assert engine.info.details["forward"] == "transformers' modules, every bucket in one forward"
 
 
 def test_a_variant_whose_probe_disagrees_keeps_transformers_forward(llama_model_dir: Path,
@@ -72,7 +73,7 @@ def test_a_variant_whose_probe_disagrees_keeps_transformers_forward(llama_model_
 
     plain = modeling_llama.LlamaMLP.forward
     monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", lambda self, x: 1.5 * plain(self, x))
-    assert HFEngine(str(llama_model_dir), dtype="float32", num_threads=1)._lean is None
+    assert HFEngine(str(llama_model_dir), dtype="float32", num_threads=1).llama_forward is None
 
 
 @needs_int4

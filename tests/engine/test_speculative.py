@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 from engine_steps import keeping
+from test_hf_engine import _real_kv, _seq, reference
 
 from jupyter_infer.decoding.ngram import propose
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, RequestResult, SamplingParams
-from test_hf_engine import _real_kv, _seq, reference
 
 # Answers that quote their prompt: code being rewritten, a record whose fields repeat.
 COPY = [

@@ -4,13 +4,13 @@ rows, who is parked for whom, and the per-owner limits."""
 from __future__ import annotations
 
 import pytest
+from test_scheduler_core import core, outputs
 
 from jupyter_infer.engine import StepPlan
 from jupyter_infer.errors import QueueFull
 from jupyter_infer.scheduler import Scheduler
 from jupyter_infer.values.request import Request, SamplingParams
 from jupyter_infer.values.sequence import Sequence, Status
-from test_scheduler_core import core, outputs
 
 
 def seq(owner: str, max_tokens: int = 50, priority: int = 0, weight: float = 1.0, at: float = 0.0) -> Sequence:

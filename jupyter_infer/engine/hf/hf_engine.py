@@ -112,8 +112,9 @@ class HFEngine(Engine):
         self._reusable = kv_cache.reusable(config)
         # One forward over every length bucket (ragged.py) where rows can continue from their
         # own KV; otherwise a forward per bucket, through the model's own attention.
-        self._ragged = self._reusable and ragged.install(self.model)
-        self._lean = LlamaForward.of(self.model) if self._ragged else None  # the Llama family's own forward
+        self.ragged = self._reusable and ragged.install(self.model)
+        # The Llama family's own forward (our kernels, no module tree); None: transformers' modules.
+        self.llama_forward = LlamaForward.of(self.model) if self.ragged else None
         # On a CPU, 64-token chunks keep a running stream's worst stall near 0.15x of an
         # 800-token prefill for 1.5x its TTFT (docs/engine.md); a GPU prefills so fast that
         # small chunks would only add steps.
@@ -126,7 +127,7 @@ class HFEngine(Engine):
         # bytes (~20 us at ~3 TB/s: ~64 MB; an estimate, no GPU measured). With a forward
         # each: a second read of every weight.
         per_layer = 2**20 if self.device == "cpu" else 64 * 2**20
-        self.bucket_bytes = config.num_hidden_layers * per_layer if self._ragged else self.load.weight_bytes
+        self.bucket_bytes = config.num_hidden_layers * per_layer if self.ragged else self.load.weight_bytes
         self.tool_format, self.renders_tools, self.tool_specials = tool_formats.of_tokenizer(
             self.tokenizer, tool_call_format)
         self.info = self._engine_info(model, torch_dtype, parameters, linears, quantize)
@@ -159,11 +160,21 @@ class HFEngine(Engine):
                 **({"cpu_kernels": kernels.status()} if self.device == "cpu" else {}),
                 "quantize": quantize,
                 "prepack_s": round(linears.seconds, 3),
+                "forward": self.forward_path(),
                 **self.load.details(),
                 "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
                 **draft,
             },
         )
+
+    def forward_path(self) -> str:
+        """How a step's forward runs here, as ``infer/status`` says it."""
+        if self.llama_forward is not None:
+            one_call = " (a decode step's layers in one C call)" if self.llama_forward.one_call else ""
+            return f"ours, the Llama family's{one_call}: every bucket in one forward"
+        if self.ragged:
+            return "transformers' modules, every bucket in one forward"
+        return "transformers' modules, a forward per bucket"
 
     # -- text -------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -267,7 +278,7 @@ class HFEngine(Engine):
         self._shared: SharedPrefixes | None = None
         if megabytes > 0 and self._reusable:
             self.prefix_cache = PrefixCache(int(megabytes * 2**20))
-            if self._ragged:
+            if self.ragged:
                 self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
 
     def kv_usage(self) -> KVUsage:
@@ -353,8 +364,8 @@ class HFEngine(Engine):
         """The model over ``blocks``: logits of each row's last column, block after block
         (``[rows, vocab]``), or with ``every`` of every column (``[tokens, vocab]``). One forward
         (``ragged.forward``) where the model allows it; else one per block."""
-        if self._ragged:
-            return ragged.forward(self.model, blocks, every, self._lean)
+        if self.ragged:
+            return ragged.forward(self.model, blocks, every, self.llama_forward)
         logits = []
         for block in blocks:
             out = self.model(input_ids=block.ids, attention_mask=block.mask, position_ids=block.positions,
