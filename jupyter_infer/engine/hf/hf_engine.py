@@ -223,14 +223,14 @@ class HFEngine(Engine):
         self.rows.join(complete)
         return sampled
 
-    def _buckets(self, batches: list[HFBatch]) -> Buckets:
+    def buckets(self, batches: list[HFBatch]) -> Buckets:
         """Newly complete rows, as the decoding rows hold them: a group of very different
         lengths is split already (``concatenate`` regroups them with the rows running)."""
         buckets = Buckets(batches, self.bucket_bytes, self.kv_bytes_per_token)
         buckets.rebalance()
         return buckets
 
-    def _remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
+    def remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
         """Put the full blocks of a row's prompt, just prefilled in ``block``, in the prefix
         cache (those it lacks: a shared or cached start is there already)."""
         if self.prefix_cache is None:
@@ -249,7 +249,7 @@ class HFEngine(Engine):
 
         self.prefix_cache.insert(prompt, len(prompt), kv_of)
 
-    def _cached_start(self, seq: Sequence) -> Start:
+    def cached_start(self, seq: Sequence) -> Start:
         """Where ``seq``'s row starts: the shared prefix it refers to (held once: ``None`` if
         none, or where the model runs no blocks), how many prompt tokens are cached (shared
         ones included) and the KV of the cached ones after the shared prefix, for the row's own
@@ -260,7 +260,7 @@ class HFEngine(Engine):
             return None, n, kv
         return shared, n, kv[:, :, :, shared.length :].contiguous() if shared.length < n else None
 
-    def _claim(self, seq: Sequence) -> Claim | None:
+    def claim(self, seq: Sequence) -> Claim | None:
         """The row's claim on its prompt's blocks, which newcomers may share while it runs."""
         return self._shared.claim(seq.prompt_ids) if self._shared is not None else None
 
@@ -373,7 +373,7 @@ class HFEngine(Engine):
             logits.append(out.logits.flatten(0, 1))
         return torch.cat(logits)
 
-    def _row(self, seq: Sequence) -> Row:
+    def new_row(self, seq: Sequence) -> Row:
         """A newcomer's row: its sampler (its claim on its prompt comes once it is prefilled)."""
         return Row(seq.id, RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device,
                                             seq.grammar))

@@ -11,7 +11,7 @@ every column's logits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -24,14 +24,38 @@ from .row import Row
 
 if TYPE_CHECKING:
     from ...values.sequence import Sequence
-    from ..kv.shared_prefix import SharedPrefix
+    from ..kv.prefix_cache import PrefixCache
+    from ..kv.shared_prefix import Claim, SharedPrefix
     from .buckets import Buckets
 
 # Where a row starts: the shared prefix it refers to, its cached prompt tokens (shared ones
 # included), the KV of the cached ones after the shared prefix.
 Start = tuple["SharedPrefix | None", int, "torch.Tensor | None"]
-# The engine that runs the blocks (``hf.HFEngine``: it imports this module, not the reverse).
-HFEngine = Any
+
+
+class PromptRunner(Protocol):
+    """What the prompt side asks of the runner that runs its blocks (``HFEngine``, which
+    imports this module, not the reverse)."""
+
+    device: str
+    model: Any
+    pad_token_id: int
+    prefix_cache: PrefixCache | None
+
+    def cached_start(self, seq: Sequence) -> Start:
+        """Where ``seq``'s row starts: a shared prefix, its cached tokens, their own KV."""
+
+    def new_row(self, seq: Sequence) -> Row:
+        """A newcomer's row (its sampler)."""
+
+    def claim(self, seq: Sequence) -> Claim | None:
+        """The row's claim on its prompt's blocks, which newcomers may share while it runs."""
+
+    def remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
+        """Put a just-prefilled prompt's full blocks in the prefix cache."""
+
+    def buckets(self, batches: list[HFBatch]) -> Buckets:
+        """Newly complete rows as the decoding rows hold them."""
 
 
 class WholePrompts:
@@ -40,16 +64,16 @@ class WholePrompts:
     reads ``[pad | cached | pad | rest]``, the mask hides both pads and ``position_ids``
     continue from the cached length."""
 
-    def __init__(self, engine: HFEngine, seqs: list[Sequence]) -> None:
+    def __init__(self, engine: PromptRunner, seqs: list[Sequence]) -> None:
         self.engine, self.seqs = engine, seqs
-        self.starts = [engine._cached_start(s) for s in seqs]
+        self.starts = [engine.cached_start(s) for s in seqs]
         lots: dict[int, list[int]] = {}  # the rows after each shared prefix, in the plan's order
         for i, (shared, _, _) in enumerate(self.starts):
             lots.setdefault(id(shared), []).append(i)
         self.lots = list(lots.values())
         self.order = [i for rows in self.lots for i in rows]
         self.blocks = [self._block([seqs[i] for i in rows], [self.starts[i] for i in rows]) for rows in self.lots]
-        self.rows: list[Row] = [engine._row(seqs[i]) for i in self.order]
+        self.rows: list[Row] = [engine.new_row(seqs[i]) for i in self.order]
         self.echo = any(s.params.prompt_logprobs is not None for s in seqs)
 
     def _block(self, seqs: list[Sequence], starts: list[Start]) -> ragged.Block:
@@ -81,7 +105,7 @@ class WholePrompts:
         first = 0
         for rows, block in zip(self.lots, self.blocks, strict=True):
             for row, i in enumerate(rows):
-                engine._remember(seqs[i].prompt_ids, self.starts[i], block, row)
+                engine.remember(seqs[i].prompt_ids, self.starts[i], block, row)
                 prompt = seqs[i].prompt_ids
                 if every and seqs[i].params.prompt_logprobs is not None:
                     own = logits[first : first + block.tokens].unflatten(0, block.ids.shape)[row, -len(prompt):]
@@ -93,7 +117,7 @@ class WholePrompts:
             rows, tokens = self.rows[at : at + len(lot)], [o.tokens for o in sampled[at : at + len(lot)]]
             at += len(lot)
             for row, i, t in zip(rows, lot, tokens, strict=True):
-                row.claim = engine._claim(seqs[i])
+                row.claim = engine.claim(seqs[i])
                 row.feed = t if len(t) > 1 else None
             batches.append(HFBatch(
                 rows=rows,
@@ -108,7 +132,7 @@ class WholePrompts:
         sampled = [sampled[back[i]] for i in range(len(seqs))]
         for i, records in echoed.items():
             sampled[i].prompt_logprobs = records
-        return sampled, engine._buckets(batches), {}
+        return sampled, engine.buckets(batches), {}
 
 
 class PromptChunk:
@@ -119,12 +143,12 @@ class PromptChunk:
 
     echo = False  # a request for its prompt's logprobs is never chunked
 
-    def __init__(self, engine: HFEngine, seq: Sequence, partial: HFBatch | None, budget: int) -> None:
+    def __init__(self, engine: PromptRunner, seq: Sequence, partial: HFBatch | None, budget: int) -> None:
         self.engine, self.seq, self.partial = engine, seq, partial
         prompt = seq.prompt_ids
-        self.rows = partial.rows if partial is not None else [engine._row(seq)]
+        self.rows = partial.rows if partial is not None else [engine.new_row(seq)]
         if partial is None:
-            shared, done, kv = engine._cached_start(seq)
+            shared, done, kv = engine.cached_start(seq)
             offset = shared.length if shared is not None else 0
             config = engine.model.config
             cache = kv_cache.with_past(config, [kv], done - offset) if done > offset else kv_cache.new_cache(config)
@@ -153,7 +177,7 @@ class PromptChunk:
         sampled = sample(last, [r.sampler for r in self.rows]) if complete else [RowOutput(computed=end)]
         row = self.rows[0]
         if self.partial is None:
-            row.claim = engine._claim(seq)
+            row.claim = engine.claim(seq)
         tokens = sampled[0].tokens
         row.feed = tokens if len(tokens) > 1 else None
         row = HFBatch(
@@ -165,11 +189,11 @@ class PromptChunk:
             shared=shared,
         )
         if complete:
-            return sampled, engine._buckets([row]), {}
+            return sampled, engine.buckets([row]), {}
         return sampled, None, {seq.id: row}
 
 
-def prompt_work(engine: HFEngine, seqs: list[Sequence], num_scheduled: list[int],
+def prompt_work(engine: PromptRunner, seqs: list[Sequence], num_scheduled: list[int],
                 partial: dict[str, HFBatch]) -> tuple[WholePrompts | PromptChunk, dict[str, Any]]:
     """The prompt tokens ``num_scheduled`` asks of ``seqs``: whole prompts, or a long prompt
     alone, a chunk at a time; and the rows of ``partial`` this step does not continue."""
