@@ -63,7 +63,7 @@ BLOCK = 16  # outputs a block of the kernel's layout
 CHUNK_ROWS = 1024  # rows ``from_rows`` quantizes at a time: whole blocks, ~4 MB of float32 at a 1k width
 
 # ``rows(first, stop)``: a weight's float rows ``first:stop``, read from a checkpoint, say.
-Rows = Callable[[int, int], torch.Tensor]
+RowReader = Callable[[int, int], torch.Tensor]
 
 
 def row_chunks(n: int) -> Iterator[tuple[int, int]]:
@@ -156,7 +156,7 @@ class Int4Linear(KernelLinear):
         return cls(*quantize(weight), bias)
 
     @classmethod
-    def from_rows(cls, rows: Rows, shape: tuple[int, int], bias: torch.Tensor | None) -> Int4Linear:
+    def from_rows(cls, rows: RowReader, shape: tuple[int, int], bias: torch.Tensor | None) -> Int4Linear:
         """``from_weight`` of the ``[N, K]`` weight that ``rows`` gives a chunk at a time: its
         float copy is never whole (a real vocabulary's output head is 545 MB in float32 for
         Qwen2.5-0.5B, 2.1 GB for Llama-3.1-8B; its int4 is an eighth of that)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import kernels, weight_arena
-from .int4_linear import GROUP, Int4Linears, KernelLinear, Rows, own_bias, row_chunks
+from .int4_linear import GROUP, Int4Linears, KernelLinear, RowReader, own_bias, row_chunks
 
 BLOCK = 16  # outputs a block
 
@@ -65,7 +65,7 @@ class Q8Linear(KernelLinear):
         return cls(*quantize(weight), weight.shape[0], weight.shape[1], bias)
 
     @classmethod
-    def from_rows(cls, rows: Rows, shape: tuple[int, int], bias: torch.Tensor | None) -> Q8Linear:
+    def from_rows(cls, rows: RowReader, shape: tuple[int, int], bias: torch.Tensor | None) -> Q8Linear:
         """``from_weight`` of the ``[N, K]`` weight that ``rows`` gives a chunk at a time (its
         float copy is never whole). A chunk is whole blocks of 16 outputs, so its blocks are the
         weight's blocks at the chunk's offset."""

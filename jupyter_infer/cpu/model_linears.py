@@ -151,7 +151,7 @@ class _Formats(Mapping):
 QUANTIZED = _Formats()
 
 
-def from_rows(quantize: str) -> Callable[[int4_linear.Rows, tuple[int, int], torch.Tensor | None], nn.Module] | None:
+def from_rows(quantize: str) -> Callable[[int4_linear.RowReader, tuple[int, int], torch.Tensor | None], nn.Module] | None:
     """What builds a linear in ``quantize``'s format from its weight's rows, a chunk at a time
     (``Int4Linear.from_rows``); None where the format takes the whole weight at once (float,
     fbgemm's int8)."""

@@ -156,14 +156,13 @@ class Engine(abc.ABC):
         new = ([plan.seqs[i] for i in prompts], [plan.num_scheduled[i] for i in prompts])
         if not plan.decoding:
             return self.prefill(*new)
-        batch = self.rows.decoding
+        held = self.rows.decoding.ids if self.rows.decoding is not None else []
         at = {plan.seqs[i].id: i for i in plan.decoding}
-        if batch is None or sorted(batch.ids) != sorted(at):
-            raise RuntimeError(f"the plan's decoding rows {sorted(at)} are not the engine's "
-                               f"{sorted(batch.ids) if batch is not None else []}")
         # The batch's order is the engine's (length buckets; rows resumed while a prompt was
         # part-way): decode sees its rows in it, the answer comes in the plan's.
-        order = [at[i] for i in batch.ids]  # before the step: newcomers join the batch
+        order = [at.get(i, -1) for i in held]  # before the step: newcomers join the batch
+        if len(order) != len(at) or -1 in order:
+            raise RuntimeError(f"the plan's decoding rows {sorted(at)} are not the engine's {sorted(held)}")
         decoding = [plan.seqs[i] for i in order]
         guesses = {plan.seqs[i].id: k for i, k in enumerate(plan.guesses) if k}
         if not prompts:

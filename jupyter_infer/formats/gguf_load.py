@@ -35,7 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from transformers.pytorch_utils import Conv1D
 
 from ..cpu import kernels
-from ..cpu.int4_linear import Int4Linear, Rows
+from ..cpu.int4_linear import Int4Linear, RowReader
 from ..cpu.int8_embedding import quantize_input_embedding
 from ..cpu.model_linears import (
     QUANTIZED,
@@ -267,7 +267,7 @@ def _as_float(raw: np.ndarray, kind: str, rows: int) -> np.ndarray:
     return dequantize(raw.reshape(rows, -1), GGMLQuantizationType[kind]).astype(np.float32)
 
 
-def _rows(path: Path, tensor: _Tensor) -> Rows:
+def _rows(path: Path, tensor: _Tensor) -> RowReader:
     """A vocabulary table's float32 rows ``first:stop``, read and dequantized on demand."""
     row = tensor.size // tensor.shape[0]  # whole blocks a row: a row's width is whole blocks
 

@@ -149,11 +149,13 @@ class Scheduler:
     def _released(self) -> list[str]:
         """The rows the engine holds that left since the last plan: every one but the running
         rows it has begun and the parked (whose KV stays). Their speculation state goes too."""
+        begun = sum(1 for s in self.running if s.num_computed)
+        if len(self._held) == begun + len(self.parked):  # every row it holds is still live
+            return []
         live = {s.id for s in self.running if s.num_computed} | {s.id for s in self.parked}
         gone = sorted(self._held - live)
-        if gone:
-            self._held -= set(gone)
-            self.guesses.forget(gone)
+        self._held -= set(gone)
+        self.guesses.forget(gone)
         return gone
 
     def _prefill_work(self, now: float, decoding: list[Sequence]) -> tuple[list[Sequence], float | None]:

@@ -30,7 +30,9 @@ BLOCK_TOKENS = 16
 
 
 @dataclass
-class Block:
+class CachedBlock:
+    """One full block of a prompt in the cache: its chain key, tokens and KV."""
+
     key: bytes
     tokens: tuple[int, ...]
     kv: torch.Tensor  # [layers, 2 (keys, values), kv heads, BLOCK_TOKENS, head dim]
@@ -54,7 +56,7 @@ class PrefixCache:
     def __init__(self, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS) -> None:
         self.capacity_bytes = capacity_bytes
         self.block_tokens = block_tokens
-        self._blocks: OrderedDict[bytes, Block] = OrderedDict()
+        self._blocks: OrderedDict[bytes, CachedBlock] = OrderedDict()
         self.used_bytes = 0
         self.hits = 0  # lookups that reused at least one block
         self.misses = 0
@@ -69,7 +71,7 @@ class PrefixCache:
         (its logits give the first new token): its length and its KV, ``[layers, 2, heads,
         length, dim]``, a fresh tensor the caller may keep."""
         usable = (len(tokens) - 1) // self.block_tokens
-        found: list[Block] = []
+        found: list[CachedBlock] = []
         for i, key in enumerate(chain_keys(tokens, usable, self.block_tokens)):
             block = self._blocks.get(key)
             if block is None or block.tokens != tuple(tokens[i * self.block_tokens : (i + 1) * self.block_tokens]):
@@ -89,12 +91,12 @@ class PrefixCache:
         ``kv_of(start, end)`` gives the KV of tokens ``start..end-1`` (``[layers, 2, heads,
         end - start, dim]``); it is asked only for blocks not stored yet."""
         n = self.block_tokens
-        chain: list[Block] = []
+        chain: list[CachedBlock] = []
         for i, key in enumerate(chain_keys(tokens, length // n, n)):
             block = self._blocks.get(key)
             if block is None:
                 kv = kv_of(i * n, (i + 1) * n).contiguous()
-                block = Block(key, tuple(tokens[i * n : (i + 1) * n]), kv)
+                block = CachedBlock(key, tuple(tokens[i * n : (i + 1) * n]), kv)
                 self._blocks[key] = block
                 self.used_bytes += kv.numel() * kv.element_size()
             chain.append(block)
@@ -123,7 +125,7 @@ class PrefixCache:
             "evicted_blocks": self.evicted_blocks,
         }
 
-    def _touch(self, chain: list[Block]) -> None:
+    def _touch(self, chain: list[CachedBlock]) -> None:
         """Most recent: the root last, so eviction takes leaves before the prefixes they extend."""
         for block in reversed(chain):
             self._blocks.move_to_end(block.key)
