@@ -91,8 +91,9 @@ class EngineLoop(RequestLoop):
             request = replace(request, prompt=await off_loop(engine.detokenize, prompt_ids, size=len(prompt_ids)))
         else:
             if request.messages is not None:
-                prompt, constraint = await render_prompt(engine, request)
-                request = replace(request, prompt=prompt, params=replace(request.params, constraint=constraint))
+                prompt, constraint, opened = await render_prompt(engine, request)
+                request = replace(request, prompt=prompt, params=replace(request.params, constraint=constraint),
+                                  opened_reasoning=opened)
             prompt_ids = await off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
         if self.check_model:

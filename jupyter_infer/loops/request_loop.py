@@ -153,7 +153,7 @@ class RequestLoop(abc.ABC):
     def submit(self, seq: Sequence) -> RequestStream:
         """Queue a prepared sequence (the loop must be ready); raises ``QueueFull``."""
         stream = RequestStream(seq.id, self.cancel, seq.prompt_ids)
-        stream.record = seq.record
+        stream.record, stream.opened_reasoning = seq.record, seq.request.opened_reasoning
         constraint = seq.request.params.constraint
         if constraint is not None and constraint.kind == "tools":
             stream.tool_format = self.tool_format()

@@ -33,18 +33,20 @@ def text_size(messages: list[dict[str, str]]) -> int:
     return sum(len(m["content"]) for m in messages)
 
 
-async def render_prompt(engine: Engine, request: Request) -> tuple[str, Constraint | None]:
+async def render_prompt(engine: Engine, request: Request) -> tuple[str, Constraint | None, bool]:
     """A chat request's prompt as ``engine``'s model reads it (its chat template, with the
-    tools where the template renders them), and the request's constraint with tool calls in
-    the model's format, applied after the reasoning section of a model that reasons."""
+    tools where the template renders them), the request's constraint with tool calls in the
+    model's format, applied after the reasoning section of a model that reasons, and whether
+    the prompt opened that section (decided here, once: the answer's split reads it)."""
     messages, tools, constraint = chat_for_model(request, engine.tool_format, engine.renders_tools,
                                                  engine.tool_specials)
     render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs, tools=tools)
     size = text_size(messages) + (len(constraint.spec) if tools and constraint else 0)
     prompt = await off_loop(render, messages, size=size)
+    opened = engine.info.reasoning and opens_reasoning(prompt[-64:])
     if constraint is not None and engine.info.reasoning:
-        constraint = replace(constraint, after_reasoning="open" if opens_reasoning(prompt[-64:]) else "may")
-    return prompt, constraint
+        constraint = replace(constraint, after_reasoning="open" if opened else "may")
+    return prompt, constraint, opened
 
 
 async def off_loop(fn: Callable[[Any], T], arg: Any, *, size: int) -> T:

@@ -19,7 +19,7 @@ from ..values.metrics import wall
 from ..values.request import RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
 from ..wire import openai_answers, openai_requests
-from ..wire.reasoning import ReasoningSplitter, opens_reasoning
+from ..wire.reasoning import ReasoningSplitter
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .sse import format_event
 
@@ -73,7 +73,7 @@ class OpenAIHandler(InferHandler):
             self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
         streams = await self.submit_all(call.requests)
         call.model = streams[0].model or call.model  # behind a router: the model that serves it
-        reasoning = self._opened_reasoning(streams) if chat and info.reasoning else None
+        reasoning = [s.opened_reasoning for s in streams] if chat and info.reasoning else None
         shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts, reasoning,
                                       [s.tool_format for s in streams])
         if call.stream:
@@ -90,10 +90,6 @@ class OpenAIHandler(InferHandler):
             for stream, choice in zip(streams, answer["choices"], strict=True):
                 _record_calls(stream, choice["finish_reason"])
             self.finish(answer)
-
-    def _opened_reasoning(self, streams: list[RequestStream]) -> list[bool]:
-        """Per choice, whether its prompt opened the reasoning section (its last tokens' text)."""
-        return [opens_reasoning("".join(self.service.token_texts(list(s.prompt_ids[-4:])))) for s in streams]
 
     async def _stream_choices(
         self, streams: list[RequestStream], call: openai_requests.OpenAIRequest, shape: openai_answers.Shaper,

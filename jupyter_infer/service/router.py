@@ -134,7 +134,7 @@ class RouterService:
             route = self._fell_back(request, decision, err)
             inner = await self._attempt(route, request)
         outer = RequestStream(request.id, self.cancel)
-        outer.route, outer.model, outer.tool_format, outer.record = route, inner.model, inner.tool_format, inner.record
+        outer.follow(inner, route)
         self._live[request.id] = route
         task = asyncio.get_running_loop().create_task(
             self._relay(outer, inner, request, decision, route), name=f"jupyter-infer-route-{request.id}"
@@ -189,8 +189,7 @@ class RouterService:
                         return
                     finally:
                         self._moving.discard(request.id)
-                    outer.route, outer.model, outer.tool_format = route, inner.model, inner.tool_format
-                    outer.record = inner.record
+                    outer.follow(inner, route)
                     self._live[request.id] = route
                     if request.id in self._cancelled:  # cancelled on the way
                         inner.cancel()

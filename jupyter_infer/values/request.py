@@ -157,6 +157,9 @@ class Request:
     prompt_ids: list[int] | None = None
     priority: int = 0
     model: str | None = None  # the model (or router backend) the caller named; None: any
+    # A rendered chat's prompt opened a reasoning model's <think> section (set where the chat
+    # is rendered: loops/tokenizing.render_prompt; the answer's split reads it).
+    opened_reasoning: bool = False
     # Who sent it: the Jupyter (or JupyterHub) user the handler authenticated; "local" in a
     # kernel. What fair sharing and per-user views go by.
     owner: str = "local"

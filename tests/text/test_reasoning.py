@@ -25,11 +25,16 @@ QWEN3_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\
                   "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
 R1_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}{# ...</think> #}")
-SHAPES = {"qwen3": QWEN3_TEMPLATE, "r1": R1_TEMPLATE}  # the model opens the section, or its template does
+# R1's, with blank lines after the opening: the prompt's last tokens are newlines (the section
+# was once judged open from the last four tokens' text, and so read as closed here).
+R1_BLANK_TEMPLATE = R1_TEMPLATE.replace("<think>\n", "<think>" + "\n" * 6)
+# The model opens the section, or its template does.
+SHAPES = {"qwen3": QWEN3_TEMPLATE, "r1": R1_TEMPLATE, "r1_blank": R1_BLANK_TEMPLATE}
 ANSWER = r"[A-Z][a-z]{2,6}"  # what the constraint asks of the answer after its section
 # With the split off, a constraint applies from the first token: it spells the section out.
 SPELLED = {"qwen3": r"<think>[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}",
-           "r1": r"[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}"}
+           "r1": r"[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}",
+           "r1_blank": r"[a-z]{2,6} [a-z]{2,6}</think>\n[A-Z][a-z]{2,6}"}
 
 
 def reasoning_model(source: Path, folder: Path, template: str) -> Path:
