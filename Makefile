@@ -37,11 +37,11 @@ tools: $(STAMP)
 test: $(STAMP) tools
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
-	$(BIN)/jupyter infer bench
+bench: $(STAMP)  ## ours against the other servers and libraries (benchmarks/; `jupyter infer bench`: ours alone)
+	$(BIN)/python -m benchmarks
 
 lint: $(STAMP)
-	$(BIN)/ruff check jupyter_infer tests
+	$(BIN)/ruff check jupyter_infer tests benchmarks
 
 clean:
 	rm -rf $(VENV) .venv-tools

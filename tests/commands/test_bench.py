@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_infer.commands.bench import cpu, structured
+from benchmarks import cpu
+from benchmarks.__main__ import main as peer_bench
+from jupyter_infer.commands.bench import structured
 from jupyter_infer.commands.bench import workloads as wl
 from jupyter_infer.commands.bench.report import evaluate_targets, format_tables, format_targets
 from jupyter_infer.commands.cli import main
@@ -83,7 +85,7 @@ def test_targets_are_ratios_within_the_run() -> None:
     assert ttft["ratio"] == pytest.approx(0.3) and ttft["met"] is False
     assert all(t["met"] is None for t in evaluate_targets(results) if t["workload"] in ("mixed", "http"))
     text = format_targets(results)
-    assert "MISSED" in text and "met" in text and "n/a" in text
+    assert "MISSED" in text and "met" in text and "did not measure" in text  # mixed, http: none of theirs ran
     assert "x seq" in format_tables(results)
 
 
@@ -148,7 +150,7 @@ def test_the_gguf_converter_learns_our_models(tmp_path: Path, layout: str) -> No
 def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "bench"
-    code = main(["bench", "--quick", "--model", str(tiny_model_dir), "--out", str(out_dir)])
+    code = peer_bench(["--quick", "--model", str(tiny_model_dir), "--out", str(out_dir)])
     out = capsys.readouterr().out
     assert code == 0, out
     for label in LABELS:
@@ -223,6 +225,24 @@ def test_bench_quick_runs_every_contender(tiny_model_dir: Path, tmp_path: Path,
     earlier = [t for t in results["targets"] if not t["workload"].startswith(("cpu_", "real_"))]
     assert len(earlier) == 23 and all(t["ratio"] is not None for t in earlier)
     assert (out_dir / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_jupyter_infer_bench_measures_ours_and_leaves_the_others_to_the_repository(
+        tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The wheel's bench runs our contenders and our ceiling; the other servers and libraries
+    (and their options) are benchmarks/' (``python -m benchmarks``)."""
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert "--llama-server" not in capsys.readouterr().out
+    out_dir = tmp_path / "ours"
+    assert main(["bench", "--quick", "--only", "burst", "mixed", "--model", str(tiny_model_dir),
+                 "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    workloads = json.loads((out_dir / "results.json").read_text())["workloads"]
+    for name in ("burst", "mixed"):
+        assert set(workloads[name]["contenders"]) == {"window", "continuous", "ceiling"}, name
+    assert "met" in out and "python -m benchmarks" in out and "not measured" not in out
 
 
 def test_structured_pieces_rename_validate_and_pick_finished_answers() -> None:
@@ -319,8 +339,8 @@ def test_one_at_a_time_prompts_are_new_every_round_and_the_same_for_every_conten
     """A server that remembers what it saw across requests (llama-server's ngram-mod keeps its
     n-gram table) must not be timed on answers it has seen: the warm-up and every round of the
     one-at-a-time workloads send new prompts, the same to every contender in a round."""
+    from benchmarks.cpu import workloads
     from jupyter_infer.commands.bench.contenders import Contender, Run
-    from jupyter_infer.commands.bench.cpu import workloads
     from jupyter_infer.commands.bench.rounds import measure_rounds
 
     class Recorder(Contender):

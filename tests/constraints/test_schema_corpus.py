@@ -70,7 +70,7 @@ def test_the_hostile_cases_are_there() -> None:
 def test_llguidance_compiles_the_corpus(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from jupyter_infer.commands.bench.grammar_libs import LLGuidance, run_schema
+    from benchmarks.grammar_libs import LLGuidance, run_schema
 
     lib = LLGuidance(AutoTokenizer.from_pretrained(tiny_model_dir))
     results = {name: run_schema(lib, schema, 4) for name, schema in corpus()}

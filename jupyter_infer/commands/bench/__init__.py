@@ -1,21 +1,19 @@
-"""``jupyter infer bench``: our batching against the alternatives, in one run, side by side.
+"""``jupyter infer bench``: ours, measured, in one run: our scheduler's modes and features
+against each other and against our own ceiling (bare decode steps, no scheduling).
 
-Contenders, on the same model, prompts and machine: sequential ``model.generate``, one
-padded batched ``generate`` (static batching), our ``window`` and ``continuous`` modes
-(in-process scheduler over the hf engine), transformers' built-in continuous batching,
-and the ceiling (bare decode steps, no scheduling). Workloads: (a) burst, (b) mixed output
-lengths, (c) open-loop Poisson arrivals at ~70 % of capacity, (d) the burst over HTTP
-(our server, ``transformers serve``, llama.cpp's ``llama-server`` when there is one),
-(e) agents sharing a system prompt (with and without our prefix cache), (f) a long prompt
-arriving while streams run (with and without chunked prefill), (g) the CPU forward pass:
-our servers by linear kernels and precision against ``llama-server`` by GGUF type, a burst
-and one request at a time, with each variant's greedy agreement and perplexity, (i) structured outputs:
-schema-constrained answers' validity over a corpus of JSON schemas, their throughput against
-unconstrained (fast-forward off and on), and a new schema's TTFT. Each is warmed up, then
-repeated (median of ``--repeats``); the tables, ratios and the issues' targets are printed,
-and written as JSON and a PNG chart.
+Workloads: (a) burst, (b) mixed output lengths, (c) open-loop Poisson arrivals at ~70 % of
+capacity, (d) the burst over HTTP (our server: SSE and OpenAI completions), (e) agents sharing
+a system prompt (with and without our prefix cache), (f) a long prompt arriving while streams
+run (with and without chunked prefill), (h) mixed lengths, (i) structured outputs: validity
+over a corpus of JSON schemas, throughput against unconstrained (fast-forward off and on), a
+new schema's TTFT, (j) users (fair share on and off). Each is warmed up, then repeated
+(median of ``--repeats``); the tables, ratios and targets are printed, and written as JSON and
+a PNG chart.
 
-See ``docs/benchmark.md`` for how to read and reproduce the results.
+The comparisons against other servers and libraries (``generate``, transformers' continuous
+batching and ``transformers serve``, llama.cpp's ``llama-server``, [g] the CPU forward pass)
+are the repository's ``benchmarks/`` (``python -m benchmarks``, ``make bench``), which runs
+this suite with them beside ours. See ``docs/benchmark.md``.
 """
 
 from __future__ import annotations
@@ -23,10 +21,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+WORKLOADS = ("burst", "mixed", "open", "agents", "interference", "lengths", "structured", "users", "http")
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+def add_arguments(parser: argparse.ArgumentParser, workloads: tuple[str, ...] = WORKLOADS) -> None:
     parser.add_argument("--model", help="a local model folder or hub id (default: the locally built 'small' "
                         "GPT-2-shaped model; 'tiny' with --quick)")
     parser.add_argument("--quick", action="store_true",
@@ -40,9 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the models run (default cpu; the HTTP contender follows)")
     parser.add_argument("--max-batch-size", type=int, default=32,
                         help="batch capacity for every batching contender (default 32)")
-    parser.add_argument("--only", nargs="+", choices=("burst", "mixed", "open", "agents", "interference", "lengths",
-                                                   "structured", "users", "http", "cpu"),
+    parser.add_argument("--only", nargs="+", choices=workloads,
                         help="run only these workloads (the burst always runs when open or http do)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the open-loop arrivals")
+
+
+def add_peer_arguments(parser: argparse.ArgumentParser) -> None:
+    """The other servers' options (``benchmarks/``)."""
     parser.add_argument("--gguf", help="llama-server's GGUF of the model (default: MODEL/model.gguf); the "
                         "llama-server contender runs when this file exists and llama-server is on PATH")
     parser.add_argument("--llama-server", metavar="PATH",
@@ -56,10 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--real-model", metavar="DIR",
                         help="[g]'s real-size model (default: the locally built '0.5b', Qwen2.5-0.5B's shape; "
                         "'llama-tiny' with --quick)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the open-loop arrivals")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, suite: type | None = None,
+        more_tables: Callable[[dict], str] | None = None) -> int:
+    """Run ``suite`` (``Suite``: ours) as ``args`` say; ``more_tables`` prints what a
+    section of its own measured."""
     # Never reach for a model hub: the default model is built locally.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -72,19 +79,18 @@ def run(args: argparse.Namespace) -> int:
     if repeats < 1:
         print("error: --repeats must be at least 1", file=sys.stderr)
         return 2
+    peers = {k: getattr(args, k, None) for k in ("gguf", "llama_server", "gguf_converter", "llama_quantize",
+                                                 "real_model")}
+    workloads = parser_workloads(args)
     config = BenchConfig(
         model=args.model, quick=args.quick, repeats=repeats, num_threads=args.threads, dtype=args.dtype,
-        device=args.device, max_batch_size=args.max_batch_size, seed=args.seed, gguf=args.gguf,
-        llama_server=args.llama_server, gguf_converter=args.gguf_converter, llama_quantize=args.llama_quantize,
-        real_model=args.real_model,
-        workloads=tuple(args.only) if args.only else BenchConfig.workloads, out=args.out,
+        device=args.device, max_batch_size=args.max_batch_size, seed=args.seed, **peers,
+        workloads=tuple(args.only) if args.only else workloads, out=args.out,
     )
-    results = Suite(config, log=lambda line: print(line, flush=True)).run()
+    results = (suite or Suite)(config, log=lambda line: print(line, flush=True)).run()
     print(format_tables(results))
-    if "cpu_quality" in results:
-        from .cpu import format_quality
-
-        print(format_quality(results["cpu_quality"]))
+    if more_tables is not None:
+        print(more_tables(results))
     print(format_targets(results))
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(results, args.out / "results.json")
@@ -95,3 +101,8 @@ def run(args: argparse.Namespace) -> int:
         chart = " (no chart: pip install matplotlib, or the project's [bench] extra)"
     print(f"\nwrote {args.out / 'results.json'}{chart}  ({results['meta']['duration_s']:.0f} s in all)")
     return 0
+
+
+def parser_workloads(args: argparse.Namespace) -> tuple[str, ...]:
+    """Every workload the command offers (its parser's ``--only`` choices)."""
+    return tuple(getattr(args, "workloads", WORKLOADS))

@@ -7,10 +7,11 @@ decoding; EOS never ends a request early (``min_new_tokens`` for ``generate``,
 ``eos_token_id=-1`` for transformers' manager, an empty EOS set for our engine).
 
 This module holds what they have in common: the ``Contender`` calls, the ``Run`` each timed
-run returns, and the fresh thread each runs in. The contenders themselves, by kind:
-``baselines`` (``generate`` one at a time, one padded batch, the bare decode-step ceiling),
-``ours`` (our scheduler in-process and our server over HTTP), ``hf_continuous``
-(transformers' continuous batching manager) and ``peers`` (other servers over HTTP).
+run returns, and the fresh thread each runs in. The contenders themselves, by kind: ``ours``
+(our scheduler in-process and our server over HTTP), ``ceiling`` (bare decode steps) and
+``completions`` (any OpenAI server, ours included, over HTTP); the repository's
+``benchmarks/`` adds ``generate`` (one at a time, one padded batch), transformers' continuous
+batching manager and the other servers.
 """
 
 from __future__ import annotations

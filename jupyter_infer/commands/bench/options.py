@@ -20,7 +20,8 @@ class BenchConfig:
     max_batch_size: int = 32
     seed: int = 0
     workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "lengths", "structured", "users",
-                                  "http", "cpu")
+                                  "http")  # benchmarks/ adds "cpu"
+    # The other servers (benchmarks/): where they and their files are.
     gguf: str | None = None  # llama-server's model; None: <model>/model.gguf if there
     llama_server: str | None = None  # the llama-server binary; None: the one on PATH, if any
     gguf_converter: str | None = None  # llama.cpp's convert_hf_to_gguf.py, to make missing GGUFs

@@ -1,4 +1,11 @@
-"""One benchmark run: every contender on every workload, repeated, interleaved, summarized."""
+"""One benchmark run: every contender on every workload, repeated, interleaved, summarized.
+
+``jupyter infer bench`` measures ours: our scheduler in-process (window, continuous, and the
+features on and off), our server over HTTP, against our own ceiling (bare decode steps). The
+other servers and libraries (``generate``, transformers' continuous batching and ``serve``,
+llama.cpp) are the repository's ``benchmarks/`` (``python -m benchmarks``, ``make bench``):
+it adds them through ``peers`` and ``start_http_peers``, and its own sections, to the same run.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import workloads as wl
-from .baselines import DecodeCeiling, Sequential, StaticBatch
+from .ceiling import DecodeCeiling
+from .completions import CompletionsPeer
 from .contenders import Contender, in_fresh_thread
-from .hf_continuous import TransformersContinuous
 from .options import BenchConfig
 from .ours import LengthsApart, OurScheduler, OverHTTP, StandalonePrefill
 from .rounds import measure_rounds
@@ -64,8 +70,16 @@ class Suite:
             ({"structured"}, self._measure_structured),
             ({"users"}, self._measure_users),
             ({"http"}, self._measure_http),
-            ({"cpu"}, self._measure_cpu),
         )
+
+    # -- the other servers and libraries (benchmarks/ fills these in) ------------------------------
+    def peers(self, section: str, setup: Setup, rows: int, longest: int) -> list[Contender]:
+        """Contenders beside ours in ``section`` ("batching", "agents", "lengths"), for ``rows``
+        rows of at most ``longest`` tokens; the caller closes them. Here: none."""
+        return []
+
+    def start_http_peers(self, setup: Setup, contenders: list[Contender], notes: list[str]) -> None:
+        """Start other servers into ``contenders`` for the HTTP section. Here: none."""
 
     # -- plumbing -----------------------------------------------------------------------------
     def _model_dir(self) -> str:
@@ -132,11 +146,8 @@ class Suite:
         mixed = wl.mixed(setup.count, *sizes["mixed"])
         longest = max(setup.count(a.prompt) for a in mixed.arrivals) + max(sizes["mixed"][1])
         ours = {m: OurScheduler(engine, m, cfg.max_batch_size) for m in ("window", "continuous")}
-        hf_cb = in_fresh_thread(lambda: TransformersContinuous(
-            setup.model_dir, engine.tokenize, engine.model.dtype, cfg.max_batch_size, longest, device=engine.device))
-        self.results["meta"]["hf_cb_cache"] = hf_cb.cache_config
-        contenders: list[Contender] = [Sequential(engine), StaticBatch(engine), ours["window"], ours["continuous"],
-                                       hf_cb, DecodeCeiling(engine)]
+        others = self.peers("batching", setup, cfg.max_batch_size, longest)
+        contenders: list[Contender] = [ours["window"], ours["continuous"], *others, DecodeCeiling(engine)]
         try:
             if {"burst", "open", "http"} & set(cfg.workloads):  # open and http build on the burst
                 self.log(f"\n[a] burst: {setup.burst.description}")
@@ -144,10 +155,12 @@ class Suite:
             if "mixed" in cfg.workloads:
                 self.log(f"\n[b] mixed: {mixed.description}")
                 self._measure(mixed, contenders)
-            if "open" in cfg.workloads:
-                self._measure_open_loop(setup, [ours["window"], ours["continuous"], hf_cb])
+            if "open" in cfg.workloads:  # the contenders that take requests as they come
+                self._measure_open_loop(setup, [ours["window"], ours["continuous"],
+                                                *(c for c in others if not c.closed_only)])
         finally:
-            hf_cb.close()
+            for other in others:
+                other.close()
 
     def _measure_open_loop(self, setup: Setup, contenders: list[Contender]) -> None:
         """[c]: Poisson arrivals at ``OPEN_LOOP_LOAD`` of the capacity the burst measured."""
@@ -171,19 +184,17 @@ class Suite:
         agents = wl.agents(setup.count, *cfg.sizes["agents"])
         self.log(f"\n[e] agents: {agents.description}")
         longest = max(setup.count(a.prompt) for a in agents.requests) + cfg.sizes["agents"][2]
-        # Its paged cache holds what the agents can hold at once, no more (memory).
-        hf_share = in_fresh_thread(lambda: TransformersContinuous(
-            setup.model_dir, engine.tokenize, engine.model.dtype, len(agents.chains), longest, device=engine.device,
-            block_sharing=True))
+        others = self.peers("agents", setup, len(agents.chains), longest)
         try:
             self._measure(agents, [
                 OurScheduler(engine, "continuous", cfg.max_batch_size, label="ours: prefix cache"),
                 OurScheduler(engine, "continuous", cfg.max_batch_size, name="no_cache",
                              label="ours: no prefix cache", prefix_cache_mb=0),
-                hf_share,
+                *others,
             ])
         finally:
-            hf_share.close()
+            for other in others:
+                other.close()
 
     def _measure_interference(self, setup: Setup) -> None:
         """[f] a long prompt arriving while streams run: chunked prefill against whole."""
@@ -206,17 +217,16 @@ class Suite:
         lengths = wl.lengths(setup.count, *cfg.sizes["lengths"])
         self.log(f"\n[h] lengths: {lengths.description}")
         longest = max(setup.count(a.prompt) for a in lengths.arrivals) + cfg.sizes["lengths"][2]
-        # transformers' own answer to mixed lengths: its paged cache, ragged batches.
-        hf_cb = in_fresh_thread(lambda: TransformersContinuous(
-            setup.model_dir, engine.tokenize, engine.model.dtype, cfg.max_batch_size, longest, device=engine.device))
+        others = self.peers("lengths", setup, cfg.max_batch_size, longest)
         try:
             self._measure(lengths, [
                 OurScheduler(engine, "continuous", cfg.max_batch_size, prefix_cache_mb=0),
                 LengthsApart(engine, cfg.max_batch_size),
-                hf_cb,
+                *others,
             ])
         finally:
-            hf_cb.close()
+            for other in others:
+                other.close()
 
     def _measure_structured(self, setup: Setup) -> None:
         """[i] structured outputs (issue 19): validity over the schema corpus, constrained
@@ -237,8 +247,6 @@ class Suite:
 
     def _measure_http(self, setup: Setup) -> None:
         """[d] the burst over HTTP: our server (SSE and OpenAI completions) and the other servers."""
-        from .peers import CompletionsPeer
-
         cfg = self.config
         self.log(f"\n[d] over HTTP: the burst through a real jupyter server (engine hf, {setup.threads} threads), "
                  "and other servers on the same model")
@@ -258,35 +266,12 @@ class Suite:
             headers=server.server.headers, extra={"stream_options": {"include_usage": True}})]
         try:
             self.log(f"  ours: {server.server.url} ready in {server.startup_s:.1f} s")
-            self._start_http_peers(setup, contenders, notes)
+            self.start_http_peers(setup, contenders, notes)
             self._measure(wl.over_http(setup.burst), contenders)
         finally:
             for c in contenders:
                 c.close()
         self._finish_http(setup.burst, notes)
-
-    def _start_http_peers(self, setup: Setup, contenders: list[Contender], notes: list[str]) -> None:
-        """Start ``transformers serve`` and ``llama-server`` into ``contenders`` (closed by the
-        caller, even if a later one fails); a peer that cannot start is a note."""
-        from .peers import llama_server, transformers_serve
-
-        cfg, burst = self.config, setup.burst
-        longest = max(setup.count(a.prompt) + a.max_tokens for a in burst.arrivals)
-        gguf = cfg.gguf or str(Path(setup.model_dir) / "model.gguf")
-        peers = (("transformers serve", lambda: transformers_serve(
-                      setup.model_dir, setup.engine.device, cfg.dtype, setup.threads, len(burst.arrivals), longest,
-                      cfg.out / "transformers-serve.log")),
-                 ("llama-server", lambda: llama_server(gguf, setup.threads, len(burst.arrivals), longest * 2,
-                                                       cfg.out / "llama-server.log")))
-        for what, start in peers:
-            try:
-                peer = start()
-            except Exception as err:
-                notes.append(f"{what} not measured: {err}")
-                self.log(f"  {notes[-1]}")
-                continue
-            contenders.append(peer)
-            self.log(f"  {what}: {peer.base_url} ready in {peer.process.startup_s:.1f} s")
 
     def _finish_http(self, burst: wl.Workload, notes: list[str]) -> None:
         """The HTTP entry's notes, a note where a server stopped at EOS, and the in-process
@@ -299,12 +284,3 @@ class Suite:
                 # Over HTTP the server's EOS rule stands: throughput counts the tokens it did generate.
                 self.log(f"  note: {key}: the server stopped some rows at EOS: {tokens:.0f} of {burst.total_tokens} tokens")
         entry["contenders"]["continuous"] = self.results["workloads"]["burst"]["contenders"]["continuous"]
-
-    def _measure_cpu(self, setup: Setup) -> None:
-        """[g] the CPU forward pass against llama.cpp, and each variant's quality; then at a real size."""
-        from . import cpu, real_size
-
-        measured = cpu.measure(self.config, self.log, setup.model_dir, setup.threads, setup.count)
-        self.results["workloads"].update(measured.workloads)
-        self.results["cpu_quality"] = measured.quality
-        self.results["workloads"].update(real_size.measure(self.config, self.log, setup.threads))

@@ -7,7 +7,7 @@ lowest-id allowed token that is not EOS, unless only EOS is allowed), and covera
 compiled without error). The hostile cases run one per subprocess under a wall-clock limit,
 counted from when the child is ready (imports and tokenizer loaded).
 
-``python -m jupyter_infer.commands.bench.grammar_libs [--json out.json]`` (tiny, small, a 32k-token BPE);
+``python -m benchmarks.grammar_libs [--json out.json]`` (tiny, small, a 32k-token BPE);
 the results and the choice: ``docs/structured-outputs.md``, "Grammar library choice (measured)".
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .schemas import corpus, hostile
+from jupyter_infer.commands.bench.schemas import corpus, hostile
 
 LIBS = ("llguidance", "xgrammar", "xgrammar-strict")
 HOSTILE_LIBS = ("llguidance", "xgrammar")
@@ -248,9 +248,11 @@ def _child(lib_name: str, case: str, tokenizer_dir: str) -> None:
 def run_hostile_case(lib_name: str, case: str, tokenizer_dir: str, limit_s: float = HOSTILE_LIMIT_S) -> dict:
     """One hostile case in a child; the clock starts when the child says it is ready."""
     with tempfile.TemporaryFile("w+") as errors:
+        root = str(Path(__file__).resolve().parents[1])  # the child imports benchmarks.grammar_libs
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_infer.commands.bench.grammar_libs", "--child", lib_name, case, str(tokenizer_dir)],
-            stdout=subprocess.PIPE, stderr=errors, text=True)
+            [sys.executable, "-m", "benchmarks.grammar_libs", "--child", lib_name, case, str(tokenizer_dir)],
+            stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
         ready = proc.stdout.readline().strip() == "ready"
         t0 = time.perf_counter()
         try:
@@ -429,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         _child(*args.child)
         return 0
-    from ..model_builder import make_model
+    from jupyter_infer.commands.model_builder import make_model
 
     dirs = [make_model(Path(args.dir) / s, s) for s in args.sizes]
     if not args.no_wide:

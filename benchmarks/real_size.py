@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...loops.engine_loop import EngineLoop
-from ..loadgen import Arrival
-from . import cpu
-from . import workloads as wl
-from .cpu import LLAMA_SPECULATION, Variant
-from .options import BenchConfig
-from .rounds import measure_rounds
+from benchmarks import cpu
+from benchmarks.cpu import LLAMA_SPECULATION, Variant
+from jupyter_infer.commands.bench import workloads as wl
+from jupyter_infer.commands.bench.options import BenchConfig
+from jupyter_infer.commands.bench.rounds import measure_rounds
+from jupyter_infer.commands.loadgen import Arrival
+from jupyter_infer.loops.engine_loop import EngineLoop
 
 OFF = {"speculative": "off"}
 VARIANTS = (
@@ -45,7 +45,7 @@ LLAMA = (("f32", "real_llama_f32", []), ("f16", "real_llama_f16", []), ("q8_0", 
 def model_dir(cfg: BenchConfig, log: Callable[[str], None]) -> str:
     if cfg.real_model:
         return cfg.real_model
-    from ..model_builder import ensure_model
+    from jupyter_infer.commands.model_builder import ensure_model
 
     size = "llama-tiny" if cfg.quick else "0.5b"
     log(f"building/reusing the local {size!r} model for the real-size row (random weights)...")

@@ -1,6 +1,6 @@
 """llama.cpp's HF → GGUF converter (``convert_hf_to_gguf.py``), run on our locally built models.
 
-    python -m jupyter_infer.commands.bench.gguf_convert CONVERTER MODEL_DIR [the converter's options]
+    python -m benchmarks.gguf_convert CONVERTER MODEL_DIR [the converter's options]
 
 imports the converter from where it lies (its ``gguf-py`` beside it), fills two gaps that
 a locally built model leaves, and runs the converter's own ``main()`` with the options:

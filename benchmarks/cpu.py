@@ -18,6 +18,7 @@ position against float32 eager (teacher-forced greedy agreement) and its perplex
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -25,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..loadgen import Arrival
-from . import gguf_convert
-from . import workloads as wl
-from .contenders import Contender
-from .options import BenchConfig
-from .peers import CompletionsPeer, llama_server
-from .rounds import measure_rounds
+from benchmarks import gguf_convert
+from benchmarks.peers import CompletionsPeer, llama_server
+from jupyter_infer.commands.bench import workloads as wl
+from jupyter_infer.commands.bench.contenders import Contender
+from jupyter_infer.commands.bench.options import BenchConfig
+from jupyter_infer.commands.bench.rounds import measure_rounds
+from jupyter_infer.commands.loadgen import Arrival
 
 # What every request asks: no early stop, so that all contenders decode the same tokens.
 REQUEST_EXTRA = {"ignore_eos": True, "stream_options": {"include_usage": True}}
@@ -56,9 +57,9 @@ class Variant:
 
     def missing(self) -> str | None:
         """Why this CPU cannot run it, or None."""
-        from ...cpu import kernels
-        from ...cpu.model_linears import int8_available
-        from ...formats.device_choice import cpu_has_native_bf16
+        from jupyter_infer.cpu import kernels
+        from jupyter_infer.cpu.model_linears import int8_available
+        from jupyter_infer.formats.device_choice import cpu_has_native_bf16
 
         if self.needs_bf16 and not cpu_has_native_bf16():
             return "this CPU has no bf16 instructions"
@@ -84,7 +85,7 @@ def workloads(count: Callable[[str], int], burst: tuple[int, int], alone: tuple[
               copy: tuple[int, tuple[int, int], int]) -> list[wl.Workload]:
     """A burst of ``burst[0]`` requests at once, ``alone[0]`` sent one at a time, and
     ``copy[0]`` copy-heavy ones (contexts of ``copy[1]`` tokens) one at a time."""
-    from ..model_builder import CORPUS
+    from jupyter_infer.commands.model_builder import CORPUS
 
     b = wl.burst(count, *burst)
 
@@ -126,8 +127,11 @@ def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[s
     if target.is_file() or not converter:
         return target if target.is_file() else None
     log(f"  converting the model to {target.name} with {converter}")
+    # The child imports benchmarks.gguf_convert: the repository's root on its path.
+    root = str(Path(gguf_convert.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run([sys.executable, "-m", gguf_convert.__name__, converter, model_dir,
-                           "--outfile", str(target), "--outtype", kind], capture_output=True, text=True)
+                           "--outfile", str(target), "--outtype", kind], capture_output=True, text=True, env=env)
     if done.returncode != 0 or not target.is_file():
         raise RuntimeError(f"convert_hf_to_gguf.py failed: {(done.stderr or done.stdout)[-600:]}")
     return target
@@ -136,8 +140,8 @@ def gguf_path(model_dir: str, kind: str, converter: str | None, log: Callable[[s
 def ours(cfg: BenchConfig, log: Callable[[str], None], v: Variant, model_dir: str, threads: int, parallel: int,
          notes: list[str]) -> CompletionsPeer | None:
     """Our server as ``v`` configures it, ready; None (and a note) where it cannot run here."""
-    from ...kernel.client import Client
-    from ...kernel.launcher import LocalServer
+    from jupyter_infer.kernel.client import Client
+    from jupyter_infer.kernel.launcher import LocalServer
 
     if v.missing():
         notes.append(f"{v.label}: not measured, {v.missing()}")
@@ -213,7 +217,7 @@ def quality(model_dir: str, text: str, threads: int) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ...cpu.model_linears import swap_linears
+    from jupyter_infer.cpu.model_linears import swap_linears
 
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -271,7 +275,7 @@ class CpuResults:
 def measure(cfg: BenchConfig, log: Callable[[str], None], model_dir: str, threads: int,
             count: Callable[[str], int]) -> CpuResults:
     """Run [g]: both workloads over every contender, round-robin; then the quality table."""
-    from ..model_builder import CORPUS
+    from jupyter_infer.commands.model_builder import CORPUS
 
     burst, alone = ((8, 8), (3, 8)) if cfg.quick else ((16, 32), (8, 32))
     copy = (3, (120, 240), 16) if cfg.quick else (6, (300, 600), 96)  # the tiny model has 512 positions

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ..loadgen import Arrival
-from .contenders import Contender, Run
-from .workloads import Workload
+from jupyter_infer.commands.bench.contenders import Contender, Run
+from jupyter_infer.commands.bench.workloads import Workload
+from jupyter_infer.commands.loadgen import Arrival
 
 
 class TransformersContinuous(Contender):
