@@ -1,8 +1,9 @@
 """The async engine loop: the engine's one thread, and the request streams.
 
 Each turn asks the scheduling core for a plan, runs it on the engine thread
-(``Engine.execute``: the engine keeps its rows), hands the tokens back to the core and
-pushes the released text to each request's stream. It owns the executor and the streams,
+(``Engine.execute``: the engine keeps its rows), hands its outputs to the core and the output
+stage (which appends the tokens, ends requests and releases their text) and pushes that text
+to each request's stream. It owns the executor and the streams,
 and nothing else: what to run is the core's decision, what happened is the recorder's to
 tell.
 """
@@ -28,6 +29,7 @@ from ..values.limits import check_model, check_token_ids
 from ..values.request import TokenEvent
 from ..values.sequence import Sequence
 from ..values.step import StepPlan
+from .output_stage import OutputStage
 from .request_loop import LoopSnapshot, RequestLoop
 from .tokenizing import off_loop, render_prompt
 
@@ -51,6 +53,7 @@ class EngineLoop(RequestLoop):
         super().__init__(config, recorder, check_model=check_model)
         self._load = load
         self.engine: Engine | None = None
+        self.output: OutputStage | None = None  # the engine's tokens into text, and who ends
         self._executor: ThreadPoolExecutor | None = None
         self._stepped_at: float | None = None  # when the last step ended, until the heap is trimmed
 
@@ -154,6 +157,7 @@ class EngineLoop(RequestLoop):
             # burst (the server then freezes what is left: server/startup_heap).
             await loop.run_in_executor(self._executor, gc.collect)
             self.scheduler = Scheduler(self.config, self.engine, self.recorder)
+            self.output = OutputStage(self.engine)
             if self.engine.grammars is not None:
                 self.engine.grammars.fast_forward = self.config.grammar_fast_forward
             cfg = self.config
@@ -185,7 +189,7 @@ class EngineLoop(RequestLoop):
             finally:
                 self._stepped_at = time.monotonic()
             try:
-                released = core.postprocess(plan, sampled, started, time.monotonic())
+                released = self.output.step(core, self.recorder, plan, sampled, started, time.monotonic())
             except Exception as err:  # a bug here must not stop the loop for everyone
                 self._fail(plan, err, in_engine=False)
                 continue

@@ -3,7 +3,9 @@
 Synchronous and free of I/O, like nano-vllm's ``Scheduler``: the engine loop calls
 ``schedule(now)`` for a ``StepPlan`` (a token for every decoding row, and newcomers' prompt
 tokens: in the same step where the engine mixes, else in a prefill step of their own), runs
-it, and hands the tokens to ``postprocess``. Time comes in as ``now``,
+it, hands what it computed to ``apply``, the tokens to the output stage (which appends them
+and decides when one ends a request: ``loops/output_stage.py``), and closes the step
+(``close_step``). Time comes in as ``now``,
 so the policy can be tested with a fake clock. The requests live in a ``RequestQueue``
 (``queue``), which collects every sequence that ends (finished, cancelled, failed) until the
 loop takes it (``queue.pop_finished()``) to end its stream.
@@ -39,9 +41,8 @@ import itertools
 from typing import TYPE_CHECKING
 
 from ..errors import ConstraintFailed
-from ..values.request import TokenLogprob
 from ..values.sequence import Sequence, Status
-from ..values.step import Sampled, StepPlan
+from ..values.step import RowOutput, Sampled, StepPlan
 from .guessing import Guesses
 from .recorder import Recorder
 from .request_queue import RequestQueue
@@ -56,7 +57,7 @@ DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefill
 class Scheduler:
     def __init__(self, config: ServiceConfig, engine: Engine, recorder: Recorder) -> None:
         self.config = config
-        self.engine = engine  # read for detokenize, EOS and its settings only: steps run in the loop
+        self.engine = engine  # read for its settings only: steps run in the loop, text in the output stage
         self.recorder = recorder
         self.queue = RequestQueue(config, recorder)  # waiting, running, parked; every request's end
         self.max_batch_size = config.batch_size
@@ -279,25 +280,19 @@ class Scheduler:
         self.recorder.resumed(seq, self.running, now)
 
     # -- results ----------------------------------------------------------------------------
-    def postprocess(
-        self, plan: StepPlan, sampled: Sampled, started: float, now: float,
-    ) -> list[tuple[Sequence, list[int], str]]:
-        """Apply a step's tokens (and the log probabilities of the rows that asked); return
-        ``(sequence, tokens kept, text they release)`` per live row that got tokens.
-
-        Each row's tokens are appended one by one, stop strings, EOS and ``max_tokens``
-        checked after each, so a row can finish in the middle of its tokens (the rest are
-        not kept). A prompt chunk that is not its last yields none; its sequence's
-        ``num_computed`` moves on."""
-        out: list[tuple[Sequence, list[int], str]] = []
-        forced = 0  # tokens kept that a grammar forced (a row may end inside its forced run)
+    def apply(self, plan: StepPlan, sampled: Sampled, now: float) -> list[tuple[Sequence, RowOutput]]:
+        """Apply what a step computed: each row's computed tokens (a prompt chunk that is not
+        its last yields no token; its ``num_computed`` moves on), prompt logprobs, guesses
+        verified; a row whose grammar could not go on fails. Returns the live rows that got
+        tokens, for the output stage to append (``loops/output_stage.py``), then
+        ``close_step``."""
+        out: list[tuple[Sequence, RowOutput]] = []
         for row, (seq, output) in enumerate(zip(plan.seqs, sampled, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
-            tokens = output.tokens
             if plan.prompt[row]:
                 # Complete: its first token came; else the engine says how far it got.
-                seq.num_computed = len(seq.prompt_ids) if tokens else output.computed
+                seq.num_computed = len(seq.prompt_ids) if output.tokens else output.computed
                 if output.prompt_logprobs is not None:
                     seq.prompt_logprobs = output.prompt_logprobs
             else:  # and the draft tokens its model agreed with: their KV is computed too
@@ -310,34 +305,28 @@ class Scheduler:
                 self._retire(seq, "failed", now, error=message)
                 self.recorder.left(self.running, now)
                 continue
-            if tokens:
-                out.append((seq, *self._append(seq, tokens, output.logprobs, now)))
-                if output.forced:
-                    kept = min(output.forced, len(out[-1][1]) - 1)
-                    seq.record.forced_tokens += kept
-                    forced += kept
+            if output.tokens:
+                out.append((seq, output))
+        return out
+
+    def close_step(self, plan: StepPlan, sampled: Sampled, kept: list[tuple[Sequence, RowOutput, list[int]]],
+                   started: float, now: float) -> None:
+        """The step's record (tokens kept, of them forced by a grammar, drafts), and the rows
+        the output stage finished retired."""
+        forced = 0  # tokens kept that a grammar forced (a row may end inside its forced run)
+        for seq, output, tokens in kept:
+            if output.forced:
+                n = min(output.forced, len(tokens) - 1)
+                seq.record.forced_tokens += n
+                forced += n
         drafts = (sum(o.proposed for o in sampled), sum(o.accepted for o in sampled))
-        self.recorder.step(plan, sum(len(kept) for _, kept, _ in out), started, now, forced=forced, drafts=drafts)
-        done = [seq for seq, _, _ in out if seq.finish_reason is not None]
+        self.recorder.step(plan, sum(len(tokens) for _, _, tokens in kept), started, now, forced=forced,
+                           drafts=drafts)
+        done = [seq for seq, _, _ in kept if seq.finish_reason is not None]
         for seq in done:
             self._retire(seq, "ok", now)
         if done:
             self.recorder.left(self.running, now)
-        return out
-
-    def _append(
-        self, seq: Sequence, tokens: list[int], logprobs: list[TokenLogprob] | None, now: float,
-    ) -> tuple[list[int], str]:
-        """Append ``tokens`` to ``seq`` until one ends it; the tokens kept and their text."""
-        engine, first = self.engine, seq.record.first_token_at is None
-        kept, text = [], ""
-        for i, token in enumerate(tokens):
-            kept.append(token)
-            text += seq.append(token, engine.detokenize, engine.eos_token_ids, now, logprobs[i] if logprobs else None)
-            if seq.finish_reason is not None:
-                break
-        self.recorder.token(seq, text, first)
-        return kept, text
 
     def fail(self, plan: StepPlan, error: str, now: float, *, retry: bool = True) -> None:
         """A step failed: only its requests fail, and the loop goes on.

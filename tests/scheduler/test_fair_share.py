@@ -4,7 +4,7 @@ rows, who is parked for whom, and the per-owner limits."""
 from __future__ import annotations
 
 import pytest
-from test_scheduler_core import core, outputs
+from test_scheduler_core import core, outputs, postprocess
 
 from jupyter_infer.engine import StepPlan
 from jupyter_infer.errors import QueueFull
@@ -22,7 +22,7 @@ def seq(owner: str, max_tokens: int = 50, priority: int = 0, weight: float = 1.0
 def step(s: Scheduler, now: float) -> StepPlan | None:
     plan, _ = s.schedule(now)
     if plan is not None:
-        s.postprocess(plan, outputs([[7]] * len(plan.seqs)), now, now)
+        postprocess(s, plan, outputs([[7]] * len(plan.seqs)), now, now)
     return plan
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from jupyter_infer.engine import RowOutput, Sampled, StepPlan
 from jupyter_infer.errors import QueueFull
+from jupyter_infer.loops.output_stage import OutputStage
 from jupyter_infer.scheduler import Recorder, Scheduler
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.events import EventBus
@@ -36,6 +37,12 @@ class FakeEngine:
         return "".join(f"w{i} " for i in ids)
 
 
+def postprocess(s: Scheduler, plan: StepPlan, sampled: Sampled, started: float, now: float):
+    """A step's outputs as the engine loop takes them: the core applies them, the output stage
+    appends the tokens (and ends rows), the core closes the step."""
+    return OutputStage(s.engine).step(s, s.recorder, plan, sampled, started, now)
+
+
 def core(**config) -> Scheduler:
     config.setdefault("idle_admit_delay_ms", 0.0)
     cfg = ServiceConfig(**config)
@@ -51,7 +58,7 @@ def run_step(s: Scheduler, now: float, token: int = 7) -> StepPlan | None:
     """Schedule at ``now`` and, if there is a plan, give every row ``token``."""
     plan, _ = s.schedule(now)
     if plan is not None:
-        s.postprocess(plan, outputs([[token]] * len(plan.seqs)), now, now)
+        postprocess(s, plan, outputs([[token]] * len(plan.seqs)), now, now)
     return plan
 
 
@@ -67,7 +74,7 @@ def test_window_waits_for_its_window_then_groups_and_the_17th_waits() -> None:
     plan, _ = s.schedule(0.02)  # full batch: no need to wait for the window
     assert plan.kind == "prefill" and plan.seqs == seqs[:16]
     assert [x.status for x in seqs[:16]] == [Status.RUNNING] * 16 and seqs[16].status is Status.WAITING
-    s.postprocess(plan, outputs([[7]] * 16), 0.02, 0.03)
+    postprocess(s, plan, outputs([[7]] * 16), 0.02, 0.03)
     # Window mode runs the batch to completion: the 17th is not admitted meanwhile.
     assert s.schedule(0.2)[0].kind == "decode"
 
@@ -150,7 +157,7 @@ def test_eos_and_stop_strings_finish_rows() -> None:
     s.add(a, 0.0)
     s.add(b, 0.0)
     plan, _ = s.schedule(0.0)
-    released = s.postprocess(plan, outputs([[9], [EOS]]), 0.0, 0.0)
+    released = postprocess(s, plan, outputs([[9], [EOS]]), 0.0, 0.0)
     assert [text for _, _, text in released] == ["", ""]
     assert a.record.finish_reason == "stop" and a.text == ""
     assert b.record.finish_reason == "stop" and b.output_ids == []
@@ -252,7 +259,7 @@ def chunk_step(s: Scheduler, now: float, last: bool) -> StepPlan:
     plan, _ = s.schedule(now)
     assert plan is not None and plan.chunk, plan
     [x], [n] = plan.seqs, plan.num_scheduled
-    s.postprocess(plan, outputs([[7]]) if last else outputs([[]], computed=[x.num_computed + n]), now, now)
+    postprocess(s, plan, outputs([[7]]) if last else outputs([[]], computed=[x.num_computed + n]), now, now)
     return plan
 
 
@@ -393,8 +400,8 @@ def test_a_cr_at_the_end_of_a_fragment_waits_for_the_next_one() -> None:
     x = seq(max_tokens=5)
     s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    first = s.postprocess(plan, outputs([[1]]), 0.0, 0.0)[0][2]
-    second = s.postprocess(s.schedule(0.0)[0], outputs([[2]]), 0.0, 0.0)[0][2]
+    first = postprocess(s, plan, outputs([[1]]), 0.0, 0.0)[0][2]
+    second = postprocess(s, s.schedule(0.0)[0], outputs([[2]]), 0.0, 0.0)[0][2]
     # "a\r" + "\nb" as fragments "a" and "\r\nb": an SSE reader sees one line break, not two.
     assert (first, second) == ("a", "\r\nb")
 
@@ -419,9 +426,9 @@ def test_an_answer_cut_inside_a_character_keeps_its_last_bytes(end: str) -> None
     plan, _ = s.schedule(0.0)
     e_acute = list("é".encode())  # two bytes, two tokens
     tokens = [ord("a"), e_acute[0]] + ([e_acute[0]] if end == "max_tokens" else [EOS])
-    released = [s.postprocess(plan, outputs([[t]]), 0.0, 0.0)[0][2] for t in tokens[:1]]
+    released = [postprocess(s, plan, outputs([[t]]), 0.0, 0.0)[0][2] for t in tokens[:1]]
     for token in tokens[1:]:
-        released += [text for _, _, text in s.postprocess(s.schedule(0.0)[0], outputs([[token]]), 0.0, 0.0)]
+        released += [text for _, _, text in postprocess(s, s.schedule(0.0)[0], outputs([[token]]), 0.0, 0.0)]
     assert x.finish_reason == ("length" if end == "max_tokens" else "stop")
     assert "".join(released) == x.text == x.result().text
     assert x.text == ("a\ufffd\ufffd" if end == "max_tokens" else "a\ufffd")
@@ -437,9 +444,9 @@ def test_a_step_of_several_tokens_per_row_finishes_a_row_in_the_middle_of_them()
     for x in (a, b):
         s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    s.postprocess(plan, outputs([[4], [4]]), 0.0, 0.0)
+    postprocess(s, plan, outputs([[4], [4]]), 0.0, 0.0)
     plan, _ = s.schedule(0.0)
-    released = s.postprocess(plan, outputs([[6, 5, 8], [6, 7, 8, 9]]), 0.0, 0.0)
+    released = postprocess(s, plan, outputs([[6, 5, 8], [6, 7, 8, 9]]), 0.0, 0.0)
     assert [(kept, text) for _, kept, text in released] == [([6, 5], "w6 "), ([6, 7], "w6 w7 ")]
     assert a.output_ids == [4, 6, 5] and a.finish_reason == "stop" and a.text == "w4 w6 "
     assert b.output_ids == [4, 6, 7] and b.finish_reason == "length"
@@ -467,7 +474,7 @@ def mixed_step(s: Scheduler, now: float) -> StepPlan:
     tokens = [[7] if not p or d else [] for p, d in zip(plan.prompt, done, strict=True)]
     computed = [x.num_computed + n if p else None
                 for x, n, p in zip(plan.seqs, plan.num_scheduled, plan.prompt, strict=True)]
-    s.postprocess(plan, outputs(tokens, computed=computed), now, now)
+    postprocess(s, plan, outputs(tokens, computed=computed), now, now)
     return plan
 
 
@@ -560,23 +567,23 @@ def test_the_scheduler_decides_who_guesses_and_how_many() -> None:
     run_step(s, 0.0)  # their prompts
     plan, _ = s.schedule(0.01)
     assert plan.guesses == []  # 3 decoding rows > speculative_max_rows (2): nobody guesses
-    s.postprocess(plan, outputs([[7], [7], [EOS]]), 0.01, 0.01)
+    postprocess(s, plan, outputs([[7], [7], [EOS]]), 0.01, 0.01)
     plan, _ = s.schedule(0.02)
     # Two rows share the step's 32 draft tokens: 16 each (the engine's most), room permitting.
     assert plan.guesses == [16, 16]
     # The first kept none of its 16 guesses, the second all of them.
-    s.postprocess(plan, [RowOutput([7], proposed=16, accepted=0), RowOutput([7] * 17, proposed=16, accepted=16)],
+    postprocess(s, plan, [RowOutput([7], proposed=16, accepted=0), RowOutput([7] * 17, proposed=16, accepted=16)],
                   0.02, 0.02)
     assert [x.num_computed - x.num_prompt_tokens for x in rows[:2]] == [2, 18]  # the accepted ones count
     plan, _ = s.schedule(0.03)
     assert plan.guesses == [1, 16]  # one after a miss of several; the other's room: 40 - 19 - 1 = 20, most 16
-    s.postprocess(plan, [RowOutput([7], proposed=1, accepted=0), RowOutput([7])], 0.03, 0.03)
+    postprocess(s, plan, [RowOutput([7], proposed=1, accepted=0), RowOutput([7])], 0.03, 0.03)
     # Its one guess was wrong: it sits out (prompt lookup on paper finds nothing in "1 2 3 4 7 7 7").
     waits = []
     for step in range(10):
         plan, _ = s.schedule(0.04 + step)
         waits.append(plan.guesses[0] if plan.guesses else 0)
-        s.postprocess(plan, outputs([[8 + step]] * 2), 0.04 + step, 0.04 + step)
+        postprocess(s, plan, outputs([[8 + step]] * 2), 0.04 + step, 0.04 + step)
     assert waits[:8] == [0] * 8 and waits[8] == 1  # 8 steps out, then one guess again
 
 
