@@ -66,6 +66,24 @@ void q8_row(const float *x, int K, int8_t *xq, float *xd, int32_t *xs) {
     for (int g = 0; g < K / GROUP; g++) xd[g] = q8_group(x + g * GROUP, xq + g * GROUP, xs + g);
 }
 
+q8_rows q8_rows_of(const float *x, int M, int K, const float *norm, float eps, int gated) {
+    const int G = K / GROUP;
+    q8_rows r = {malloc((size_t)M * K), malloc(sizeof(float) * (size_t)M * G),
+                 malloc(sizeof(int32_t) * (size_t)M * G), way_in(x, M, K, norm, eps, gated)};
+    if (r.normed) x = r.normed;
+#pragma omp parallel for schedule(static) if (M * K > 16384)
+    for (int m = 0; m < M; m++)
+        q8_row(x + (size_t)m * K, K, r.xq + (size_t)m * K, r.xd + (size_t)m * G, r.xs + (size_t)m * G);
+    return r;
+}
+
+void q8_rows_free(q8_rows *r) {
+    free(r->normed);
+    free(r->xq);
+    free(r->xd);
+    free(r->xs);
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #define ROWS 8
 /* Rows m0..m0+mt of one block: out[t] = sum over groups of the terms above. */
@@ -189,13 +207,10 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
                 const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                 const float *norm, float eps, int gated) {
     const int G = K / GROUP;
-    float *normed = way_in(x, M, K, norm, eps, gated);
-    if (normed) x = normed;
-    int8_t *xq = malloc((size_t)M * K);
-    float *xd = malloc(sizeof(float) * (size_t)M * G);
-    int32_t *xs = malloc(sizeof(int32_t) * (size_t)M * G);
-#pragma omp parallel for schedule(static) if (M * K > 16384)
-    for (int m = 0; m < M; m++) q8_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xs + (size_t)m * G);
+    q8_rows rows = q8_rows_of(x, M, K, norm, eps, gated);
+    const int8_t *xq = rows.xq;
+    const float *xd = rows.xd;
+    const int32_t *xs = rows.xs;
     int first[9], offset[9];
     const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
 #pragma omp parallel for schedule(static)
@@ -225,10 +240,7 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
                         bias[w] ? bias[w] + n0 : NULL, accumulate);
         }
     }
-    free(normed);
-    free(xq);
-    free(xd);
-    free(xs);
+    q8_rows_free(&rows);
 }
 
 /* y[M, N] = x[M, K] @ W^T (+ bias): one linear. */

@@ -123,13 +123,10 @@ void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, c
                 const float *norm, float eps, int gated) {
     (void)mins;
     const int G = K / GROUP;
-    float *normed = way_in(x, M, K, norm, eps, gated);
-    if (normed) x = normed;
-    int8_t *xq = malloc((size_t)M * K);
-    float *xd = malloc(sizeof(float) * (size_t)M * G);
-    int32_t *xs = malloc(sizeof(int32_t) * (size_t)M * G);
-#pragma omp parallel for schedule(static) if (M * K > 16384)
-    for (int m = 0; m < M; m++) q8_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * G, xs + (size_t)m * G);
+    q8_rows rows = q8_rows_of(x, M, K, norm, eps, gated);
+    const int8_t *xq = rows.xq;
+    const float *xd = rows.xd;
+    const int32_t *xs = rows.xs;
     int first[9], offset[9];
     const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
 #pragma omp parallel for schedule(static)
@@ -158,10 +155,7 @@ void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, c
                         bias[w] ? bias[w] + n0 : NULL, accumulate);
         }
     }
-    free(normed);
-    free(xq);
-    free(xd);
-    free(xs);
+    q8_rows_free(&rows);
 }
 
 /* W [N, K] -> blocks (ceil(N/16) * K * 16 bytes) and their scales (ceil(N/16) * K/32 * 16

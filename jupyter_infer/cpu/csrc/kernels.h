@@ -78,4 +78,15 @@ void block_store(const float (*sums)[16], int mt, float *y, int width, int n, co
 /* int4.c: one row as int8 per group in natural order, each group's scale and sum of ints. */
 void q8_row(const float *x, int K, int8_t *xq, float *xd, int32_t *xs);
 
+/* The rows q4_linears and q8_linears read (int4.c): x through its way in (norm or SwiGLU), then
+   int8 per group of 32 in natural order, each group's scale and sum of ints. */
+typedef struct {
+    int8_t *xq;
+    float *xd;
+    int32_t *xs;
+    float *normed; /* way_in's rows, or NULL */
+} q8_rows;
+q8_rows q8_rows_of(const float *x, int M, int K, const float *norm, float eps, int gated);
+void q8_rows_free(q8_rows *rows);
+
 #endif
