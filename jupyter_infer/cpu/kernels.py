@@ -68,6 +68,10 @@ def unavailable() -> str | None:
 
 
 def status() -> str:
-    """What ``infer/status`` says of them: in use, or why not."""
+    """What ``infer/status`` says of them: ready, why not, or not needed so far. It never
+    builds the library itself: a model whose layers do not use it costs no compile and no
+    probe for the sake of a status line."""
+    if load.cache_info().currsize == 0:
+        return "not loaded: nothing this process runs has needed them"
     why = unavailable()
     return "ours, built for this CPU; self-test passed" if why is None else f"not used: {why}"

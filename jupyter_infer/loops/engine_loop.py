@@ -189,7 +189,7 @@ class EngineLoop(RequestLoop):
             finally:
                 self._stepped_at = time.monotonic()
             try:
-                released = self.output.step(core, self.recorder, plan, sampled, started, time.monotonic())
+                released = self.output.step(core, plan, sampled, started, time.monotonic())
             except Exception as err:  # a bug here must not stop the loop for everyone
                 self._fail(plan, err, in_engine=False)
                 continue

@@ -21,7 +21,6 @@ from ..values.request import TokenLogprob
 from ..values.sequence import Sequence
 
 if TYPE_CHECKING:
-    from ..scheduler.recorder import Recorder
     from ..scheduler.scheduler import Scheduler
     from ..values.step import Sampled, StepPlan
 
@@ -51,7 +50,7 @@ class OutputStage:
     def __init__(self, tokenizer: Detokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def step(self, core: Scheduler, recorder: Recorder, plan: StepPlan, sampled: Sampled, started: float,
+    def step(self, core: Scheduler, plan: StepPlan, sampled: Sampled, started: float,
              now: float) -> list[tuple[Sequence, list[int], str]]:
         """A step's outputs through the core and this stage: the core applies what the step
         computed, each row's tokens are appended here, the core closes the step. Returns
@@ -60,7 +59,7 @@ class OutputStage:
         for seq, output in core.apply(plan, sampled, now):
             first = seq.record.first_token_at is None
             tokens, text = self.take(seq, output.tokens, output.logprobs, now)
-            recorder.token(seq, text, first)
+            core.recorder.token(seq, text, first)
             released.append((seq, tokens, text))
             kept.append((seq, output, tokens))
         core.close_step(plan, sampled, kept, started, now)

@@ -3,13 +3,12 @@
 Plain data, like nano-vllm's ``Sequence``, below both the scheduler and the engine: the
 scheduler moves a sequence through WAITING → RUNNING → FINISHED, the output stage
 (``loops/output_stage.py``) appends its tokens and text and sets its finish reason; the engine
-only reads it
-(``id``, ``prompt_ids``, ``output_ids``, ``num_computed`` and what derives from them,
-``params``, ``request.prompt``). ``num_computed``
-counts the tokens whose KV the engine holds; each step catches it up with the tokens (the
-whole prompt, a chunk of a long one, the last output token), so a sequence whose prompt is
-not all computed yet is being prefilled. When things happened to it (queued, admitted, first token, finished, which
-batches) is written once, on ``record``: metrics, events and the final result all read it.
+only reads it (``id``, ``prompt_ids``, ``output_ids``, ``num_computed`` and what derives from
+them, ``params``, ``request.prompt``). ``num_computed`` counts the tokens whose KV the engine
+holds; each step catches it up with the tokens (the whole prompt, a chunk of a long one, the
+last output token), so a sequence whose prompt is not all computed yet is being prefilled.
+When things happened to it (queued, admitted, first token, finished, which batches) is
+written once, on ``record``: metrics, events and the final result all read it.
 """
 
 from __future__ import annotations

@@ -60,3 +60,21 @@ async def test_the_server_serves_on_the_float_path_and_its_status_says_why(tiny_
         assert result.completion_tokens > 0
     finally:
         await service.stop()
+
+
+def test_a_model_that_does_not_use_them_costs_no_build_nor_probe(tiny_model_dir: Path) -> None:
+    """infer/status names our kernels' state without building them for it: eager linears
+    (``prepack_weights=False``) load no library and run no probe child."""
+    import subprocess
+    import sys
+
+    script = ("import sys\n"
+              "from jupyter_infer.cpu import build, kernels\n"
+              "from jupyter_infer.engine.hf import HFEngine\n"
+              "build.build = lambda *a: sys.exit('built or probed')\n"
+              "e = HFEngine(sys.argv[1], dtype='float32', num_threads=1, prepack_weights=False)\n"
+              "print(e.info.details['cpu_kernels'])\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tiny_model_dir)], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("not loaded")

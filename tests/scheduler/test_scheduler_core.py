@@ -40,7 +40,7 @@ class FakeEngine:
 def postprocess(s: Scheduler, plan: StepPlan, sampled: Sampled, started: float, now: float):
     """A step's outputs as the engine loop takes them: the core applies them, the output stage
     appends the tokens (and ends rows), the core closes the step."""
-    return OutputStage(s.engine).step(s, s.recorder, plan, sampled, started, now)
+    return OutputStage(s.engine).step(s, plan, sampled, started, now)
 
 
 def core(**config) -> Scheduler:

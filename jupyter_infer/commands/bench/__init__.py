@@ -81,11 +81,11 @@ def run(args: argparse.Namespace, suite: type | None = None,
         return 2
     peers = {k: getattr(args, k, None) for k in ("gguf", "llama_server", "gguf_converter", "llama_quantize",
                                                  "real_model")}
-    workloads = parser_workloads(args)
     config = BenchConfig(
         model=args.model, quick=args.quick, repeats=repeats, num_threads=args.threads, dtype=args.dtype,
         device=args.device, max_batch_size=args.max_batch_size, seed=args.seed, **peers,
-        workloads=tuple(args.only) if args.only else workloads, out=args.out,
+        # --only, else every workload the command offers (benchmarks/ offers "cpu" too)
+        workloads=tuple(args.only or getattr(args, "workloads", WORKLOADS)), out=args.out,
     )
     results = (suite or Suite)(config, log=lambda line: print(line, flush=True)).run()
     print(format_tables(results))
@@ -101,8 +101,3 @@ def run(args: argparse.Namespace, suite: type | None = None,
         chart = " (no chart: pip install matplotlib, or the project's [bench] extra)"
     print(f"\nwrote {args.out / 'results.json'}{chart}  ({results['meta']['duration_s']:.0f} s in all)")
     return 0
-
-
-def parser_workloads(args: argparse.Namespace) -> tuple[str, ...]:
-    """Every workload the command offers (its parser's ``--only`` choices)."""
-    return tuple(getattr(args, "workloads", WORKLOADS))

@@ -19,8 +19,7 @@ class BenchConfig:
     device: str = "cpu"  # the CPU by default: the figures in docs/benchmark.md are CPU figures
     max_batch_size: int = 32
     seed: int = 0
-    workloads: tuple[str, ...] = ("burst", "mixed", "open", "agents", "interference", "lengths", "structured", "users",
-                                  "http")  # benchmarks/ adds "cpu"
+    workloads: tuple[str, ...] = ()  # which to run: the command's --only, else every one it offers
     # The other servers (benchmarks/): where they and their files are.
     gguf: str | None = None  # llama-server's model; None: <model>/model.gguf if there
     llama_server: str | None = None  # the llama-server binary; None: the one on PATH, if any
