@@ -132,3 +132,39 @@ class RequestQueue:
         """The requests that ended since the last call (their loop ends their streams)."""
         finished, self._finished = self._finished, []
         return finished
+
+
+class QueuedCore:
+    """What both cores say of their queue (the engine's ``Scheduler`` and an upstream's
+    ``UpstreamAdmission``): who waits, who runs, how a request joins and how it is cancelled.
+    Each says what cancelling one that runs means (``_cancel_running``)."""
+
+    queue: RequestQueue
+
+    @property
+    def waiting(self) -> list[Sequence]:
+        return self.queue.waiting
+
+    @property
+    def running(self) -> list[Sequence]:
+        """Admitted, in the order they joined: prefilling or decoding, or in flight upstream."""
+        return self.queue.running
+
+    def add(self, seq: Sequence, now: float) -> None:
+        """Queue ``seq``; raise ``QueueFull`` (queueing nothing) when the queue is full."""
+        self.queue.add(seq, now)
+
+    def cancel(self, request_id: str, now: float) -> bool:
+        """Cancel a request: a queued (or parked) one is dropped now, a running one as its core
+        says; False when there is no such live request."""
+        seq = self.queue.live(request_id)
+        if seq is None:
+            return False
+        if seq.status is Status.RUNNING:
+            self._cancel_running(seq, now)
+        else:
+            self.queue.drop(seq, now)
+        return True
+
+    def _cancel_running(self, seq: Sequence, now: float) -> None:
+        raise NotImplementedError

@@ -45,7 +45,7 @@ from ..values.sequence import Sequence, Status
 from ..values.step import RowOutput, Sampled, StepPlan
 from .guessing import Guesses
 from .recorder import Recorder
-from .request_queue import RequestQueue
+from .request_queue import QueuedCore, RequestQueue
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 DECODES_PER_PREFILL = 1  # decode steps the running rows get between two prefills
 
 
-class Scheduler:
+class Scheduler(QueuedCore):
     def __init__(self, config: ServiceConfig, engine: Engine, recorder: Recorder) -> None:
         self.config = config
         self.engine = engine  # read for its settings only: steps run in the loop, text in the output stage
@@ -80,34 +80,13 @@ class Scheduler:
 
     # -- requests ---------------------------------------------------------------------------
     @property
-    def waiting(self) -> list[Sequence]:
-        return self.queue.waiting
-
-    @property
-    def running(self) -> list[Sequence]:
-        """Admitted, in the order they joined: prefilling or decoding."""
-        return self.queue.running
-
-    @property
     def parked(self) -> list[Sequence]:
         """Admitted rows sitting out while another owner has their place; their KV stays."""
         return self.queue.parked
 
-    def add(self, seq: Sequence, now: float) -> None:
-        """Queue ``seq``; raise ``QueueFull`` (queueing nothing) when the queue is full."""
-        self.queue.add(seq, now)
-
-    def cancel(self, request_id: str, now: float) -> bool:
-        """Cancel a request: dropped now if queued or parked (its KV goes with the next plan's
-        ``finished``), at the next step if running."""
-        seq = self.queue.live(request_id)
-        if seq is None:
-            return False
-        if seq.status is Status.RUNNING:
-            seq.cancelled = True
-        else:
-            self.queue.drop(seq, now)
-        return True
+    def _cancel_running(self, seq: Sequence, now: float) -> None:
+        """A running row leaves at the next step (its KV goes with that plan's ``finished``)."""
+        seq.cancelled = True
 
     @property
     def decoding(self) -> list[Sequence]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..scheduler.request_queue import RequestQueue
+from ..scheduler.request_queue import QueuedCore, RequestQueue
 from ..values.sequence import Sequence, Status
 
 if TYPE_CHECKING:
@@ -28,25 +28,12 @@ if TYPE_CHECKING:
     from .upstream_sequence import UpstreamSequence
 
 
-class UpstreamAdmission:
+class UpstreamAdmission(QueuedCore):
     def __init__(self, config: ServiceConfig, recorder: Recorder) -> None:
         self.config = config
         self.recorder = recorder
         self.queue = RequestQueue(config, recorder)  # the upstream pads and batches on its own
         self._left_at: float | None = None  # a departure not yet recorded in the spans
-
-    @property
-    def waiting(self) -> list[Sequence]:
-        return self.queue.waiting
-
-    @property
-    def running(self) -> list[Sequence]:
-        """In flight upstream."""
-        return self.queue.running
-
-    def add(self, seq: Sequence, now: float) -> None:
-        """Queue ``seq``; raise ``QueueFull`` (queueing nothing) when the queue is full."""
-        self.queue.add(seq, now)
 
     def start(self, now: float) -> tuple[list[Sequence], float | None]:
         """The queued requests to send upstream now (they are running from here on), or
@@ -77,17 +64,10 @@ class UpstreamAdmission:
             queue.start(newcomers, now)
         return newcomers, None
 
-    def cancel(self, request_id: str, now: float) -> bool:
-        """Cancel a request: a running one leaves at once (the loop closes its upstream
-        stream), a queued one is dropped."""
-        seq = self.queue.live(request_id)
-        if seq is None:
-            return False
-        if seq.status is Status.RUNNING:
-            self._leave(seq, "cancelled", now)
-        else:
-            self.queue.drop(seq, now)
-        return True
+    def _cancel_running(self, seq: Sequence, now: float) -> None:
+        """A running one leaves at once (the loop closes its upstream stream)."""
+        self._leave(seq, "cancelled", now)
+
     def receive(self, seq: UpstreamSequence, text: str, now: float) -> str:
         """A chunk of ``seq``'s text arrived; returns what to pass on ("" if it already left)."""
         if seq.status is not Status.RUNNING or not text:

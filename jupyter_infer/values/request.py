@@ -182,6 +182,12 @@ class TokenEvent:
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
+
+def token_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """The ``usage`` object of every answer (ours and OpenAI's have the same three counts)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
 @dataclass(frozen=True)
 class RequestResult:
     id: str
@@ -208,11 +214,7 @@ class RequestResult:
             "id": self.id,
             "text": self.text,
             "finish_reason": self.finish_reason,
-            "usage": {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-            },
+            "usage": token_usage(self.prompt_tokens, self.completion_tokens),
             "batch": {"id": self.batch_id, "size": self.batch_size},
             "timings": {
                 "queued_ms": round(self.queued_ms, 2),

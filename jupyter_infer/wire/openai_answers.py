@@ -11,7 +11,7 @@ from ..constraints.tool_formats import FORMATS, HERMES
 from ..constraints.tools import CallDelta, parse_calls
 from ..errors import InferError
 from ..values.engine_info import EngineInfo
-from ..values.request import RequestResult, TokenLogprob
+from ..values.request import RequestResult, TokenLogprob, token_usage
 from .openai_requests import OpenAIRequest
 from .reasoning import split_reasoning
 
@@ -103,7 +103,7 @@ class Shaper:
         """Totals over the choices; a prompt counts once however many choices it has."""
         prompt = sum(prompt_tokens[:: self.call.n])
         completion = sum(completion_tokens)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return token_usage(prompt, completion)
 
     def _usage_of(self, results: list[RequestResult]) -> dict[str, int]:
         return self.usage([r.prompt_tokens for r in results], [r.completion_tokens for r in results])

@@ -22,7 +22,7 @@ static void run(const joint_args *j, const float *x, int M, int K, float *y, int
         f32_linears(x, M, K, j->nw, (const void *const *)j->qw, (const void *const *)j->scales,
                     (const void *const *)j->mins, j->N, j->bias, y, accumulate, norm, eps, gated);
     else if (j->bits == 8)
-        q8_linears(x, M, K, j->nw, (const int8_t *const *)j->qw, j->scales, (const void *const *)j->mins, j->N, j->bias,
+        q8_linears(x, M, K, j->nw, (const int8_t *const *)j->qw, j->scales, j->mins, j->N, j->bias,
                    y, accumulate, norm, eps, gated);
     else
         q4_linears(x, M, K, j->nw, j->qw, j->scales, j->mins, j->N, j->bias, y, accumulate, norm, eps, gated);

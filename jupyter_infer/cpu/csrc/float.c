@@ -157,15 +157,12 @@ static inline __attribute__((always_inline)) void linears(const float *x, int M,
     if (normed) x = normed;
     const int K2 = (K + 1) / 2;
     void *xp = half ? pairs(x, M, K, K2) : NULL;
-    int first[9], offset[9];
-    const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
+    const joint j = joint_of(nw, N, bias, y, accumulate);
 #pragma omp parallel for schedule(static)
-    for (int block = 0; block < blocks; block++) {
-        int w = 0;
-        while (block >= first[w + 1]) w++;
-        const int b = block - first[w], n0 = b * BLOCK, n = N[w] - n0 < BLOCK ? N[w] - n0 : BLOCK;
-        const float *blk = (const float *)qw[w] + (size_t)b * K * BLOCK;
-        const uint32_t *pblk = (const uint32_t *)qw[w] + (size_t)b * K2 * BLOCK;
+    for (int block = 0; block < j.blocks; block++) {
+        const joint_block at = joint_block_at(&j, block);
+        const float *blk = (const float *)qw[at.w] + (size_t)at.b * K * BLOCK;
+        const uint32_t *pblk = (const uint32_t *)qw[at.w] + (size_t)at.b * K2 * BLOCK;
         float sums[ROWS][BLOCK];
         for (int m0 = 0; m0 < M; m0 += ROWS) {
             const int mt = M - m0 < ROWS ? M - m0 : ROWS;
@@ -181,8 +178,7 @@ static inline __attribute__((always_inline)) void linears(const float *x, int M,
 #endif
 #undef PASS
             }
-            block_store((const float (*)[BLOCK])sums, mt, y + (size_t)m0 * width + offset[w] + n0, width, n,
-                        bias[w] ? bias[w] + n0 : NULL, accumulate);
+            joint_store(&j, at, (const float (*)[BLOCK])sums, m0, mt);
         }
     }
     free(xp);

@@ -195,53 +195,9 @@ static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int
 
 #endif
 
-/* Several linears over one input x[M, K] (K a multiple of 32), their outputs side by side in
-   y[M, sum of N]: q, k and v, or gate and up, read x's quantization once and share one
-   parallel loop. With accumulate, y += x @ W^T (a residual added where the output lands).
-   With norm (NULL: none), x is first RMS-normalized per row with those weights and eps: the
-   decoder's norm before q/k/v or gate/up, in the same call. With gated, x is [M, 2K], gate and
-   up side by side, and the linears read silu(gate) * up: the MLP's down projection.
-   Weight w's arguments are qw[w] (its blocks), scales[w], mins[w] (NULL: q4_0's form; else
-   blocked as the scales), N[w] and bias[w] (NULL: none). */
-void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, const uint16_t *const *scales,
-                const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
-                const float *norm, float eps, int gated) {
-    const int G = K / GROUP;
-    q8_rows rows = q8_rows_of(x, M, K, norm, eps, gated);
-    const int8_t *xq = rows.xq;
-    const float *xd = rows.xd;
-    const int32_t *xs = rows.xs;
-    int first[9], offset[9];
-    const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
-#pragma omp parallel for schedule(static)
-    for (int block = 0; block < blocks; block++) {
-        int w = 0;
-        while (block >= first[w + 1]) w++;
-        const int b = block - first[w], n0 = b * BLOCK, n = N[w] - n0 < BLOCK ? N[w] - n0 : BLOCK;
-        const uint8_t *blk = qw[w] + (size_t)b * G * BLOCK_GROUP;
-        const uint16_t *sc = scales[w] + (size_t)b * G * BLOCK;
-        const uint16_t *mn = mins[w] ? mins[w] + (size_t)b * G * BLOCK : NULL;
-#if ROWS == 8
-        __m512 out[ROWS];
-#else
-        float out[ROWS][BLOCK];
-#endif
-        for (int m0 = 0; m0 < M; m0 += ROWS) {
-            const int mt = M - m0 < ROWS ? M - m0 : ROWS;
-            switch (mt) { /* each a constant: the accumulators stay in registers */
-#define PASS(r) case r: block_rows(r, m0, K, blk, sc, mn, xq, xd, xs, out); break;
-            PASS(1) PASS(2) PASS(3) PASS(4)
-#if ROWS == 8
-            PASS(5) PASS(6) PASS(7) PASS(8)
-#endif
-#undef PASS
-            }
-            block_store((const float (*)[BLOCK])out, mt, y + (size_t)m0 * width + offset[w] + n0, width, n,
-                        bias[w] ? bias[w] + n0 : NULL, accumulate);
-        }
-    }
-    q8_rows_free(&rows);
-}
+#define JOINT_LINEARS q4_linears
+#define JOINT_WEIGHT uint8_t
+#include "q8_joint.h"
 
 /* y[M, N] = x[M, K] @ W^T (+ bias): one linear. */
 void q4_linear(const float *x, int M, int K, const uint8_t *qw, const uint16_t *scales,

@@ -30,8 +30,9 @@
 #define ROWS 8
 /* Rows m0..m0+mt of one block: out[t] = sum over groups of scale * xd * dot. */
 static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int K, const int8_t *blk,
-                                                             const uint16_t *sc, const int8_t *xq, const float *xd,
+                                                             const uint16_t *sc, const uint16_t *mn, const int8_t *xq, const float *xd,
                                                              const int32_t *xs, __m512 *out) {
+    (void)mn; /* q8_0 has no minimums */
     const int G = K / GROUP;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[ROWS];
@@ -77,8 +78,9 @@ static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int
 #define FLIPPED 0
 #endif
 static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int K, const int8_t *blk,
-                                                             const uint16_t *sc, const int8_t *xq, const float *xd,
+                                                             const uint16_t *sc, const uint16_t *mn, const int8_t *xq, const float *xd,
                                                              const int32_t *xs, float (*out)[BLOCK]) {
+    (void)mn; /* q8_0 has no minimums */
     const int G = K / GROUP;
     __m256 acc[ROWS][2];
     for (int t = 0; t < mt; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
@@ -115,48 +117,9 @@ static inline __attribute__((always_inline)) void block_rows(int mt, int m0, int
 
 #endif
 
-/* Several linears over one input x[M, K], outputs side by side in y[M, sum of N]: q8's
-   counterpart of q4_linears, with the same arguments (mins is unused: q8 has none), norm and
-   SwiGLU on the way in included. Weight w: qw[w] its blocks, scales[w] its blocks' scales. */
-void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, const uint16_t *const *scales,
-                const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
-                const float *norm, float eps, int gated) {
-    (void)mins;
-    const int G = K / GROUP;
-    q8_rows rows = q8_rows_of(x, M, K, norm, eps, gated);
-    const int8_t *xq = rows.xq;
-    const float *xd = rows.xd;
-    const int32_t *xs = rows.xs;
-    int first[9], offset[9];
-    const int width = joint_blocks(nw, N, first, offset), blocks = first[nw];
-#pragma omp parallel for schedule(static)
-    for (int block = 0; block < blocks; block++) {
-        int w = 0;
-        while (block >= first[w + 1]) w++;
-        const int b = block - first[w], n0 = b * BLOCK, n = N[w] - n0 < BLOCK ? N[w] - n0 : BLOCK;
-        const int8_t *blk = qw[w] + (size_t)b * G * BLOCK_GROUP;
-        const uint16_t *sc = scales[w] + (size_t)b * G * BLOCK;
-#if ROWS == 8
-        __m512 out[ROWS];
-#else
-        float out[ROWS][BLOCK];
-#endif
-        for (int m0 = 0; m0 < M; m0 += ROWS) {
-            const int mt = M - m0 < ROWS ? M - m0 : ROWS;
-            switch (mt) { /* each a constant: the accumulators stay in registers */
-#define PASS(r) case r: block_rows(r, m0, K, blk, sc, xq, xd, xs, out); break;
-            PASS(1) PASS(2) PASS(3) PASS(4)
-#if ROWS == 8
-            PASS(5) PASS(6) PASS(7) PASS(8)
-#endif
-#undef PASS
-            }
-            block_store((const float (*)[BLOCK])out, mt, y + (size_t)m0 * width + offset[w] + n0, width, n,
-                        bias[w] ? bias[w] + n0 : NULL, accumulate);
-        }
-    }
-    q8_rows_free(&rows);
-}
+#define JOINT_LINEARS q8_linears
+#define JOINT_WEIGHT int8_t
+#include "q8_joint.h"
 
 /* W [N, K] -> blocks (ceil(N/16) * K * 16 bytes) and their scales (ceil(N/16) * K/32 * 16
    float16): q8_0's rounding (scale = max|w| / 127 as float16, q = round(w / scale)), laid out

@@ -16,7 +16,7 @@ void q4_linears(const float *x, int M, int K, int nw, const uint8_t *const *qw, 
                 const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                 const float *norm, float eps, int gated);
 void q8_linears(const float *x, int M, int K, int nw, const int8_t *const *qw, const uint16_t *const *scales,
-                const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
+                const uint16_t *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
                 const float *norm, float eps, int gated);
 void f32_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
                  const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,
@@ -72,9 +72,25 @@ int ji_probe(void);
 /* -- shared between the files ------------------------------------------------------------------- */
 /* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
-int joint_blocks(int nw, const int *N, int *first, int *offset); /* layer_ops.c; BLOCK is its 16 */
-void block_store(const float (*sums)[16], int mt, float *y, int width, int n, const float *b,
-                 int accumulate); /* layer_ops.c: a block's rows into y */
+
+/* A joint of nw <= 8 linears (q/k/v, gate/up) whose outputs sit side by side in y: its blocks of 16
+   outputs are numbered across the weights, as every kernel's parallel loop takes them
+   (layer_ops.c). */
+typedef struct {
+    int blocks, width;       /* blocks in all; y's width, the sum of N */
+    int first[9], offset[9]; /* weight w's first block; its first column of y */
+    const int *N;
+    const float *const *bias; /* bias[w]: NULL for none */
+    float *y;
+    int accumulate; /* y += instead of y = */
+} joint;
+typedef struct {
+    int w, b, n0, n; /* weight w's block b: its outputs n0..n0+n-1 (n <= 16) */
+} joint_block;
+joint joint_of(int nw, const int *N, const float *const *bias, float *y, int accumulate);
+joint_block joint_block_at(const joint *j, int block);
+/* A block's sums for rows m0..m0+mt-1 into y (plus the bias, added to y with accumulate). */
+void joint_store(const joint *j, joint_block at, const float (*sums)[16], int m0, int mt);
 /* int4.c: one row as int8 per group in natural order, each group's scale and sum of ints. */
 void q8_row(const float *x, int K, int8_t *xq, float *xd, int32_t *xs);
 

@@ -86,40 +86,46 @@ float *way_in(const float *x, int M, int K, const float *norm, float eps, int ga
     return out;
 }
 
-/* A joint's outputs in blocks of 16, numbered across its nw weights (nw <= 8), as every kernel's
-   parallel loop takes them: first[w] is weight w's first block (first[nw]: how many in all),
-   offset[w] (unless NULL) its first column of y. Returns y's width, the sum of N. */
-int joint_blocks(int nw, const int *N, int *first, int *offset) {
-    int width = 0, blocks = 0;
+joint joint_of(int nw, const int *N, const float *const *bias, float *y, int accumulate) {
+    joint j = {.N = N, .bias = bias, .y = y, .accumulate = accumulate};
     for (int w = 0; w < nw; w++) {
-        first[w] = blocks;
-        if (offset) offset[w] = width;
-        blocks += (N[w] + 15) / 16;
-        width += N[w];
+        j.first[w] = j.blocks;
+        j.offset[w] = j.width;
+        j.blocks += (N[w] + 15) / 16;
+        j.width += N[w];
     }
-    first[nw] = blocks;
-    return width;
+    j.first[nw] = j.blocks;
+    return j;
 }
 
-/* A block's results for mt rows into y: row r's n outputs (n <= 16) are sums[r] plus the bias b
-   (NULL: none), written to y + r * width, or added to what is there with accumulate. Every
-   kernel's blocks end here. */
-void block_store(const float (*sums)[16], int mt, float *y, int width, int n, const float *b, int accumulate) {
+joint_block joint_block_at(const joint *j, int block) {
+    int w = 0;
+    while (block >= j->first[w + 1]) w++;
+    const int b = block - j->first[w], n0 = b * 16, left = j->N[w] - n0;
+    return (joint_block){.w = w, .b = b, .n0 = n0, .n = left < 16 ? left : 16};
+}
+
+/* Row r's n outputs (n <= 16) are sums[r] plus the bias (if any), written to y's row m0 + r at
+   the block's columns, or added to what is there with accumulate. Every kernel's blocks end here. */
+void joint_store(const joint *j, joint_block at, const float (*sums)[16], int m0, int mt) {
+    const int width = j->width, n = at.n;
+    const float *b = j->bias[at.w] ? j->bias[at.w] + at.n0 : NULL;
+    float *y = j->y + (size_t)m0 * width + j->offset[at.w] + at.n0;
 #ifdef __AVX512F__
     const __mmask16 live = (__mmask16)((1u << n) - 1u);
     const __m512 bias = b ? _mm512_maskz_loadu_ps(live, b) : _mm512_setzero_ps();
     for (int r = 0; r < mt; r++) {
-        float *at = y + (size_t)r * width;
+        float *yr = y + (size_t)r * width;
         __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums[r]), bias);
-        if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, at));
-        _mm512_mask_storeu_ps(at, live, v);
+        if (j->accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, yr));
+        _mm512_mask_storeu_ps(yr, live, v);
     }
 #else
     for (int r = 0; r < mt; r++) {
         float *yr = y + (size_t)r * width;
         for (int o = 0; o < n; o++) {
             const float v = sums[r][o] + (b ? b[o] : 0.f);
-            yr[o] = accumulate ? yr[o] + v : v;
+            yr[o] = j->accumulate ? yr[o] + v : v;
         }
     }
 #endif

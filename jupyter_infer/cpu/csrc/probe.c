@@ -48,7 +48,7 @@ int ji_probe(void) {
         bad |= not_finite(y, m * PN);
         q8_quantize(w, PN, PK, q8, scales);
         const int8_t *qw8 = q8;
-        q8_linears(x, m, PK, 1, &qw8, &sc, &no_extra, &n, &no_bias, y, 0, NULL, 0.f, 0);
+        q8_linears(x, m, PK, 1, &qw8, &sc, &no_mins, &n, &no_bias, y, 0, NULL, 0.f, 0);
         bad |= not_finite(y, m * PN);
         const void *qf = w, *qb = bf16;
         f32_linears(x, m, PK, 1, &qf, &no_extra, &no_extra, &n, &no_bias, y, 0, NULL, 0.f, 0);

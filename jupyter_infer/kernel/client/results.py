@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...values.request import token_usage
+
 
 @dataclass
 class Completion:
@@ -70,11 +72,7 @@ class Completion:
             "id": self.id,
             "text": self.text,
             "finish_reason": self.finish_reason,
-            "usage": {
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-            },
+            "usage": token_usage(self.prompt_tokens, self.completion_tokens),
             "batch": {"id": self.batch_id, "size": self.batch_size},
             "timings": {"queued_ms": self.queued_ms, "ttft_ms": self.ttft_ms, "total_ms": self.total_ms},
             "prompt": self.prompt,
