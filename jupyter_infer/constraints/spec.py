@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InvalidRequest
@@ -201,3 +201,12 @@ def _subschemas(schema: dict[str, Any], fn: Any, branches: Any = None) -> dict[s
     if isinstance(out.get("items"), list):
         out["items"] = [fn(sub) for sub in out["items"]]
     return out
+
+
+@dataclass(frozen=True)
+class ToolsConstraint(Constraint):
+    """A ``tools`` constraint with the set it was made from, so that no one reads the set back
+    from the spec (the spec stays the grammar's key and what an upstream is sent)."""
+
+    # Its tools.ToolSet (typed loosely: tools.py builds on this module, not the other way).
+    tools: Any = field(default=None, compare=False, repr=False)

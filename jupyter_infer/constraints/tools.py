@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..values.request import show
-from .spec import MAX_SPEC_CHARS, Constraint, closed_schema, seconds_below_60
+from .spec import MAX_SPEC_CHARS, Constraint, ToolsConstraint, closed_schema, seconds_below_60
 from .tool_formats import (
     FORMATS,
     HERMES,
@@ -87,6 +87,10 @@ class ToolSet:
 
     @classmethod
     def from_constraint(cls, constraint: Constraint) -> ToolSet:
+        """The set a ``tools`` constraint stands for: the one it was made from (``constraint()``),
+        or read back from its spec where it came another way (a copy, an upstream's)."""
+        if isinstance(constraint, ToolsConstraint) and constraint.tools is not None:
+            return constraint.tools
         value = constraint.value
         return cls([Tool(**t) for t in value["tools"]], value["choice"], value["parallel"],
                    text_schema=value.get("text_schema"), format=value.get("format", "hermes"),
@@ -95,7 +99,7 @@ class ToolSet:
     def constraint(self) -> Constraint:
         spec = {"tools": [t.__dict__ for t in self.tools], "choice": self.choice, "parallel": self.parallel,
                 "text_schema": self.text_schema, "format": self.format, "specials": self.specials}
-        return Constraint("tools", json.dumps(spec), param="tools")
+        return ToolsConstraint("tools", json.dumps(spec), param="tools", tools=self)
 
     def written_as(self, fmt: ToolFormat, specials: Mapping[str, int]) -> ToolSet:
         """This set, its calls in ``fmt`` (``specials``: the model's special tokens by text)."""
@@ -443,3 +447,4 @@ def parse_calls(text: str, fmt: ToolFormat = HERMES, *, cut: bool = False) -> tu
     if parser.mode == "calls":
         return None, parser.calls if cut else parser.calls[: parser.complete]
     return parser.content, []
+

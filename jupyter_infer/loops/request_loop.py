@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import EngineUnavailable, InferError, RequestFailed
 from ..values.limits import Limits
 from ..values.stream import RequestStream
+from .answer_calls import with_calls
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -232,7 +233,8 @@ class RequestLoop(abc.ABC):
                 continue
             rec = seq.record
             if rec.outcome != "failed":
-                stream.finish(seq.result())
+                reasons = self.info is not None and self.info.reasoning
+                stream.finish(with_calls(seq, seq.result(), stream.tool_format, reasons))
                 continue
             if error is None:
                 error_type = EngineUnavailable if self._stop_reason is not None else RequestFailed

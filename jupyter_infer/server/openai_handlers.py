@@ -86,10 +86,7 @@ class OpenAIHandler(InferHandler):
                 if not stream.done:
                     stream.cancel()  # another choice failed, or the client left
         if not self.gone.is_set():
-            answer = shape.whole(results)
-            for stream, choice in zip(streams, answer["choices"], strict=True):
-                _record_calls(stream, choice["finish_reason"])
-            self.finish(answer)
+            self.finish(shape.whole(results))
 
     async def _stream_choices(
         self, streams: list[RequestStream], call: openai_requests.OpenAIRequest, shape: openai_answers.Shaper,
@@ -147,15 +144,12 @@ class OpenAIHandler(InferHandler):
             tokens[i] = event.completion_tokens
             rest = (event.logprobs or ())[records[i]:]
             lp = shape.event_logprobs(rest, chars[i]) if rest else None
-            called = False
             for kind, piece in splitters[i].finish() if splitters is not None else ():
                 text += (data(shape.reasoning_chunk(i, piece, usage=usage(i))) if kind == "reasoning"
                          else content(i, piece, None))
             if parsers is not None:
                 text += "".join(map(data, shape.call_chunks(i, parsers[i].finish(), usage(i))))
-                called = bool(parsers[i].calls) and not call.tools.named
-            reason = openai_answers.finish_reason(event, called, legacy=call.tools is not None and call.tools.legacy)
-            _record_calls(streams[i], reason)
+            reason = openai_answers.finish_reason(event, legacy=call.tools is not None and call.tools.legacy)
             return text + data(shape.chunk(i, None if chat else "", finish_reason=reason, logprobs=lp, usage=usage(i)))
 
         self.start_event_stream()
@@ -171,13 +165,6 @@ class OpenAIHandler(InferHandler):
         text = data(shape.usage_chunk(outcome)) if call.include_usage else ""
         await self.send(text + format_event("[DONE]"))
         self.finish_event_stream()
-
-
-def _record_calls(stream: RequestStream, reason: str) -> None:
-    """A choice that ended in tool calls says so in its record (``infer/batches``), as in its
-    answer: the engine finished it as "stop", and only this layer reads the calls."""
-    if reason in ("tool_calls", "function_call") and stream.record is not None:
-        stream.record.finish_reason = reason
 
 
 class CompletionsHandler(OpenAIHandler):

@@ -192,7 +192,7 @@ def token_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 class RequestResult:
     id: str
     text: str
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: str  # "stop" | "length" | "tool_calls" | "cancelled"
     prompt_tokens: int
     completion_tokens: int
     batch_id: int | None
@@ -208,6 +208,11 @@ class RequestResult:
     logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = field(default=None, repr=False)
     route: str | None = None  # the router's backend that served it (engine = "router")
+    # A tools request's answer, read once at its end (loops/answer_calls.py): the calls it makes
+    # (OpenAI's ``tool_calls`` entries; cut short by max_tokens, the last one's arguments as far
+    # as they got), or None: a text answer, or no tools offered.
+    tool_calls: tuple[dict[str, Any], ...] | None = field(default=None, repr=False)
+    whole_calls: int = 0  # how many of them are whole (after them: one cut short)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -224,4 +229,6 @@ class RequestResult:
         }
         if self.route is not None:
             out["route"] = self.route
+        if self.tool_calls and self.whole_calls:  # the whole calls only: one cut short is not callable
+            out["tool_calls"] = list(self.tool_calls[: self.whole_calls])
         return out

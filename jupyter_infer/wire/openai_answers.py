@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..constraints.tool_formats import FORMATS, HERMES
-from ..constraints.tools import CallDelta, parse_calls
+from ..constraints.tool_formats import HERMES
+from ..constraints.tools import CallDelta
 from ..errors import InferError
 from ..values.engine_info import EngineInfo
 from ..values.request import RequestResult, TokenLogprob, token_usage
@@ -50,12 +50,13 @@ def models_list(info: EngineInfo, created: int) -> dict[str, Any]:
 
 
 # -- answers ---------------------------------------------------------------------------------------
-def finish_reason(result: RequestResult, called: bool = False, legacy: bool = False) -> str:
-    """OpenAI's: ``length``, ``tool_calls`` (the answer is calls, not to a named tool;
-    ``function_call`` for a legacy ``functions`` request), ``stop``."""
+def finish_reason(result: RequestResult, legacy: bool = False) -> str:
+    """OpenAI's: ``length``, ``tool_calls`` (the answer is calls, not to a named tool, as read
+    at its end: ``loops/answer_calls``; ``function_call`` for a legacy ``functions`` request),
+    ``stop``."""
     if result.finish_reason == "length":
         return "length"
-    if called:
+    if result.finish_reason == "tool_calls":
         return "function_call" if legacy else "tool_calls"
     return "stop"
 
@@ -112,23 +113,22 @@ class Shaper:
     def whole(self, results: list[RequestResult]) -> dict[str, Any]:
         choices = []
         for index, result in enumerate(results):
-            choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result), "logprobs": None}
+            legacy = self.call.tools is not None and self.call.tools.legacy
+            choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result, legacy),
+                                      "logprobs": None}
             if self.chat:
                 reasoning, text = (split_reasoning(result.text, self.reasoning[index]) if self.reasoning
                                    else (None, result.text))
                 choice["message"] = {"role": "assistant", "content": text}
                 if reasoning is not None:
                     choice["message"]["reasoning_content"] = reasoning
-                if self.call.tools is not None:
-                    # Cut short by max_tokens: the calls so far (the last one's arguments as far
-                    # as they got) and "length", as the stream sends them.
-                    content, calls = parse_calls(text, FORMATS[self.tool_formats[index]], cut=True)
-                    if content is None:
-                        legacy = self.call.tools.legacy
-                        said = ({"function_call": _function_call(calls[0]) if calls else None} if legacy
-                                else {"tool_calls": calls or None})
-                        choice["message"] = {**choice["message"], "content": None, **said}
-                        choice["finish_reason"] = finish_reason(result, not self.call.tools.named, legacy)
+                if self.call.tools is not None and result.tool_calls is not None:
+                    # The answer is calls (cut short by max_tokens: the calls so far, the last
+                    # one's arguments as far as they got, and "length", as the stream sends them).
+                    calls = list(result.tool_calls)
+                    said = ({"function_call": _function_call(calls[0]) if calls else None} if legacy
+                            else {"tool_calls": calls or None})
+                    choice["message"] = {**choice["message"], "content": None, **said}
                 if self.call.logprobs is not None:
                     choice["logprobs"] = self.chat_logprobs(result.logprobs or ())
             else:

@@ -85,3 +85,20 @@ async def test_a_tool_calls_record_says_tool_calls_in_infer_batches(client: Any,
         == ["tool_calls", "tool_calls", "stop"]
     records = json.loads((await jp_fetch("infer", "batches")).body)["requests"]
     assert [r["finish_reason"] for r in records[-3:]] == ["tool_calls", "tool_calls", "stop"]
+
+
+async def test_the_native_answer_carries_the_calls_the_server_read(jp_fetch: Any) -> None:
+    """``infer/generate`` with tools answers with the calls, read once on the server (the
+    notebook client no longer reads them from the text); cut short by max_tokens, a call is
+    not callable and the answer stays text."""
+    said = [{"role": "user", "content": "write `a.txt` with `hi`"}]
+
+    async def generate(**extra: Any) -> dict[str, Any]:
+        body = {"messages": said, "tools": [WRITE], "temperature": 0, **extra}
+        return json.loads((await jp_fetch("infer", "generate", method="POST", body=json.dumps(body))).body)
+
+    whole, cut = await generate(max_tokens=200), await generate(max_tokens=8)
+    assert whole["finish_reason"] == "tool_calls", whole
+    assert [json.loads(c["function"]["arguments"]) for c in whole["tool_calls"]] == [
+        {"file_path": "a.txt", "content": "hi"}]
+    assert cut["finish_reason"] == "length" and "tool_calls" not in cut and cut["text"], cut

@@ -12,8 +12,6 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...constraints.spec import closed_schema
-from ...constraints.tool_formats import FORMATS
-from ...constraints.tools import parse_calls
 from ...errors import EngineUnavailable, InferError
 from .arrivals import arrival_times
 from .backend import Backend
@@ -162,10 +160,8 @@ class Client:
             body["tools"] = [as_tool(t) for t in tools]
         data = await self._backend.generate(body)
         completion = Completion.from_json(data, prompt=None, sent_at=sent, received_at=time.time())
-        if tools:
-            content, calls = parse_calls(completion.text, FORMATS[data.get("tool_format", "hermes")])
-            if calls:  # else the text stays as it came (a call cut short by max_tokens included)
-                completion.tool_calls, completion.text = calls, content or ""
+        if data.get("tool_calls"):  # the server read them (a call cut short stays text)
+            completion.tool_calls, completion.text = data["tool_calls"], ""
         return completion
 
     def chat(self, messages: list[dict[str, Any]], *, tools: list[Any] | None = None, **params: Any) -> Completion:
