@@ -159,15 +159,19 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float
         await asyncio.sleep(0.02)
 
 
-async def assert_up_on_the_fallback(config: ServiceConfig, reason: str) -> None:
-    """A service told to load a model it cannot serve: up on the simulated engine, saying
-    ``reason``, and answering."""
+async def assert_failed_saying(config: ServiceConfig, reason: str) -> None:
+    """A service told to load a model it cannot serve: still up, its status ``failed`` and
+    saying ``reason``, every request refused with it (503), never answered by a stand-in."""
+    from jupyter_infer.errors import EngineUnavailable
+
     service = InferenceService(config)
     service.start()
-    await service.wait_ready()
     try:
+        with pytest.raises(EngineUnavailable, match=re.escape(reason)):
+            await service.wait_ready()
         status = service.status()
-        assert status["engine"] == "simulated" and reason in str(status.get("fallback_reason"))
-        assert (await (await service.submit(Request("hello", SamplingParams(max_tokens=4)))).result()).text
+        assert status["state"] == "failed" and reason in str(status.get("load_error")), status
+        with pytest.raises(EngineUnavailable, match=re.escape(reason)):
+            await service.submit(Request("hello", SamplingParams(max_tokens=4)))
     finally:
         await service.stop()

@@ -31,6 +31,20 @@ from typing import Any
 HUB_EXTENSION = "jupyterhub"
 DEFAULT_URL = "/infer/"  # a browser without a session is sent to log in from there
 HUB_SERVICE_ENV = ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_SERVICE_URL")
+SHORTHANDS = (
+    ("model", "model", "the model to serve: a checkpoint folder, a .gguf file or a Hugging Face id"),
+    ("engine", "engine", "auto, hf, simulated, openai (an upstream server) or router"),
+    ("quantize", "quantize", "the weights as int4, int8, bf16 or none"),
+    ("dtype", "dtype", "the compute dtype: auto, float32, bfloat16, float16"),
+    ("device", "device", "auto, cpu, cuda, mps"),
+    ("threads", "num_threads", "CPU threads the engine uses (0: the cores it may use)"),
+)
+
+
+def shorthand_args(args: argparse.Namespace) -> list[str]:
+    """``--model X`` and the like as the Jupyter server's ``--InferApp.model=X``."""
+    return [f"--InferApp.{trait}={getattr(args, flag)}" for flag, trait, _ in SHORTHANDS
+            if getattr(args, flag, None) is not None]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="authenticate through JupyterHub (default: when started by the hub as a service, "
              "that is when JUPYTERHUB_SERVICE_NAME and JUPYTERHUB_API_TOKEN are set)",
     )
+    # The flags every other server takes, as the traits they stand for (an unknown one would
+    # reach the Jupyter server, which only warns "Unrecognized alias" and serves the default).
+    for flag, trait, what in SHORTHANDS:
+        parser.add_argument(f"--{flag}", metavar=flag.upper(), help=f"{what} (--InferApp.{trait})")
     parser.allow_abbrev = False  # --h… or --no… belong to the Jupyter server, not to --hub
     parser.set_defaults(server_args=[])  # filled by the cli with the options it does not know
 
@@ -79,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         # The hub extension picks the default URL: config first, then this (c.Spawner.default_url's way).
         os.environ.setdefault("JUPYTERHUB_DEFAULT_URL", DEFAULT_URL)
-    argv = list(args.server_args)
+    argv = shorthand_args(args) + list(args.server_args)  # given after, the long form wins
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in argv:
         argv.append("--allow-root")  # containers and hub services often run as root
     # These values yield to config files and the command line, except jpserver_extensions

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from ..values import load_progress
 from ..values.config import QUANTIZE
 from . import int4_linear, kernels
 from .features import cpu_has_vnni
@@ -209,9 +210,14 @@ def swap_linears(model: nn.Module, *, prepack: bool, quantize: str = "none") -> 
             return LinearReport(kernels=kernels, layers=0, seconds=0.0)
     start = time.perf_counter()
     swapped = 0
+    progress = load_progress.current()
+    progress.phase(f"{'quantizing' if quantize in QUANTIZED else 'packing'} the linears",
+                   sum(type(m) in (nn.Linear, Conv1D) for m in model.modules()), "linears")
     with torch.no_grad():
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
+                if type(child) in (nn.Linear, Conv1D):
+                    progress.advance()
                 if type(child) is nn.Linear:
                     weight, bias = child.weight, child.bias
                 elif type(child) is Conv1D:  # GPT-2's linears keep the weight as [in, out]

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
-from pathlib import Path
-from urllib.parse import urlparse
 
-from ..values.config import ServiceConfig
+from ..formats.model_source import ModelNotFound, locate
+from ..values import load_progress
+from ..values.config import DEFAULT_MODEL, ServiceConfig
 from ..values.engine_info import EngineInfo
 from .base import Batch, Engine, KVUsage, RowOutput, RowTable, Sampled, StepPlan
 
@@ -21,13 +19,16 @@ FALLBACK_MESSAGE = "jupyter_infer: falling back to the simulated engine (%s)"
 
 
 def load_engine(config: ServiceConfig) -> Engine:
-    """Build the configured engine; ``auto`` falls back to ``simulated`` and says why."""
+    """Build the configured engine. ``auto`` falls back to ``simulated`` (and says why) only
+    for the built-in default model: a model the user named that cannot load is a failure that
+    says why, never a fluent stand-in."""
     if config.engine == "simulated":
         return _simulated(config)
+    load_progress.current().phase("finding the model, importing transformers")
     try:
-        return _hf(config, auto=config.engine == "auto")
+        return _hf(config)
     except Exception as err:
-        if config.engine == "hf":
+        if config.engine == "hf" or config.model != DEFAULT_MODEL:
             raise
         reason = str(err) if "InferApp.draft_model" in str(err) else \
             f"could not load {config.model!r} with transformers: {_short(err)}"
@@ -46,49 +47,30 @@ def _simulated(config: ServiceConfig, fallback_reason: str | None = None) -> Eng
     )
 
 
-def _hf(config: ServiceConfig, *, auto: bool) -> Engine:
+def _hf(config: ServiceConfig) -> Engine:
     from .hf.hf_engine import HFEngine
 
-    model, local_only = _local_or_hub(config.model, auto)
-    draft, draft_local_only = _local_or_hub(config.draft_model, auto) if config.speculation == "draft" else ("", True)
+    model = locate(config.model)
+    try:
+        draft = locate(config.draft_model) if config.speculation == "draft" else None
+    except ModelNotFound as err:
+        raise ModelNotFound(f"InferApp.draft_model {config.draft_model!r} could not be loaded ({err}); "
+                            "or set InferApp.speculative = 'ngram' to do without it.") from None
     return HFEngine(
-        model,
+        model.path,
         device=config.device,
         dtype=config.dtype,
         num_threads=config.num_threads,
-        local_files_only=local_only,
-        draft_local_files_only=draft_local_only,
+        local_files_only=model.local_files_only,
+        draft_local_files_only=draft.local_files_only if draft else True,
         generation_defaults=config.generation_defaults,
         split_reasoning=config.split_reasoning,
         tool_call_format=config.tool_call_format,
         prefix_cache_mb=config.prefix_cache_mb,
         prepack_weights=config.prepack_weights,
         quantize=config.quantize,
-        draft_model=draft,
+        draft_model=draft.path if draft else "",
     )
-
-
-def _local_or_hub(name: str, auto: bool) -> tuple[str, bool]:
-    """A model's directory, or its hub id; and whether to look in the local cache only (a
-    directory, an offline hub, or auto mode with the hub unreachable: from_pretrained then
-    fails at once instead of retrying until a timeout)."""
-    folder = Path(name).expanduser()
-    if folder.is_dir():
-        return str(folder), True
-    return name, _hub_offline() or (auto and not _hub_reachable())
-
-
-def _hub_offline() -> bool:
-    return any(os.environ.get(v, "").upper() in {"1", "ON", "YES", "TRUE"} for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def _hub_reachable(timeout: float = 1.5) -> bool:
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((url.hostname or "", url.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _short(err: BaseException) -> str:

@@ -47,6 +47,7 @@ from ..cpu.model_linears import (
     swappable,
 )
 from ..cpu.process_memory import release_freed
+from ..values import load_progress
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 
 # The file's block types served as int4 when ``quantize`` is "none"; the float ones stay
@@ -141,10 +142,14 @@ def load_model(model: str, *, dtype: torch.dtype, device: str, quantize: str,
                     tables[hf] = tensor
                 else:
                     floats[hf] = torch.from_numpy(_dequantized(path, tensor, processor, names)).to(dtype)
+        progress = load_progress.current()
+        progress.phase("reading the GGUF linears" + (f" into {quantize}" if quantize != "none" else ""),
+                       len(linears), "linears")
         for tensor in file.tensors:
             hf = names.get(tensor.name)
             if hf not in linears:
                 continue
+            progress.advance()
             parent, attr, child = linears[hf]
             bias = floats.pop(f"{hf.removesuffix('.weight')}.bias", None)
             fmt = _format(tensor.kind, quantize, child, device)

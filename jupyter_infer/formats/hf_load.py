@@ -43,6 +43,7 @@ from ..cpu.model_linears import (
     swappable,
 )
 from ..cpu.process_memory import current_rss, peak_rss, release_freed
+from ..values import load_progress
 from . import gguf_load, gptq_awq
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
 
@@ -74,6 +75,7 @@ def load_causal_lm(model: str, *, dtype: torch.dtype, device: str, local_files_o
         folder = _safetensors_folder(model, local_files_only)
         streamed = _load_streamed(folder, held_as(dtype, ours[0]), quantize, *ours) if folder else None
     if streamed is None:
+        load_progress.current().phase("loading the weights (transformers)")
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, local_files_only=local_files_only).to(device)
         linears = LinearReport(kernels="eager (aten addmm)", layers=0, seconds=0.0)
         if device == "cpu":
@@ -280,8 +282,12 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
 
     chunked = from_rows(quantize)
     start, swapped = time.perf_counter(), 0
+    slots = linear_slots(lm)
+    progress = load_progress.current()
+    progress.phase("reading the linears" + (f" into {quantize}" if quantize != "none" else ""), len(slots), "linears")
     with torch.no_grad():
-        for weight_name, (parent, attr, child) in linear_slots(lm).items():
+        for weight_name, (parent, attr, child) in slots.items():
+            progress.advance()
             if weight_name not in packed and not swappable(quantize, in_features(child)):
                 continue  # left on meta: read with the float tensors below
             bias = read(f"{weight_name.removesuffix('.weight')}.bias").float() if child.bias is not None else None
@@ -307,6 +313,7 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
         else:
             compact_float_embedding(lm, lambda name, first, stop: rows(name, first, stop).float())
         seconds = time.perf_counter() - start
+        progress.phase("reading the other tensors (embeddings, norms)")
         for name, param in list(lm.named_parameters(remove_duplicate=False)):
             if param.device.type == "meta":
                 put_tensor(lm, name, read(name).to(dtype))

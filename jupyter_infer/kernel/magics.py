@@ -288,6 +288,8 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
         ("engine", status.get("engine")),
         ("model", status.get("model")),
         ("device", f"{status.get('device')} ({status.get('dtype')})"),
+        ("weights", describe_weights(status)),
+        ("loading", describe_loading(status)),
         ("scheduling mode", status.get("mode")),
         ("fallback reason", status.get("fallback_reason") or "–"),
         ("queue / running", f"{status.get('queue_depth', metrics.get('queue_depth'))} / {status.get('running', requests.get('running'))}"),
@@ -304,6 +306,34 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
         f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows
     )
     return {"text/plain": text, "text/html": f"<table>{table}</table>"}
+
+
+def describe_weights(status: dict[str, Any]) -> str:
+    """How the model is held: its format, and its bytes and the process's, once loaded."""
+    details = status.get("details") or {}
+    held = details.get("quantize") if details.get("quantize") not in (None, "none") else status.get("dtype")
+    if not held:
+        return "–"
+    sizes = [f"{_bytes(details[key])} {what}" for key, what in (("weight_bytes", "of weights"),
+                                                               ("rss_after_load_bytes", "resident"))
+             if details.get(key)]
+    return f"{held}" + (f" ({', '.join(sizes)})" if sizes else "")
+
+
+def describe_loading(status: dict[str, Any]) -> str:
+    """Where loading is (while it goes), or what it took (once done)."""
+    loading = status.get("loading")
+    if not loading:
+        return "–"
+    if status.get("state") != "loading":
+        return f"took {loading['elapsed_s']} s" if loading.get("phase") == "done" else f"stopped at: {loading['phase']}"
+    count = f": {loading['done']} of {loading['total']} {loading['unit']}" if loading.get("total") else ""
+    left = f", about {loading['phase_left_s']:.0f} s left" if loading.get("phase_left_s") is not None else ""
+    return f"{loading['phase']}{count} ({loading['elapsed_s']} s so far{left})"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 MAGIC_NAMES = ("infer", "infer_burst", "infer_panel", "infer_status")

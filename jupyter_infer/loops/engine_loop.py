@@ -26,6 +26,7 @@ from ..errors import InvalidRequest
 from ..scheduler.scheduler import Scheduler
 from ..values.engine_info import EngineInfo
 from ..values.limits import check_model, check_token_ids
+from ..values.load_progress import LoadProgress, reporting
 from ..values.request import TokenEvent
 from ..values.sequence import Sequence
 from ..values.step import StepPlan
@@ -56,6 +57,7 @@ class EngineLoop(RequestLoop):
         self.output: OutputStage | None = None  # the engine's tokens into text, and who ends
         self._executor: ThreadPoolExecutor | None = None
         self._stepped_at: float | None = None  # when the last step ended, until the heap is trimmed
+        self.progress: LoadProgress | None = None  # how loading goes (and went), once started
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -144,6 +146,8 @@ class EngineLoop(RequestLoop):
                                           "max_tokens": engine.speculative_tokens,
                                           "max_rows": engine.speculative_max_rows,
                                           "draft_model": engine.info.details.get("draft_model")}
+        if self.progress is not None:  # while loading: how far; once done: what it took
+            snap.status["loading"] = self.progress.snapshot()
         return snap
 
     # -- the loop ---------------------------------------------------------------------------
@@ -151,7 +155,8 @@ class EngineLoop(RequestLoop):
         loop = asyncio.get_running_loop()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jupyter-infer-engine")
         try:
-            self.engine = await loop.run_in_executor(self._executor, self._load)
+            self.progress = LoadProgress(self._what_loads(), log=lambda line: log.info("jupyter_infer | %s", line))
+            self.engine = await loop.run_in_executor(self._executor, self._load_reporting, self.progress)
             # The load leaves garbage (cycles through its modules and tensors): one full
             # collection now, before any request, not a quarter-second one under the first
             # burst (the server then freezes what is left: server/startup_heap).
@@ -170,6 +175,7 @@ class EngineLoop(RequestLoop):
             self._ready.set()
         if self._state != "ready":
             return
+        log.info("jupyter_infer | ready: %s", ready_line(self.engine.info, self.progress))
         self.recorder.ready(self.engine.info)
         core = self.scheduler
         while True:
@@ -200,6 +206,16 @@ class EngineLoop(RequestLoop):
                         seq.id, len(seq.output_ids), tokens[-1], fragment, logprobs, prompt_logprobs))
             self._end_finished()
 
+    def _load_reporting(self, progress: LoadProgress) -> Engine:
+        """The engine, loaded on this (the engine's) thread, its loaders reporting to ``progress``."""
+        with reporting(progress):
+            engine = self._load()
+        progress.finish()
+        return engine
+
+    def _what_loads(self) -> str:
+        return "the simulated engine" if self.config.engine == "simulated" else self.config.model
+
     async def _idle(self, wake_at: float | None) -> None:
         """Wait for work; once nothing has run for ``IDLE_TRIM_S``, trim the heap first (on the
         engine's thread: the server's event loop never waits for it)."""
@@ -217,3 +233,27 @@ class EngineLoop(RequestLoop):
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()
+
+
+def ready_line(info: EngineInfo, progress: LoadProgress) -> str:
+    """What was loaded, in one log line: the model, its format, its bytes, the machine's share."""
+    d = info.details
+    if info.engine != "hf":
+        return f"{info.model} ({info.engine} engine) in {progress.snapshot()['elapsed_s']} s"
+    held = d.get("quantize") if d.get("quantize") not in (None, "none") else info.dtype
+    count = d.get("parameters", 0)
+    count = f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"
+    parts = [f"{info.model}: {d.get('architecture', '?')}, {count} parameters as {held} on {info.device}"]
+    if d.get("weight_bytes"):
+        parts.append(f"{_size(d['weight_bytes'])} of weights")
+    if d.get("rss_after_load_bytes"):
+        parts.append(f"{_size(d['rss_after_load_bytes'])} resident")
+    if d.get("num_threads"):
+        parts.append(f"{d['num_threads']} threads")
+    if d.get("linear_kernels"):
+        parts.append(f"linears: {d['linear_kernels']}")
+    return ", ".join(parts) + f"; loaded in {progress.snapshot()['elapsed_s']} s"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

@@ -18,7 +18,7 @@ from .._version import __version__
 from ..engine import Engine
 from ..service.inference import InferenceService
 from ..service.service_factory import make_service
-from ..values.config import ServiceConfig, normalize_url
+from ..values.config import ServiceConfig, given_options, normalize_url
 from . import prometheus
 from .config_traits import ServiceTraits
 from .handler_base import SERVICE_KEY
@@ -72,11 +72,14 @@ class InferApp(ServiceTraits, ExtensionApp):
             raise ValueError(
                 f"InferApp.sse_keepalive_s must be above 0 and at most 15; got {self.sse_keepalive_s}."
             )
+        return ServiceConfig(**self._service_options())
+
+    def _service_options(self) -> dict[str, Any]:
         names = [f.name for f in fields(ServiceConfig) if self.has_trait(f.name)]
         options = {name: getattr(self, name) for name in names}
         if "engine" not in self.config.get("InferApp", {}):
             options.update(hub_shared_service(os.environ))
-        return ServiceConfig(**options)
+        return options
 
     def initialize_settings(self) -> None:
         self._routed_log_handlers = route_package_logs(self.log)
@@ -90,7 +93,8 @@ class InferApp(ServiceTraits, ExtensionApp):
                 "jupyter_infer | invalid configuration: %s The inference service will not start.",
                 self.config_error,
             )
-            self.service = InferenceService(engine_loader=_refuse(self.config_error))
+            self.service = InferenceService(engine_loader=_refuse(self.config_error),
+                                            configured=given_options(self._service_options()))
         else:
             config = self.service.config
             what = {"openai": config.upstream_url,  # never the key

@@ -47,6 +47,7 @@ class InferenceService:
         self, config: ServiceConfig | None = None, *, engine_loader: Callable[[], Engine] | None = None,
         route: str | None = None, parent: MetricsCollector | None = None, events: EventBus | None = None,
         batch_ids: Iterator[int] | None = None, upstream: UpstreamServer | None = None,
+        configured: dict[str, Any] | None = None,
     ) -> None:
         self.config = config or ServiceConfig()
         cfg = self.config
@@ -55,6 +56,8 @@ class InferenceService:
         self.route = route
         self.collector = MetricsCollector(keep=cfg.keep_records, parent=parent)
         self.events = events or EventBus(capacity=cfg.event_buffer, max_subscribers=cfg.max_event_subscribers)
+        # What the user set (a configuration refused as invalid shows what was given, not defaults).
+        self._configured = configured
         self._loop = make_loop(cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
                                batch_ids=batch_ids, upstream=upstream)
         self.limits = self._loop.limits
@@ -222,7 +225,7 @@ class InferenceService:
             "parked": len(snap.parked),
             "prefix_cache": snap.prefix_cache,
             "kv_cache": snap.kv_cache,
-            "configured": {"engine": self.config.engine, "model": self.config.model},
+            "configured": self._configured or self.config.given(),
             **snap.status,
         }
         if self.route is not None:

@@ -182,6 +182,11 @@ class ServiceConfig:
     router_fallback: Mapping[str, str] = knob(factory=dict, hash=False, help="""engine='router': where a request goes when its backend fails before the first
         token (unreachable, overloaded, queue full), e.g. {'cluster': 'local'}.""")
 
+    def given(self) -> dict[str, Any]:
+        """What this configuration says beyond the defaults (engine and model always), as
+        ``infer/status`` shows it (``configured``)."""
+        return given_options({f.name: getattr(self, f.name) for f in fields(self)})
+
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
             raise ValueError(f"InferApp.{name} must be {rule}; got {getattr(self, name)!r}.")
@@ -342,3 +347,24 @@ def normalize_url(url: str) -> str:
     if "://" not in url:
         url = "http://" + url
     return url if url.endswith("/") else url + "/"
+
+
+SECRET_OPTIONS = frozenset({"upstream_api_key"})
+
+
+def given_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` (ServiceConfig's names) as status shows them: engine and model, and every
+    other that differs from its default; a secret only as set or not."""
+    defaults = {f.name: ServiceConfig.default(f.name) for f in fields(ServiceConfig)}
+    out = {"engine": options.get("engine", defaults["engine"]), "model": options.get("model", defaults["model"])}
+    for name, value in options.items():
+        if name in out or (name in defaults and _same(value, defaults[name])):
+            continue
+        out[name] = "(set)" if name in SECRET_OPTIONS and value else value
+    return out
+
+
+def _same(value: Any, default: Any) -> bool:
+    if isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
+        return list(value) == list(default)
+    return value == default

@@ -20,7 +20,21 @@ export interface IStatus {
   limits: Record<string, number>;
   queue_depth: number;
   running: number;
-  configured?: { engine: string; model: string };
+  configured?: { engine: string; model: string; [option: string]: unknown };
+  /** How loading goes (while state is "loading"), or what it took (once done). */
+  loading?: ILoading;
+}
+
+export interface ILoading {
+  model: string;
+  phase: string;
+  done: number;
+  total: number;
+  unit: string;
+  elapsed_s: number;
+  phase_s: number;
+  phase_left_s: number | null;
+  phases: { phase: string; s: number }[];
 }
 
 export interface ISummary {

@@ -1,5 +1,7 @@
 // Numbers as a person reads them, shared by the panel and the timeline.
 
+import type { ILoading, IStatus } from './api';
+
 /** A duration in milliseconds: "850 ms", "1.2 s", "45 s", "2 min 5 s". */
 export function formatMs(ms: number | null | undefined): string {
   if (ms === null || ms === undefined || !Number.isFinite(ms)) {
@@ -26,4 +28,33 @@ export function formatNumber(value: number | null | undefined, digits = 1): stri
     return '–';
   }
   return Math.abs(value) >= 100 ? String(Math.round(value)) : value.toFixed(digits).replace(/\.0+$/, '');
+}
+
+/** How the model is held: its format (int4, not the compute dtype), its bytes and the process's. */
+export function describeWeights(s: IStatus): string | null {
+  const d = (s.details ?? {}) as Record<string, unknown>;
+  const quantize = typeof d.quantize === 'string' && d.quantize !== 'none' ? d.quantize : null;
+  const held = quantize ?? s.dtype;
+  if (!held) {
+    return null;
+  }
+  const sizes: string[] = [];
+  if (typeof d.weight_bytes === 'number') {
+    sizes.push(`${formatBytes(d.weight_bytes)} of weights`);
+  }
+  if (typeof d.rss_after_load_bytes === 'number') {
+    sizes.push(`${formatBytes(d.rss_after_load_bytes)} resident`);
+  }
+  return sizes.length ? `${held} (${sizes.join(', ')})` : held;
+}
+
+/** Where loading is: its phase, how far, the seconds so far and (where counted) left. */
+export function describeLoading(l: ILoading): string {
+  const count = l.total ? `: ${l.done} of ${l.total} ${l.unit}` : '';
+  const left = l.phase_left_s !== null ? `, about ${Math.round(l.phase_left_s)} s left` : '';
+  return `${l.phase}${count} (${l.elapsed_s} s so far${left})`;
+}
+
+function formatBytes(n: number): string {
+  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${Math.round(n / 2 ** 20)} MiB`;
 }

@@ -3,7 +3,7 @@
 
 import { Widget } from '@lumino/widgets';
 import { InferError, IGenerateResult, IMetrics, IStatus } from './api';
-import { formatMs, formatNumber } from './format';
+import { describeLoading, describeWeights, formatMs, formatNumber } from './format';
 import { InferenceModel } from './model';
 import { LiveTimelineView } from './livetimeline';
 
@@ -84,7 +84,7 @@ export class InferencePanel extends Widget {
       ['Engine', 'engine'],
       ['Model', 'model'],
       ['Device', 'device'],
-      ['dtype', 'dtype'],
+      ['Weights', 'weights'],
       ['Mode', 'mode'],
       ['Limits', 'limits']
     ]) {
@@ -178,7 +178,7 @@ export class InferencePanel extends Widget {
       set('engine', s.engine ?? (s.configured ? `${s.configured.engine} (configured)` : null));
       set('model', s.model ?? s.configured?.model ?? null);
       set('device', s.device);
-      set('dtype', s.dtype);
+      set('weights', describeWeights(s));
       set('mode', s.mode);
       const l = s.limits || {};
       set(
@@ -195,7 +195,11 @@ export class InferencePanel extends Widget {
       this._setNotice(`The engine failed to load: ${s.load_error ?? 'unknown reason'}`, 'error');
     } else if (s?.state === 'loading') {
       const since = m.loadingSince === null ? '' : ` (${formatMs(Date.now() - m.loadingSince)} so far)`;
-      this._setNotice(`Loading ${s.configured?.model ?? 'the model'} into the ${s.configured?.engine ?? ''} engine…${since}`, 'info');
+      this._setNotice(
+        `Loading ${s.configured?.model ?? 'the model'} into the ${s.configured?.engine ?? ''} engine: ` +
+          (s.loading ? describeLoading(s.loading) : `starting${since}`),
+        'info'
+      );
     } else if (s?.fallback_reason) {
       this._setNotice(
         `Running the ${s.engine} engine instead of ${s.configured?.engine ?? 'the configured one'}: ${s.fallback_reason}`,

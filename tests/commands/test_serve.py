@@ -106,3 +106,43 @@ def test_a_local_server_alone_is_serve_and_otherwise_carries_jupyterlab(alone: b
             assert client.wait_ready(timeout=120)["engine"] == "simulated"
         lab = httpx.get(server.url + "lab", headers=server.headers)
         assert lab.status_code == (404 if alone else 200)
+
+
+def test_serve_takes_the_flags_users_type_and_a_named_model_that_is_not_there_fails_loudly(tmp_path: Path) -> None:
+    """``--model`` is ours (the Jupyter server only warned "Unrecognized alias" and the
+    simulated engine answered); a named model that is not there is a failed state that says
+    where and what to do, within seconds, and every request is refused with it."""
+    port, token = free_port(), secrets.token_hex(8)
+    missing = tmp_path / "my-model"
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--model", str(missing), "--quantize", "int4",
+         f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}", "--no-hub"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                status = httpx.get(f"{url}/infer/status", headers=auth).json()
+                if status["state"] != "loading":
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        assert status["state"] == "failed" and status["engine"] is None, status
+        assert f"No model at {missing}" in status["load_error"] and "make-model" in status["load_error"]
+        assert status["configured"]["model"] == str(missing) and status["configured"]["quantize"] == "int4"
+        answer = httpx.post(f"{url}/infer/v1/completions", headers=auth,
+                            json={"model": str(missing), "prompt": "hi", "max_tokens": 2})
+        assert answer.status_code == 503 and f"No model at {missing}" in answer.json()["error"]["message"]
+        assert f"No model at {missing}" in (tmp_path / "serve.log").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from server_helpers import assert_up_on_the_fallback
+from server_helpers import assert_failed_saying
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.cpu import int4_linear, kernels
@@ -228,7 +228,7 @@ def test_int4_is_refused_at_load_where_it_cannot_run(tiny_model_dir: Path, monke
 async def test_a_server_asked_for_int4_where_it_cannot_run_stays_up_and_says_why(
         tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "unavailable", lambda: "no C compiler was found (set CC)")
-    await assert_up_on_the_fallback(ServiceConfig(engine="auto", model=str(tiny_model_dir), quantize="int4"),
+    await assert_failed_saying(ServiceConfig(engine="auto", model=str(tiny_model_dir), quantize="int4"),
                                     "no C compiler")
 
 

@@ -140,9 +140,10 @@ def test_a_draft_model_that_cannot_be_loaded_says_so_and_how_to_do_without(tiny_
     with pytest.raises(ValueError, match=r"InferApp.draft_model .*no-such-model.* could not be loaded.*speculative = 'ngram'"):
         HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, draft_model=missing,
                  draft_local_files_only=True)
-    # engine "auto" falls back to the simulated engine, and its reason names the draft model, not the model.
-    engine = load_engine(ServiceConfig(model=str(tiny_model_dir), draft_model=missing))
-    assert engine.info.engine == "simulated" and "InferApp.draft_model" in engine.info.fallback_reason
+    # engine "auto" with a model the user named does not fall back to a stand-in: it fails, and
+    # the reason names the draft model, not the model, and the way to do without it.
+    with pytest.raises(ValueError, match=r"InferApp.draft_model .*no-such-model.*nothing is there.*'ngram'"):
+        load_engine(ServiceConfig(model=str(tiny_model_dir), draft_model=missing))
 
 
 def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_dir: Path) -> None:

@@ -14,7 +14,7 @@ import openai
 import pytest
 import torch
 from gguf_files import write_llama_gguf
-from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
+from server_helpers import TOKEN, assert_failed_saying, server_config
 from test_int4_linear import assert_own_greedy_choices
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -186,4 +186,4 @@ async def test_a_gguf_file_we_cannot_serve_is_refused_by_name_and_the_server_sta
     make(path)
     with pytest.raises(ValueError, match=f"model-q4_0.gguf: {reason}"):
         HFEngine(str(path), local_files_only=True)
-    await assert_up_on_the_fallback(ServiceConfig(engine="auto", model=str(path)), reason)
+    await assert_failed_saying(ServiceConfig(engine="auto", model=str(path)), reason)

@@ -17,7 +17,7 @@ import openai
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from server_helpers import TOKEN, assert_up_on_the_fallback, server_config
+from server_helpers import TOKEN, assert_failed_saying, server_config
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from jupyter_infer.cpu import kernels
@@ -225,4 +225,4 @@ async def test_groups_our_int4_cannot_hold_are_refused_by_name_and_the_server_st
     reason = "its GPTQ groups of 16 inputs do not split into our groups of 32"
     with pytest.raises(ValueError, match=f"{packed_dir.name}: {reason}"):
         HFEngine(str(packed_dir), local_files_only=True)
-    await assert_up_on_the_fallback(ServiceConfig(engine="auto", model=str(packed_dir)), reason)
+    await assert_failed_saying(ServiceConfig(engine="auto", model=str(packed_dir)), reason)

@@ -127,19 +127,19 @@ def test_embedded_fallback_with_a_note(
 
 
 def test_embedded_engines_log_their_fallback_once_quietly(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Two embedded ``auto`` engines whose model cannot load (notebook 02 runs two): one INFO
-    record (a WARNING reaches a cell as red stderr), and each status says why."""
+    """Two embedded ``auto`` engines whose built-in default model cannot load (notebook 02 runs
+    two, offline): one INFO record (a WARNING reaches a cell as red stderr), and each status says why."""
     from jupyter_infer.service.inference import InferenceService
-    from jupyter_infer.values.config import ServiceConfig
+    from jupyter_infer.values.config import DEFAULT_MODEL, ServiceConfig
 
-    missing = str(tmp_path / "no-such-model")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     caplog.set_level(logging.INFO, logger="jupyter_infer.engine")
     for mode in ("window", "continuous"):
-        with Client(embedded=InferenceService(ServiceConfig(mode=mode, model=missing))) as client:
+        with Client(embedded=InferenceService(ServiceConfig(mode=mode))) as client:
             status = client.wait_ready()
-            assert status["engine"] == "simulated" and missing in status["fallback_reason"]
+            assert status["engine"] == "simulated" and DEFAULT_MODEL in status["fallback_reason"]
     fallbacks = [r for r in caplog.records if "falling back to the simulated engine" in r.getMessage()]
     assert [r.levelname for r in fallbacks] == ["INFO"]
 

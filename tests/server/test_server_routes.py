@@ -372,11 +372,14 @@ def test_every_knob_is_declared_once_and_is_a_trait_with_its_help_and_default() 
     assert InferApp().service_config() == ServiceConfig()
 
 
-@pytest.mark.parametrize("infer_options", [{"max_queue_size": 0}])
+@pytest.mark.parametrize("infer_options", [{"max_queue_size": 0, "mode": "window", "model": "/m"}])
 async def test_an_invalid_configuration_fails_clearly_instead_of_using_defaults(jp_fetch: Any) -> None:
     status = json.loads((await jp_fetch("infer", "status")).body)
     assert status["state"] == "failed"
     assert "InferApp.max_queue_size must be at least 1" in status["load_error"]
+    # What was given, not the defaults the service would have run on.
+    given = {"model": "/m", "max_queue_size": 0, "mode": "window"}
+    assert {name: status["configured"].get(name) for name in given} == given
     code, error, _ = await error_of(jp_fetch, "infer/generate", {"prompt": "hi"})
     assert code == 503 and "InferApp.max_queue_size" in error["message"]
 

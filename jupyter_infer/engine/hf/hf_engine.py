@@ -36,6 +36,7 @@ from ...formats.device_choice import check_quantize, default_num_threads, pick_d
 from ...formats.hf_load import check_format, held_dtype, load_causal_lm, parameter_count
 from ...text.generation_defaults import reasons, sampling_defaults
 from ...text.token_bound import longest_token_chars
+from ...values import load_progress
 from ...values.engine_info import EngineInfo
 from ..base import Engine, KVUsage, Sampled
 from ..kv import kv_cache
@@ -77,21 +78,9 @@ class HFEngine(Engine):
     ) -> None:
         super().__init__()
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
-        check_format(model)
-        self.device = pick_device(device)
-        torch_dtype = pick_dtype(dtype, self.device)
-        gguf = gguf_load.is_gguf(model)
-        if quantize != "none":
-            check_quantize(quantize, self.device)  # refused off the CPU
-        if (quantize != "none" or gguf) and self.device == "cpu" and dtype == "auto":
-            torch_dtype = torch.float32  # what the int8 and int4 kernels take and give
-        if self.device == "cpu":
-            torch.set_num_threads(num_threads or default_num_threads())
-        self.tokenizer = (gguf_load.load_tokenizer(model) if gguf
-                          else AutoTokenizer.from_pretrained(model, local_files_only=local_files_only))
-        self.model, linears, self.load = load_causal_lm(
-            model, dtype=torch_dtype, device=self.device, local_files_only=local_files_only,
-            quantize=quantize, prepack=prepack_weights)
+        torch_dtype, linears = self._read(model, device, dtype, num_threads, local_files_only, quantize,
+                                          prepack_weights)
+        load_progress.current().phase("getting ready to serve (grammars, draft model, forward)")
         parameters = parameter_count(self.model)
         config = self.model.config
         eos = self.model.generation_config.eos_token_id
@@ -137,6 +126,27 @@ class HFEngine(Engine):
         # How wide a forced run is fed (step_cost: its pad columns stay in the bucket's cache).
         # On the CPU only: a GPU's forward returns before it ran, and is overhead-bound anyway.
         self.step_cost = StepCost() if self.device == "cpu" else None
+
+    def _read(self, model: str, device: str, dtype: str, num_threads: int, local_files_only: bool,
+              quantize: str, prepack: bool) -> tuple[torch.dtype, LinearReport]:
+        """The tokenizer and the model, on the device and in the dtype chosen for them."""
+        check_format(model)
+        self.device = pick_device(device)
+        torch_dtype = pick_dtype(dtype, self.device)
+        gguf = gguf_load.is_gguf(model)
+        if quantize != "none":
+            check_quantize(quantize, self.device)  # refused off the CPU
+        if (quantize != "none" or gguf) and self.device == "cpu" and dtype == "auto":
+            torch_dtype = torch.float32  # what the int8 and int4 kernels take and give
+        if self.device == "cpu":
+            torch.set_num_threads(num_threads or default_num_threads())
+        load_progress.current().phase("reading the tokenizer")
+        self.tokenizer = (gguf_load.load_tokenizer(model) if gguf
+                          else AutoTokenizer.from_pretrained(model, local_files_only=local_files_only))
+        self.model, linears, self.load = load_causal_lm(
+            model, dtype=torch_dtype, device=self.device, local_files_only=local_files_only,
+            quantize=quantize, prepack=prepack)
+        return torch_dtype, linears
 
     def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
                      quantize: str) -> EngineInfo:

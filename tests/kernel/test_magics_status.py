@@ -1,0 +1,21 @@
+"""``%infer_status`` says how the model is held (its format, not only the compute dtype) and how
+loading goes."""
+
+from __future__ import annotations
+
+from jupyter_infer.kernel.magics import describe_loading, describe_weights
+
+
+def test_an_int4_model_is_shown_as_int4_with_its_bytes() -> None:
+    status = {"state": "ready", "dtype": "float32",
+              "details": {"quantize": "int4", "weight_bytes": 3 * 2**29, "rss_after_load_bytes": 2**31}}
+    assert describe_weights(status) == "int4 (1.50 GiB of weights, 2.00 GiB resident)"
+    assert describe_weights({"dtype": "bfloat16", "details": {"quantize": "none"}}) == "bfloat16"
+
+
+def test_loading_says_where_it_is_and_then_what_it_took() -> None:
+    loading = {"phase": "reading the linears into int4", "done": 42, "total": 168, "unit": "linears",
+               "elapsed_s": 12.5, "phase_left_s": 30.2}
+    assert describe_loading({"state": "loading", "loading": loading}) == (
+        "reading the linears into int4: 42 of 168 linears (12.5 s so far, about 30 s left)")
+    assert describe_loading({"state": "ready", "loading": {**loading, "phase": "done"}}) == "took 12.5 s"
