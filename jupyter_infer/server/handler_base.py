@@ -87,6 +87,10 @@ def answers_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+MAX_TOKENS_BOUND = 2**31 - 1  # what max_tokens may say where the server sets no limit of its own
+UNAUTHORIZED = ("Missing or invalid token: send this Jupyter server's token (an 'Authorization: token <t>' "
+                "header, or ?token=), or from a browser its login cookie with the XSRF header "
+                "('jupyter server list' shows the token).")
 _HTTP_MESSAGES = {
     403: "Forbidden: this needs Jupyter's auth, the token (an 'Authorization: token <t>' header, or "
          "?token=) or the browser's login cookie with its XSRF header.",
@@ -100,7 +104,7 @@ class HTTPFailure(InferError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-        self.code = {403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
+        self.code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
             status, "invalid_request" if status < 500 else "internal_error")
 
 
@@ -163,6 +167,21 @@ class InferHandler(EventStreamHandler):
         self._body = bytearray()
         self._handed_over = False  # the service has the request: it counts what happens now
         self._body_clock: asyncio.TimerHandle | None = None  # answers 408 if the body is too slow
+
+    def check_xsrf_cookie(self) -> None:
+        # jupyter_server checks XSRF on a POST whose token did not authenticate it; for a
+        # client that sent no token, or a wrong one, the truth is 401 and what to send, not
+        # "'_xsrf' argument missing from POST".
+        if hasattr(self, "_jupyter_current_user") and self.current_user is None and self.no_user_is_401():
+            raise web.HTTPError(401, self.unauthorized)
+        super().check_xsrf_cookie()
+
+    unauthorized = UNAUTHORIZED  # what a 401 says (the OpenAI routes speak of an API key)
+
+    def no_user_is_401(self) -> bool:
+        """No user means no valid token here; under JupyterHub it may also be a token the hub
+        knows without the scope for this service, which stays the hub's 403."""
+        return not type(self.identity_provider).__module__.startswith("jupyterhub")
 
     async def prepare(self) -> None:  # type: ignore[override]
         """Auth first (jupyter_server's checks raise 403/404 here, before any body is read),
@@ -242,7 +261,8 @@ class InferHandler(EventStreamHandler):
 
     @property
     def max_new_tokens(self) -> int:
-        return self.service.limits.max_new_tokens
+        # 0: no limit of ours (the context bounds an answer, checked once the prompt is tokenized).
+        return self.service.limits.max_new_tokens or MAX_TOKENS_BOUND
 
     # -- who is asking ----------------------------------------------------------------------
     @functools.cached_property

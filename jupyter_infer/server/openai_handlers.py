@@ -35,12 +35,10 @@ class OpenAIHandler(InferHandler):
     def error_body(self, err: InferError) -> dict[str, Any]:
         return openai_answers.error_body(err)
 
-    def check_xsrf_cookie(self) -> None:
-        # jupyter_server checks XSRF on a POST whose token did not authenticate it; for an
-        # API client that sent a wrong key the truth is 401, not "'_xsrf' argument missing".
-        if hasattr(self, "_jupyter_current_user") and self.current_user is None:
-            raise web.HTTPError(401, INVALID_KEY)
-        super().check_xsrf_cookie()
+    unauthorized = INVALID_KEY
+
+    def no_user_is_401(self) -> bool:
+        return True  # OpenAI's clients read any refused key as 401 (AuthenticationError)
 
     def get_login_url(self) -> str:
         raise web.HTTPError(401, INVALID_KEY)  # what @web.authenticated asks for without a user

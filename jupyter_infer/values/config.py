@@ -89,7 +89,8 @@ class ServiceConfig:
         'window' mode (the classic batcher), 32 in 'continuous' mode (measured best on CPU:
         docs/benchmark.md).""")
     max_queue_size: int = knob(256, "Most requests that may wait; more are refused with 429 and Retry-After.")
-    max_new_tokens: int = knob(512, "Largest max_tokens a request may ask for.")
+    max_new_tokens: int = knob(0, """Largest max_tokens a request may ask for; 0 (default): what is left of
+        the model's context after the prompt, as vLLM and Ollama allow.""")
     max_prompt_tokens: int = knob(32768, "Longest prompt (in tokens) a request may send.")
     max_prefill_tokens: int = knob(4096, "Prompt tokens that one step may run (newcomers together); bounds a step's cost.")
     idle_admit_delay_ms: float = knob(5.0, """Continuous mode: an idle engine starts its first prefill once no request
@@ -225,11 +226,11 @@ class ServiceConfig:
             fail("device", "auto, cpu, cuda, cuda:N or mps")
         if not self.model:
             raise ValueError("InferApp.model is empty: give a Hugging Face model id or a directory.")
-        for name in ("max_queue_size", "max_new_tokens", "max_prompt_tokens", "max_prefill_tokens",
+        for name in ("max_queue_size", "max_prompt_tokens", "max_prefill_tokens",
                      "keep_records", "max_event_subscribers", "event_buffer"):
             if getattr(self, name) < 1:
                 fail(name, "at least 1")
-        for name in ("owner_max_running", "owner_max_queued", "owner_tokens_per_minute"):
+        for name in ("owner_max_running", "owner_max_queued", "owner_tokens_per_minute", "max_new_tokens"):
             if getattr(self, name) < 0:
                 fail(name, "0 (no limit) or more")
         for key, weight in self.fair_share_weights.items():

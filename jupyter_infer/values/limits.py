@@ -79,10 +79,10 @@ class Limits:
         params = request.params
         room = max_context - prompt_tokens
         if params.max_tokens is None:
-            params = replace(params, max_tokens=max(1, min(self.max_new_tokens, room)))
+            params = replace(params, max_tokens=max(1, min(self.max_new_tokens or room, room)))
             request = replace(request, params=params)
         max_tokens = params.max_tokens
-        if max_tokens > self.max_new_tokens:
+        if self.max_new_tokens and max_tokens > self.max_new_tokens:
             raise InvalidRequest(
                 f"'max_tokens' is {max_tokens}, above this server's limit of "
                 f"{self.max_new_tokens} (InferApp.max_new_tokens). Ask for fewer tokens.",

@@ -184,7 +184,8 @@ export class InferencePanel extends Widget {
       set(
         'limits',
         `batch ≤ ${l.max_batch_size ?? '?'} · queue ≤ ${l.max_queue_size ?? '?'} · ` +
-          `${l.max_new_tokens ?? '?'} new tokens · prompt ≤ ${l.max_prompt_tokens ?? '?'} tokens`
+          `${l.max_new_tokens ? `${l.max_new_tokens} new tokens` : 'answers up to the context'} · ` +
+          `prompt ≤ ${l.max_prompt_tokens ?? '?'} tokens`
       );
     }
     if (m.connection === 'reconnecting') {

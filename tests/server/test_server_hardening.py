@@ -280,6 +280,17 @@ async def test_a_get_stream_with_only_the_login_cookie_does_not_run_the_model(
         assert response.status_code == 200 and "event: done" in response.text
 
 
+async def test_a_post_without_a_token_is_401_saying_what_to_send(base_url: str) -> None:
+    """Not "'_xsrf' argument missing from POST": a script that forgot (or mistyped) the token
+    is told to send it, on every route that runs the model."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as script:
+        for route in ("infer/generate", "infer/tokenize", "infer/v1/completions"):
+            for headers in ({}, {"Authorization": "token wrong"}):
+                response = await script.post(route, json={"prompt": "hi", "model": "simulated"}, headers=headers)
+                message = assert_error_shape(response, 401, openai=route != "infer/generate")
+                assert "token" in message.lower() and "_xsrf" not in message, message
+
+
 # -- row 6: idle event subscribers are cheap and bounded --------------------------------------------
 @pytest.mark.parametrize("infer_options", [("simulated", {"max_event_subscribers": 3})], indirect=True)
 async def test_event_subscribers_are_capped_with_429(client: httpx.AsyncClient, jp_serverapp: Any) -> None:

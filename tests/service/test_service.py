@@ -179,6 +179,18 @@ async def test_limits_rejected_before_queueing() -> None:
     await s.stop()
 
 
+async def test_an_open_max_tokens_runs_to_the_context_by_default() -> None:
+    """No max_tokens (OpenAI's default): as many as the context leaves, as vLLM and Ollama
+    allow, not a cap of this server's (unless InferApp.max_new_tokens sets one)."""
+    s = await started(fast_engine(max_context=100))
+    seq = await s._loop.prepare(req("one two three", max_tokens=None))
+    assert seq.params.max_tokens == 100 - seq.num_prompt_tokens
+    capped = await started(fast_engine(max_context=100), max_new_tokens=20)
+    assert (await capped._loop.prepare(req("one two three", max_tokens=None))).params.max_tokens == 20
+    await s.stop()
+    await capped.stop()
+
+
 async def test_stop_sequence_truncates_and_is_never_streamed() -> None:
     s = await started(fast_engine())
     full = await (await s.submit(req("What is attention?", max_tokens=40))).result()
