@@ -167,9 +167,10 @@ class GrammarCompiler:
         started = time.perf_counter()
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
         self._compile_ms.append((time.perf_counter() - started) * 1000)
-        if matcher.is_error():
-            raise InvalidRequest(f"The {constraint.describe()} constraint cannot be enforced: "
-                                 f"{_first_line(matcher.get_error())}", param=constraint.param)
+        problem = _first_line(matcher.get_error()) if matcher.is_error() else self._dead_end(matcher)
+        if problem is not None:
+            raise InvalidRequest(f"The {constraint.describe()} constraint cannot be enforced: {problem}",
+                                 param=constraint.param)
         grammar = Grammar(matcher, constraint, self)
         with self._lock:
             self._cache[key] = grammar
@@ -177,6 +178,24 @@ class GrammarCompiler:
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return grammar
+
+    def _dead_end(self, matcher: llguidance.LLMatcher) -> str | None:
+        """Why no answer can fit, where that shows once the grammar's fixed start is taken (a
+        rule with no way out after a forced ``a``): refused now, with a 400, instead of
+        failing mid-answer (a streamed answer would have sent its 200 already)."""
+        probe = matcher.deep_copy()
+        forced = list(probe.compute_ff_tokens())[:256]
+        if forced:
+            probe.consume_tokens(forced)
+        if probe.is_error():
+            return _first_line(probe.get_error())
+        if probe.is_stopped():
+            return None
+        bits = np.empty((self.vocab + 31) // 32, dtype=np.int32)
+        probe.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        if probe.is_error() or not bits.any():
+            return "it allows no answer (after its fixed start, no token can follow)."
+        return None
 
     def stats(self) -> dict[str, Any]:
         """Compiles so far, grammars cached, and the recent compile times (ms)."""

@@ -111,3 +111,14 @@ async def test_jupyter_answers_while_constraints_compile(http: httpx.AsyncClient
         await asyncio.sleep(0.05)
     assert all(c.result().status_code in (200, 400) for c in calls)
     assert worst < 1.0, worst
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_grammar_with_no_way_out_is_refused_before_the_stream_starts(http: httpx.AsyncClient,
+                                                                             stream: bool) -> None:
+    """A forced start with nothing after it: a 400 before any header, streamed or not (it was a
+    200 and then an error chunk: agent frameworks take those differently), as vLLM refuses."""
+    body = {"prompt": "Go", "max_tokens": 10, "stream": stream, "guided_grammar": 'start: "a" b\nb: b "c"'}
+    answer = await http.post("infer/v1/completions", json=body)
+    assert answer.status_code == 400 and answer.headers["Content-Type"].startswith("application/json"), answer.text
+    assert "allows no answer" in answer.json()["error"]["message"]
