@@ -66,6 +66,8 @@ BODY_TIMEOUT_BACKSTOP_S = 5.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[None]])
 log = logging.getLogger(__name__)
+# A line per generating request (InferHandler.access_line); its level makes it easy to silence.
+access_log = logging.getLogger("jupyter_infer.access")
 
 
 def answers_errors(method: F) -> F:
@@ -228,6 +230,18 @@ class InferHandler(EventStreamHandler):
     def on_finish(self) -> None:
         self.stop_body_clock()
         super().on_finish()
+        if self.generates:
+            access_log.info("%s", self.access_line())
+
+    def access_line(self) -> str:
+        """One line per generating request, as a server's access log has it: the method and
+        route, the status, who asked, the tokens in and out, and how long it took."""
+        records = [s.record for s in self.request_streams if s.record is not None]
+        tokens = (f" tokens={sum(r.prompt_tokens for r in records[:1])}+{sum(r.completion_tokens for r in records)}"
+                  if records else "")
+        user = self.viewer.name if self.current_user is not None else "-"
+        return (f"jupyter_infer | {self.request.method} {self.request.path} {self.get_status()} user={user}"
+                f"{tokens} {1000 * self.request.request_time():.0f} ms")
 
     def on_connection_close(self) -> None:
         self.stop_body_clock()

@@ -391,3 +391,18 @@ async def test_an_invalid_configuration_fails_clearly_instead_of_using_defaults(
 async def test_batch_size_default_follows_the_mode(jp_fetch: Any) -> None:
     status = json.loads((await jp_fetch("infer", "status")).body)
     assert status["limits"]["max_batch_size"] == 32
+
+
+async def test_each_generating_request_gets_an_access_log_line(jp_fetch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A server's access log: method, route, status, who, tokens in and out, time; refusals too."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="jupyter_infer.access")
+    answer = await post_json(jp_fetch, "infer/generate", {"prompt": "What is batching?", "max_tokens": 3})
+    code, _, _ = await error_of(jp_fetch, "infer/generate", {"prompt": 5})
+    await jp_fetch("infer", "status")  # polled by panels every second: not logged
+    lines = [r.getMessage() for r in caplog.records if r.name == "jupyter_infer.access"]
+    assert len(lines) == 2, lines
+    tokens = f"tokens={answer['usage']['prompt_tokens']}+{answer['usage']['completion_tokens']}"
+    assert lines[0].startswith("jupyter_infer | POST /") and "/infer/generate 200 user=local " in lines[0]
+    assert tokens in lines[0] and lines[0].endswith(" ms") and f"/infer/generate {code} user=local" in lines[1]
