@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from .model_builder import SIZES, make_model
+from .model_builder import SIZE_HELP, SIZES, make_model
 from .model_training import train_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", help="where to save the model (save_pretrained layout)")
-    parser.add_argument("--size", choices=SIZES, default="tiny")
+    parser.add_argument("--size", choices=SIZES, default="tiny", metavar="SIZE",
+                        help="the model's shape (random weights unless --train; default: tiny): "
+                             + "; ".join(f"{name}: {SIZE_HELP[name]}" for name in SIZES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context", type=int, default=None, metavar="TOKENS",
                         help="positions the model takes (default: the size's, 512 for tiny); more leaves room "

@@ -40,6 +40,13 @@ __all__ = [
 ]
 
 SIZES = ("tiny", "small", "llama-tiny", "0.5b")
+# What each size is, as `make-model --help` says it (the shapes are _build_model's).
+SIZE_HELP = {
+    "tiny": "GPT-2, 2 layers of 128 (~0.7 M parameters, 512 positions): for tests, loads in a second",
+    "small": "GPT-2, 12 layers of 768 (~90 M parameters, GPT-2 small's shape)",
+    "llama-tiny": "Llama, 2 layers of 128, grouped-query attention: the Llama path (our CPU forward) in small",
+    "0.5b": "Llama with Qwen2.5-0.5B's shape (24 layers of 896, ~0.36 B parameters): real-size timings",
+}
 
 EOS_TOKEN = "<|endoftext|>"
 # Role markers are special tokens so a chat prompt tokenizes into clean,
