@@ -26,10 +26,17 @@ from IPython.display import display
 
 from ..errors import InferError
 from ..values.prompts import SAMPLE_PROMPTS
-from .client import Client, Completion, arrival_times, default_client
+from .client import Client, Completion, TokenStream, arrival_times, default_client
 
 STREAM_REDRAW_S = 0.1  # the streamed output is redrawn at most 10 times a second
 BURST_POLL_S = 0.4
+
+
+class Interrupted(KeyboardInterrupt):
+    """A magic interrupted by the user; IPython shows ``_render_traceback_``'s lines for it."""
+
+    def _render_traceback_(self) -> list[str]:
+        return ["jupyter_infer: interrupted; the server cancels the request."]
 
 
 def _short_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -42,8 +49,9 @@ def _short_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except InferError as err:
             print(f"jupyter_infer: {err.message}", file=sys.stderr)
         except KeyboardInterrupt:
-            print("jupyter_infer: interrupted; the server cancels the request.", file=sys.stderr)
-            raise  # stop "run all" here, as any interrupted cell does
+            # Still an interrupt (a "run all" stops here, as at any interrupted cell), shown as
+            # its one line instead of a KeyboardInterrupt traceback under it.
+            raise Interrupted() from None
         return None
 
     return wrapper
@@ -55,7 +63,7 @@ def split_options(line: str) -> tuple[str, str]:
     Options are leading ``-``/``--`` words (with a value unless they are flags); ``--`` ends
     them. The prompt keeps its own spacing and quotes.
     """
-    flags = {"--no-stream", "--help", "-h"}
+    flags = {"--no-stream", "--chat", "--help", "-h"}
     rest = line.lstrip()
     options: list[str] = []
     while rest.startswith("-"):
@@ -68,16 +76,24 @@ def split_options(line: str) -> tuple[str, str]:
         options.append(word)
         rest = after.lstrip()
         if word not in flags and "=" not in word:
-            value, _, after = rest.partition(" ")
+            value, rest = _option_value(rest)
             options.append(value)
-            rest = after.lstrip()
     return " ".join(options), rest
 
 
-def _stream_into_display(client: Client, prompt: str, params: dict[str, Any]) -> None:
+def _option_value(rest: str) -> tuple[str, str]:
+    """An option's value at the start of ``rest`` (a word, or a quoted phrase kept quoted for
+    the option parser: ``--system "Answer in one line."``) and what follows it."""
+    quote = rest[:1]
+    if quote in ("'", '"') and (end := rest.find(quote, 1)) != -1:
+        return rest[: end + 1], rest[end + 1:].lstrip()
+    value, _, after = rest.partition(" ")
+    return value, after.lstrip()
+
+
+def _stream_into_display(stream: TokenStream) -> None:
     """Stream a completion into one display that is updated in place."""
     handle = display({"text/plain": "…"}, raw=True, display_id=True)
-    stream = client.stream(prompt, **params)
     last = 0.0
     try:
         for _ in stream:
@@ -128,6 +144,9 @@ class InferMagics(Magics):
     @argument("--temperature", type=float, default=None, help="0 = greedy (default); up to 2")
     @argument("--seed", type=int, default=None, help="sampling seed, for repeatable answers")
     @argument("--no-stream", action="store_true", help="wait for the whole answer, then show it with its batch")
+    @argument("--chat", action="store_true",
+              help="send the prompt as a user's message, through the model's chat template")
+    @argument("--system", default=None, help="with --chat: a system message first")
     @argument("prompt", nargs="*", help="the prompt (line magic); for %%%%infer the cell body is the prompt")
     @line_cell_magic
     @_short_errors
@@ -138,6 +157,7 @@ class InferMagics(Magics):
 
             %infer What is dynamic batching?
             %infer --max-tokens 32 --seed 1 Explain the KV cache
+            %infer --chat --system "Answer in one line." What is a KV cache?
 
         Cell magic, the options on the first line, the cell is the prompt::
 
@@ -158,10 +178,15 @@ class InferMagics(Magics):
         if not prompt:
             raise UsageError("Give a prompt: `%infer What is a KV cache?`, or a %%infer cell with text.")
         params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+        if args.system is not None and not args.chat:
+            raise UsageError("--system is a chat's system message: give --chat too.")
+        chat = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": prompt}] if args.chat else None
         if args.no_stream:
-            _show_completion(self.client.generate(prompt, **params))
+            _show_completion(self.client.chat(chat, **params) if chat else self.client.generate(prompt, **params))
         else:
-            _stream_into_display(self.client, prompt, params)
+            _stream_into_display(self.client.stream_chat(chat, **params) if chat
+                                 else self.client.stream(prompt, **params))
 
     @line_magic
     @_short_errors

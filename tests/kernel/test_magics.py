@@ -50,6 +50,7 @@ def test_split_options() -> None:
     assert split_options("--max-tokens 20 --no-stream  Explain  it") == ("--max-tokens 20 --no-stream", "Explain  it")
     assert split_options("--seed=3 -- --not an option") == ("--seed=3", "--not an option")
     assert split_options("-1 is a number") == ("", "-1 is a number")
+    assert split_options('--chat --system "Be brief." What is it?') == ('--chat --system "Be brief."', "What is it?")
 
 
 def test_questions_are_prompts() -> None:
@@ -99,7 +100,7 @@ def test_errors_are_one_short_line(kernel: Any) -> None:
     assert status == "ok"
     assert not [m for m in messages if m["msg_type"] == "error"]
     (err,) = [t for t in texts(messages, "stream") if t.strip()]
-    assert err.startswith("jupyter_infer: 'max_tokens' is 100000") and "Traceback" not in err
+    assert err.startswith("jupyter_infer: This model's maximum context length") and "Traceback" not in err
     status, messages, _ = run(kernel, "%infer --bogus 1 hello")
     assert "unrecognized arguments: --bogus" in "".join(texts(messages, "stream"))
     status, messages, _ = run(kernel, "%%infer\n   ")
@@ -174,7 +175,9 @@ def test_interrupt_cancels_the_request(kernel: Any) -> None:
                                        output_hook=hook, timeout=60)
     assert interrupted.is_set()
     assert reply["content"]["status"] == "error"  # stops a "run all" like any interrupted cell
-    assert "the server cancels the request" in "".join(texts(messages, "stream"))
+    # One line says so, with no KeyboardInterrupt traceback under it.
+    errors = [m["content"] for m in messages if m["msg_type"] == "error"]
+    assert [e["traceback"] for e in errors] == [["jupyter_infer: interrupted; the server cancels the request."]]
     deadline = time.monotonic() + 5
     while metrics(kernel)["cancelled"] == before and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -249,3 +252,20 @@ def test_send_and_cancel_twelve_times_leaves_no_stray_traceback(kernel: Any) -> 
     stderr += [m["content"]["text"] for m in messages if m["msg_type"] == "stream" and m["content"]["name"] == "stderr"]
     assert not stderr, stderr
     poll("m = __import__('jupyter_infer.kernel.client', fromlist=['default_client']).default_client().metrics()['requests']; print(m['queued'] + m['running'])", "0")
+
+
+def test_chat_option_sends_messages_through_the_chat_template(kernel: Any) -> None:
+    status, messages, _ = run(kernel, '%infer --chat --system "Be brief." --max-tokens 6 What is a KV cache?')
+    assert status == "ok", messages
+    final = [m for m in messages if m["msg_type"] == "update_display_data"][-1]["content"]["data"]["text/plain"]
+    assert "[6 tokens · first token" in final
+    status, messages, _ = run(kernel, "%infer --chat --no-stream --max-tokens 6 What is a KV cache?")
+    (shown,) = texts(messages, "display_data")
+    assert status == "ok" and "[6 tokens · length" in shown
+    run(kernel, "%infer --no-stream --max-tokens 6 What is a KV cache?")  # the same words, no template
+    _, messages, _ = run(kernel, "print([r['prompt_tokens'] for r in __import__('jupyter_infer.kernel.client', "
+                                 "fromlist=['default_client']).default_client().batches()['requests'][-3:]])")
+    system_chat, chat, plain = eval("".join(texts(messages, "stream")))
+    assert system_chat > chat > plain, (system_chat, chat, plain)  # the template's markers, the system message
+    status, messages, _ = run(kernel, "%infer --system oops What?")
+    assert status == "error" and "give --chat too" in str(messages)

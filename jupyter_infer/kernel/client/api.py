@@ -196,6 +196,12 @@ class Client:
         backend = self._backend
         return TokenStream(self._io, prompt, lambda: backend.stream(body))
 
+    def stream_chat(self, messages: list[dict[str, Any]], **params: Any) -> TokenStream:
+        """``stream`` for a chat: the messages go through the model's chat template."""
+        body = {**{k: v for k, v in params.items() if v is not None}, "messages": messages}
+        backend = self._backend
+        return TokenStream(self._io, messages[-1].get("content", ""), lambda: backend.stream(body))
+
     def astream(self, prompt: str, **params: Any) -> AsyncTokenStream:
         """``async for fragment in client.astream(prompt)``; ``.completion`` after."""
         body = self._body(prompt, params)
