@@ -276,7 +276,8 @@ class MetricsCollector:
             "latency_ms": self.latency_ms.summary(),
             "queue_ms": self.queue_ms.summary(),
             "tokens_per_s": round(self.completion_tokens / self.busy_s, 2) if self.busy_s else None,
-            "recent_tokens_per_s": round(sum(t for _, t in self._recent) / recent_window, 2),
+            # Only the last 10 s: an idle server's rate falls to 0 (the window is trimmed on steps only).
+            "recent_tokens_per_s": round(sum(t for at, t in self._recent if at >= now - 10.0) / recent_window, 2),
             "mean_batch_size": None if mean_batch is None else round(mean_batch, 3),
             "batch_size_histogram": {str(k): v for k, v in sorted(self.step_rows.items())},
             "queue_depth": queue_depth,

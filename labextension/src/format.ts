@@ -1,6 +1,6 @@
 // Numbers as a person reads them, shared by the panel and the timeline.
 
-import type { ILoading, IStatus } from './api';
+import type { ILoading, IMetrics, IStatus } from './api';
 
 /** A duration in milliseconds: "850 ms", "1.2 s", "45 s", "2 min 5 s". */
 export function formatMs(ms: number | null | undefined): string {
@@ -57,4 +57,30 @@ export function describeLoading(l: ILoading): string {
 
 function formatBytes(n: number): string {
   return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${Math.round(n / 2 ** 20)} MiB`;
+}
+
+/**
+ * The status bar's line for a ready server: "infer: ready · 3 running · 2 queued · 41 tok/s"
+ * while generating, "infer: ready · 3 queued" while requests only wait (queued, or parked for
+ * another user's), "infer: ready · idle" when nothing runs or waits. The rate shows only while
+ * something runs: the server's `recent_tokens_per_s` keeps the last burst's figure after it
+ * ended (its window is only trimmed when a step runs), which read as a stale "47 tok/s".
+ */
+export function readyLine(m: IMetrics): string {
+  const running = m.requests?.running ?? 0;
+  const queued = m.requests?.queued ?? m.queue_depth ?? 0;
+  const parts: string[] = [];
+  if (running > 0) {
+    parts.push(`${running} running`);
+  }
+  if (queued > 0) {
+    parts.push(`${queued} queued`);
+  }
+  if ((m.requests?.parked ?? 0) > 0) {
+    parts.push(`${m.requests.parked} parked`);
+  }
+  if (running > 0) {
+    parts.push(`${Math.round(m.recent_tokens_per_s ?? 0)} tok/s`);
+  }
+  return `infer: ready · ${parts.length ? parts.join(' · ') : 'idle'}`;
 }

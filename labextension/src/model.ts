@@ -5,6 +5,7 @@
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
 import { IMetrics, InferApi, IStatus } from './api';
+import { readyLine } from './format';
 import { LiveTimeline, ServerEvent } from './live';
 
 export type Connection = 'connecting' | 'connected' | 'reconnecting';
@@ -58,7 +59,8 @@ export class InferenceModel implements IDisposable {
     return this._stop.signal.aborted;
   }
 
-  /** One line for the status bar: "infer: ready · 3 running · 41 tok/s". */
+  /** One line for the status bar: "infer: ready · 3 running · 41 tok/s", "infer: ready · idle"
+   * (no rate when nothing runs: see `readyLine`). */
   get summary(): string {
     if (this.connection !== 'connected') {
       return this.connection === 'connecting' ? 'infer: connecting…' : 'infer: offline';
@@ -68,9 +70,7 @@ export class InferenceModel implements IDisposable {
     if (!m || state !== 'ready') {
       return `infer: ${state}`;
     }
-    const rate = Math.round(m.recent_tokens_per_s ?? 0);
-    const queued = m.queue_depth ? ` · ${m.queue_depth} queued` : '';
-    return `infer: ready · ${m.requests.running} running${queued} · ${rate} tok/s`;
+    return readyLine(m);
   }
 
   configure(settings: Partial<IModelSettings>): void {

@@ -1,4 +1,5 @@
-// The status-bar item: "infer: ready · 3 running · 41 tok/s"; a click opens the side panel.
+// The status-bar item: "infer: ready · 3 running · 41 tok/s" while generating, "infer: ready ·
+// idle" when nothing runs or waits (InferenceModel.summary); a click opens the side panel.
 
 import { Widget } from '@lumino/widgets';
 import { InferenceModel } from './model';

@@ -26,6 +26,25 @@ export interface ILayoutOptions {
  * while another user's request has its row (fair share). */
 export type PartKind = 'queued' | 'waiting' | 'prefill' | 'decode' | 'decode-unknown' | 'parked';
 
+/** How the legend keys each part kind: the colour (or look) `render.ts` and
+ * `style/timeline.css` draw it in, "=", what it means. Prefill is orange (--jp-warn-color1),
+ * decoding blue, light (few rows in the batch) to dark (many: --jp-brand-color3 … 0), waiting
+ * grey, queued hatched grey: the same in JupyterLab's light and dark themes. */
+const LEGEND: Record<PartKind, [string, string]> = {
+  queued: ['hatched', 'queued'],
+  waiting: ['grey', 'sent, awaiting first token'],
+  prefill: ['orange', 'prefill'],
+  decode: ['blue', 'decoding, colour = rows in the batch:'],
+  'decode-unknown': ['striped blue', 'batch not recorded yet'],
+  parked: ['dashed', "parked (another user's request has its row)"]
+};
+
+/** A part kind's legend text: "orange = prefill". */
+export function legendText(kind: PartKind): string {
+  const [look, meaning] = LEGEND[kind];
+  return `${look} = ${meaning}`;
+}
+
 export interface IPart {
   kind: PartKind;
   x: number;
@@ -178,7 +197,7 @@ function niceStep(raw: number): number {
   return 10 * pow;
 }
 
-/** A tick's label, with as many digits as the tick step needs: "-10 s", "1.5 s", "250 ms". */
+/** A time's label, with as many digits as the tick step needs: "10 s", "1.5 s", "250 ms". */
 export function formatTick(v: number, step: number): string {
   if (Math.abs(v) < 1e-9) {
     return '0 s';
@@ -461,12 +480,24 @@ function pieces(axis: IAxis, start: number, end: number): { x: number; w: number
   return out;
 }
 
-/** Ticks at one nice step, counted from the start (live: back from now, labelled "now"). */
+/** A tick's label on the axis: seconds since the start ("0 s", "2.5 s"), or in live mode how
+ * long before now ("8 s ago", "now"). Never negative: `t` before `ref` (live: after `ref`,
+ * by a rounding error) reads as 0. */
+export function axisLabel(t: number, ref: number, step: number, live: boolean): string {
+  const v = Math.max(0, live ? ref - t : t - ref);
+  if (live) {
+    return v < step / 2 ? 'now' : `${formatTick(v, step)} ago`;
+  }
+  return formatTick(v, step);
+}
+
+/** Ticks at one nice step, counted from the start (live: back from now, labelled "now",
+ * "10 s ago" …), none before the start of the axis. */
 function axisTicks(axis: IAxis, live: boolean, t0: number, t1: number, plotRight: number): ITick[] {
   const ticks: ITick[] = [];
   const step = niceStep(MIN_TICK_PX / axis.pxPerS);
   const ref = live ? t1 : t0;
-  const tickLabel = (v: number): string => (live && Math.abs(v) < step / 2 ? 'now' : formatTick(v, step));
+  const tickLabel = (t: number): string => axisLabel(t, ref, step, live);
   let lastX = -Infinity;
   axis.segments.forEach((s, i) => {
     if (i > 0) {
@@ -474,7 +505,7 @@ function axisTicks(axis: IAxis, live: boolean, t0: number, t1: number, plotRight
       while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
         ticks.pop();
       }
-      ticks.push({ x: s.x, label: tickLabel(s.a - ref), resume: true });
+      ticks.push({ x: s.x, label: tickLabel(s.a), resume: true });
       lastX = s.x + MIN_TICK_PX * 0.3; // its label starts here and reads to the right
     }
     for (let k = Math.ceil((s.a - ref) / step - 1e-9); ; k++) {
@@ -482,9 +513,12 @@ function axisTicks(axis: IAxis, live: boolean, t0: number, t1: number, plotRight
       if (t > s.b + 1e-9) {
         break;
       }
+      if (t < t0 - 1e-9 * step) {
+        continue; // before the window's start: not on the axis
+      }
       const px = axis.x(t);
       if (px - lastX >= MIN_TICK_PX * 0.6 && px <= plotRight + 0.5) {
-        ticks.push({ x: px, label: tickLabel(t - ref) });
+        ticks.push({ x: px, label: tickLabel(t) });
         lastX = px;
       }
     }

@@ -10,6 +10,7 @@ import {
   IRowLayout,
   ITimelineLayout,
   layoutTimeline,
+  legendText,
   TICK_W,
   PartKind
 } from './layout';
@@ -109,15 +110,6 @@ const MARK_STYLE = {
     'font: 700 9px var(--jp-code-font-family, monospace); line-height: 11px',
   legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`,
   legendGuessTick: `color: ${ACCENT}; font-size: 9px; line-height: 9px`
-};
-
-const KIND_LABEL: Record<PartKind, string> = {
-  queued: 'queued',
-  waiting: 'sent, awaiting first token',
-  prefill: 'prefill',
-  decode: 'decoding',
-  'decode-unknown': 'decoding (batch not recorded yet)',
-  parked: "parked: another user's request has its row"
 };
 
 /** A timeline drawn into `host`; `update(state)` redraws it (at most once per frame). */
@@ -400,11 +392,11 @@ export class TimelineView {
     };
     for (const kind of ['queued', 'waiting', 'prefill'] as PartKind[]) {
       if (layout.kinds.has(kind) || kind !== 'waiting') {
-        item(`ji-swatch-${kind}`, KIND_LABEL[kind]);
+        item(`ji-swatch-${kind}`, legendText(kind));
       }
     }
     const sizes = htmlEl('span', 'ji-legend-item ji-legend-sizes', legend);
-    sizes.appendChild(document.createTextNode('decoding, colour = rows in the batch:'));
+    sizes.appendChild(document.createTextNode(legendText('decode')));
     layout.bins.forEach((bin, i) => {
       const s = htmlEl('span', `ji-size-chip ji-size-${i}`, sizes);
       s.textContent = bin.label;
@@ -414,10 +406,10 @@ export class TimelineView {
       }
     });
     if (layout.kinds.has('decode-unknown')) {
-      item('ji-swatch-decode-unknown', 'batch not recorded yet');
+      item('ji-swatch-decode-unknown', legendText('decode-unknown'));
     }
     if (layout.kinds.has('parked')) {
-      item('ji-swatch-parked', 'parked (another user has its row)');
+      item('ji-swatch-parked', legendText('parked'));
     }
     this._drawMarksKey(legend, layout);
     const outcomes = new Set(layout.rows.map(r => r.marker?.kind).filter(Boolean));

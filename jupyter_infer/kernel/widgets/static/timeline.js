@@ -21,6 +21,18 @@ function formatMs(ms) {
 }
 
 // src/timeline/layout.ts
+var LEGEND = {
+  queued: ["hatched", "queued"],
+  waiting: ["grey", "sent, awaiting first token"],
+  prefill: ["orange", "prefill"],
+  decode: ["blue", "decoding, colour = rows in the batch:"],
+  "decode-unknown": ["striped blue", "batch not recorded yet"],
+  parked: ["dashed", "parked (another user's request has its row)"]
+};
+function legendText(kind) {
+  const [look, meaning] = LEGEND[kind];
+  return `${look} = ${meaning}`;
+}
 var CUT_W = 14;
 var BADGE_W = 18;
 var MIN_LIVE_S = 3;
@@ -269,18 +281,25 @@ function pieces(axis, start, end) {
   }
   return out;
 }
+function axisLabel(t, ref, step, live) {
+  const v = Math.max(0, live ? ref - t : t - ref);
+  if (live) {
+    return v < step / 2 ? "now" : `${formatTick(v, step)} ago`;
+  }
+  return formatTick(v, step);
+}
 function axisTicks(axis, live, t0, t1, plotRight) {
   const ticks = [];
   const step = niceStep(MIN_TICK_PX / axis.pxPerS);
   const ref = live ? t1 : t0;
-  const tickLabel = (v) => live && Math.abs(v) < step / 2 ? "now" : formatTick(v, step);
+  const tickLabel = (t) => axisLabel(t, ref, step, live);
   let lastX = -Infinity;
   axis.segments.forEach((s, i) => {
     if (i > 0) {
       while (ticks.length && s.x - ticks[ticks.length - 1].x < MIN_TICK_PX * 0.75) {
         ticks.pop();
       }
-      ticks.push({ x: s.x, label: tickLabel(s.a - ref), resume: true });
+      ticks.push({ x: s.x, label: tickLabel(s.a), resume: true });
       lastX = s.x + MIN_TICK_PX * 0.3;
     }
     for (let k = Math.ceil((s.a - ref) / step - 1e-9); ; k++) {
@@ -288,9 +307,12 @@ function axisTicks(axis, live, t0, t1, plotRight) {
       if (t > s.b + 1e-9) {
         break;
       }
+      if (t < t0 - 1e-9 * step) {
+        continue;
+      }
       const px = axis.x(t);
       if (px - lastX >= MIN_TICK_PX * 0.6 && px <= plotRight + 0.5) {
-        ticks.push({ x: px, label: tickLabel(t - ref) });
+        ticks.push({ x: px, label: tickLabel(t) });
         lastX = px;
       }
     }
@@ -621,14 +643,6 @@ var MARK_STYLE = {
   legendTick: `display: inline-block; width: 0; height: 0; border: 4px solid transparent; border-top: 0; border-bottom: 6px solid ${ACCENT}`,
   legendGuessTick: `color: ${ACCENT}; font-size: 9px; line-height: 9px`
 };
-var KIND_LABEL = {
-  queued: "queued",
-  waiting: "sent, awaiting first token",
-  prefill: "prefill",
-  decode: "decoding",
-  "decode-unknown": "decoding (batch not recorded yet)",
-  parked: "parked: another user's request has its row"
-};
 var TimelineView = class {
   constructor(host, options = {}) {
     this._state = { rows: [], batches: [], now: null, title: "" };
@@ -907,11 +921,11 @@ var TimelineView = class {
     };
     for (const kind of ["queued", "waiting", "prefill"]) {
       if (layout.kinds.has(kind) || kind !== "waiting") {
-        item(`ji-swatch-${kind}`, KIND_LABEL[kind]);
+        item(`ji-swatch-${kind}`, legendText(kind));
       }
     }
     const sizes = htmlEl("span", "ji-legend-item ji-legend-sizes", legend);
-    sizes.appendChild(document.createTextNode("decoding, colour = rows in the batch:"));
+    sizes.appendChild(document.createTextNode(legendText("decode")));
     layout.bins.forEach((bin, i) => {
       const s = htmlEl("span", `ji-size-chip ji-size-${i}`, sizes);
       s.textContent = bin.label;
@@ -921,10 +935,10 @@ var TimelineView = class {
       }
     });
     if (layout.kinds.has("decode-unknown")) {
-      item("ji-swatch-decode-unknown", "batch not recorded yet");
+      item("ji-swatch-decode-unknown", legendText("decode-unknown"));
     }
     if (layout.kinds.has("parked")) {
-      item("ji-swatch-parked", "parked (another user has its row)");
+      item("ji-swatch-parked", legendText("parked"));
     }
     this._drawMarksKey(legend, layout);
     const outcomes = new Set(layout.rows.map((r) => r.marker?.kind).filter(Boolean));
