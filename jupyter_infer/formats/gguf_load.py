@@ -67,7 +67,15 @@ _ALIASES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_os
 
 
 def is_gguf(model: str) -> bool:
-    return model.lower().endswith(".gguf")
+    """A ``.gguf`` path, or a file that starts with GGUF's magic (Ollama's blobs have no suffix)."""
+    if model.lower().endswith(".gguf"):
+        return True
+    path = Path(model).expanduser()
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:  # not a file (a folder, a Hub id)
+        return False
 
 
 def check_gguf(model: str) -> None:

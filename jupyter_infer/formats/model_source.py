@@ -42,7 +42,7 @@ def locate(name: str, *, hub_reachable: Callable[[], bool] | None = None) -> Mod
         raise ModelNotFound(f"No model was named: {WAYS_OUT}.")
     path = Path(name).expanduser()
     if path.is_file():
-        if path.suffix.lower() == ".gguf":
+        if path.suffix.lower() == ".gguf" or _starts_with_gguf_magic(path):
             return ModelSource(name, str(path), "gguf", True)
         raise ModelNotFound(f"{name} is a file but not a GGUF model (.gguf): {WAYS_OUT}.")
     if path.is_dir():
@@ -74,6 +74,14 @@ def _checked_folder(name: str, path: Path) -> Literal["folder", "gguf"]:
         raise ModelNotFound(f"{name} is a folder of GGUF files, not a checkpoint folder (no config.json): "
                             f"name the file, e.g. {path / ggufs[0]}.")
     raise ModelNotFound(f"{name} is not a model folder (it has no config.json): {WAYS_OUT}.")
+
+
+def _starts_with_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _looks_like_a_path(name: str) -> bool:

@@ -1,6 +1,6 @@
 """Agent experiments: K async agents, each doing a few rounds of reflect → tool → synthesize,
-all calling the model at the same time — then how those calls were batched, and what
-batching saved against making the same calls one at a time.
+all calling the model at the same time — then how those calls were batched, and how that
+compares with making the same calls one at a time (faster or slower: ``compare_phrase``).
 
     run = await run_agents(client, agents=6, rounds=2)
     run.show(client)                                  # timeline, batches, summary
@@ -56,6 +56,20 @@ class AgentCall:
         return f"agent {self.agent} · r{self.round} · {self.step}"
 
 
+def compare_phrase(batched_s: float, one_at_a_time_s: float) -> str:
+    """Batched against one at a time, phrased the way it came out: ``"1.8× faster, 12.30 s
+    saved"``, ``"2.5× slower, 21.75 s lost"`` or ``"about as fast (within 5%)"``; the ratio is
+    always ≥ 1 and the seconds never negative."""
+    if not (batched_s > 0 and one_at_a_time_s > 0):
+        return "nothing to compare (no timed calls)"
+    faster = one_at_a_time_s >= batched_s
+    ratio = one_at_a_time_s / batched_s if faster else batched_s / one_at_a_time_s
+    if f"{ratio:.1f}" == "1.0":
+        return "about as fast (within 5%)"
+    gap = abs(one_at_a_time_s - batched_s)
+    return f"{ratio:.1f}× faster, {gap:.2f} s saved" if faster else f"{ratio:.1f}× slower, {gap:.2f} s lost"
+
+
 @dataclass
 class Savings:
     """Batched vs one at a time, for the model calls of one run (seconds)."""
@@ -66,10 +80,31 @@ class Savings:
     one_at_a_time_s: float  # the same calls, each alone, back to back
     tool_s: float  # time spent in tools, the same either way
     mean_batch_size: float
+    longest_wait_s: float = 0.0  # the longest a batched call waited in the server's queue
 
     @property
     def speedup(self) -> float:
+        """One at a time ÷ batched: above 1 batching paid, below 1 it cost time."""
         return self.one_at_a_time_s / self.batched_s if self.batched_s else float("nan")
+
+    def why_not(self) -> str:
+        """When batching came out slower: the likeliest reason, from what was measured."""
+        if self.mean_batch_size < 1.5:
+            return (f"the calls hardly overlapped (mean batch size {self.mean_batch_size:.2f}), "
+                    "so there was little to batch")
+        if self.longest_wait_s > 0.25 * self.batched_s:
+            return (f"batched calls waited up to {self.longest_wait_s:.2f} s in the queue before they "
+                    "ran: an engine still loading or a busy server, not batching; "
+                    "`await client.await_ready()` and an untimed warm-up run first")
+        return ("a step with many rows cost more than the steps it replaced (on a CPU with few cores "
+                "the work of a step grows with the batch), or the machine was busy: run it again")
+
+    def verdict(self) -> str:
+        """``compare_phrase``, with the likeliest reason when batching came out slower."""
+        phrase = compare_phrase(self.batched_s, self.one_at_a_time_s)
+        if self.batched_s > 0 and self.one_at_a_time_s > 0 and phrase.endswith(" lost"):
+            phrase += f" (batching did not pay here: {self.why_not()})"
+        return phrase
 
     def __str__(self) -> str:
         how = "measured" if self.measured_calls == self.calls else (
@@ -77,14 +112,14 @@ class Savings:
         return (
             f"{self.calls} model calls, mean batch size {self.mean_batch_size:.2f}: "
             f"{self.batched_s:.2f} s batched vs {self.one_at_a_time_s:.2f} s one at a time "
-            f"({how}) — {self.speedup:.1f}× faster, {self.one_at_a_time_s - self.batched_s:.2f} s saved"
+            f"({how}) — batched was {self.verdict()}"
         )
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        return f"<p><b>What batching saved:</b> {html.escape(str(self))}</p>"
+        return f"<p><b>Batched vs one at a time:</b> {html.escape(str(self))}</p>"
 
 
 @dataclass
@@ -141,7 +176,10 @@ class AgentRun:
         return total
 
     async def compare_one_at_a_time(self, client: Client, sample: int | None = None) -> Savings:
-        """Replay the calls one at a time (all, or ``sample`` of them spread over the run)."""
+        """Replay the calls one at a time (all, or ``sample`` of them spread over the run) and
+        compare with the batched run. The replay runs on an engine the batched run has already
+        warmed up: time the batched run on a ready, warm engine too (``run_agents`` waits for
+        the engine to load; an untimed short run first warms it)."""
         all_ok = [c for c in self.calls if c.completion.ok]
         calls = all_ok
         if sample is not None and 0 < sample < len(all_ok):
@@ -156,9 +194,11 @@ class AgentRun:
         if len(calls) < len(all_ok):
             tokens = sum(max(c.completion.completion_tokens, 1) for c in all_ok)
             solo_s = solo_s / solo_tokens * tokens
+        waits = [c.completion.queued_ms or 0.0 for c in all_ok]
         return Savings(
             calls=len(all_ok), measured_calls=len(calls), batched_s=self.model_busy_s(),
             one_at_a_time_s=solo_s, tool_s=self.tool_s, mean_batch_size=self.mean_batch_size(),
+            longest_wait_s=max(waits, default=0.0) / 1000.0,
         )
 
     def to_html(self) -> str:
@@ -222,7 +262,11 @@ async def run_agents(
     temperature: float = 0.0,
 ) -> AgentRun:
     """Run ``agents`` agents concurrently; each round: reflect (``thoughts`` model calls at
-    once) → call the ``search`` tool → synthesize (one model call)."""
+    once) → call the ``search`` tool → synthesize (one model call).
+
+    It waits for the engine to be ready first, so a server still loading its engine does not
+    count as the agents' time (calls sent meanwhile would wait in its queue)."""
+    await client.await_ready()
     topics = list(topics or DEFAULT_TOPICS)
     tools = dict(tools or {"search": search_tool()})
     tool = next(iter(tools.values()))

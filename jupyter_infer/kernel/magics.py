@@ -188,6 +188,32 @@ class InferMagics(Magics):
             _stream_into_display(self.client.stream_chat(chat, **params) if chat
                                  else self.client.stream(prompt, **params))
 
+    @magic_arguments()
+    @argument("--quantize", default=None, help="load it as int4, int8, bf16 or none")
+    @argument("--unload", action="store_true", help="unload the model (the next request loads it again)")
+    @argument("model", nargs="?", default=None,
+              help="the model to load: a listed id, a folder, a .gguf file or a Hugging Face id")
+    @line_magic
+    @_short_errors
+    def infer_model(self, line: str = "") -> None:
+        """List the models this machine can serve and which is loaded; load one in place of it.
+
+            %infer_model                          # the list
+            %infer_model ~/models/qwen2.5-0.5b    # load it (the kernels keep running)
+            %infer_model qwen2.5:0.5b --quantize int4
+            %infer_model --unload
+        """
+        args = parse_argstring(self.infer_model, line)
+        client = self.client
+        if args.unload:
+            answer = client.unload_model()
+        elif args.model:
+            print(f"jupyter_infer: loading {args.model}…", file=sys.stderr)
+            answer = client.load_model(args.model, **({"quantize": args.quantize} if args.quantize else {}))
+        else:
+            answer = client.models()
+        display(_models_bundle(answer), raw=True)
+
     @line_magic
     @_short_errors
     def infer_panel(self, line: str = "") -> Any:
@@ -333,6 +359,18 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
     return {"text/plain": text, "text/html": f"<table>{table}</table>"}
 
 
+def _models_bundle(answer: dict[str, Any]) -> dict[str, str]:
+    """``infer/models`` as a table: the loaded one marked, each model's id, source and size."""
+    rows = [("●" if m.get("loaded") else "", str(m.get("id")), str(m.get("source")),
+             _bytes(m["size_bytes"]) if m.get("size_bytes") else "–") for m in answer.get("models", [])]
+    head = f"state: {answer.get('state')} · loaded: {answer.get('model') or '–'}"
+    width = max([len(r[1]) for r in rows] + [5])
+    text = "\n".join([head] + [f"{mark:1} {name:<{width}}  {source:<11} {size}" for mark, name, source, size in rows])
+    cells = "".join(f"<tr><td>{mark}</td><td>{html.escape(name)}</td><td>{html.escape(source)}</td><td>{size}</td></tr>"
+                    for mark, name, source, size in rows)
+    return {"text/plain": text, "text/html": f"<p>{html.escape(head)}</p><table>{cells}</table>"}
+
+
 def describe_weights(status: dict[str, Any]) -> str:
     """How the model is held: its format, and its bytes and the process's, once loaded."""
     details = status.get("details") or {}
@@ -361,7 +399,7 @@ def _bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-MAGIC_NAMES = ("infer", "infer_burst", "infer_panel", "infer_status")
+MAGIC_NAMES = ("infer", "infer_burst", "infer_model", "infer_panel", "infer_status")
 # One of our line magics whose argument ends in "?": a question, not a help request.
 _ASKING = re.compile(r"(?P<indent>[ \t]*)%(?P<name>{})[ \t]+(?P<args>.*[^?\s].*\?)[ \t]*".format("|".join(MAGIC_NAMES)))
 _TRIPLE_QUOTE = re.compile("\"{3}|'{3}")

@@ -83,6 +83,11 @@ class EngineLoop(RequestLoop):
             self.engine.rows.clear()  # the step that held them has ended
         self._state = "stopped"
 
+    def release(self) -> None:
+        """Drop the engine (a stopped loop whose model was switched or unloaded): its memory
+        goes back once nothing else holds it."""
+        self.engine = self.scheduler = self.output = None
+
     # -- requests ---------------------------------------------------------------------------
     async def prepare(self, request: Request) -> Sequence:
         """Tokenize ``request`` (or take its token ids, checked against the vocabulary, and

@@ -74,7 +74,7 @@ class RequestLoop(abc.ABC):
         # Whether prepare checks the model a request names (behind a router, its rule did).
         self.check_model = check_model
         self.recorder = recorder
-        self._state = "stopped"  # stopped | loading | ready | failed
+        self._state = "stopped"  # stopped | switching | loading | ready | failed
         self.load_error: str | None = None
         self.scheduler: Core | None = None  # made once ready
         self._streams: dict[str, RequestStream] = {}
@@ -102,11 +102,19 @@ class RequestLoop(abc.ABC):
         """Whether the engine answers (``None``: not known, or a local engine)."""
         return None
 
+    def expect(self) -> None:
+        """Let requests wait for this loop before it starts: a model switch starts it once the
+        old one has drained (state ``switching`` meanwhile)."""
+        if self._ready is None:
+            self._ready, self._state = asyncio.Event(), "switching"
+
     def start(self) -> None:
         """Start the loop (loading the engine, or opening the upstream); idempotent."""
         if self._task is not None:
             return
-        self._wakeup, self._ready = asyncio.Event(), asyncio.Event()
+        self._wakeup = asyncio.Event()
+        if self._ready is None or self._ready.is_set():
+            self._ready = asyncio.Event()
         self._stop_reason = None
         self._state = "loading"
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"jupyter-infer-{self.source}-loop")
@@ -130,6 +138,9 @@ class RequestLoop(abc.ABC):
 
     @abc.abstractmethod
     async def stop(self, reason: str = "the inference server is shutting down") -> None: ...
+
+    def release(self) -> None:  # noqa: B027 (a hook: only a loop with an engine has one to drop)
+        """Drop what a stopped loop holds (its engine); nothing to drop by default."""
 
     @abc.abstractmethod
     async def _run(self) -> None: ...

@@ -19,6 +19,7 @@ from ..values.events import coalesce_tokens
 from ..values.request import show
 from ..wire.native import parse_generate, with_tool_format
 from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
+from .model_handlers import ModelsHandler as LocalModelsHandler
 from .openai_handlers import (
     ChatCompletionsHandler,
     CompletionsHandler,
@@ -262,6 +263,7 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/tokenize", TokenizeHandler),
         (r"/infer/detokenize", DetokenizeHandler),
         (r"/infer/requests/([^/]+)", RequestHandler),
+        (r"/infer/models", LocalModelsHandler),
         (r"/infer/?", LandingHandler),
         (r"/infer/.*", NotFoundHandler),
     ]

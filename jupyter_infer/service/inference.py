@@ -11,6 +11,7 @@ state, so nothing here depends on which kind it is. ``engine = "router"`` is a
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -27,9 +28,11 @@ from ..values.limits import check_token_ids
 from ..values.metrics import MetricsCollector, RequestRecord, wall
 from ..values.request import Request, check_text
 from ..values.stream import RequestStream
+from .model_shelf import ModelShelf
 from .owners import OwnerBudget
 
 if TYPE_CHECKING:
+    from ..loops.request_loop import RequestLoop
     from ..upstream.connection import UpstreamServer
 
 
@@ -58,9 +61,11 @@ class InferenceService:
         self.events = events or EventBus(capacity=cfg.event_buffer, max_subscribers=cfg.max_event_subscribers)
         # What the user set (a configuration refused as invalid shows what was given, not defaults).
         self._configured = configured
+        self._batch_ids = batch_ids or itertools.count(1)  # one numbering across model switches
         self._loop = make_loop(cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
-                               batch_ids=batch_ids, upstream=upstream)
+                               batch_ids=self._batch_ids, upstream=upstream)
         self.limits = self._loop.limits
+        self.models = ModelShelf(self)  # the models this machine can serve, and switching them
         self.budget = OwnerBudget(cfg.owner_tokens_per_minute)
         self.collector.on_request_finished.append(self._settle)
 
@@ -69,9 +74,20 @@ class InferenceService:
         """Start loading the engine in the background (on the running event loop); requests
         wait until it is ready. Idempotent."""
         self._loop.start()
+        self.models.start()
 
     async def stop(self, reason: str = "the inference server is shutting down") -> None:
+        self.models.stop()
         await self._loop.stop(reason)
+
+    def replace_loop(self, config: ServiceConfig) -> RequestLoop:
+        """A loop for ``config`` in place of this one (requests now wait for it; it is not
+        started); returns the old one, for the caller to drain and stop."""
+        old = self._loop
+        self._loop = make_loop(config, self.collector, self.events, route=self.route, batch_ids=self._batch_ids)
+        self._loop.expect()
+        self.config, self.limits = config, self._loop.limits
+        return old
 
     @property
     def started(self) -> bool:
@@ -79,11 +95,13 @@ class InferenceService:
 
     @property
     def state(self) -> str:
-        """``stopped`` | ``loading`` | ``ready`` | ``failed``, and ``unreachable`` for an
-        upstream that does not answer now (it may come back; requests get 503 meanwhile)."""
-        return self._loop.state
+        """``stopped`` | ``switching`` | ``loading`` | ``ready`` | ``failed``, ``unloaded`` (no
+        model in memory: the next request loads it), and ``unreachable`` for an upstream that
+        does not answer now (it may come back; requests get 503 meanwhile)."""
+        return "unloaded" if self.models.unloaded else self._loop.state
 
     async def wait_ready(self, timeout: float | None = None) -> EngineInfo:
+        await self.models.bring(None)  # an unloaded model comes back for whoever waits for it
         return await self._loop.wait_ready(timeout)
 
     @property
@@ -101,6 +119,7 @@ class InferenceService:
         chat as a chat, and the prompt's size is estimated. ``request`` is not changed: the
         loop prepares a resolved copy."""
         try:
+            await self.models.bring(request.model)  # unloaded, or another listed model on demand
             info = await self._loop.wait_ready()
             seq = await self._loop.prepare(request)
             self.budget.reserve(request.owner, seq.id, seq.num_prompt_tokens + seq.params.max_tokens, time.monotonic())

@@ -69,6 +69,15 @@ class ServiceConfig:
         top_p, top_k or repetition_penalty, use the checkpoint's own (its generation_config.json;
         shown in infer/status as sampling_defaults). Off: OpenAI's defaults. The native
         infer/generate route is greedy unless asked, either way.""")
+    model_dirs: tuple[str, ...] = knob(("~/models",), """Folders to look in for models to list and load by name
+        (infer/models, v1/models, %infer_model): checkpoint folders (config.json) and .gguf files, two levels
+        deep; the Hugging Face cache and Ollama's local store are listed too.""")
+    load_on_demand: bool = knob(False, """A request whose 'model' names another listed model loads it first
+        (in place of the one loaded), as Ollama does; off: such a request is refused (404).""")
+    unload_after_s: float = knob(0.0, """Unload the model after this many idle seconds (its memory back to
+        the machine; the next request, or a load, brings one back); 0: never.""")
+    switch_drain_s: float = knob(30.0, """Switching models: how long the requests already queued or running
+        may take to finish on the old one before they are cancelled.""")
     split_reasoning: bool = knob(True, """'hf' engine, a reasoning model (Qwen3, DeepSeek-R1's distills: its
         chat template and vocabulary have <think> and </think>): the OpenAI chat answer's <think>
         section comes as message.reasoning_content (streamed as delta.reasoning_content), the rest
@@ -203,6 +212,7 @@ class ServiceConfig:
         _set(self, "router_fallback", dict(self.router_fallback))
         _set(self, "fair_share_weights", {str(k): v for k, v in dict(self.fair_share_weights).items()})
         _set(self, "admin_users", tuple(self.admin_users))
+        _set(self, "model_dirs", tuple(self.model_dirs))
         if self.engine not in ENGINES:
             fail("engine", f"one of {', '.join(ENGINES)}")
         if self.mode not in MODES:

@@ -28,10 +28,13 @@ class EngineInfo:
     # How its chat answers call tools: {"format": "hermes", "prompt": "chat template" | "built-in"}.
     tool_calls: dict[str, str] = field(default_factory=lambda: {"format": "hermes", "prompt": "built-in"})
 
+    # Other names of the served model: the short id it was listed and loaded by (Ollama's name:tag).
+    aliases: list[str] = field(default_factory=list)
+
     def model_names(self) -> list[str]:
         """The served model's name first, then the names a request may use for it (or, for
         a router, for any of its backends: their models and the backends' own names)."""
-        names = [self.model, Path(self.model).name, "default"]
+        names = [self.model, *self.aliases, Path(self.model).name, "default"]
         for card in self.models:
             names += [card["id"], Path(card["id"]).name, card.get("route")]
         return list(dict.fromkeys(n for n in names if n))

@@ -269,3 +269,16 @@ def test_chat_option_sends_messages_through_the_chat_template(kernel: Any) -> No
     assert system_chat > chat > plain, (system_chat, chat, plain)  # the template's markers, the system message
     status, messages, _ = run(kernel, "%infer --system oops What?")
     assert status == "error" and "give --chat too" in str(messages)
+
+
+def test_infer_model_lists_and_loads_with_the_kernel_alive(kernel: Any, tiny_model_dir: Any) -> None:
+    status, messages, _ = run(kernel, "%infer_model")
+    (shown,) = texts(messages, "display_data")
+    assert status == "ok" and shown.startswith("state: ready · loaded: simulated") and "● simulated" in shown
+    status, messages, _ = run(kernel, f"x = 41\n%infer_model {tiny_model_dir}")
+    (shown,) = texts(messages, "display_data")
+    assert status == "ok" and f"loaded: {tiny_model_dir}" in shown, messages
+    status, messages, _ = run(kernel, "print(x + 1)")  # the same kernel, its state kept
+    assert "".join(texts(messages, "stream")).strip() == "42"
+    status, messages, _ = run(kernel, "%infer_model simulated")
+    assert status == "ok" and "loaded: simulated" in texts(messages, "display_data")[0]

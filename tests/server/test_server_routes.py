@@ -406,3 +406,28 @@ async def test_each_generating_request_gets_an_access_log_line(jp_fetch: Any, ca
     tokens = f"tokens={answer['usage']['prompt_tokens']}+{answer['usage']['completion_tokens']}"
     assert lines[0].startswith("jupyter_infer | POST /") and "/infer/generate 200 user=local " in lines[0]
     assert tokens in lines[0] and lines[0].endswith(" ms") and f"/infer/generate {code} user=local" in lines[1]
+
+
+# engine "auto" (its built-in default falls back to the simulated engine here): a real loader,
+# where the other tests' scripted engine stands in for every load.
+@pytest.mark.parametrize("infer_options", [{"engine": "auto", "num_threads": 1}])
+async def test_models_are_listed_loaded_and_unloaded_without_a_restart(jp_fetch: Any, tiny_model_dir: Any) -> None:
+    """infer/models: the list says what is loaded; a POST loads another in its place (the
+    Jupyter server and its kernels go on), a DELETE unloads it and the next request brings it back."""
+    await post_json(jp_fetch, "infer/generate", {"prompt": "hello", "max_tokens": 1})  # loaded
+    listed = json.loads((await jp_fetch("infer", "models")).body)
+    assert listed["state"] == "ready" and listed["models"][0]["loaded"]
+    loaded = await post_json(jp_fetch, "infer/models", {"model": str(tiny_model_dir)})
+    assert loaded["state"] == "ready" and loaded["model"] == str(tiny_model_dir)
+    assert [m["path"] for m in loaded["models"] if m["loaded"]] == [str(tiny_model_dir)]
+    status = json.loads((await jp_fetch("infer", "status")).body)
+    assert status["engine"] == "hf" and status["configured"]["model"] == str(tiny_model_dir)
+    response = await jp_fetch("infer", "models", method="DELETE")
+    assert json.loads(response.body)["state"] == "unloaded"
+    answer = await post_json(jp_fetch, "infer/generate", {"prompt": "hello", "max_tokens": 2})
+    assert answer["usage"]["completion_tokens"] == 2
+    assert json.loads((await jp_fetch("infer", "status")).body)["state"] == "ready"
+    code, error, _ = await error_of(jp_fetch, "infer/models", {"model": "/no/such/model"})
+    assert code == 503 and "No model at /no/such/model" in error["message"]
+    code, error, _ = await error_of(jp_fetch, "infer/models", {"modle": "x"})
+    assert code == 400

@@ -279,6 +279,20 @@ class Client:
     async def ametrics(self) -> dict[str, Any]:
         return await self._io.call(self._backend.metrics())
 
+    def models(self) -> dict[str, Any]:
+        """``GET infer/models``: the models this machine can serve, which one is loaded."""
+        return self._io.run(self._backend.models())
+
+    def load_model(self, model: str, **options: Any) -> dict[str, Any]:
+        """Serve ``model`` (a listed id, a folder, a .gguf file, a Hub id) in place of the
+        loaded one; ``options``: quantize, dtype, device, num_threads. Returns once it is ready
+        (``EngineUnavailable`` saying why it could not load)."""
+        return self._io.run(self._backend.models("POST", {"model": model, **options}))
+
+    def unload_model(self) -> dict[str, Any]:
+        """Unload the model (its memory back); the next request loads it again."""
+        return self._io.run(self._backend.models("DELETE"))
+
     def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:
         """``GET infer/batches``: ``{"batches": [...], "requests": [...], ...}``, the last
         ``limit`` batch records and (``requests``, or the server's default) request records."""

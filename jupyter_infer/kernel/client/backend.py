@@ -61,6 +61,10 @@ class Backend(Protocol):
         """The ``infer/batches`` JSON: recent batch and request records."""
         ...
 
+    async def models(self, method: str = "GET", body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``infer/models``: list (GET), load one (POST ``{"model": ...}``) or unload (DELETE)."""
+        ...
+
     async def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request; False if no such request is in flight."""
         ...

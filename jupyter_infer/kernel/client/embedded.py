@@ -135,6 +135,16 @@ class EmbeddedBackend:
     async def batches(self, limit: int = 50, requests: int | None = None) -> dict[str, Any]:
         return self._started().batches(limit, requests)
 
+    async def models(self, method: str = "GET", body: dict[str, Any] | None = None) -> dict[str, Any]:
+        service = self._started()
+        shelf = getattr(service, "models", None)
+        if shelf is not None and method == "POST":
+            options = dict(body or {})
+            await shelf.load(options.pop("model"), **options)
+        elif shelf is not None and method == "DELETE":
+            await shelf.unload()
+        return shelf.answer() if shelf is not None else {"state": service.state, "models": []}
+
     async def cancel(self, request_id: str) -> bool:
         return self._started().cancel(request_id)
 

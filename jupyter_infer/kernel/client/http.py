@@ -222,6 +222,12 @@ class HTTPBackend:
         params = {"limit": limit} if requests is None else {"limit": limit, "requests": requests}
         return await self._request("GET", "infer/batches", params=params)
 
+    async def models(self, method: str = "GET", body: dict[str, Any] | None = None) -> dict[str, Any]:
+        # A load answers once the model is ready: as long as a generation may take.
+        timeout = None if method == "GET" else httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        return await self._request(method, "infer/models", timeout=timeout,
+                                   **({"json": body} if body is not None else {}))
+
     async def cancel(self, request_id: str) -> bool:
         try:
             resp = await self._client().delete(f"infer/requests/{request_id}", timeout=self.view_timeout)

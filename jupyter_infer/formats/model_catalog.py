@@ -1,0 +1,127 @@
+"""The models this machine can serve without a download: the Hugging Face cache, checkpoint
+folders and GGUF files under the configured folders (``InferApp.model_dirs``), and Ollama's
+local store (its GGUF blobs, by ``name:tag``). What ``infer/models``, ``v1/models``, the panel
+and ``%infer_model`` list, and what a request or a switch may name by its short id.
+
+Reading only: directory listings, JSON manifests and file sizes, no weights, so listing is
+cheap enough to answer a request (and is capped, for a folder with thousands of files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MAX_MODELS = 500  # a listing stops here (a folder of thousands of files)
+DEPTH = 2  # how deep under a configured folder to look
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    id: str  # what to name it by: a Hub id, Ollama's name:tag, or the path
+    path: str  # what InferApp.model takes for it (a folder, a .gguf file, a Hub id)
+    source: str  # "huggingface" (the cache), "folder", "gguf" or "ollama"
+    size_bytes: int
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def local_models(folders: Sequence[str] = (), *, hf_cache: bool = True,
+                 ollama: Path | None = None) -> list[LocalModel]:
+    """Every model found, each once (by path), in the order: folders, Hugging Face, Ollama."""
+    found: dict[str, LocalModel] = {}
+    for model in _chain(_in_folders(folders), _in_hf_cache() if hf_cache else iter(()),
+                        _in_ollama(ollama if ollama is not None else ollama_store())):
+        found.setdefault(model.path, model)
+        if len(found) >= MAX_MODELS:
+            break
+    return list(found.values())
+
+
+def find(name: str, models: Sequence[LocalModel]) -> LocalModel | None:
+    """The listed model ``name`` stands for (its id, or its path)."""
+    return next((m for m in models if name in (m.id, m.path)), None)
+
+
+def ollama_store() -> Path:
+    """Where Ollama keeps its models (``OLLAMA_MODELS``, else ``~/.ollama/models``)."""
+    return Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
+
+
+def _chain(*sources: Iterator[LocalModel]) -> Iterator[LocalModel]:
+    for source in sources:
+        yield from source
+
+
+def _in_folders(folders: Sequence[str]) -> Iterator[LocalModel]:
+    for folder in folders:
+        root = Path(folder).expanduser()
+        if root.is_dir():
+            yield from _walk(root, DEPTH)
+
+
+def _walk(folder: Path, depth: int) -> Iterator[LocalModel]:
+    if (folder / "config.json").is_file():
+        yield LocalModel(str(folder), str(folder), "folder", _size(folder.glob("*.safetensors")))
+        return
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.suffix.lower() == ".gguf" and entry.is_file():
+            yield LocalModel(str(entry), str(entry), "gguf", _size([entry]))
+        elif depth > 0 and entry.is_dir():
+            yield from _walk(entry, depth - 1)
+
+
+def _in_hf_cache() -> Iterator[LocalModel]:
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        cache = scan_cache_dir()
+    except Exception:  # no cache yet, or one this version cannot read: nothing listed from it
+        return
+    for repo in sorted(cache.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        if any(f.file_name == "config.json" for rev in repo.revisions for f in rev.files):
+            yield LocalModel(repo.repo_id, repo.repo_id, "huggingface", repo.size_on_disk)
+
+
+def _in_ollama(store: Path) -> Iterator[LocalModel]:
+    """Ollama's manifests (``manifests/<host>/<namespace>/<name>/<tag>``), each naming its
+    weights' blob: a GGUF file under ``blobs/``."""
+    manifests = store / "manifests"
+    if not manifests.is_dir():
+        return
+    for manifest in sorted(p for p in manifests.glob("*/*/*/*") if p.is_file()):
+        host, namespace, name, tag = manifest.relative_to(manifests).parts
+        try:
+            layers = json.loads(manifest.read_text()).get("layers") or []
+        except (OSError, ValueError):
+            continue
+        digest = next((layer.get("digest") for layer in layers
+                       if layer.get("mediaType") == "application/vnd.ollama.image.model"), None)
+        blob = store / "blobs" / str(digest).replace(":", "-") if digest else None
+        if blob is None or not blob.is_file():
+            continue
+        short = f"{name}:{tag}" if namespace == "library" and host == "registry.ollama.ai" else \
+            f"{namespace}/{name}:{tag}"
+        yield LocalModel(short, str(blob), "ollama", _size([blob]))
+
+
+def _size(files: object) -> int:
+    total = 0
+    for path in files:  # type: ignore[attr-defined]
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total

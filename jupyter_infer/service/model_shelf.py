@@ -1,0 +1,186 @@
+"""The models a service can serve, which one is loaded, and switching them at run time.
+
+Ollama loads the model a request names and unloads it when idle; LM Studio has a picker.
+Here: ``listing`` (``formats/model_catalog``: the Hugging Face cache, ``InferApp.model_dirs``,
+Ollama's store), ``load`` (in place of the loaded one: the requests queued or running on it
+finish first, up to ``switch_drain_s``, then are cancelled; new ones wait for the new model),
+``unload`` (memory back to the machine; the next request loads it again), loading on demand
+(``load_on_demand``: a request naming another listed model) and unloading after
+``unload_after_s`` idle seconds. Jupyter and its kernels are untouched throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..cpu.process_memory import release_freed
+from ..errors import InvalidRequest, UnknownModel
+from ..formats.model_catalog import find, local_models
+from ..values.config import LOCAL_ENGINES
+
+if TYPE_CHECKING:
+    from ..loops.request_loop import RequestLoop
+    from ..values.config import ServiceConfig
+    from ..values.engine_info import EngineInfo
+
+SWITCHABLE_OPTIONS = ("quantize", "dtype", "device", "num_threads")  # what a load may change besides the model
+
+
+class Shelved(Protocol):
+    """What the shelf asks of its service (``InferenceService``)."""
+
+    config: ServiceConfig
+    route: str | None
+
+    @property
+    def info(self) -> EngineInfo | None: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    def replace_loop(self, config: ServiceConfig) -> RequestLoop: ...
+    def start(self) -> None: ...
+    async def wait_ready(self, timeout: float | None = None) -> EngineInfo: ...
+
+
+class ModelShelf:
+    def __init__(self, service: Shelved) -> None:
+        self._service = service
+        self._lock = asyncio.Lock()  # one switch at a time
+        self.unloaded = False  # no model in memory: the next request (or a load) brings one
+        self._idle_task: asyncio.Task | None = None
+        self._last_active = time.monotonic()
+
+    @property
+    def switchable(self) -> bool:
+        """A local engine of its own (not an upstream's, not one backend of a router)."""
+        return self._service.config.engine in LOCAL_ENGINES and self._service.route is None
+
+    # -- what there is ----------------------------------------------------------------------
+    def listing(self) -> list[dict[str, Any]]:
+        """Every model this machine can serve, the loaded one first, each saying if it is (and
+        if it is the one configured: what the server loads again after an unload)."""
+        service, cfg = self._service, self._service.config
+        listed = [m.to_json() for m in local_models(cfg.model_dirs)] if self.switchable else []
+        loaded = service.info.model if service.info is not None and service.state == "ready" else None
+        configured = "simulated" if cfg.engine == "simulated" else cfg.model
+        for path, source in ((configured, "configured"), (loaded, "loaded")):
+            if path and not any(m["path"] == path for m in listed):  # wherever it is (a Hub id, a stand-in)
+                listed.insert(0, {"id": path, "path": path, "source": source, "size_bytes": None})
+        for entry in listed:
+            entry["loaded"], entry["configured"] = entry["path"] == loaded, entry["path"] == configured
+        return sorted(listed, key=lambda e: (not e["loaded"], not e["configured"]))
+
+    def answer(self) -> dict[str, Any]:
+        """``infer/models``'s answer: the state, the model loaded, every model listed."""
+        service = self._service
+        return {"state": service.state, "model": service.info.model if service.info else None,
+                "models": self.listing(), "load_on_demand": service.config.load_on_demand,
+                "unload_after_s": service.config.unload_after_s}
+
+    # -- switching --------------------------------------------------------------------------
+    async def load(self, name: str, **options: Any) -> EngineInfo:
+        """Serve ``name`` (a listed id, a checkpoint folder, a .gguf file, a Hub id, or
+        ``simulated``) in place of the loaded model; returns what was loaded, or raises
+        ``EngineUnavailable`` saying why it could not load (the server then says so too)."""
+        if not self.switchable:
+            raise InvalidRequest("This server does not run its model itself (an upstream server, or a router's "
+                                 "backends): switch models there, or in InferApp.router_backends.")
+        unknown = sorted(set(options) - set(SWITCHABLE_OPTIONS))
+        if unknown:
+            raise InvalidRequest(f"A load may set {', '.join(SWITCHABLE_OPTIONS)} besides the model; "
+                                 f"not {', '.join(unknown)}.")
+        cfg = self._service.config
+        listed = find(name, local_models(cfg.model_dirs))
+        path = listed.path if listed else name.strip()
+        engine = "simulated" if path == "simulated" else "hf"
+        try:
+            config = replace(cfg, model=path, engine=engine, **{k: v for k, v in options.items() if v is not None})
+        except (TypeError, ValueError) as err:
+            raise InvalidRequest(str(err)) from None
+        await self._switch(config, f"the model was switched to {name}")
+        info = await self._service.wait_ready()
+        if listed is not None and listed.id not in info.model_names():
+            info.aliases.append(listed.id)  # a request may name it as it was listed
+        return info
+
+    async def unload(self, reason: str = "the model was unloaded") -> None:
+        """No model in memory; requests queued or running now end with ``reason``. The next
+        request (or a load) brings the model back."""
+        async with self._lock:
+            if self.unloaded or not self.switchable:
+                return
+            old = self._service.replace_loop(self._service.config)
+            self.unloaded = True
+            await self._retire(old, reason, drain=False)
+
+    async def bring(self, model: str | None) -> None:
+        """Before a request: the model back if it was unloaded; with ``load_on_demand``, the
+        listed model ``model`` names in place of the loaded one."""
+        self._last_active = time.monotonic()
+        if self.unloaded:
+            async with self._lock:
+                if self.unloaded:
+                    self.unloaded = False
+                    self._service.start()  # its own config: what was loaded before
+        cfg = self._service.config
+        if model is None or not self.switchable:
+            return
+        info = self._service.info
+        if info is not None and model in info.model_names():
+            return
+        listed = find(model, local_models(cfg.model_dirs))
+        if listed is None or listed.path == cfg.model:  # unknown (refused by name), or loading now
+            return
+        if not cfg.load_on_demand:
+            raise UnknownModel(f"The model {model!r} is on this machine but not loaded: load it (POST infer/models, "
+                               "%infer_model, the panel), or let requests load it (InferApp.load_on_demand).",
+                               param="model")
+        await self.load(listed.id)
+
+    async def _switch(self, config: Any, reason: str) -> None:
+        async with self._lock:
+            old = self._service.replace_loop(config)
+            self.unloaded = False
+            await self._retire(old, reason, drain=True)
+            self._service.start()
+
+    async def _retire(self, old: RequestLoop, reason: str, *, drain: bool) -> None:
+        """Let ``old``'s requests finish (up to ``switch_drain_s``), stop it, free its memory."""
+        deadline = time.monotonic() + self._service.config.switch_drain_s
+        while drain and old.counts() != (0, 0) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await old.stop(reason)
+        old.release()
+        await asyncio.to_thread(_collect)
+
+    # -- idle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        after = self._service.config.unload_after_s
+        if after > 0 and self._idle_task is None and self.switchable:
+            self._idle_task = asyncio.get_running_loop().create_task(self._unload_when_idle(after))
+
+    def stop(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            self._idle_task = None
+
+    async def _unload_when_idle(self, after: float) -> None:
+        while True:
+            await asyncio.sleep(min(30.0, max(0.05, after / 4)))
+            service = self._service
+            if service.queue_depth or service.num_running:
+                self._last_active = time.monotonic()
+            elif not self.unloaded and service.state == "ready" and time.monotonic() - self._last_active >= after:
+                await self.unload(f"the model was unloaded after {after:g} idle seconds")
+
+
+def _collect() -> None:
+    gc.collect()
+    release_freed()

@@ -1,0 +1,118 @@
+"""Models you can see and switch without restarting Jupyter: the listing (Hugging Face cache,
+model folders, Ollama's store), a switch at run time with the queue drained, unloading (and
+the next request bringing the model back), loading on demand and unloading when idle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jupyter_infer.errors import EngineUnavailable, InvalidRequest, UnknownModel
+from jupyter_infer.formats.model_catalog import local_models
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def ollama_store(root: Path, gguf: bytes) -> Path:
+    """Ollama's layout: a manifest per name:tag naming its weights' blob."""
+    digest = "sha256:" + "ab" * 32
+    (root / "blobs").mkdir(parents=True)
+    (root / "blobs" / digest.replace(":", "-")).write_bytes(gguf)
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / "qwen2.5" / "0.5b"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                "digest": digest, "size": len(gguf)}]}))
+    return root
+
+
+def test_the_listing_finds_folders_gguf_files_and_ollamas_models(tiny_model_dir: Path, tmp_path: Path) -> None:
+    shelf = tmp_path / "models"
+    shutil.copytree(tiny_model_dir, shelf / "team" / "tiny")
+    (shelf / "q4.gguf").write_bytes(b"GGUF" + bytes(8))
+    (shelf / "notes").mkdir()
+    store = ollama_store(tmp_path / "ollama", b"GGUF" + bytes(16))
+    found = {m.id: m for m in local_models([str(shelf)], hf_cache=False, ollama=store)}
+    assert {m.source for m in found.values()} == {"folder", "gguf", "ollama"}
+    assert found[str(shelf / "team" / "tiny")].size_bytes > 0
+    ollama = found["qwen2.5:0.5b"]
+    assert ollama.path.endswith("sha256-" + "ab" * 32) and ollama.size_bytes == 20
+
+
+async def answer(service: InferenceService, text: str = "What is batching?", **kw: object) -> str:
+    stream = await service.submit(Request(text, SamplingParams(max_tokens=3, temperature=0), **kw))
+    await stream.result()
+    return stream.model or ""
+
+
+@pytest.mark.asyncio
+async def test_a_model_is_switched_at_run_time_and_waiting_requests_go_to_the_new_one(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    service = InferenceService(ServiceConfig(engine="simulated", model_dirs=(str(tmp_path),), switch_drain_s=5))
+    service.start()
+    try:
+        assert await answer(service) == "simulated"
+        running = await service.submit(Request("a long one", SamplingParams(max_tokens=30)))
+        switch = asyncio.ensure_future(service.models.load(str(tiny_model_dir), num_threads=1))
+        await asyncio.sleep(0.05)
+        assert service.state == "switching"
+        waiting = asyncio.ensure_future(answer(service))  # sent during the switch: waits for the new model
+        info = await switch
+        assert info.engine == "hf" and (await running.result()).finish_reason == "length"  # it finished first
+        assert await waiting == str(tiny_model_dir)
+        listing = service.models.listing()
+        assert listing[0]["path"] == str(tiny_model_dir) and listing[0]["loaded"]
+        with pytest.raises(EngineUnavailable, match="No model at"):
+            await service.models.load(str(tmp_path / "missing"))
+        assert service.state == "failed"
+        await service.models.load("simulated")  # a mistake is mended without a restart
+        assert await answer(service) == "simulated"
+        with pytest.raises(InvalidRequest, match="may set quantize"):
+            await service.models.load("simulated", colour="red")
+    finally:
+        await service.stop()
+
+
+@pytest.mark.asyncio
+async def test_unloaded_after_idle_seconds_and_back_for_the_next_request(tmp_path: Path) -> None:
+    service = InferenceService(ServiceConfig(engine="simulated", model_dirs=(str(tmp_path),), unload_after_s=0.2))
+    service.start()
+    try:
+        await answer(service)
+        for _ in range(100):
+            if service.state == "unloaded":
+                break
+            await asyncio.sleep(0.05)
+        assert service.state == "unloaded" and service.info is None
+        assert await answer(service) == "simulated"  # the next request brings it back
+        assert service.state == "ready"
+    finally:
+        await service.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_request_naming_a_listed_model_loads_it_on_demand(tiny_model_dir: Path, tmp_path: Path) -> None:
+    shutil.copytree(tiny_model_dir, tmp_path / "tiny")
+    listed = str(tmp_path / "tiny")
+    config = ServiceConfig(engine="simulated", model_dirs=(str(tmp_path),), num_threads=1)
+    refusing = InferenceService(config)
+    refusing.start()
+    try:
+        with pytest.raises(UnknownModel, match="on this machine but not loaded: load it"):
+            await answer(refusing, model=listed)  # load_on_demand off: refused, saying how to load it
+    finally:
+        await refusing.stop()
+    service = InferenceService(ServiceConfig(engine="simulated", model_dirs=(str(tmp_path),), num_threads=1,
+                                             load_on_demand=True))
+    service.start()
+    try:
+        assert await answer(service, model=listed) == listed
+        assert service.info.engine == "hf"
+    finally:
+        await service.stop()
