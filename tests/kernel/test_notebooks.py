@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from jupyter_infer.kernel.agents import Savings, compare_phrase
 from jupyter_infer.kernel.launcher import LocalServer
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -145,7 +147,59 @@ def test_agents(server: LocalServer, tmp_path: Path) -> None:
     assert {r["label"].split(" · ")[2] for r in state["requests"]} == {"reflect", "synthesize"}
     assert_timeline_consistent(state)
     assert max(b["size"] for b in state["batches"]) > 1  # agents' calls shared batches
-    assert "faster" in text_of(nb, cell_index(nb, "print(savings)"))
+    assert_comparison_honest(text_of(nb, cell_index(nb, "print(savings)")))
+
+
+COMPARISON = re.compile(r"([\d.]+) s batched vs ([\d.]+) s one at a time .*— batched was (.*)")
+
+
+def assert_comparison_honest(text: str) -> None:
+    """The printed comparison says "faster" only with a ratio ≥ 1 and a saving, "slower" only
+    with a loss, and never a negative number of seconds."""
+    match = COMPARISON.search(text)
+    assert match, text
+    batched, alone, verdict = float(match[1]), float(match[2]), match[3]
+    assert not re.search(r"-\s*\d", verdict), text
+    found = re.match(r"([\d.]+)× (faster|slower), ([\d.]+) s (saved|lost)", verdict)
+    if found is None:
+        assert verdict.startswith("about as fast"), text
+        assert max(alone, batched) / min(alone, batched) < 1.07, text
+        return
+    ratio, word, gap, outcome = float(found[1]), found[2], float(found[3]), found[4]
+    assert ratio > 1.0 and gap >= 0, text
+    assert (word, outcome) == (("faster", "saved") if alone >= batched else ("slower", "lost")), text
+    # the seconds are printed rounded to 0.01 s: a ratio of short times may differ a little
+    assert ratio == pytest.approx(max(alone, batched) / min(alone, batched), rel=0.03, abs=0.06), text
+    assert gap == pytest.approx(abs(alone - batched), abs=0.011), text
+    assert ("did not pay here" in verdict) == (word == "slower"), text
+
+
+def test_agents_comparison_is_phrased_the_way_it_came_out() -> None:
+    """The user's run printed "0.4× faster, -21.75 s saved": a slower batched run must say so."""
+    assert compare_phrase(10.0, 18.0) == "1.8× faster, 8.00 s saved"
+    assert compare_phrase(36.25, 14.5) == "2.5× slower, 21.75 s lost"
+    assert compare_phrase(10.0, 10.2) == "about as fast (within 5%)"
+    assert compare_phrase(0.0, 3.0).startswith("nothing to compare")
+    slower = Savings(calls=36, measured_calls=6, batched_s=36.25, one_at_a_time_s=14.5, tool_s=0.6,
+                     mean_batch_size=10.0, longest_wait_s=29.0)
+    faster = Savings(calls=36, measured_calls=6, batched_s=3.17, one_at_a_time_s=21.68, tool_s=0.6,
+                     mean_batch_size=10.0, longest_wait_s=0.05)
+    for savings in (slower, faster):
+        assert_comparison_honest(str(savings))
+        assert_comparison_honest(savings._repr_html_())
+    assert "slower" in str(slower) and "faster" not in str(slower) and "queue" in str(slower)
+    assert "faster, 18.51 s saved" in str(faster) and "did not pay" not in str(faster)
+    # Each reason that a slower run names comes from what was measured.
+    hardly = Savings(calls=6, measured_calls=6, batched_s=5.0, one_at_a_time_s=4.0, tool_s=0.0,
+                     mean_batch_size=1.1)
+    assert "hardly overlapped" in hardly.verdict()
+    crowded = Savings(calls=36, measured_calls=6, batched_s=5.0, one_at_a_time_s=4.0, tool_s=0.0,
+                      mean_batch_size=8.0, longest_wait_s=0.2)
+    assert "step with many rows" in crowded.verdict()
+    # The old phrasing fails the check.
+    with pytest.raises(AssertionError):
+        assert_comparison_honest("36 model calls, mean batch size 10.00: 36.25 s batched vs 14.50 s one at a "
+                                 "time (measured) — batched was 0.4× faster, -21.75 s saved")
 
 
 def test_openai_client(server: LocalServer, tmp_path: Path) -> None:
