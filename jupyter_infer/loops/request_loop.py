@@ -102,11 +102,18 @@ class RequestLoop(abc.ABC):
         """Whether the engine answers (``None``: not known, or a local engine)."""
         return None
 
-    def expect(self) -> None:
+    def expect(self, state: str = "switching") -> None:
         """Let requests wait for this loop before it starts: a model switch starts it once the
-        old one has drained (state ``switching`` meanwhile)."""
+        old one has drained, a managed server's once the child answers (``state`` meanwhile)."""
         if self._ready is None:
-            self._ready, self._state = asyncio.Event(), "switching"
+            self._ready, self._state = asyncio.Event(), state
+
+    def fail(self, reason: str) -> None:
+        """It will not start (``reason``: why): the requests waiting for it, and later ones, get
+        a 503 that says so."""
+        self._state, self.load_error = "failed", reason
+        if self._ready is not None:
+            self._ready.set()
 
     def start(self) -> None:
         """Start the loop (loading the engine, or opening the upstream); idempotent."""

@@ -11,17 +11,19 @@ state, so nothing here depends on which kind it is. ``engine = "router"`` is a
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from ..engine import Engine
 from ..errors import InferError, refusal_reason
 from ..loops.loop_factory import make_loop
 from ..loops.tokenizing import off_loop, render_prompt
-from ..values.config import ServiceConfig
+from ..upstream.managed_server import ManagedServer
+from ..values.config import MANAGED_ENGINES, ServiceConfig
 from ..values.engine_info import EngineInfo
 from ..values.events import EventBus, Subscription
 from ..values.limits import check_token_ids
@@ -62,8 +64,15 @@ class InferenceService:
         # What the user set (a configuration refused as invalid shows what was given, not defaults).
         self._configured = configured
         self._batch_ids = batch_ids or itertools.count(1)  # one numbering across model switches
-        self._loop = make_loop(cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
+        # A serving engine started as a child (vLLM, llama.cpp, ...): served through as an upstream.
+        self.child = ManagedServer(cfg.engine, cfg.model, command=cfg.serve_command, args=cfg.serve_args,
+                                   api_path=cfg.serve_api_path, start_timeout_s=cfg.serve_start_timeout_s) \
+            if cfg.engine in MANAGED_ENGINES else None
+        loop_cfg = cfg if self.child is None else replace(
+            cfg, engine="openai", upstream_url=self.child.url, upstream_api_key=self.child.token, upstream_api_key_env="")
+        self._loop = make_loop(loop_cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
                                batch_ids=self._batch_ids, upstream=upstream)
+        self._child_start: asyncio.Task | None = None
         self.limits = self._loop.limits
         self.models = ModelShelf(self)  # the models this machine can serve, and switching them
         self.budget = OwnerBudget(cfg.owner_tokens_per_minute)
@@ -73,12 +82,28 @@ class InferenceService:
     def start(self) -> None:
         """Start loading the engine in the background (on the running event loop); requests
         wait until it is ready. Idempotent."""
+        if self.child is not None and self._child_start is None:  # the loop starts once the child answers
+            self._loop.expect("starting")
+            self._child_start = asyncio.get_running_loop().create_task(self._start_child())
+            return
         self._loop.start()
         self.models.start()
 
+    async def _start_child(self) -> None:
+        try:
+            await self.child.start()
+        except RuntimeError as err:
+            self._loop.fail(str(err))
+            return
+        self._loop.start()
+
     async def stop(self, reason: str = "the inference server is shutting down") -> None:
         self.models.stop()
+        if self._child_start is not None:
+            self._child_start.cancel()
         await self._loop.stop(reason)
+        if self.child is not None:
+            await self.child.stop()
 
     def replace_loop(self, config: ServiceConfig) -> RequestLoop:
         """A loop for ``config`` in place of this one (requests now wait for it; it is not
@@ -245,6 +270,7 @@ class InferenceService:
             "prefix_cache": snap.prefix_cache,
             "kv_cache": snap.kv_cache,
             "configured": self._configured or self.config.given(),
+            **({"child_server": self.child.status()} if self.child is not None else {}),
             **snap.status,
         }
         if self.route is not None:

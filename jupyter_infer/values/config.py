@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
-ENGINES = ("auto", "hf", "simulated", "openai", "router")
+ENGINES = ("auto", "hf", "simulated", "openai", "router", "vllm", "llama.cpp", "sglang", "command")
+MANAGED_ENGINES = ("vllm", "llama.cpp", "sglang", "command")  # a serving engine started as a child
 LOCAL_ENGINES = ("auto", "hf", "simulated")  # engines that run the model in this process
 ROUTER_POLICIES = ("sensitivity", "complexity")  # built in; "module:function" names a callable
 MODES = ("continuous", "window")
@@ -49,8 +50,9 @@ class ServiceConfig:
         transformers), 'simulated' (offline, deterministic, realistic timing), 'auto'
         ('hf' with the configured model; 'simulated' if it cannot load, and status says why),
         'openai' (an upstream OpenAI-compatible server at upstream_url: vLLM, TGI, SGLang,
-        llama.cpp, another jupyter_infer) or 'router' (the backends of router_backends and a
-        rule per request; docs/scale-out.md).""")
+        llama.cpp, another jupyter_infer), 'router' (the backends of router_backends and a
+        rule per request; docs/scale-out.md), or a serving engine this server starts as a child
+        with the model and serves through: 'vllm', 'llama.cpp', 'sglang', 'command' (serve_command).""")
     model: str = knob(DEFAULT_MODEL, "Hugging Face model id or local directory of the model the 'hf' engine serves.")
     device: str = knob("auto", "Device for the 'hf' engine: auto (CUDA > MPS > CPU), cpu, cuda, cuda:N or mps.")
     dtype: str = knob("auto", f"""One of {', '.join(DTYPES)}. Weights dtype for the 'hf' engine; auto: bfloat16/float16 on GPUs; on
@@ -162,6 +164,13 @@ class ServiceConfig:
     event_buffer: int = knob(2048, """Events an infer/events subscriber may fall behind (one log shared by all
         subscribers); one further behind loses the oldest and is told how many (a 'dropped' event).""")
     # -- engine = "openai": an upstream OpenAI-compatible server ----------------------------------
+    serve_command: str = knob("", """engine='command' (or in place of the built-in command of 'vllm', 'llama.cpp',
+        'sglang'): the command that starts the serving engine, with {model}, {port} and {token} (its API key)
+        filled in, e.g. 'jupyter infer serve --model {model} --port {port} --IdentityProvider.token={token}'.""")
+    serve_args: tuple[str, ...] = knob((), "engine='vllm' / 'llama.cpp' / 'sglang' / 'command': arguments added to its command.")
+    serve_api_path: str = knob("", """Where the child's OpenAI API is under its port ('' : /v1; /infer/v1 for
+        jupyter infer serve).""")
+    serve_start_timeout_s: float = knob(600.0, "How long the child server may take to answer before its start fails.")
     upstream_url: str = knob("", """engine='openai': the upstream server's OpenAI-compatible base URL, ending in
         /v1 (e.g. http://vllm:8000/v1, or http://host:8888/infer/v1 for another jupyter_infer).""")
     upstream_model: str = knob("", "engine='openai': the upstream model to use; empty: the first id of its v1/models.")
@@ -213,6 +222,7 @@ class ServiceConfig:
         _set(self, "fair_share_weights", {str(k): v for k, v in dict(self.fair_share_weights).items()})
         _set(self, "admin_users", tuple(self.admin_users))
         _set(self, "model_dirs", tuple(self.model_dirs))
+        _set(self, "serve_args", tuple(self.serve_args))
         if self.engine not in ENGINES:
             fail("engine", f"one of {', '.join(ENGINES)}")
         if self.mode not in MODES:
@@ -264,6 +274,9 @@ class ServiceConfig:
             fail("upstream_timeout_s", "above 0")
         if self.upstream_retries < 0:
             fail("upstream_retries", "0 or more")
+        if self.engine == "command" and not self.serve_command.strip():
+            raise ValueError("InferApp.engine = 'command' needs InferApp.serve_command: the command that starts "
+                             "the server, with {model}, {port} and {token} in it.")
         if self.engine == "openai" and not re.match(r"https?://[^/]", self.upstream_url):
             raise ValueError(
                 "InferApp.upstream_url must be the http(s) base URL of an OpenAI-compatible server "

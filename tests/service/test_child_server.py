@@ -1,0 +1,79 @@
+"""A serving engine started as a child and served through (engine = "vllm" | "llama.cpp" |
+"sglang" | "command"): here a real child, our own ``jupyter infer serve``; answered through our
+front, restarted after a kill, stopped with the service (no orphan process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import pytest
+
+from jupyter_infer.errors import EngineUnavailable
+from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.values.config import ServiceConfig
+from jupyter_infer.values.request import Request, SamplingParams
+
+pytestmark = pytest.mark.timeout(180)
+
+OUR_SERVE = (f"{sys.executable} -m jupyter_infer.commands.cli serve --engine simulated --port {{port}} "
+             "--ip 127.0.0.1 --IdentityProvider.token={token} --no-hub")
+
+
+async def ask(service: InferenceService) -> str:
+    stream = await service.submit(Request("What is batching?", SamplingParams(max_tokens=4)))
+    return (await stream.result()).text
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.asyncio
+async def test_a_child_server_answers_through_the_front_comes_back_after_a_kill_and_stops_with_it() -> None:
+    service = InferenceService(ServiceConfig(engine="command", serve_command=OUR_SERVE, serve_api_path="/infer/v1",
+                                             serve_start_timeout_s=120))
+    service.start()
+    try:
+        assert service.state in ("starting", "ready")
+        await service.wait_ready(150)
+        assert await ask(service)
+        child = service.status()["child_server"]
+        assert child["state"] == "ready" and child["restarts"] == 0 and "<key>" in child["command"]
+        first = child["pid"]
+        os.killpg(first, signal.SIGKILL)  # it dies: restarted, at the same port
+        for _ in range(600):
+            if service.child.state == "ready" and service.child.pid != first:
+                break
+            await asyncio.sleep(0.1)
+        assert service.child.restarts == 1 and service.child.state == "ready"
+        for _ in range(100):  # the front sees it back (its probe)
+            try:
+                assert await ask(service)
+                break
+            except EngineUnavailable:
+                await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the restarted child never answered through the front")
+        second = service.child.pid
+    finally:
+        await service.stop()
+    assert not alive(second) and service.child.state == "stopped"
+
+
+@pytest.mark.asyncio
+async def test_an_engine_that_is_not_installed_fails_saying_how_to_install_it() -> None:
+    service = InferenceService(ServiceConfig(engine="vllm", model="Qwen/Qwen2.5-0.5B-Instruct"))
+    service.start()
+    try:
+        with pytest.raises(EngineUnavailable, match=r"vllm was not found on PATH: pip install vllm"):
+            await service.wait_ready(30)
+        assert service.status()["state"] == "failed" and service.status()["child_server"]["state"] == "failed"
+    finally:
+        await service.stop()
