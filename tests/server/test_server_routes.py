@@ -352,7 +352,7 @@ async def test_prometheus_gauges_read_this_apps_service_while_it_runs(jp_fetch: 
         ({"device": "tpu"}, "InferApp.device must be"),
         ({"simulated_token_delay_ms": [5.0, 1.0]}, "0 <= low <= high"),
         ({"batch_window_ms": -1.0}, "InferApp.batch_window_ms must be 0 or more"),
-        ({"engine": "vllm"}, "engine"),
+        ({"engine": "tgi"}, "engine"),
         ({"mode": "eager"}, "mode"),
     ],
 )
