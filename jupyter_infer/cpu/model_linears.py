@@ -51,6 +51,7 @@ class LinearReport:
     kernels: str  # what the linears run on, for status and the bench
     layers: int  # linears swapped
     seconds: float  # time spent packing or quantizing, paid once at load
+    cache: dict | None = None  # the weight cache this load used or wrote (formats/weight_cache.py)
 
 
 def onednn_available() -> bool:

@@ -46,6 +46,7 @@ from ..cpu.process_memory import current_rss, peak_rss, release_freed
 from ..values import load_progress
 from . import gguf_load, gptq_awq
 from .meta_model import in_features, init_missing_buffers, linear_slots, put_tensor
+from .weight_cache import WeightCache, key_of
 
 log = logging.getLogger(__name__)
 
@@ -283,13 +284,24 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     chunked = from_rows(quantize)
     start, swapped = time.perf_counter(), 0
     slots = linear_slots(lm)
+    # What we quantize is kept on disk: a second start reads it instead (weight_cache.py).
+    cache = WeightCache(key_of([*files.values(), folder / "config.json"], quantize, dtype), str(folder)) \
+        if quantize in QUANTIZED and not packed else None
     progress = load_progress.current()
-    progress.phase("reading the linears" + (f" into {quantize}" if quantize != "none" else ""), len(slots), "linears")
+    progress.phase("reading the linears" + (" from the weight cache" if cache and cache.hit else
+                                            f" into {quantize}" if quantize != "none" else ""), len(slots), "linears")
     with torch.no_grad():
         for weight_name, (parent, attr, child) in slots.items():
             progress.advance()
             if weight_name not in packed and not swappable(quantize, in_features(child)):
                 continue  # left on meta: read with the float tensors below
+            module = cache.get(weight_name, _shape(child)) if cache else None
+            if module is not None:
+                setattr(parent, attr, module)
+                swapped += 1
+                del module
+                release_freed()  # its file's copy: back to the system before the next one
+                continue
             bias = read(f"{weight_name.removesuffix('.weight')}.bias").float() if child.bias is not None else None
             if weight_name in packed:
                 module = prequantized.linear(read, files, weight_name.removesuffix(".weight"), bias)
@@ -304,8 +316,12 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
                 del weight
             setattr(parent, attr, module)
             swapped += 1
+            if cache is not None:
+                cache.put(weight_name, module)
             del module, bias
             release_freed()
+        if cache is not None:
+            cache.finish()
         # Read a chunk of rows at a time: a real vocabulary's float table is the checkpoint's
         # largest tensor, and whole it would set the load's peak.
         if quantized_by_us(lm):
@@ -330,5 +346,11 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
         return None
     if packed:
         kernels = f"{prequantized.kernels(len(packed))}; {kernels}"
-    return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds)
+    return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds,
+                            cache=cache.status() if cache is not None else None)
+
+
+def _shape(linear: nn.Module) -> tuple[int, int]:
+    """A linear's weight as [out, in] (GPT-2's Conv1D keeps it [in, out])."""
+    return (linear.nf, linear.nx) if type(linear) is Conv1D else (linear.out_features, linear.in_features)
 

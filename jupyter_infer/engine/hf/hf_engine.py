@@ -170,6 +170,7 @@ class HFEngine(Engine):
                 **({"cpu_kernels": kernels.status()} if self.device == "cpu" else {}),
                 "quantize": quantize,
                 "prepack_s": round(linears.seconds, 3),
+                **({"weight_cache": linears.cache} if linears.cache else {}),
                 "forward": self.forward_path(),
                 **self.load.details(),
                 "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
