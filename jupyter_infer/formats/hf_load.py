@@ -302,23 +302,15 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
                 del module
                 release_freed()  # its file's copy: back to the system before the next one
                 continue
-            bias = read(f"{weight_name.removesuffix('.weight')}.bias").float() if child.bias is not None else None
             if weight_name in packed:
-                module = prequantized.linear(read, files, weight_name.removesuffix(".weight"), bias)
-            elif chunked is not None and type(child) is not Conv1D:
-                # Quantized a chunk of rows at a time: a real vocabulary's (tied) output head is
-                # the checkpoint's largest tensor, and whole in float32 it would set the peak.
-                module = chunked(lambda first, stop, name=weight_name: rows(name, first, stop).float(),
-                                 (child.out_features, child.in_features), bias)
+                module = prequantized.linear(read, files, weight_name.removesuffix(".weight"), _bias(read, weight_name, child))
             else:
-                weight = read(weight_name).float()
-                module = make(weight.t() if type(child) is Conv1D else weight, bias)
-                del weight
+                module = _linear_of(weight_name, child, read, rows, make, chunked)
             setattr(parent, attr, module)
             swapped += 1
             if cache is not None:
                 cache.put(weight_name, module)
-            del module, bias
+            del module
             release_freed()
         if cache is not None:
             cache.finish()
@@ -330,13 +322,7 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
             compact_float_embedding(lm, lambda name, first, stop: rows(name, first, stop).float())
         seconds = time.perf_counter() - start
         progress.phase("reading the other tensors (embeddings, norms)")
-        for name, param in list(lm.named_parameters(remove_duplicate=False)):
-            if param.device.type == "meta":
-                put_tensor(lm, name, read(name).to(dtype))
-        for name, buf in list(lm.named_buffers()):
-            if buf.device.type == "meta" and name in files:
-                put_tensor(lm, name, read(name).to(buf.dtype))
-        if not init_missing_buffers(lm):
+        if not _read_the_rest(lm, read, files, dtype):
             return None
     try:
         lm.generation_config = GenerationConfig.from_pretrained(folder)
@@ -348,6 +334,37 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
         kernels = f"{prequantized.kernels(len(packed))}; {kernels}"
     return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds,
                             cache=cache.status() if cache is not None else None)
+
+
+def _read_the_rest(lm: nn.Module, read: Callable[[str], torch.Tensor], files: dict[str, Path],
+                   dtype: torch.dtype) -> bool:
+    """The tensors still on meta (norms, the float embeddings), read; False where a buffer
+    stays on meta (``init_missing_buffers``)."""
+    for name, param in list(lm.named_parameters(remove_duplicate=False)):
+        if param.device.type == "meta":
+            put_tensor(lm, name, read(name).to(dtype))
+    for name, buf in list(lm.named_buffers()):
+        if buf.device.type == "meta" and name in files:
+            put_tensor(lm, name, read(name).to(buf.dtype))
+    return init_missing_buffers(lm)
+
+
+def _bias(read: Callable[[str], torch.Tensor], weight_name: str, child: nn.Module) -> torch.Tensor | None:
+    return read(f"{weight_name.removesuffix('.weight')}.bias").float() if child.bias is not None else None
+
+
+def _linear_of(weight_name: str, child: nn.Module, read: Callable[[str], torch.Tensor],
+               rows: Callable[[str, int, int], torch.Tensor], make: Callable[..., nn.Module],
+               chunked: Callable[..., nn.Module] | None) -> nn.Module:
+    """Our linear for the checkpoint's ``weight_name`` (``child`` the model's, on meta)."""
+    bias = _bias(read, weight_name, child)
+    if chunked is not None and type(child) is not Conv1D:
+        # Quantized a chunk of rows at a time: a real vocabulary's (tied) output head is the
+        # checkpoint's largest tensor, and whole in float32 it would set the peak.
+        return chunked(lambda first, stop: rows(weight_name, first, stop).float(),
+                       (child.out_features, child.in_features), bias)
+    weight = read(weight_name).float()
+    return make(weight.t() if type(child) is Conv1D else weight, bias)
 
 
 def _shape(linear: nn.Module) -> tuple[int, int]:
