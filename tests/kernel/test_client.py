@@ -134,7 +134,11 @@ def test_embedded_engines_log_their_fallback_once_quietly(
     from jupyter_infer.service.inference import InferenceService
     from jupyter_infer.values.config import DEFAULT_MODEL, ServiceConfig
 
+    from jupyter_infer.kernel.client import embedded
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Once per process and reason: an earlier test in this process may have said it already.
+    monkeypatch.setattr(embedded._quiet_fallback, "logged", set())
     caplog.set_level(logging.INFO, logger="jupyter_infer.engine")
     for mode in ("window", "continuous"):
         with Client(embedded=InferenceService(ServiceConfig(mode=mode))) as client:
