@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("make-model: --text is what --train SECONDS trains on; give --train too")
     if args.train:
         path = train_model(args.directory, args.size, seconds=args.train, texts=args.text, seed=args.seed)
-        print(f"trained {args.size!r} model in {path}; serve it with --InferApp.model={path}")
+        print(f"trained {args.size!r} model in {path}; serve it with: jupyter infer serve --model {path}")
         return 0
     path = make_model(args.directory, args.size, seed=args.seed, context=args.context)
-    print(f"built {args.size!r} model in {path}; serve it with --InferApp.model={path}")
+    print(f"built {args.size!r} model in {path}; serve it with: jupyter infer serve --model {path}")
     return 0

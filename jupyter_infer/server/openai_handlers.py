@@ -191,7 +191,14 @@ class ModelsHandler(OpenAIHandler):
     @answers_errors
     async def get(self) -> None:
         info = await self.service.wait_ready()
-        self.finish(openai_answers.models_list(info, self._created()))
+        answer = openai_answers.models_list(info, self._created())
+        shelf = getattr(self.service, "models", None)
+        if shelf is not None and self.service.config.load_on_demand:  # Ollama's way: what a request may name
+            served = {card["id"] for card in answer["data"]}
+            answer["data"] += [{"id": m["id"], "object": "model", "created": self._created(), "owned_by": "jupyter_infer",
+                                "root": m["path"], "parent": None, "loaded": False}
+                               for m in shelf.listing() if not m["loaded"] and m["id"] not in served]
+        self.finish(answer)
 
     def _created(self) -> int:
         return int(wall(self.service.collector.started_at))

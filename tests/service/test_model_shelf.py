@@ -116,3 +116,18 @@ async def test_a_request_naming_a_listed_model_loads_it_on_demand(tiny_model_dir
         assert service.info.engine == "hf"
     finally:
         await service.stop()
+
+
+@pytest.fixture
+def infer_options(tmp_path: Path, tiny_model_dir: Path) -> dict[str, object]:
+    """The server of the test below: a shelf folder with one model, load_on_demand on."""
+    shutil.copytree(tiny_model_dir, tmp_path / "shelf" / "tiny")
+    return {"engine": "auto", "load_on_demand": True, "model_dirs": [str(tmp_path / "shelf")]}
+
+
+async def test_v1_models_lists_what_a_request_may_load_with_load_on_demand(jp_fetch, tmp_path: Path) -> None:
+    """Ollama's way: v1/models names the loaded model first, then what a request may load."""
+    data = json.loads((await jp_fetch("infer", "v1", "models")).body)["data"]
+    listed = str(tmp_path / "shelf" / "tiny")
+    assert data[0]["id"] != listed and "loaded" not in data[0]
+    assert {"id": listed, "loaded": False}.items() <= data[-1].items()

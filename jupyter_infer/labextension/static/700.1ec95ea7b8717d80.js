@@ -1,4 +1,4 @@
-"use strict";(self.rspackChunkjupyter_infer=self.rspackChunkjupyter_infer||[]).push([[700],{646(e,i,r){var o=r(601),t=r.n(o),a=r(314),n=r.n(a),l=r(813),p=n()(t());p.i(l.A),p.push([e.id,`/* The Inference side panel and status-bar item: JupyterLab theme variables only. */
+"use strict";(self.rspackChunkjupyter_infer=self.rspackChunkjupyter_infer||[]).push([[700],{646(e,i,r){var o=r(601),a=r.n(o),t=r(314),n=r.n(t),l=r(813),p=n()(a());p.i(l.A),p.push([e.id,`/* The Inference side panel and status-bar item: JupyterLab theme variables only. */
 
 .ji-panel {
   display: flex;
@@ -342,7 +342,185 @@
   font-size: var(--jp-ui-font-size1);
   line-height: calc(var(--jp-ui-font-size2) * 1.25);
 }
-`,""]),r.d(i,{},{A:p})},813(e,i,r){var o=r(601),t=r.n(o),a=r(314),n=(r.n(a))()(t());n.push([e.id,`/* The batch timeline, shared by the side panel and the notebook widget (copied to
+
+.ji-panel .ji-state[data-state='switching'],
+.ji-panel .ji-state[data-state='starting'] {
+  border-color: var(--jp-warn-color1);
+  color: var(--jp-warn-color0);
+}
+
+.ji-panel .ji-state[data-state='unloaded'] {
+  color: var(--jp-ui-font-color2);
+}
+
+/* Models: the list, a name box, weights, Load / Unload. */
+.ji-panel .ji-models-count {
+  margin-right: auto;
+}
+
+.ji-panel .ji-model-list {
+  list-style: none;
+  margin: 0;
+  padding: 0;
+  max-height: 168px;
+  overflow-y: auto;
+  border: 1px solid var(--jp-border-color2);
+  border-radius: 2px;
+  background: var(--jp-layout-color0);
+}
+
+.ji-panel .ji-model-row {
+  display: flex;
+  align-items: baseline;
+  gap: 8px;
+  padding: 3px 6px;
+  cursor: pointer;
+  border-left: 3px solid transparent;
+}
+
+.ji-panel .ji-model-row + .ji-model-row {
+  border-top: 1px solid var(--jp-border-color3);
+}
+
+.ji-panel .ji-model-row:hover {
+  background: var(--jp-layout-color2);
+}
+
+.ji-panel .ji-model-row[aria-selected='true'] {
+  background: var(--jp-brand-color3, var(--jp-layout-color2));
+  border-left-color: var(--jp-brand-color1);
+}
+
+.ji-panel .ji-model-row[data-loaded='true'] .ji-model-name {
+  font-weight: 600;
+}
+
+.ji-panel .ji-model-name {
+  flex: 0 1 auto;
+  min-width: 0;
+  overflow: hidden;
+  text-overflow: ellipsis;
+  white-space: nowrap;
+  color: var(--jp-ui-font-color0);
+}
+
+.ji-panel .ji-model-meta {
+  flex: 1 0 auto;
+  font-size: var(--jp-ui-font-size0);
+  color: var(--jp-ui-font-color2);
+  white-space: nowrap;
+}
+
+.ji-panel .ji-model-badge {
+  flex: none;
+  padding: 0 6px;
+  border-radius: 8px;
+  border: 1px solid var(--jp-border-color1);
+  font-size: var(--jp-ui-font-size0);
+  color: var(--jp-ui-font-color2);
+  white-space: nowrap;
+}
+
+.ji-panel .ji-badge-loaded {
+  border-color: var(--jp-success-color1);
+  color: var(--jp-success-color1);
+}
+
+.ji-panel .ji-badge-loading {
+  border-color: var(--jp-warn-color1);
+  color: var(--jp-warn-color0);
+}
+
+.ji-panel .ji-model-empty {
+  padding: 4px 6px;
+}
+
+.ji-panel .ji-model-controls {
+  display: flex;
+  flex-wrap: wrap;
+  align-items: center;
+  gap: 6px 10px;
+}
+
+.ji-panel .ji-model-input {
+  flex: 1 1 100%;
+  min-width: 0;
+  box-sizing: border-box;
+  font-family: var(--jp-ui-font-family);
+  font-size: var(--jp-ui-font-size1);
+  color: var(--jp-ui-font-color0);
+  background: var(--jp-input-background, var(--jp-layout-color1));
+  border: var(--jp-border-width) solid var(--jp-input-border-color, var(--jp-border-color1));
+  padding: 3px 6px;
+}
+
+.ji-panel .ji-weights {
+  color: var(--jp-ui-font-color0);
+  background: var(--jp-input-background, var(--jp-layout-color1));
+  border: var(--jp-border-width) solid var(--jp-input-border-color, var(--jp-border-color1));
+  font-size: var(--jp-ui-font-size1);
+  padding: 1px 2px;
+}
+
+.ji-panel .ji-load:not(:disabled) {
+  background: var(--jp-brand-color1);
+  border-color: var(--jp-brand-color1);
+  color: var(--jp-ui-inverse-font-color0);
+}
+
+.ji-panel .ji-model-message {
+  padding: 2px 8px;
+  border-left: 3px solid var(--jp-info-color1);
+  font-size: var(--jp-ui-font-size0);
+  color: var(--jp-ui-font-color1);
+  overflow-wrap: anywhere;
+}
+
+.ji-panel .ji-model-message[data-kind='error'] {
+  border-left-color: var(--jp-error-color1);
+  color: var(--jp-error-color0);
+}
+
+/* A managed child server (vLLM...): summary, error, last log lines. */
+.ji-panel .ji-child-summary {
+  color: var(--jp-ui-font-color0);
+}
+
+.ji-panel .ji-child[data-trouble='true'] .ji-child-summary {
+  color: var(--jp-error-color0);
+}
+
+.ji-panel .ji-child-error {
+  color: var(--jp-error-color0);
+  overflow-wrap: anywhere;
+}
+
+.ji-panel .ji-child-log {
+  margin: 0;
+  max-height: 9.5em;
+  overflow: auto;
+  padding: 4px 6px;
+  white-space: pre-wrap;
+  overflow-wrap: anywhere;
+  font-family: var(--jp-code-font-family);
+  font-size: calc(var(--jp-code-font-size) * 0.85);
+  line-height: 1.35;
+  color: var(--jp-content-font-color1);
+  background: var(--jp-layout-color0);
+  border: 1px solid var(--jp-border-color2);
+  border-radius: 2px;
+}
+
+.ji-panel .ji-child-where {
+  overflow: hidden;
+  text-overflow: ellipsis;
+  white-space: nowrap;
+}
+
+.ji-panel .ji-section[hidden] {
+  display: none;
+}
+`,""]),r.d(i,{},{A:p})},813(e,i,r){var o=r(601),a=r.n(o),t=r(314),n=(r.n(t))()(a());n.push([e.id,`/* The batch timeline, shared by the side panel and the notebook widget (copied to
    jupyter_infer/widgets/static/timeline.css by the build). JupyterLab theme variables only;
    the fallbacks serve front ends without them. */
 
@@ -572,4 +750,4 @@
 .ji-timeline .ji-band {
   shape-rendering: crispEdges;
 }
-`,""]),r.d(i,{},{A:n})},314(e){e.exports=function(e){var i=[];return i.toString=function(){return this.map(function(i){var r="",o=void 0!==i[5];return i[4]&&(r+="@supports (".concat(i[4],") {")),i[2]&&(r+="@media ".concat(i[2]," {")),o&&(r+="@layer".concat(i[5].length>0?" ".concat(i[5]):""," {")),r+=e(i),o&&(r+="}"),i[2]&&(r+="}"),i[4]&&(r+="}"),r}).join("")},i.i=function(e,r,o,t,a){"string"==typeof e&&(e=[[null,e,void 0]]);var n={};if(o)for(var l=0;l<this.length;l++){var p=this[l][0];null!=p&&(n[p]=!0)}for(var j=0;j<e.length;j++){var s=[].concat(e[j]);o&&n[s[0]]||(void 0!==a&&(void 0===s[5]||(s[1]="@layer".concat(s[5].length>0?" ".concat(s[5]):""," {").concat(s[1],"}")),s[5]=a),r&&(s[2]&&(s[1]="@media ".concat(s[2]," {").concat(s[1],"}")),s[2]=r),t&&(s[4]?(s[1]="@supports (".concat(s[4],") {").concat(s[1],"}"),s[4]=t):s[4]="".concat(t)),i.push(s))}},i}},601(e){e.exports=function(e){return e[1]}},691(e){var i=[];function r(e){for(var r=-1,o=0;o<i.length;o++)if(i[o].identifier===e){r=o;break}return r}function o(e,o){for(var t={},a=[],n=0;n<e.length;n++){var l=e[n],p=o.base?l[0]+o.base:l[0],j=t[p]||0,s="".concat(p," ").concat(j);t[p]=j+1;var d=r(s),c={css:l[1],media:l[2],sourceMap:l[3],supports:l[4],layer:l[5]};if(-1!==d)i[d].references++,i[d].updater(c);else{var u=function(e,i){var r=i.domAPI(i);return r.update(e),function(i){i?(i.css!==e.css||i.media!==e.media||i.sourceMap!==e.sourceMap||i.supports!==e.supports||i.layer!==e.layer)&&r.update(e=i):r.remove()}}(c,o);o.byIndex=n,i.splice(n,0,{identifier:s,updater:u,references:1})}a.push(s)}return a}e.exports=function(e,t){var a=o(e=e||[],t=t||{});return function(e){e=e||[];for(var n=0;n<a.length;n++){var l=r(a[n]);i[l].references--}for(var p=o(e,t),j=0;j<a.length;j++){var s=r(a[j]);0===i[s].references&&(i[s].updater(),i.splice(s,1))}a=p}}},659(e){var i={};e.exports=function(e,r){var o=function(e){if(void 0===i[e]){var r=document.querySelector(e);if(window.HTMLIFrameElement&&r instanceof window.HTMLIFrameElement)try{r=r.contentDocument.head}catch(e){r=null}i[e]=r}return i[e]}(e);if(!o)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");o.appendChild(r)}},540(e){e.exports=function(e){var i=document.createElement("style");return e.setAttributes(i,e.attributes),e.insert(i,e.options),i}},56(e,i,r){e.exports=function(e){var i=r.nc;i&&e.setAttribute("nonce",i)}},206(e){e.exports=function(e){if("u"<typeof document)return{update:function(){},remove:function(){}};var i=e.insertStyleElement(e);return{update:function(r){var o,t,a;o="",r.supports&&(o+="@supports (".concat(r.supports,") {")),r.media&&(o+="@media ".concat(r.media," {")),(t=void 0!==r.layer)&&(o+="@layer".concat(r.layer.length>0?" ".concat(r.layer):""," {")),o+=r.css,t&&(o+="}"),r.media&&(o+="}"),r.supports&&(o+="}"),(a=r.sourceMap)&&"u">typeof btoa&&(o+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(a))))," */")),e.styleTagTransform(o,i,e.options)},remove:function(){var e;null===(e=i).parentNode||e.parentNode.removeChild(e)}}}},113(e){e.exports=function(e,i){if(i.styleSheet)i.styleSheet.cssText=e;else{for(;i.firstChild;)i.removeChild(i.firstChild);i.appendChild(document.createTextNode(e))}}},959(e,i,r){var o=r(691),t=r.n(o),a=r(206),n=r.n(a),l=r(659),p=r.n(l),j=r(56),s=r.n(j),d=r(540),c=r.n(d),u=r(113),f=r.n(u),v=r(646),m={};m.styleTagTransform=f(),m.setAttributes=s(),m.insert=p().bind(null,"head"),m.domAPI=n(),m.insertStyleElement=c(),t()(v.A,m),v.A&&v.A.locals&&v.A.locals}}]);
+`,""]),r.d(i,{},{A:n})},314(e){e.exports=function(e){var i=[];return i.toString=function(){return this.map(function(i){var r="",o=void 0!==i[5];return i[4]&&(r+="@supports (".concat(i[4],") {")),i[2]&&(r+="@media ".concat(i[2]," {")),o&&(r+="@layer".concat(i[5].length>0?" ".concat(i[5]):""," {")),r+=e(i),o&&(r+="}"),i[2]&&(r+="}"),i[4]&&(r+="}"),r}).join("")},i.i=function(e,r,o,a,t){"string"==typeof e&&(e=[[null,e,void 0]]);var n={};if(o)for(var l=0;l<this.length;l++){var p=this[l][0];null!=p&&(n[p]=!0)}for(var d=0;d<e.length;d++){var j=[].concat(e[d]);o&&n[j[0]]||(void 0!==t&&(void 0===j[5]||(j[1]="@layer".concat(j[5].length>0?" ".concat(j[5]):""," {").concat(j[1],"}")),j[5]=t),r&&(j[2]&&(j[1]="@media ".concat(j[2]," {").concat(j[1],"}")),j[2]=r),a&&(j[4]?(j[1]="@supports (".concat(j[4],") {").concat(j[1],"}"),j[4]=a):j[4]="".concat(a)),i.push(j))}},i}},601(e){e.exports=function(e){return e[1]}},691(e){var i=[];function r(e){for(var r=-1,o=0;o<i.length;o++)if(i[o].identifier===e){r=o;break}return r}function o(e,o){for(var a={},t=[],n=0;n<e.length;n++){var l=e[n],p=o.base?l[0]+o.base:l[0],d=a[p]||0,j="".concat(p," ").concat(d);a[p]=d+1;var c=r(j),s={css:l[1],media:l[2],sourceMap:l[3],supports:l[4],layer:l[5]};if(-1!==c)i[c].references++,i[c].updater(s);else{var u=function(e,i){var r=i.domAPI(i);return r.update(e),function(i){i?(i.css!==e.css||i.media!==e.media||i.sourceMap!==e.sourceMap||i.supports!==e.supports||i.layer!==e.layer)&&r.update(e=i):r.remove()}}(s,o);o.byIndex=n,i.splice(n,0,{identifier:j,updater:u,references:1})}t.push(j)}return t}e.exports=function(e,a){var t=o(e=e||[],a=a||{});return function(e){e=e||[];for(var n=0;n<t.length;n++){var l=r(t[n]);i[l].references--}for(var p=o(e,a),d=0;d<t.length;d++){var j=r(t[d]);0===i[j].references&&(i[j].updater(),i.splice(j,1))}t=p}}},659(e){var i={};e.exports=function(e,r){var o=function(e){if(void 0===i[e]){var r=document.querySelector(e);if(window.HTMLIFrameElement&&r instanceof window.HTMLIFrameElement)try{r=r.contentDocument.head}catch(e){r=null}i[e]=r}return i[e]}(e);if(!o)throw Error("Couldn't find a style target. This probably means that the value for the 'insert' parameter is invalid.");o.appendChild(r)}},540(e){e.exports=function(e){var i=document.createElement("style");return e.setAttributes(i,e.attributes),e.insert(i,e.options),i}},56(e,i,r){e.exports=function(e){var i=r.nc;i&&e.setAttribute("nonce",i)}},206(e){e.exports=function(e){if("u"<typeof document)return{update:function(){},remove:function(){}};var i=e.insertStyleElement(e);return{update:function(r){var o,a,t;o="",r.supports&&(o+="@supports (".concat(r.supports,") {")),r.media&&(o+="@media ".concat(r.media," {")),(a=void 0!==r.layer)&&(o+="@layer".concat(r.layer.length>0?" ".concat(r.layer):""," {")),o+=r.css,a&&(o+="}"),r.media&&(o+="}"),r.supports&&(o+="}"),(t=r.sourceMap)&&"u">typeof btoa&&(o+="\n/*# sourceMappingURL=data:application/json;base64,".concat(btoa(unescape(encodeURIComponent(JSON.stringify(t))))," */")),e.styleTagTransform(o,i,e.options)},remove:function(){var e;null===(e=i).parentNode||e.parentNode.removeChild(e)}}}},113(e){e.exports=function(e,i){if(i.styleSheet)i.styleSheet.cssText=e;else{for(;i.firstChild;)i.removeChild(i.firstChild);i.appendChild(document.createTextNode(e))}}},959(e,i,r){var o=r(691),a=r.n(o),t=r(206),n=r.n(t),l=r(659),p=r.n(l),d=r(56),j=r.n(d),c=r(540),s=r.n(c),u=r(113),f=r.n(u),v=r(646),m={};m.styleTagTransform=f(),m.setAttributes=j(),m.insert=p().bind(null,"head"),m.domAPI=n(),m.insertStyleElement=s(),a()(v.A,m),v.A&&v.A.locals&&v.A.locals}}]);
