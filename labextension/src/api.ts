@@ -7,7 +7,7 @@ import { ISSEEvent, readEventStream } from './sse';
 import { ITimelineBatch, ITimelineRow } from './timeline/types';
 
 export interface IStatus {
-  state: string; // stopped | loading | ready | failed
+  state: string; // stopped | starting | switching | loading | ready | failed | unloaded
   load_error: string | null;
   mode: string;
   engine: string | null;
@@ -23,6 +23,45 @@ export interface IStatus {
   configured?: { engine: string; model: string; [option: string]: unknown };
   /** How loading goes (while state is "loading"), or what it took (once done). */
   loading?: ILoading;
+  /** The serving engine this server started as a child (vLLM, llama.cpp...), when it did. */
+  child_server?: IChildServer;
+}
+
+/** A managed child server (`InferApp.engine = "vllm"` and the like), as `infer/status` says. */
+export interface IChildServer {
+  kind: string;
+  command: string;
+  pid: number | null;
+  url: string | null;
+  state: string;
+  restarts: number;
+  error: string | null;
+  log: string | null;
+  log_tail: string[];
+}
+
+/** One model this machine can serve (`GET infer/models`). */
+export interface IModelEntry {
+  id: string;
+  path: string;
+  source: string; // huggingface | folder | gguf | ollama | configured | loaded
+  size_bytes: number | null;
+  loaded: boolean;
+  configured: boolean;
+}
+
+export interface IModelsAnswer {
+  state: string;
+  model: string | null;
+  models: IModelEntry[];
+  load_on_demand: boolean;
+  unload_after_s: number;
+}
+
+/** What `POST infer/models` takes besides the model. */
+export interface ILoadOptions {
+  quantize?: string;
+  dtype?: string;
 }
 
 export interface ILoading {
@@ -153,6 +192,25 @@ export class InferApi {
 
   batches(limit = 200, requests = 400): Promise<IBatchesAnswer> {
     return this.json<IBatchesAnswer>(`batches?limit=${limit}&requests=${requests}`);
+  }
+
+  /** The models this machine can serve and which one is loaded (`GET infer/models`). */
+  models(): Promise<IModelsAnswer> {
+    return this.json<IModelsAnswer>('models');
+  }
+
+  /** Load `model` in place of the loaded one; answers once it is ready (`POST infer/models`). */
+  loadModel(model: string, options: ILoadOptions = {}): Promise<IModelsAnswer> {
+    return this.json<IModelsAnswer>('models', {
+      method: 'POST',
+      body: JSON.stringify({ model, ...options }),
+      headers: { 'Content-Type': 'application/json' }
+    });
+  }
+
+  /** Unload the model; the next request loads it again (`DELETE infer/models`). */
+  unloadModel(): Promise<IModelsAnswer> {
+    return this.json<IModelsAnswer>('models', { method: 'DELETE' });
   }
 
   /** Cancel one queued or running request (`DELETE infer/requests/{id}`). */

@@ -4,8 +4,9 @@
 
 import { IDisposable } from '@lumino/disposable';
 import { ISignal, Signal } from '@lumino/signaling';
-import { IMetrics, InferApi, IStatus } from './api';
+import { ILoadOptions, IMetrics, IModelsAnswer, InferApi, IStatus } from './api';
 import { readyLine } from './format';
+import { isSettling } from './shelf';
 import { LiveTimeline, ServerEvent } from './live';
 
 export type Connection = 'connecting' | 'connected' | 'reconnecting';
@@ -40,11 +41,22 @@ export class InferenceModel implements IDisposable {
   /** When this page first saw the engine loading (ms since epoch), for "loading for 12 s". */
   loadingSince: number | null = null;
   settings: IModelSettings = { ...DEFAULT_SETTINGS };
+  /** `GET infer/models`: the models this machine can serve (fetched when the state changes). */
+  models: IModelsAnswer | null = null;
+  /** The model this page asked to load (until the server answers), or "" while unloading. */
+  pending: string | null = null;
+  /** Why the last load or unload from this page failed (the server's message). */
+  modelsError: string | null = null;
+  /** Why `GET infer/models` failed, the last time it did. */
+  listError: string | null = null;
+  /** The model that load was for ("" for an unload). */
+  modelsFailed = '';
   private _changed = new Signal<this, void>(this);
   private _stop = new AbortController();
   private _stream: AbortController | null = null;
   private _started = false;
   private _recordsAt = 0;
+  private _seen = ''; // the state and model the models list was last fetched for
 
   constructor(api?: InferApi) {
     this.api = api ?? new InferApi();
@@ -109,6 +121,60 @@ export class InferenceModel implements IDisposable {
       this.error = (err as Error).message;
     }
     this._changed.emit();
+    // Another client (a notebook's %infer_model, another page) may have switched the model.
+    const seen = `${this.status?.state}|${this.status?.model}`;
+    const settled = !isSettling(this.status?.state) || this.models === null; // a first list in any case
+    if (this.status && seen !== this._seen && this.pending === null && settled) {
+      this._seen = seen;
+      await this.refreshModels();
+    }
+  }
+
+  /** Fetch the models list (`GET infer/models`); a failure leaves the last one. */
+  async refreshModels(): Promise<void> {
+    try {
+      this.models = await this.api.models();
+      this.listError = null;
+    } catch (err) {
+      this.listError = `The models could not be listed: ${(err as Error).message}`;
+    }
+    this._changed.emit();
+  }
+
+  /** Load `name` in place of the loaded model; resolves once the server answered. */
+  async loadModel(name: string, options: ILoadOptions = {}): Promise<boolean> {
+    return this._changeModel(name, () => this.api.loadModel(name, options));
+  }
+
+  /** Unload the model (the next request loads it again). */
+  async unloadModel(): Promise<boolean> {
+    return this._changeModel('', () => this.api.unloadModel());
+  }
+
+  private async _changeModel(pending: string, call: () => Promise<IModelsAnswer>): Promise<boolean> {
+    if (this.pending !== null) {
+      return false;
+    }
+    this.pending = pending;
+    this.modelsError = null;
+    this._changed.emit();
+    let ok = true;
+    try {
+      this.models = await call();
+    } catch (err) {
+      ok = false;
+      this.modelsError = (err as Error).message;
+      this.modelsFailed = pending;
+    } finally {
+      this.pending = null;
+    }
+    await this.refreshStatus();
+    this._seen = `${this.status?.state}|${this.status?.model}`;
+    if (!ok) {
+      await this.refreshModels();
+    }
+    this._changed.emit();
+    return ok;
   }
 
   /** Follow `infer/events`; on a dropped stream, reconnect with backoff and reseed. */
@@ -138,6 +204,7 @@ export class InferenceModel implements IDisposable {
         break;
       }
       this.connection = 'reconnecting';
+      this._seen = ''; // list the models again once it is back
       this._changed.emit();
       await sleep(delay, stop);
       delay = Math.min(delay * 2, 5000);
@@ -184,8 +251,9 @@ export class InferenceModel implements IDisposable {
         } catch (err) {
           this.error = (err as Error).message;
         }
-        const settling = this.status && this.status.state !== 'ready';
-        if (settling && tick % 4 === 0) {
+        // While a load from this page runs, every other tick: its progress moves fast.
+        const settling = this.pending !== null || (this.status && this.status.state !== 'ready');
+        if (settling && tick % (this.pending !== null ? 2 : 4) === 0) {
           await this.refreshStatus();
         }
         this._changed.emit();

@@ -2,10 +2,24 @@
 // prompt box. It draws an `InferenceModel`; the prompt box streams through the same API.
 
 import { Widget } from '@lumino/widgets';
-import { InferError, IGenerateResult, IMetrics, IStatus } from './api';
-import { describeLoading, describeWeights, formatMs, formatNumber } from './format';
+import { InferError, IGenerateResult, IMetrics, IModelEntry, IStatus } from './api';
+import { describeWeights, formatMs, formatNumber } from './format';
 import { InferenceModel } from './model';
 import { LiveTimelineView } from './livetimeline';
+import {
+  canLoad,
+  childInTrouble,
+  childSummary,
+  childTail,
+  isSettling,
+  loadFailure,
+  loadOptions,
+  modelLabel,
+  modelMeta,
+  modelName,
+  settlingNotice,
+  WEIGHT_CHOICES
+} from './shelf';
 
 export const PANEL_ID = 'jupyter-infer';
 
@@ -60,6 +74,8 @@ export class InferencePanel extends Widget {
   private _flash: HTMLElement;
   private _flashTimer = 0;
   private _prompt: PromptBox;
+  private _child: ChildServerBlock;
+  private _models: ModelsSection;
   private _openWide: (() => void) | null;
 
   constructor(model: InferenceModel, openWide: (() => void) | null = null) {
@@ -90,6 +106,8 @@ export class InferencePanel extends Widget {
     ]) {
       this._fields.set(name, field(status, label, name));
     }
+    this._child = new ChildServerBlock(el('section', 'ji-section ji-child', root));
+    this._models = new ModelsSection(model, el('section', 'ji-section ji-models', root));
 
     const figures = el('section', 'ji-section ji-figures', root);
     for (const [label, name] of [
@@ -194,13 +212,9 @@ export class InferencePanel extends Widget {
       this._setNotice(null);
     } else if (s?.state === 'failed') {
       this._setNotice(`The engine failed to load: ${s.load_error ?? 'unknown reason'}`, 'error');
-    } else if (s?.state === 'loading') {
-      const since = m.loadingSince === null ? '' : ` (${formatMs(Date.now() - m.loadingSince)} so far)`;
-      this._setNotice(
-        `Loading ${s.configured?.model ?? 'the model'} into the ${s.configured?.engine ?? ''} engine: ` +
-          (s.loading ? describeLoading(s.loading) : `starting${since}`),
-        'info'
-      );
+    } else if (s && settlingNotice(s, m.pending, null) !== null) {
+      const since = m.loadingSince === null ? null : Date.now() - m.loadingSince;
+      this._setNotice(settlingNotice(s, m.pending, since), 'info');
     } else if (s?.fallback_reason) {
       this._setNotice(
         `Running the ${s.engine} engine instead of ${s.configured?.engine ?? 'the configured one'}: ${s.fallback_reason}`,
@@ -210,6 +224,8 @@ export class InferencePanel extends Widget {
       this._setNotice(null);
     }
     this._renderFigures(m.metrics);
+    this._child.render(m.connection === 'connected' ? s : null);
+    this._models.render();
     this._prompt.render();
   }
 
@@ -228,6 +244,216 @@ export class InferencePanel extends Widget {
     set('latency', formatPair(metrics.latency_ms));
     const r = metrics.requests;
     set('outcomes', `${r.ok} ok · ${r.cancelled} cancelled · ${r.failed} failed`);
+  }
+}
+
+/** A managed child server (vLLM, llama.cpp...): what it is, how it goes, its last log lines,
+ * so that a user sees why it did not start. Hidden when the engine runs in this process. */
+class ChildServerBlock {
+  private _root: HTMLElement;
+  private _summary: HTMLElement;
+  private _error: HTMLElement;
+  private _log: HTMLElement;
+  private _where: HTMLElement;
+  private _stuck = true;
+
+  constructor(root: HTMLElement) {
+    this._root = root;
+    root.hidden = true;
+    el('h3', 'ji-subheading', root, 'Child server');
+    this._summary = el('div', 'ji-child-summary', root);
+    this._error = el('div', 'ji-child-error', root);
+    this._log = el('pre', 'ji-child-log', root);
+    this._log.tabIndex = 0; // scrollable by keyboard
+    // Kept at the bottom (the newest lines) unless the reader scrolled up.
+    this._log.addEventListener('scroll', () => {
+      const log = this._log;
+      this._stuck = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    });
+    this._where = el('div', 'ji-hint ji-child-where', root);
+  }
+
+  render(s: IStatus | null): void {
+    const c = s?.child_server;
+    this._root.hidden = !c;
+    if (!c) {
+      return;
+    }
+    this._root.dataset.state = c.state;
+    this._root.dataset.trouble = String(childInTrouble(c));
+    this._summary.textContent = childSummary(c);
+    this._summary.title = c.command ?? '';
+    this._error.textContent = c.error ?? '';
+    this._error.hidden = !c.error;
+    const tail = childTail(c);
+    const text = tail.length ? tail.join('\n') : '(nothing logged yet)';
+    if (this._log.textContent !== text) {
+      this._log.textContent = text;
+    }
+    if (this._stuck) {
+      this._log.scrollTop = this._log.scrollHeight; // the last line is the one that says why
+    }
+    this._where.textContent = [c.url, c.log ? `log: ${c.log}` : null].filter(Boolean).join(' · ');
+    this._where.title = c.command ?? '';
+  }
+}
+
+/** The models this machine can serve: pick one (a row, or a path typed in), Load it in place
+ * of the loaded one, or Unload; a load's error stays under the buttons. */
+class ModelsSection {
+  private _model: InferenceModel;
+  private _count: HTMLElement;
+  private _list: HTMLElement;
+  private _input: HTMLInputElement;
+  private _weights: HTMLSelectElement;
+  private _load: HTMLButtonElement;
+  private _unload: HTMLButtonElement;
+  private _message: HTMLElement;
+  private _drawn = '';
+  private _done: string | null = null;
+  private _doneFor: string | null | undefined = null; // the model it was said of
+
+  constructor(model: InferenceModel, root: HTMLElement) {
+    this._model = model;
+    const head = el('div', 'ji-section-head', root);
+    el('h3', 'ji-subheading', head, 'Models');
+    this._count = el('span', 'ji-hint ji-models-count', head);
+    const refresh = el('button', 'ji-link', head, 'refresh');
+    refresh.title = 'List the models on this machine again';
+    refresh.addEventListener('click', () => void model.refreshModels());
+    this._list = el('ul', 'ji-model-list', root);
+    this._list.setAttribute('role', 'listbox');
+    this._list.setAttribute('aria-label', 'Models on this machine');
+    const controls = el('div', 'ji-model-controls', root);
+    this._input = el('input', 'ji-model-input jp-mod-styled', controls);
+    this._input.name = 'model';
+    this._input.placeholder = 'pick one above, or a folder, .gguf or Hub id';
+    this._input.spellcheck = false;
+    const wrap = el('label', 'ji-number', controls, 'weights');
+    this._weights = el('select', 'ji-weights', wrap);
+    this._weights.name = 'weights';
+    this._weights.title = 'How the weights are held (the hf engine); "as now" keeps the current setting';
+    for (const choice of WEIGHT_CHOICES) {
+      const option = el('option', '', this._weights, choice.label);
+      option.value = choice.value;
+    }
+    const buttons = el('div', 'ji-prompt-buttons', controls);
+    this._load = el('button', 'ji-button ji-load', buttons, 'Load');
+    this._load.title = 'Load it in place of the loaded model (for every user of this server)';
+    this._unload = el('button', 'ji-button ji-unload', buttons, 'Unload');
+    this._unload.title = 'Free the memory; the next request loads the model again';
+    this._message = el('div', 'ji-model-message', root);
+    this._message.hidden = true;
+
+    this._list.addEventListener('click', event => {
+      const row = (event.target as Element).closest<HTMLElement>('.ji-model-row');
+      if (row?.dataset.id) {
+        this._input.value = row.dataset.id;
+        this.render();
+      }
+    });
+    this._input.addEventListener('input', () => this.render());
+    this._input.addEventListener('keydown', event => {
+      if (event.key === 'Enter') {
+        event.preventDefault();
+        void this.load();
+      }
+    });
+    this._weights.addEventListener('change', () => this.render());
+    this._load.addEventListener('click', () => void this.load());
+    this._unload.addEventListener('click', () => void this.unload());
+  }
+
+  private get _busy(): boolean {
+    const m = this._model;
+    return m.pending !== null || m.connection !== 'connected' || isSettling(m.status?.state);
+  }
+
+  render(): void {
+    const m = this._model;
+    const answer = m.models;
+    const models = answer?.models ?? [];
+    const selected = this._input.value.trim();
+    const key = JSON.stringify([models, m.pending, selected]);
+    if (key !== this._drawn) {
+      this._drawn = key;
+      this._drawList(models, selected, m.pending);
+    }
+    this._count.textContent = answer ? `${models.length} on this machine` : '';
+    const loaded = models.find(e => e.loaded);
+    const names = loaded ? [loaded.id, loaded.path] : [answer?.model];
+    this._load.disabled = !canLoad(selected, names, this._weights.value, this._busy);
+    this._load.textContent = m.pending ? 'Loading…' : 'Load';
+    this._unload.disabled = this._busy || m.status?.state !== 'ready';
+    this._unload.textContent = m.pending === '' ? 'Unloading…' : 'Unload';
+    if (m.modelsError) {
+      this._showMessage(loadFailure(m.modelsFailed, m.modelsError, m.status), 'error');
+    } else if (m.listError) {
+      this._showMessage(m.listError, 'error');
+    } else if (this._done && this._doneFor === m.status?.model) {
+      this._showMessage(this._done, 'info');
+    } else {
+      this._showMessage(null);
+    }
+  }
+
+  async load(): Promise<void> {
+    const name = this._input.value.trim();
+    const m = this._model;
+    const names = (m.models?.models ?? []).filter(e => e.loaded).flatMap(e => [e.id, e.path]);
+    if (!canLoad(name, names, this._weights.value, this._busy)) {
+      return;
+    }
+    this._done = null;
+    const started = Date.now();
+    if (await m.loadModel(name, loadOptions(this._weights.value))) {
+      this._done = `Loaded ${modelName({ id: name })} in ${formatMs(Date.now() - started)}.`;
+      this._doneFor = m.status?.model;
+      this._weights.value = '';
+    }
+    this.render();
+  }
+
+  async unload(): Promise<void> {
+    this._done = null;
+    if (await this._model.unloadModel()) {
+      this._done = 'Unloaded: the next request loads the model again.';
+      this._doneFor = this._model.status?.model;
+    }
+    this.render();
+  }
+
+  private _showMessage(text: string | null, kind: 'info' | 'error' = 'info'): void {
+    this._message.hidden = !text;
+    this._message.textContent = text ?? '';
+    this._message.dataset.kind = kind;
+  }
+
+  private _drawList(models: IModelEntry[], selected: string, pending: string | null): void {
+    this._list.replaceChildren();
+    if (!models.length) {
+      el('li', 'ji-hint ji-model-empty', this._list, this._model.models ? 'No models found here.' : 'listing…');
+      return;
+    }
+    for (const entry of models) {
+      const row = el('li', 'ji-model-row', this._list);
+      row.dataset.id = entry.id;
+      row.dataset.loaded = String(entry.loaded);
+      row.setAttribute('role', 'option');
+      const isSelected = selected === entry.id || selected === entry.path;
+      row.setAttribute('aria-selected', String(isSelected));
+      row.setAttribute('aria-label', modelLabel(entry));
+      row.title = entry.path === entry.id ? entry.path : `${entry.id}\n${entry.path}`;
+      el('span', 'ji-model-name', row, modelName(entry));
+      el('span', 'ji-model-meta', row, modelMeta(entry));
+      const switching = pending !== null && pending !== ''; // the old model goes while another loads
+      const loading = switching && (pending === entry.id || pending === entry.path);
+      const loaded = entry.loaded && !switching;
+      const badge = loading ? 'loading…' : loaded ? 'loaded' : entry.configured && !switching ? 'configured' : '';
+      if (badge) {
+        el('span', `ji-model-badge ji-badge-${loading ? 'loading' : badge}`, row, badge);
+      }
+    }
   }
 }
 

@@ -3,8 +3,10 @@
 A real ``jupyter lab`` (loopback, token, simulated engine) serves the prebuilt extension the
 package installs. The test opens the panel from the command palette, sends requests from
 outside over HTTP and watches them appear in the live timeline, cancels one by clicking its
-row, streams a prompt from the panel's box, and checks the status-bar item. Screenshots go to
-``bench-results/screenshots/`` (labextension/README.md).
+row, streams a prompt from the panel's box, and checks the status-bar item; it switches the
+model from the panel's Models section (a kernel started before lives on) and shows a managed
+child server's log. Screenshots go to ``bench-results/screenshots/`` (labextension/README.md);
+the Models section's to ``/tmp/panel-shots/``.
 
 Chromium is never downloaded (no ``playwright install``): ``.ci/run`` installs Debian's.
 """
@@ -33,6 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = ROOT / "bench-results" / "screenshots"
+PANEL_SHOTS = Path("/tmp/panel-shots")
 TOKEN = "browser-test-token-0123456789"
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -58,6 +61,14 @@ class Lab:
         response = httpx.get(f"{self.url}/{path}", headers=self.headers, timeout=10)
         response.raise_for_status()
         return response.json()
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10) -> Any:
+        response = httpx.post(f"{self.url}/{path}", json=body or {}, headers=self.headers, timeout=timeout)
+        response.raise_for_status()
+        return response.json()
+
+    def delete(self, path: str) -> None:
+        httpx.delete(f"{self.url}/{path}", headers=self.headers, timeout=10).raise_for_status()
 
     @property
     def headers(self) -> dict[str, str]:
@@ -100,6 +111,9 @@ class LabProcess:
             f"--ServerApp.root_dir={home}", f"--IdentityProvider.token={TOKEN}",
             f"--LabApp.user_settings_dir={home / 'settings'}", f"--LabApp.workspaces_dir={home / 'workspaces'}",
             "--InferApp.engine=simulated",
+            # What infer/models lists besides the HF cache: this home's folder, empty until a
+            # test builds a model there (not the user's ~/models).
+            f"--InferApp.model_dirs={home / 'models'}",
         ]
         # No "get notified about Jupyter news?" toast over the panel.
         news = home / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
@@ -212,9 +226,9 @@ class Burst:
         self._pool.shutdown()
 
 
-def _shot(target: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    target.screenshot(path=str(SHOTS / name))
+def _shot(target: Any, name: str, folder: Path = SHOTS) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    target.screenshot(path=str(folder / name))
 
 
 def _run_command(page: Any, label: str) -> None:
@@ -527,3 +541,153 @@ def _questions() -> Iterator[str]:
     while True:
         for topic in topics:
             yield f"What is {topic} and why does it matter for serving?"
+
+
+def test_switch_models_from_the_panel(lab_process: LabProcess, lab: Lab, page: Any) -> None:
+    """The Models section lists what the server can load; a model built into InferApp.model_dirs
+    shows up on refresh and loads from the panel in place of the simulated engine, while a
+    kernel started before lives on; a load that fails says why; loading "simulated" by name
+    brings the simulated engine back."""
+    page, errors = page
+    from jupyter_infer.commands.model_builder import make_model
+
+    kernel = lab.post("api/kernels", {"name": "python3"})["id"]
+    try:
+        assert _run_in_kernel(lab_process, kernel, "answer = 41\nanswer") == "41"
+        panel = page.locator(PANEL)
+        _run_command(page, "Open the Inference Panel")
+        _widen_right_sidebar(page, 460)
+        models = panel.locator(".ji-models")
+        expect(models.locator('.ji-model-row[data-id="simulated"]')).to_have_attribute("data-loaded", "true")
+        expect(models.locator('.ji-model-row[data-id="simulated"] .ji-model-badge')).to_have_text("loaded")
+        expect(panel.locator(".ji-child")).to_be_hidden()  # the engine runs in this process
+
+        tiny = make_model(lab_process.home / "models" / "tiny", "tiny")
+        models.locator(".ji-link", has_text="refresh").click()
+        row = models.locator(f'.ji-model-row[data-id="{tiny}"]')
+        expect(row.locator(".ji-model-name")).to_have_text("tiny")
+        expect(row.locator(".ji-model-meta")).to_have_text(re.compile(r"^folder · [\d.]+ [KM]iB$"))
+        expect(row).to_have_attribute("data-loaded", "false")
+        expect(models.locator(".ji-load")).to_be_disabled()  # nothing picked yet
+        row.click()
+        expect(row).to_have_attribute("aria-selected", "true")
+        expect(models.locator(".ji-model-input")).to_have_value(str(tiny))
+        _shot(panel, "panel-models-before.png", PANEL_SHOTS)
+
+        models.locator(".ji-load").click()
+        try:  # mid-switch, for a person to judge (best effort: a fast machine may load it at once)
+            expect(panel.locator(".ji-notice").first).to_contain_text(
+                re.compile(r"^(Switching to|Loading) tiny"), timeout=3_000)
+            _shot(panel, "panel-models-loading.png", PANEL_SHOTS)
+        except AssertionError:
+            pass
+        expect(row).to_have_attribute("data-loaded", "true", timeout=120_000)
+        expect(row.locator(".ji-model-badge")).to_have_text("loaded")
+        expect(panel.locator(".ji-state")).to_have_text("ready")
+        expect(panel.locator('[data-field="engine"] .ji-field-value')).to_have_text("hf")
+        expect(panel.locator('[data-field="model"] .ji-field-value')).to_have_text(str(tiny))
+        expect(models.locator(".ji-model-message")).to_have_text(re.compile(r"^Loaded tiny in "))
+        expect(models.locator(".ji-load")).to_be_disabled()  # it is the loaded one now
+        status = lab.get("infer/status")
+        assert (status["state"], status["engine"], status["model"]) == ("ready", "hf", str(tiny))
+        # The kernel started before the switch lives on, its variables too.
+        assert lab.get(f"api/kernels/{kernel}")["execution_state"] not in ("dead", "restarting")
+        assert _run_in_kernel(lab_process, kernel, "answer + 1") == "42"
+        _shot(panel, "panel-models-after.png", PANEL_SHOTS)
+
+        # A load that cannot work says why under the buttons.
+        models.locator(".ji-model-input").fill(str(lab_process.home / "models" / "no-such-model"))
+        models.locator(".ji-load").click()
+        message = models.locator('.ji-model-message[data-kind="error"]')
+        expect(message).to_be_visible(timeout=60_000)
+        expect(message).to_contain_text("no-such-model")
+        expect(panel.locator(".ji-notice").first).to_contain_text(re.compile(r"failed to load: .*no-such-model"))
+        _shot(panel, "panel-models-error.png", PANEL_SHOTS)
+
+        # A name typed in: the simulated engine is back.
+        models.locator(".ji-model-input").fill("simulated")
+        models.locator(".ji-load").click()
+        expect(panel.locator('[data-field="engine"] .ji-field-value')).to_have_text("simulated", timeout=60_000)
+        expect(models.locator('.ji-model-row[data-id="simulated"]')).to_have_attribute("data-loaded", "true")
+        expect(message).to_be_hidden()
+        assert lab.get("infer/status")["engine"] == "simulated"
+        assert lab.get(f"api/kernels/{kernel}")["execution_state"] == "idle"
+        assert _run_in_kernel(lab_process, kernel, "answer + 2") == "43"
+        assert not errors, errors
+    finally:
+        if lab.get("infer/status")["engine"] != "simulated":  # the module's other tests want it
+            lab.post("infer/models", {"model": "simulated"}, timeout=60)
+        lab.delete(f"api/kernels/{kernel}")
+
+
+def _run_in_kernel(lab_process: LabProcess, kernel_id: str, code: str) -> str:
+    """Run ``code`` in a kernel the lab started (through its connection file); its result's text."""
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient(connection_file=str(lab_process.home / "runtime" / f"kernel-{kernel_id}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        results: list[str] = []
+
+        def keep(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "execute_result":
+                results.append(msg["content"]["data"]["text/plain"])
+
+        reply = client.execute_interactive(code, timeout=30, output_hook=keep)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return results[-1] if results else ""
+    finally:
+        client.stop_channels()
+
+
+def test_panel_shows_a_child_servers_log(lab: Lab, page: Any) -> None:
+    """A managed child server (InferApp.engine = "vllm") that keeps failing: the panel shows its
+    kind, state, restarts, error and last log lines. No vLLM here: the browser's own
+    infer/status answers get the block a failing child adds (upstream/managed_server.py)."""
+    page, errors = page
+    child = {
+        "kind": "vllm", "command": "vllm serve Qwen/Qwen3-0.6B --port 8123 --api-key <key>", "pid": 4242,
+        "url": "http://127.0.0.1:8123/v1", "state": "restarting", "restarts": 2,
+        "error": "vllm exited (code 1) before it answered", "log": "/tmp/jupyter-infer/vllm-8123.log",
+        "log_tail": ["INFO 05-02 10:11:12 api_server.py:712] vLLM API server version 0.9.1",
+                     "INFO 05-02 10:11:14 model_runner.py:1041] Loading model weights took 1.1 GiB",
+                     "Traceback (most recent call last):",
+                     '  File "vllm/worker/worker.py", line 237, in determine_num_available_blocks',
+                     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
+                     "(GPU 0; 7.79 GiB total capacity; 6.90 GiB already allocated)", ""],
+    }
+
+    def with_child(route: Any) -> None:
+        response = route.fetch()
+        body = response.json()
+        route.fulfill(response=response, json={**body, "state": "starting", "child_server": child})
+
+    status_url = re.compile(r"/infer/status(\?|$)")  # ServerConnection adds a cache-busting ?<time>
+    page.route(status_url, with_child)
+    page.reload()  # the panel's first status goes through the route too
+    expect(page.locator(".ji-status-item")).to_be_visible(timeout=60_000)
+    panel = page.locator(PANEL)
+    if not panel.is_visible():
+        _run_command(page, "Open the Inference Panel")
+    _widen_right_sidebar(page, 460)
+    block = panel.locator(".ji-child")
+    expect(block).to_be_visible(timeout=20_000)
+    expect(block.locator(".ji-child-summary")).to_have_text("vllm · restarting · 2 restarts · pid 4242")
+    expect(block.locator(".ji-child-error")).to_have_text(child["error"])
+    expect(block.locator(".ji-child-log")).to_contain_text("torch.OutOfMemoryError: CUDA out of memory")
+    expect(block.locator(".ji-child-where")).to_contain_text("log: /tmp/jupyter-infer/vllm-8123.log")
+    expect(panel.locator(".ji-notice").first).to_contain_text("Starting the vllm server")
+    _shot(panel, "panel-child-server.png", PANEL_SHOTS)
+    # The dark theme, with a row picked: the list's selection and the log block still read.
+    panel.locator(".ji-model-row").last.click()
+    expect(panel.locator(".ji-model-row").last).to_have_attribute("aria-selected", "true")
+    _run_command(page, "Use Theme: JupyterLab Dark")
+    expect(page.locator('body[data-jp-theme-light="false"]')).to_have_count(1)
+    expect(page.locator("#jupyterlab-splash")).to_have_count(0)
+    _shot(panel, "panel-child-server-dark.png", PANEL_SHOTS)
+    _run_command(page, "Use Theme: JupyterLab Light")  # the lab's settings outlive this test
+    expect(page.locator('body[data-jp-theme-light="true"]')).to_have_count(1)
+    page.unroute(status_url)
+    assert not errors, errors

@@ -387,7 +387,9 @@
 }
 
 .ji-panel .ji-model-row[aria-selected='true'] {
-  background: var(--jp-brand-color3, var(--jp-layout-color2));
+  background: var(--jp-layout-color2);
+  /* a tint of the brand colour that keeps the text readable in light and dark themes */
+  background: color-mix(in srgb, var(--jp-brand-color1) 18%, var(--jp-layout-color0));
   border-left-color: var(--jp-brand-color1);
 }
 
