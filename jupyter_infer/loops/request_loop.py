@@ -132,7 +132,7 @@ class RequestLoop(abc.ABC):
         await asyncio.wait_for(self._ready.wait(), timeout)
         info = self.info
         if info is None or self._state != "ready":
-            raise EngineUnavailable(f"The {self.what} is not available: {self.load_error or self._state}.")
+            raise EngineUnavailable(f"The {self.what} is not available: {(self.load_error or self._state).rstrip('.')}.")
         return info
 
     def _abort_all(self, reason: str) -> None:

@@ -197,7 +197,8 @@ class ModelsHandler(OpenAIHandler):
             served = {card["id"] for card in answer["data"]}
             answer["data"] += [{"id": m["id"], "object": "model", "created": self._created(), "owned_by": "jupyter_infer",
                                 "root": m["path"], "parent": None, "loaded": False}
-                               for m in shelf.listing() if not m["loaded"] and m["id"] not in served]
+                               for m in shelf.listing()
+                               if not m["loaded"] and m["id"] not in served and m["source"] != "simulated engine"]
         self.finish(answer)
 
     def _created(self) -> int:

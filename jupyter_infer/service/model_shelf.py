@@ -67,10 +67,12 @@ class ModelShelf:
         """Every model this machine can serve, the loaded one first, each saying if it is (and
         if it is the one configured: what the server loads again after an unload)."""
         service, cfg = self._service, self._service.config
-        listed = [m.to_json() for m in local_models(cfg.model_dirs)] if self.switchable else []
+        if not self.switchable:
+            return []
+        listed = [m.to_json() for m in local_models(cfg.model_dirs)]
         loaded = service.info.model if service.info is not None and service.state == "ready" else None
         configured = "simulated" if cfg.engine == "simulated" else cfg.model
-        for path, source in ((configured, "configured"), (loaded, "loaded")):
+        for path, source in (("simulated", "simulated engine"), (configured, "configured"), (loaded, "loaded")):
             if path and not any(m["path"] == path for m in listed):  # wherever it is (a Hub id, a stand-in)
                 listed.insert(0, {"id": path, "path": path, "source": source, "size_bytes": None})
         for entry in listed:
