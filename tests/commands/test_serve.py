@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import httpx
@@ -50,16 +51,7 @@ def test_hub_mode_without_the_hubs_environment_says_what_is_missing(capsys: pyte
 
 
 def test_serve_runs_the_extension_alone_and_stops_cleanly_on_interrupt(tmp_path: Path) -> None:
-    port, token = free_port(), secrets.token_hex(8)
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
-    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--InferApp.engine=simulated",
-         f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}
+    proc, url, auth, log = start_serve(tmp_path, "--InferApp.engine=simulated")
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -112,17 +104,8 @@ def test_serve_takes_the_flags_users_type_and_a_named_model_that_is_not_there_fa
     """``--model`` is ours (the Jupyter server only warned "Unrecognized alias" and the
     simulated engine answered); a named model that is not there is a failed state that says
     where and what to do, within seconds, and every request is refused with it."""
-    port, token = free_port(), secrets.token_hex(8)
     missing = tmp_path / "my-model"
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
-    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--model", str(missing), "--quantize", "int4",
-         f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}", "--no-hub"],
-        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}
+    proc, url, auth, log = start_serve(tmp_path, "--model", str(missing), "--quantize", "int4", "--no-hub")
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -146,3 +129,18 @@ def test_serve_takes_the_flags_users_type_and_a_named_model_that_is_not_there_fa
         proc.kill()
         proc.wait()
         log.close()
+
+
+def start_serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str, dict[str, str], Any]:
+    """``jupyter infer serve *args`` on a free port with a token, its log in tmp_path/serve.log:
+    the process, its URL, the auth header and the open log (the caller closes it)."""
+    port, token = free_port(), secrets.token_hex(8)
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "config")}
+    log = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - the caller closes it
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", *args,
+         f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}"],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    )
+    return proc, f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}, log
