@@ -48,14 +48,14 @@ def _simulated(config: ServiceConfig, fallback_reason: str | None = None) -> Eng
 
 
 def _hf(config: ServiceConfig) -> Engine:
-    from .hf.hf_engine import HFEngine
-
-    model = locate(config.model)
+    model = locate(config.model)  # before importing transformers: a mistake is said at once
     try:
         draft = locate(config.draft_model) if config.speculation == "draft" else None
     except ModelNotFound as err:
         raise ModelNotFound(f"InferApp.draft_model {config.draft_model!r} could not be loaded ({err}); "
                             "or set InferApp.speculative = 'ngram' to do without it.") from None
+    from .hf.hf_engine import HFEngine
+
     return HFEngine(
         model.path,
         device=config.device,

@@ -43,8 +43,13 @@ def local_models(folders: Sequence[str] = (), *, hf_cache: bool = True,
 
 
 def find(name: str, models: Sequence[LocalModel]) -> LocalModel | None:
-    """The listed model ``name`` stands for (its id, or its path)."""
-    return next((m for m in models if name in (m.id, m.path)), None)
+    """The listed model ``name`` stands for: its id, its path, or a folder's or file's own
+    name where only one listed model has it (``gpt-tiny`` for ``~/models/gpt-tiny``)."""
+    exact = next((m for m in models if name in (m.id, m.path)), None)
+    if exact is not None or "/" in name:
+        return exact
+    by_name = [m for m in models if m.source in ("folder", "gguf") and Path(m.path).name == name]
+    return by_name[0] if len(by_name) == 1 else None
 
 
 def ollama_store() -> Path:

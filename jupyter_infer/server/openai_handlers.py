@@ -63,9 +63,13 @@ class OpenAIHandler(InferHandler):
         super().write_infer_error(err)
 
     async def complete(self, parse: Callable[..., openai_requests.OpenAIRequest], chat: bool) -> None:
+        body = self.read_json()
+        shelf = getattr(self.service, "models", None)
+        named = body.get("model") if isinstance(body, dict) else None
+        if shelf is not None and isinstance(named, str):  # another listed model: loaded on demand, or how to load it
+            await shelf.bring(named)
         info = await self.service.wait_ready()
-        call = parse(self.read_json(), info, max_new_tokens=self.max_new_tokens,
-                     max_choices=self.infer_config.max_choices)
+        call = parse(body, info, max_new_tokens=self.max_new_tokens, max_choices=self.infer_config.max_choices)
         if call.ignored:  # names as sent: escaped and cut short, so that any name makes a valid header
             names = [json.dumps(show(name) if len(name) > 60 else name)[1:-1] for name in call.ignored[:20]]
             self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))

@@ -12,14 +12,16 @@ finish first, up to ``switch_drain_s``, then are cancelled; new ones wait for th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cpu.process_memory import release_freed
-from ..errors import InvalidRequest, UnknownModel
+from ..errors import EngineUnavailable, InvalidRequest, UnknownModel
 from ..formats.model_catalog import find, local_models
+from ..formats.model_source import locate
 from ..values.config import LOCAL_ENGINES
 
 if TYPE_CHECKING:
@@ -104,10 +106,21 @@ class ModelShelf:
         engine = "simulated" if path == "simulated" else "hf"
         try:
             config = replace(cfg, model=path, engine=engine, **{k: v for k, v in options.items() if v is not None})
+            if engine == "hf":
+                locate(path)  # a mistake (no such path, not a model) is refused before anything is dropped
         except (TypeError, ValueError) as err:
-            raise InvalidRequest(str(err)) from None
+            raise InvalidRequest(str(err), param="model") from None
+        before = cfg if self._service.state == "ready" else None
         await self._switch(config, f"the model was switched to {name}")
-        info = await self._service.wait_ready()
+        try:
+            info = await self._service.wait_ready()
+        except EngineUnavailable as err:
+            if before is None:
+                raise
+            await self._switch(before, "a load failed")  # the model that served before serves again
+            with contextlib.suppress(EngineUnavailable):
+                await self._service.wait_ready()
+            raise EngineUnavailable(f"{err.message} The previous model ({before.model}) is loaded again.") from None
         if listed is not None and listed.id not in info.model_names():
             info.aliases.append(listed.id)  # a request may name it as it was listed
         return info

@@ -428,6 +428,7 @@ async def test_models_are_listed_loaded_and_unloaded_without_a_restart(jp_fetch:
     assert answer["usage"]["completion_tokens"] == 2
     assert json.loads((await jp_fetch("infer", "status")).body)["state"] == "ready"
     code, error, _ = await error_of(jp_fetch, "infer/models", {"model": "/no/such/model"})
-    assert code == 503 and "No model at /no/such/model" in error["message"]
+    assert code == 400 and "No model at /no/such/model" in error["message"]
+    assert json.loads((await jp_fetch("infer", "status")).body)["state"] == "ready"  # nothing was dropped for it
     code, error, _ = await error_of(jp_fetch, "infer/models", {"modle": "x"})
     assert code == 400

@@ -68,10 +68,16 @@ async def test_a_model_is_switched_at_run_time_and_waiting_requests_go_to_the_ne
         assert await waiting == str(tiny_model_dir)
         listing = service.models.listing()
         assert listing[0]["path"] == str(tiny_model_dir) and listing[0]["loaded"]
-        with pytest.raises(EngineUnavailable, match="No model at"):
+        with pytest.raises(InvalidRequest, match="No model at"):  # refused before anything is dropped
             await service.models.load(str(tmp_path / "missing"))
-        assert service.state == "failed"
-        await service.models.load("simulated")  # a mistake is mended without a restart
+        assert service.state == "ready" and await answer(service) == str(tiny_model_dir)
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        (broken / "config.json").write_text("{}")  # looks like a model, does not load
+        with pytest.raises(EngineUnavailable, match=r"The previous model \(.*tiny\) is loaded again"):
+            await service.models.load(str(broken))
+        assert service.state == "ready" and await answer(service) == str(tiny_model_dir)
+        await service.models.load("simulated")
         assert await answer(service) == "simulated"
         with pytest.raises(InvalidRequest, match="may set quantize"):
             await service.models.load("simulated", colour="red")
@@ -131,3 +137,7 @@ async def test_v1_models_lists_what_a_request_may_load_with_load_on_demand(jp_fe
     listed = str(tmp_path / "shelf" / "tiny")
     assert data[0]["id"] != listed and "loaded" not in data[0]
     assert {"id": listed, "loaded": False}.items() <= data[-1].items()
+    # ... and an OpenAI request naming it loads it (the OpenAI routes check the model early).
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 2}  # its folder's own name will do
+    answer = json.loads((await jp_fetch("infer", "v1", "completions", method="POST", body=json.dumps(body))).body)
+    assert answer["model"] == listed and answer["usage"]["completion_tokens"] == 2
