@@ -33,8 +33,9 @@ DEFAULT_URL = "/infer/"  # a browser without a session is sent to log in from th
 HUB_SERVICE_ENV = ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_SERVICE_URL")
 SHORTHANDS = (
     ("model", "model", "the model to serve: a checkpoint folder, a .gguf file or a Hugging Face id"),
-    ("engine", "engine", "auto, hf, simulated, openai (an upstream server) or router"),
-    ("quantize", "quantize", "the weights as int4, int8, bf16 or none"),
+    ("engine", "engine", "auto, hf, simulated, openai (an upstream server), router, or a serving engine "
+                         "started as a child: vllm, llama.cpp, sglang, command"),
+    ("quantize", "quantize", "the weights as int4, int8 or none (bfloat16: --dtype bfloat16)"),
     ("dtype", "dtype", "the compute dtype: auto, float32, bfloat16, float16"),
     ("device", "device", "auto, cpu, cuda, mps"),
     ("threads", "num_threads", "CPU threads the engine uses (0: the cores it may use)"),

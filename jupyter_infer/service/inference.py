@@ -92,8 +92,8 @@ class InferenceService:
     async def _start_child(self) -> None:
         try:
             await self.child.start()
-        except RuntimeError as err:
-            self._loop.fail(str(err))
+        except Exception as err:  # not installed, exited, timed out, or could not even be started
+            self._loop.fail(str(err) if isinstance(err, RuntimeError) else f"{type(err).__name__}: {err}")
             return
         self._loop.start()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
 import secrets
 import shlex
@@ -31,11 +32,12 @@ from typing import Any
 
 import httpx
 
-MANAGED_ENGINES = ("vllm", "llama.cpp", "sglang", "command")
 # The command each engine starts ({model}, {port}, {token} filled in) and where its API is.
+# vLLM and llama-server read the key from their environment (VLLM_API_KEY, LLAMA_API_KEY), where
+# ``ps`` does not show it; SGLang only takes it as an argument.
 COMMANDS = {
-    "vllm": ("vllm serve {model} --host 127.0.0.1 --port {port} --api-key {token}", "/v1"),
-    "llama.cpp": ("llama-server -m {model} --host 127.0.0.1 --port {port} --api-key {token}", "/v1"),
+    "vllm": ("vllm serve {model} --host 127.0.0.1 --port {port}", "/v1"),
+    "llama.cpp": ("llama-server -m {model} --host 127.0.0.1 --port {port}", "/v1"),
     "sglang": (f"{shlex.quote(sys.executable)} -m sglang.launch_server --model-path {{model}} --host 127.0.0.1 "
                "--port {port} --api-key {token}", "/v1"),
 }
@@ -44,6 +46,7 @@ INSTALL = {"vllm": "pip install vllm (on a CUDA machine)",
            "sglang": "pip install 'sglang[all]' (on a CUDA machine)"}
 BACKOFF_S = (1.0, 30.0)  # between restarts: first and longest
 LOG_TAIL = 20
+log_line = logging.getLogger(__name__)
 
 
 class ManagedServer:
@@ -79,20 +82,12 @@ class ManagedServer:
         self._watch = asyncio.get_running_loop().create_task(self._supervise(), name="jupyter-infer-child")
 
     async def stop(self) -> None:
-        """End the child (its whole process group): SIGTERM, then SIGKILL after 10 s."""
+        """End the child (its whole process group): SIGTERM, then SIGKILL after 5 s."""
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await asyncio.to_thread(proc.wait)
+        await _end(proc)
         self.state = "stopped"
 
     @property
@@ -108,9 +103,10 @@ class ManagedServer:
                 "log": str(self.log_path), "log_tail": self.log_tail()}
 
     def log_tail(self, lines: int = LOG_TAIL) -> list[str]:
+        """Its last log lines, the key hidden (an engine may log its own arguments)."""
         try:
             with open(self.log_path, errors="replace") as f:
-                return [line.rstrip("\n") for line in deque(f, maxlen=lines)]
+                return [line.rstrip("\n").replace(self.token, "<key>") for line in deque(f, maxlen=lines)]
         except OSError:
             return []
 
@@ -118,10 +114,16 @@ class ManagedServer:
     def _spawn(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child holds it; closed when it ends)
         try:
+            # The key in its environment too: vLLM and llama-server read it there, and a
+            # `jupyter infer serve` child takes JUPYTER_TOKEN (no {token} on its command line).
+            env = {**os.environ, "VLLM_API_KEY": self.token, "LLAMA_API_KEY": self.token,
+                   "LLAMA_ARG_API_KEY": self.token, "JUPYTER_TOKEN": self.token}
             self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, preexec_fn=_die_with_parent)
+                                          env=env, start_new_session=True, preexec_fn=_die_with_parent)
         finally:
             log.close()
+        log_line.info("jupyter_infer | %s started (pid %d, port %d): %s", self.kind, self._proc.pid, self.port,
+                      shlex.join(part.replace(self.token, "<key>") for part in self.command))
 
     async def _until_up(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -137,7 +139,8 @@ class ManagedServer:
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    await self.stop()
+                    proc, self._proc = self._proc, None
+                    await _end(proc)  # (not stop(): the supervisor may be the caller)
                     self._fail(f"{self.kind} did not answer within {self.start_timeout_s:g} s "
                                "(InferApp.serve_start_timeout_s)")
                 await asyncio.sleep(0.25)
@@ -151,19 +154,24 @@ class ManagedServer:
                 continue
             self.state, self.restarts = "restarting", self.restarts + 1
             self.error = f"{self.kind} exited (code {self._proc.returncode}); restarting in {wait:g} s"
+            log_line.warning("jupyter_infer | %s (its log: %s)", self.error, self.log_path)
             await asyncio.sleep(wait)
             wait = min(wait * 2, BACKOFF_S[1])
+            await _end(self._proc)  # what is left of its group (workers holding a GPU) goes first
             try:
                 self._spawn()
                 await self._until_up()
-            except RuntimeError:
-                continue  # failed again: the next round waits longer
+            except Exception:  # failed again (or could not even start): the next round waits longer
+                continue
             self.state, self.error, wait = "ready", None, BACKOFF_S[0]
+            log_line.info("jupyter_infer | %s is back (restart %d)", self.kind, self.restarts)
 
     def _fail(self, why: str) -> None:
         tail = self.log_tail(8)
         self.state = "failed"
-        self.error = why + (": ..." + " | ".join(tail) if tail else "") + f" (its log: {self.log_path})"
+        self.error = why + (": ..." + " | ".join(tail) if tail else "") + \
+            (f" (its log: {self.log_path})" if self.log_path.is_file() else "")
+        log_line.error("jupyter_infer | the %s server did not start: %s", self.kind, self.error)
         raise RuntimeError(self.error)
 
 
@@ -173,8 +181,37 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+async def _end(proc: subprocess.Popen | None) -> None:
+    """SIGTERM to ``proc``'s whole process group, SIGKILL after 5 s; the group is ended even
+    when its leader is gone already (an engine's workers may outlive it)."""
+    if proc is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.to_thread(proc.wait, 5)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(proc.wait)
+
+
+def _prctl() -> Any:
+    """libc's prctl, looked up here in the parent: the forked child only calls it (loading a
+    library between fork and exec in a threaded server could deadlock)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
 def _die_with_parent() -> None:
     """In the child, before it runs: on Linux, SIGTERM when the Jupyter server dies."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
