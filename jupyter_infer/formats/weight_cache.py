@@ -47,12 +47,25 @@ def cache_root() -> Path:
 
 
 def key_of(files: Iterable[Path], quantize: str, dtype: torch.dtype) -> str:
-    """The cache key of a checkpoint (its files) read into ``quantize`` at ``dtype``."""
+    """The cache key of a checkpoint (its files) read into ``quantize`` at ``dtype``: each
+    file's resolved path, size and modification time, and what it says of itself without
+    reading its weights (a safetensors header: every tensor's name, dtype, shape and offsets;
+    a small file, such as config.json, whole). Two copies of one model whose times were kept
+    (``cp -a``) are then two keys, never one serving the other's weights."""
     digest = hashlib.sha256(f"layout {LAYOUT} {quantize} {dtype} torch {torch.__version__}".encode())
-    for path in sorted(set(files)):
+    for path in sorted({p.resolve() for p in files}):
         stat = path.stat()
-        digest.update(f"{path.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+        digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+        digest.update(_self_description(path, stat.st_size))
     return digest.hexdigest()[:24]
+
+
+def _self_description(path: Path, size: int) -> bytes:
+    with open(path, "rb") as f:
+        if path.suffix == ".safetensors" and size >= 8:
+            length = int.from_bytes(f.read(8), "little")
+            return f.read(min(length, 100 << 20))
+        return f.read() if size <= 1 << 20 else b""
 
 
 class WeightCache:
@@ -68,6 +81,7 @@ class WeightCache:
         self._staging: Path | None = None
         self._written: dict[str, dict[str, Any]] = {}
         self._writable = True
+        _sweep(self.dir.parent)
         self._read()
 
     def _read(self) -> None:
@@ -186,3 +200,13 @@ def _build(kind: str, t: dict[str, torch.Tensor]) -> nn.Module:
         out_features, in_features = (int(v) for v in t["shape"])
         return Q8Linear(t["packed"], t["scales"], out_features, in_features, t.get("bias"))
     raise ValueError(f"a stored linear of kind {kind!r}")
+
+
+def _sweep(root: Path, older_than_s: float = 3600.0) -> None:
+    """Remove what loads that never finished left (``.writing-*`` folders an hour old)."""
+    for staging in root.glob(".writing-*") if root.is_dir() else ():
+        try:
+            if time.time() - staging.stat().st_mtime > older_than_s:
+                shutil.rmtree(staging, ignore_errors=True)
+        except OSError:
+            pass

@@ -111,7 +111,7 @@ class HealthHandler(InferHandler):
 
     def _answer(self) -> None:
         state = self.service.state
-        if state != "ready":
+        if state not in ("ready", "unloaded"):  # unloaded serves: the next request loads the model
             self.set_status(503)
         self.finish({"status": "ok" if state == "ready" else state})
 

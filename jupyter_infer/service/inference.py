@@ -19,7 +19,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from ..engine import Engine
-from ..errors import InferError, refusal_reason
+from ..errors import EngineUnavailable, InferError, refusal_reason
 from ..loops.loop_factory import make_loop
 from ..loops.tokenizing import off_loop, render_prompt
 from ..upstream.managed_server import ManagedServer
@@ -36,6 +36,9 @@ from .owners import OwnerBudget
 if TYPE_CHECKING:
     from ..loops.request_loop import RequestLoop
     from ..upstream.connection import UpstreamServer
+
+
+OPEN_RESERVE = 1024  # tokens an answer with no max_tokens reserves of its owner's budget
 
 
 class InferenceService:
@@ -73,6 +76,7 @@ class InferenceService:
         self._loop = make_loop(loop_cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
                                batch_ids=self._batch_ids, upstream=upstream)
         self._child_start: asyncio.Task | None = None
+        self._engine_loader = engine_loader
         self.limits = self._loop.limits
         self.models = ModelShelf(self)  # the models this machine can serve, and switching them
         self.budget = OwnerBudget(cfg.owner_tokens_per_minute)
@@ -107,9 +111,12 @@ class InferenceService:
 
     def replace_loop(self, config: ServiceConfig) -> RequestLoop:
         """A loop for ``config`` in place of this one (requests now wait for it; it is not
-        started); returns the old one, for the caller to drain and stop."""
+        started); returns the old one, for the caller to drain and stop. The same config
+        (an unload) keeps the loader it was given."""
         old = self._loop
-        self._loop = make_loop(config, self.collector, self.events, route=self.route, batch_ids=self._batch_ids)
+        loader = self._engine_loader if config == self.config else None
+        self._loop = make_loop(config, self.collector, self.events, engine_loader=loader, route=self.route,
+                               batch_ids=self._batch_ids)
         self._loop.expect()
         self.config, self.limits = config, self._loop.limits
         return old
@@ -129,6 +136,10 @@ class InferenceService:
         await self.models.bring(None)  # an unloaded model comes back for whoever waits for it
         return await self._loop.wait_ready(timeout)
 
+    async def wait_loaded(self) -> EngineInfo:
+        """Until a model is ready, without bringing an unloaded one back."""
+        return await self._loop.wait_ready()
+
     @property
     def info(self) -> EngineInfo | None:
         """What the engine serves, once it is loaded."""
@@ -143,19 +154,27 @@ class InferenceService:
         otherwise ``prompt`` (or the rendered ``messages``) is tokenized. An upstream gets the
         chat as a chat, and the prompt's size is estimated. ``request`` is not changed: the
         loop prepares a resolved copy."""
+        loop = self._loop
         try:
             await self.models.bring(request.model)  # unloaded, or another listed model on demand
-            info = await self._loop.wait_ready()
-            seq = await self._loop.prepare(request)
-            self.budget.reserve(request.owner, seq.id, seq.num_prompt_tokens + seq.params.max_tokens, time.monotonic())
+            loop = self._loop  # one loop from here on: a switch meanwhile refuses it (below)
+            info = await loop.wait_ready()
+            seq = await loop.prepare(request)
+            if loop is not self._loop:
+                raise EngineUnavailable("The model was switched while this request was prepared; send it again.")
+            # An open max_tokens (OpenAI's default: what the context leaves) reserves at most
+            # OPEN_RESERVE of an owner's budget: it settles at what it really used.
+            answer = seq.params.max_tokens if request.params.max_tokens is not None else \
+                min(seq.params.max_tokens, OPEN_RESERVE)
+            self.budget.reserve(request.owner, seq.id, seq.num_prompt_tokens + answer, time.monotonic())
         except InferError as err:
-            self._loop.recorder.rejected(refusal_reason(err.status))
+            loop.recorder.rejected(refusal_reason(err.status))
             raise
         except Exception:  # a bug: the caller answers it; it still counts
-            self._loop.recorder.rejected("error", "failed")
+            loop.recorder.rejected("error", "failed")
             raise
         try:
-            stream = self._loop.submit(seq)
+            stream = loop.submit(seq)
         except InferError:
             self.budget.settle(seq.id, 0)  # not queued: it cost nothing
             raise

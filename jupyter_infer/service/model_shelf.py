@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cpu.process_memory import release_freed
 from ..errors import EngineUnavailable, InvalidRequest, UnknownModel
-from ..formats.model_catalog import find, local_models
+from ..formats.model_catalog import LocalModel, find, local_models
 from ..formats.model_source import locate
 from ..values.config import LOCAL_ENGINES
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..values.config import ServiceConfig
     from ..values.engine_info import EngineInfo
 
+CATALOG_TTL_S = 10.0  # how long a read of the machine's models serves the requests that ask it
 SWITCHABLE_OPTIONS = ("quantize", "dtype", "device", "num_threads")  # what a load may change besides the model
 
 
@@ -49,6 +50,7 @@ class Shelved(Protocol):
     def replace_loop(self, config: ServiceConfig) -> RequestLoop: ...
     def start(self) -> None: ...
     async def wait_ready(self, timeout: float | None = None) -> EngineInfo: ...
+    async def wait_loaded(self) -> EngineInfo: ...
 
 
 class ModelShelf:
@@ -58,6 +60,8 @@ class ModelShelf:
         self.unloaded = False  # no model in memory: the next request (or a load) brings one
         self._idle_task: asyncio.Task | None = None
         self._last_active = time.monotonic()
+        self._listed: tuple[float, list[LocalModel]] | None = None  # when the catalog was read, and it
+        self._stopped = False  # the service stopped: no switch starts a loop any more
 
     @property
     def switchable(self) -> bool:
@@ -71,7 +75,7 @@ class ModelShelf:
         service, cfg = self._service, self._service.config
         if not self.switchable:
             return []
-        listed = [m.to_json() for m in local_models(cfg.model_dirs)]
+        listed = [m.to_json() for m in self._catalog_now()]
         loaded = service.info.model if service.info is not None and service.state == "ready" else None
         configured = "simulated" if cfg.engine == "simulated" else cfg.model
         for path, source in (("simulated", "simulated engine"), (configured, "configured"), (loaded, "loaded")):
@@ -80,6 +84,19 @@ class ModelShelf:
         for entry in listed:
             entry["loaded"], entry["configured"] = entry["path"] == loaded, entry["path"] == configured
         return sorted(listed, key=lambda e: (not e["loaded"], not e["configured"]))
+
+    async def _catalog(self) -> list[LocalModel]:
+        """The machine's models, read on a worker thread (a large Hugging Face cache takes a
+        while to scan), at most every ``CATALOG_TTL_S``: a request naming a model not served
+        here asks it."""
+        if self._listed is None or time.monotonic() - self._listed[0] > CATALOG_TTL_S:
+            self._listed = (time.monotonic(), await asyncio.to_thread(local_models, self._service.config.model_dirs))
+        return self._listed[1]
+
+    def _catalog_now(self) -> list[LocalModel]:
+        """The same, read now (infer/models asks for the list as it is)."""
+        self._listed = (time.monotonic(), local_models(self._service.config.model_dirs))
+        return self._listed[1]
 
     def answer(self) -> dict[str, Any]:
         """``infer/models``'s answer: the state, the model loaded, every model listed."""
@@ -101,7 +118,7 @@ class ModelShelf:
             raise InvalidRequest(f"A load may set {', '.join(SWITCHABLE_OPTIONS)} besides the model; "
                                  f"not {', '.join(unknown)}.")
         cfg = self._service.config
-        listed = find(name, local_models(cfg.model_dirs))
+        listed = find(name, await self._catalog())
         path = listed.path if listed else name.strip()
         engine = "simulated" if path == "simulated" else "hf"
         try:
@@ -128,12 +145,15 @@ class ModelShelf:
     async def unload(self, reason: str = "the model was unloaded") -> None:
         """No model in memory; requests queued or running now end with ``reason``. The next
         request (or a load) brings the model back."""
+        if not self.switchable:
+            raise InvalidRequest("This server does not run its model itself (an upstream server, or a router's "
+                                 "backends): there is no model here to unload.")
         async with self._lock:
-            if self.unloaded or not self.switchable:
+            if self.unloaded:
                 return
             old = self._service.replace_loop(self._service.config)
             self.unloaded = True
-            await self._retire(old, reason, drain=False)
+            await asyncio.shield(self._retire(old, reason, drain=False))
 
     async def bring(self, model: str | None) -> None:
         """Before a request: the model back if it was unloaded; with ``load_on_demand``, the
@@ -150,7 +170,7 @@ class ModelShelf:
         info = self._service.info
         if info is not None and model in info.model_names():
             return
-        listed = find(model, local_models(cfg.model_dirs))
+        listed = find(model, await self._catalog())
         if listed is None or listed.path == cfg.model:  # unknown (refused by name), or loading now
             return
         if not cfg.load_on_demand:
@@ -163,8 +183,16 @@ class ModelShelf:
         async with self._lock:
             old = self._service.replace_loop(config)
             self.unloaded = False
+            # Shielded: a caller that gives up (a cancelled request, ^C on %infer_model) does
+            # not leave the service between two models, waiting forever.
+            await asyncio.shield(self._finish_switch(old, reason))
+
+    async def _finish_switch(self, old: RequestLoop, reason: str) -> None:
+        try:
             await self._retire(old, reason, drain=True)
-            self._service.start()
+        finally:
+            if not self._stopped:
+                self._service.start()
 
     async def _retire(self, old: RequestLoop, reason: str, *, drain: bool) -> None:
         """Let ``old``'s requests finish (up to ``switch_drain_s``), stop it, free its memory."""
@@ -173,7 +201,13 @@ class ModelShelf:
             await asyncio.sleep(0.05)
         await old.stop(reason)
         old.release()
-        await asyncio.to_thread(_collect)
+        if await asyncio.to_thread(_collect):
+            asyncio.get_running_loop().create_task(self._freeze_when_ready())
+
+    async def _freeze_when_ready(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._service.wait_loaded()
+            gc.freeze()
 
     # -- idle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -182,6 +216,7 @@ class ModelShelf:
             self._idle_task = asyncio.get_running_loop().create_task(self._unload_when_idle(after))
 
     def stop(self) -> None:
+        self._stopped = True
         if self._idle_task is not None:
             self._idle_task.cancel()
             self._idle_task = None
@@ -196,6 +231,12 @@ class ModelShelf:
                 await self.unload(f"the model was unloaded after {after:g} idle seconds")
 
 
-def _collect() -> None:
+def _collect() -> bool:
+    """Free what the old model held; True if the heap was frozen. The server freezes its heap
+    once a model is ready (server/startup_heap): frozen objects are never collected, so it is
+    thawed first, and frozen again once the new model is ready (``_freeze_when_ready``)."""
+    frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
     gc.collect()
     release_freed()
+    return frozen

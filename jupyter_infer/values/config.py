@@ -75,7 +75,8 @@ class ServiceConfig:
         (infer/models, v1/models, %infer_model): checkpoint folders (config.json) and .gguf files, two levels
         deep; the Hugging Face cache and Ollama's local store are listed too.""")
     load_on_demand: bool = knob(False, """A request whose 'model' names another listed model loads it first
-        (in place of the one loaded), as Ollama does; off: such a request is refused (404).""")
+        (in place of the one loaded), as Ollama does; off: such a request is refused (404). On a shared
+        server any user who may generate could then switch the model for everyone: keep it off there.""")
     unload_after_s: float = knob(0.0, """Unload the model after this many idle seconds (its memory back to
         the machine; the next request, or a load, brings one back); 0: never.""")
     switch_drain_s: float = knob(30.0, """Switching models: how long the requests already queued or running

@@ -55,12 +55,17 @@ def test_the_second_load_reads_the_cache_and_quantizes_nothing(checkpoint: Path,
     assert torch.equal(first.get_submodule(layer)(x), second.get_submodule(layer)(x))
 
 
-def test_a_changed_checkpoint_is_another_key(checkpoint: Path) -> None:
+def test_a_changed_checkpoint_is_another_key(checkpoint: Path, tmp_path: Path) -> None:
     _, first = load(checkpoint)
     weights_file = checkpoint / "model.safetensors"
     os.utime(weights_file, ns=(weights_file.stat().st_atime_ns, weights_file.stat().st_mtime_ns + 10**9))
     _, second = load(checkpoint)
     assert second["hit"] is False and second["dir"] != first["dir"]
+    # A copy with its times kept (cp -a) is another checkpoint: never served the first one's weights.
+    copy = tmp_path / "copy"
+    shutil.copytree(checkpoint, copy, copy_function=shutil.copy2)
+    _, third = load(copy)
+    assert third["hit"] is False and third["dir"] != second["dir"]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "no marker", "missing file"])

@@ -241,3 +241,13 @@ def test_the_viewer_hides_others_in_every_event_kind_and_in_a_routers_backends()
     assert seen["owners"] == {"bob": {"ok": 2}} and seen["routes"]["local"]["owners"] == {}
     assert Viewer("teacher", sees_all=True).metrics(metrics) is metrics
     assert anonymous_id("r1") == anonymous_id("r1") != anonymous_id("r2")
+
+
+async def test_only_an_admin_may_load_or_unload_the_model_everyone_uses(http: Any) -> None:
+    for method in ("POST", "DELETE"):
+        refused = await http.request(method, "infer/models", json={"model": "simulated"} if method == "POST" else None,
+                                     headers=auth("bob"))
+        assert refused.status_code == 403 and "only an admin may" in refused.json()["message"], refused.text
+    assert (await http.get("infer/models", headers=auth("bob"))).status_code == 200  # the list is readable
+    loaded = await http.post("infer/models", json={"model": "simulated"}, headers=auth("teacher"))
+    assert loaded.status_code == 200 and loaded.json()["state"] == "ready", loaded.text
