@@ -131,10 +131,9 @@ def test_embedded_engines_log_their_fallback_once_quietly(
 ) -> None:
     """Two embedded ``auto`` engines whose built-in default model cannot load (notebook 02 runs
     two, offline): one INFO record (a WARNING reaches a cell as red stderr), and each status says why."""
+    from jupyter_infer.kernel.client import embedded
     from jupyter_infer.service.inference import InferenceService
     from jupyter_infer.values.config import DEFAULT_MODEL, ServiceConfig
-
-    from jupyter_infer.kernel.client import embedded
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # Once per process and reason: an earlier test in this process may have said it already.
