@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,9 @@ from server_helpers import server_config, use_scripted_engine
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# The quantized-weight cache of this run's loads: its own, not the user's ~/.cache (a test that
+# loads a model must not be served weights another test, or another run, quantized).
+os.environ.setdefault("JUPYTER_INFER_CACHE", tempfile.mkdtemp(prefix="jupyter-infer-test-cache-"))
 
 # openai_fixtures: base_url, client, http for the OpenAI routes (a module that defines its own wins).
 pytest_plugins = ["pytest_jupyter.jupyter_server", "openai_fixtures"]

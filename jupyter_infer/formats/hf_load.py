@@ -285,8 +285,9 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     start, swapped = time.perf_counter(), 0
     slots = linear_slots(lm)
     # What we quantize is kept on disk: a second start reads it instead (weight_cache.py).
-    cache = WeightCache(key_of([*files.values(), folder / "config.json"], quantize, dtype), str(folder)) \
-        if quantize in QUANTIZED and not packed else None
+    # Only our kernels' formats (fbgemm's int8, where ours cannot build, is not ours to store).
+    cache = WeightCache(key_of([*files.values(), folder / "config.json"], f"{quantize} {kernels}", dtype),
+                        str(folder)) if quantize in QUANTIZED and chunked is not None and not packed else None
     progress = load_progress.current()
     progress.phase("reading the linears" + (" from the weight cache" if cache and cache.hit else
                                             f" into {quantize}" if quantize != "none" else ""), len(slots), "linears")

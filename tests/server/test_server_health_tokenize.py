@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import AUTH, EngineGate, server_config, use_scripted_engine
+from server_helpers import AUTH, EngineGate, eventually, server_config, use_scripted_engine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,7 +52,10 @@ async def test_health_needs_auth_by_default(base: str) -> None:
 @pytest.mark.parametrize("infer_options", [{"health_without_auth": True}])
 async def test_health_can_be_opened_to_probes(base: str) -> None:
     async with httpx.AsyncClient(base_url=base) as anonymous:
-        assert (await anonymous.get("health")).json() == {"status": "ok"}
+        # The engine loads in the background: a probe without a token sees it come up.
+        async def up() -> bool:
+            return (await anonymous.get("health")).json() == {"status": "ok"}
+        await eventually(up, timeout=30)
         # Only health: everything else still needs the token.
         assert (await anonymous.get("status")).status_code == 403
 
