@@ -285,9 +285,7 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
     start, swapped = time.perf_counter(), 0
     slots = linear_slots(lm)
     # What we quantize is kept on disk: a second start reads it instead (weight_cache.py).
-    # Only our kernels' formats (fbgemm's int8, where ours cannot build, is not ours to store).
-    cache = WeightCache(key_of([*files.values(), folder / "config.json"], f"{quantize} {kernels}", dtype),
-                        str(folder)) if quantize in QUANTIZED and chunked is not None and not packed else None
+    cache = _weight_cache(folder, files, quantize, kernels, dtype) if chunked is not None and not packed else None
     progress = load_progress.current()
     progress.phase("reading the linears" + (" from the weight cache" if cache and cache.hit else
                                             f" into {quantize}" if quantize != "none" else ""), len(slots), "linears")
@@ -297,22 +295,16 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
             if weight_name not in packed and not swappable(quantize, in_features(child)):
                 continue  # left on meta: read with the float tensors below
             module = cache.get(weight_name, _shape(child)) if cache else None
-            if module is not None:
-                setattr(parent, attr, module)
-                swapped += 1
-                del module
-                release_freed()  # its file's copy: back to the system before the next one
-                continue
-            if weight_name in packed:
+            if module is None and weight_name in packed:
                 module = prequantized.linear(read, files, weight_name.removesuffix(".weight"), _bias(read, weight_name, child))
-            else:
+            elif module is None:
                 module = _linear_of(weight_name, child, read, rows, make, chunked)
+                if cache is not None:
+                    cache.put(weight_name, module)
             setattr(parent, attr, module)
             swapped += 1
-            if cache is not None:
-                cache.put(weight_name, module)
             del module
-            release_freed()
+            release_freed()  # the float copies (or the cache file's): back to the system before the next one
         if cache is not None:
             cache.finish()
         # Read a chunk of rows at a time: a real vocabulary's float table is the checkpoint's
@@ -335,6 +327,13 @@ def _load_streamed(folder: Path, dtype: torch.dtype, quantize: str, make: Callab
         kernels = f"{prequantized.kernels(len(packed))}; {kernels}"
     return lm, LinearReport(kernels=kernels, layers=swapped, seconds=seconds,
                             cache=cache.status() if cache is not None else None)
+
+
+def _weight_cache(folder: Path, files: dict[str, Path], quantize: str, kernels: str,
+                  dtype: torch.dtype) -> WeightCache:
+    """Our quantized linears kept on disk (weight_cache.py): only our kernels' formats (fbgemm's
+    int8, where ours cannot build, is not ours to store), keyed by the kernels too."""
+    return WeightCache(key_of([*files.values(), folder / "config.json"], f"{quantize} {kernels}", dtype), str(folder))
 
 
 def _read_the_rest(lm: nn.Module, read: Callable[[str], torch.Tensor], files: dict[str, Path],
