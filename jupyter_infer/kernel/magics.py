@@ -26,6 +26,7 @@ from IPython.display import display
 
 from ..errors import InferError
 from ..values.prompts import SAMPLE_PROMPTS
+from ..values.sizes import readable_bytes, weights_format
 from .client import Client, Completion, TokenStream, arrival_times, default_client
 
 STREAM_REDRAW_S = 0.1  # the streamed output is redrawn at most 10 times a second
@@ -362,7 +363,7 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
 def _models_bundle(answer: dict[str, Any]) -> dict[str, str]:
     """``infer/models`` as a table: the loaded one marked, each model's id, source and size."""
     rows = [("●" if m.get("loaded") else "", str(m.get("id")), str(m.get("source")),
-             _bytes(m["size_bytes"]) if m.get("size_bytes") else "–") for m in answer.get("models", [])]
+             readable_bytes(m["size_bytes"]) if m.get("size_bytes") else "–") for m in answer.get("models", [])]
     head = f"state: {answer.get('state')} · loaded: {answer.get('model') or '–'}"
     width = max([len(r[1]) for r in rows] + [5])
     text = "\n".join([head] + [f"{mark:1} {name:<{width}}  {source:<11} {size}" for mark, name, source, size in rows])
@@ -374,10 +375,10 @@ def _models_bundle(answer: dict[str, Any]) -> dict[str, str]:
 def describe_weights(status: dict[str, Any]) -> str:
     """How the model is held: its format, and its bytes and the process's, once loaded."""
     details = status.get("details") or {}
-    held = details.get("quantize") if details.get("quantize") not in (None, "none") else status.get("dtype")
+    held = weights_format(details, status.get("dtype"))
     if not held:
         return "–"
-    sizes = [f"{_bytes(details[key])} {what}" for key, what in (("weight_bytes", "of weights"),
+    sizes = [f"{readable_bytes(details[key])} {what}" for key, what in (("weight_bytes", "of weights"),
                                                                ("rss_after_load_bytes", "resident"))
              if details.get(key)]
     return f"{held}" + (f" ({', '.join(sizes)})" if sizes else "")
@@ -394,9 +395,6 @@ def describe_loading(status: dict[str, Any]) -> str:
     left = f", about {loading['phase_left_s']:.0f} s left" if loading.get("phase_left_s") is not None else ""
     return f"{loading['phase']}{count} ({loading['elapsed_s']} s so far{left})"
 
-
-def _bytes(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 MAGIC_NAMES = ("infer", "infer_burst", "infer_model", "infer_panel", "infer_status")

@@ -29,6 +29,7 @@ from ..values.limits import check_model, check_token_ids
 from ..values.load_progress import LoadProgress, reporting
 from ..values.request import TokenEvent
 from ..values.sequence import Sequence
+from ..values.sizes import readable_bytes, weights_format
 from ..values.step import StepPlan
 from .output_stage import OutputStage
 from .request_loop import LoopSnapshot, RequestLoop
@@ -245,20 +246,17 @@ def ready_line(info: EngineInfo, progress: LoadProgress) -> str:
     d = info.details
     if info.engine != "hf":
         return f"{info.model} ({info.engine} engine) in {progress.snapshot()['elapsed_s']} s"
-    held = d.get("quantize") if d.get("quantize") not in (None, "none") else info.dtype
+    held = weights_format(d, info.dtype)
     count = d.get("parameters", 0)
     count = f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"
     parts = [f"{info.model}: {d.get('architecture', '?')}, {count} parameters as {held} on {info.device}"]
     if d.get("weight_bytes"):
-        parts.append(f"{_size(d['weight_bytes'])} of weights")
+        parts.append(f"{readable_bytes(d['weight_bytes'])} of weights")
     if d.get("rss_after_load_bytes"):
-        parts.append(f"{_size(d['rss_after_load_bytes'])} resident")
+        parts.append(f"{readable_bytes(d['rss_after_load_bytes'])} resident")
     if d.get("num_threads"):
         parts.append(f"{d['num_threads']} threads")
     if d.get("linear_kernels"):
         parts.append(f"linears: {d['linear_kernels']}")
     return ", ".join(parts) + f"; loaded in {progress.snapshot()['elapsed_s']} s"
 
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
