@@ -6,6 +6,7 @@ park or resume, and nothing of them crosses back."""
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,6 +17,7 @@ from ..values.step import KVUsage, RowOutput, Sampled, StepPlan
 
 if TYPE_CHECKING:
     from ..constraints.grammar import GrammarCompiler
+    from ..cpu.cpu_share import CpuShare
     from ..values.sequence import Sequence
 
 __all__ = ["Batch", "Engine", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan"]
@@ -120,6 +122,9 @@ class Engine(abc.ABC):
     # Whether ``mixed`` runs decoding rows and prompt tokens in one forward: the scheduler
     # then lets newcomers join every step instead of taking steps of their own.
     mixes_steps = False
+    # The engine's threads beside other processes on the CPU (``cpu.cpu_share``); None: not
+    # on a CPU, or nothing to choose.
+    cpu_share: CpuShare | None = None
 
     @abc.abstractmethod
     def tokenize(self, text: str) -> list[int]: ...
@@ -145,7 +150,11 @@ class Engine(abc.ABC):
         if not plan.seqs:
             return []
         try:
-            return self._run(plan)
+            started = time.perf_counter()
+            sampled = self._run(plan)
+            if self.cpu_share is not None:  # here: the step's thread is the one whose team it sets
+                self.cpu_share.after_step(time.perf_counter() - started)
+            return sampled
         except Exception:
             if plan.decoding:
                 rows.decoding = None  # a decode may have half-updated the batch: start clean

@@ -61,6 +61,8 @@ def check_quantize(quantize: str, device: str) -> None:
 
 
 def default_num_threads() -> int:
-    """All cores on a small machine; leave two for kernels and the server on a big one."""
-    cores = os.cpu_count() or 1
+    """All the cores this process may use on a small machine (its CPU affinity: a container or
+    ``taskset`` may give it fewer than the machine has); leave two for kernels and the server on
+    a big one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores if cores <= 4 else cores - 2

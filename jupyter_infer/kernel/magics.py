@@ -342,6 +342,7 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
         ("device", f"{status.get('device')} ({status.get('dtype')})"),
         ("weights", describe_weights(status)),
         ("loading", describe_loading(status)),
+        ("CPU threads", describe_cpu(status)),
         ("scheduling mode", status.get("mode")),
         ("fallback reason", status.get("fallback_reason") or "–"),
         ("queue / running", f"{status.get('queue_depth', metrics.get('queue_depth'))} / {status.get('running', requests.get('running'))}"),
@@ -382,6 +383,14 @@ def describe_weights(status: dict[str, Any]) -> str:
                                                                ("rss_after_load_bytes", "resident"))
              if details.get(key)]
     return f"{held}" + (f" ({', '.join(sizes)})" if sizes else "")
+
+
+def describe_cpu(status: dict[str, Any]) -> str:
+    """The engine's threads, and why fewer than it may use (another process on the CPUs)."""
+    cpu = status.get("cpu")
+    if not cpu:
+        return "–"
+    return cpu.get("note") or f"{cpu['threads']} of {cpu['threads_max']}"
 
 
 def describe_loading(status: dict[str, Any]) -> str:

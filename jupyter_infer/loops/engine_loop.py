@@ -152,6 +152,8 @@ class EngineLoop(RequestLoop):
                                           "max_tokens": engine.speculative_tokens,
                                           "max_rows": engine.speculative_max_rows,
                                           "draft_model": engine.info.details.get("draft_model")}
+        if engine is not None and engine.cpu_share is not None:  # its threads, and whether it is starved
+            snap.status["cpu"] = engine.cpu_share.snapshot()
         if self.progress is not None:  # while loading: how far; once done: what it took
             snap.status["loading"] = self.progress.snapshot()
         return snap

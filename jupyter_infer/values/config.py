@@ -57,7 +57,8 @@ class ServiceConfig:
     device: str = knob("auto", "Device for the 'hf' engine: auto (CUDA > MPS > CPU), cpu, cuda, cuda:N or mps.")
     dtype: str = knob("auto", f"""One of {', '.join(DTYPES)}. Weights dtype for the 'hf' engine; auto: bfloat16/float16 on GPUs; on
         a CPU bfloat16 where it has bf16 instructions (AVX512-BF16, AMX), else float32.""")
-    num_threads: int = knob(0, "CPU threads for the 'hf' engine; 0 picks for this machine.")
+    num_threads: int = knob(0, "CPU threads for the 'hf' engine; 0 picks for this machine, and runs fewer while "
+                            "other processes keep its threads waiting for a CPU (infer/status: cpu).")
     prepack_weights: bool = knob(True, """'hf' engine on a CPU: reorder each linear weight once at load into a
         blocked layout: float32 and bfloat16 for our own kernel, oneDNN's where it cannot build
         (docs/engine.md). False keeps PyTorch's eager linears.""")

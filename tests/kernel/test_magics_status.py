@@ -3,7 +3,7 @@ loading goes."""
 
 from __future__ import annotations
 
-from jupyter_infer.kernel.magics import describe_loading, describe_weights
+from jupyter_infer.kernel.magics import describe_cpu, describe_loading, describe_weights
 
 
 def test_an_int4_model_is_shown_as_int4_with_its_bytes() -> None:
@@ -19,3 +19,10 @@ def test_loading_says_where_it_is_and_then_what_it_took() -> None:
     assert describe_loading({"state": "loading", "loading": loading}) == (
         "reading the linears into int4: 42 of 168 linears (12.5 s so far, about 30 s left)")
     assert describe_loading({"state": "ready", "loading": {**loading, "phase": "done"}}) == "took 12.5 s"
+
+
+def test_the_status_says_when_other_processes_starve_the_engine() -> None:
+    assert describe_cpu({"cpu": {"threads": 2, "threads_max": 2, "starved": False}}) == "2 of 2"
+    note = "other processes are using this machine's CPUs: ... the engine runs 1 thread(s) of 2"
+    assert describe_cpu({"cpu": {"threads": 1, "threads_max": 2, "starved": True, "note": note}}) == note
+    assert describe_cpu({"engine": "simulated"}) == "–"

@@ -422,6 +422,8 @@ async def test_models_are_listed_loaded_and_unloaded_without_a_restart(jp_fetch:
     assert [m["path"] for m in loaded["models"] if m["loaded"]] == [str(tiny_model_dir)]
     status = json.loads((await jp_fetch("infer", "status")).body)
     assert status["engine"] == "hf" and status["configured"]["model"] == str(tiny_model_dir)
+    # its threads, as chosen (num_threads=1: kept), and whether other processes starve it
+    assert status["cpu"]["threads"] == 1 and status["cpu"]["adapts"] is False and "starved" in status["cpu"]
     response = await jp_fetch("infer", "models", method="DELETE")
     assert json.loads(response.body)["state"] == "unloaded"
     answer = await post_json(jp_fetch, "infer/generate", {"prompt": "hello", "max_tokens": 2})

@@ -27,6 +27,7 @@ from transformers.utils import logging as hf_logging
 from ...constraints import tool_formats
 from ...constraints.grammar import GrammarCompiler, masks_beside
 from ...cpu import kernels
+from ...cpu.cpu_share import CpuShare
 from ...cpu.model_linears import LinearReport
 from ...decoding.sampling import RowSampler, grammar_rows, sample
 from ...decoding.step_cost import StepCost
@@ -140,6 +141,8 @@ class HFEngine(Engine):
             torch_dtype = torch.float32  # what the int8 and int4 kernels take and give
         if self.device == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
+            # Fewer threads beside a busy neighbour, where the user left the count to us.
+            self.cpu_share = CpuShare(torch.get_num_threads(), adapt=not num_threads)
         load_progress.current().phase("reading the tokenizer")
         self.tokenizer = (gguf_load.load_tokenizer(model) if gguf
                           else AutoTokenizer.from_pretrained(model, local_files_only=local_files_only))
