@@ -35,7 +35,10 @@ SIGNATURES: dict[str, list] = {
     # n_layers, layers, rows, hidden, heads, kv_heads, D, intermediate, h, cos, sin, column, mask, scale
     "ji_decode_layers": [_i32, _ptr, *[_i32] * 6, _ptr, _ptr, _ptr, _i32, _ptr, _f32],
     "ji_probe": [],
+    "ji_peak": [_i32, _i64],  # kind (0 int8, 1 bfloat16, 2 float32), iterations a thread
 }
+
+RETURNS = {"ji_probe": _i32, "ji_peak": ctypes.c_double}  # the rest return nothing
 
 
 @functools.cache
@@ -48,7 +51,7 @@ def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
     lib = ctypes.CDLL(str(built))
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, (_i32 if name == "ji_probe" else None)
+        fn.argtypes, fn.restype = argtypes, RETURNS.get(name)
     return lib
 
 

@@ -6,7 +6,8 @@ capacity, (d) the burst over HTTP (our server: SSE and OpenAI completions), (e) 
 a system prompt (with and without our prefix cache), (f) a long prompt arriving while streams
 run (with and without chunked prefill), (h) mixed lengths, (i) structured outputs: validity
 over a corpus of JSON schemas, throughput against unconstrained (fast-forward off and on), a
-new schema's TTFT, (j) users (fair share on and off). Each is warmed up, then repeated
+new schema's TTFT, (j) users (fair share on and off), (p) the machine's multiply-add peak and our linears' share of
+it. Each is warmed up, then repeated
 (median of ``--repeats``); the tables, ratios and targets are printed, and written as JSON and
 a PNG chart.
 
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-WORKLOADS = ("burst", "mixed", "open", "agents", "interference", "lengths", "structured", "users", "http")
+WORKLOADS = ("burst", "mixed", "open", "agents", "interference", "lengths", "structured", "users", "http", "peak")
 
 
 def add_arguments(parser: argparse.ArgumentParser, workloads: tuple[str, ...] = WORKLOADS) -> None:
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace, suite: type | None = None,
     )
     results = (suite or Suite)(config, log=lambda line: print(line, flush=True)).run()
     print(format_tables(results))
+    if "peak" in results:
+        from .peak import table
+        print(table(results["peak"]))
     if more_tables is not None:
         print(more_tables(results))
     print(format_targets(results))

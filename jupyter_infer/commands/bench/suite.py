@@ -70,6 +70,7 @@ class Suite:
             ({"structured"}, self._measure_structured),
             ({"users"}, self._measure_users),
             ({"http"}, self._measure_http),
+            ({"peak"}, self._measure_peak),
         )
 
     # -- the other servers and libraries (benchmarks/ fills these in) ------------------------------
@@ -236,6 +237,13 @@ class Suite:
         self.results["workloads"].update(structured.measure(
             setup.engine, setup.eos_token_ids, setup.count, self.config.sizes["structured"], self.config.repeats,
             self.log))
+
+    def _measure_peak(self, setup: Setup) -> None:
+        """[p] the machine's multiply-add peak and our linears' share of it (issue 49)."""
+        from . import peak
+
+        self.log("\n[p] peak: the machine's multiply-add peak, our linears at prompt-sized row counts")
+        self.results["peak"] = peak.measure(self.config.quick, self.log)
 
     def _measure_users(self, setup: Setup) -> None:
         """[j] users (issue 21): B's few short requests during A's burst, fair share on and off."""

@@ -158,27 +158,33 @@ static inline __attribute__((always_inline)) void linears(const float *x, int M,
     const int K2 = (K + 1) / 2;
     void *xp = half ? pairs(x, M, K, K2) : NULL;
     const joint j = joint_of(nw, N, bias, y, accumulate);
-#pragma omp parallel for schedule(static)
-    for (int block = 0; block < j.blocks; block++) {
-        const joint_block at = joint_block_at(&j, block);
-        const float *blk = (const float *)qw[at.w] + (size_t)at.b * K * BLOCK;
-        const uint32_t *pblk = (const uint32_t *)qw[at.w] + (size_t)at.b * K2 * BLOCK;
-        float sums[ROWS][BLOCK];
-        for (int m0 = 0; m0 < M; m0 += ROWS) {
-            const int mt = M - m0 < ROWS ? M - m0 : ROWS;
-            switch (mt) { /* each a constant: the sums stay in registers */
+    /* Rows a tile at a time, every block over one tile before the next (q8_joint.h says why). */
+    const int tile = row_tile(M, K, half ? 2 : 4);
+#pragma omp parallel
+    for (int t0 = 0; t0 < M; t0 += tile) {
+        const int t1 = M - t0 < tile ? M : t0 + tile;
+#pragma omp for schedule(static) nowait
+        for (int block = 0; block < j.blocks; block++) {
+            const joint_block at = joint_block_at(&j, block);
+            const float *blk = (const float *)qw[at.w] + (size_t)at.b * K * BLOCK;
+            const uint32_t *pblk = (const uint32_t *)qw[at.w] + (size_t)at.b * K2 * BLOCK;
+            float sums[ROWS][BLOCK];
+            for (int m0 = t0; m0 < t1; m0 += ROWS) {
+                const int mt = t1 - m0 < ROWS ? t1 - m0 : ROWS;
+                switch (mt) { /* each a constant: the sums stay in registers */
 #define PASS(r)                                                        \
     case r:                                                            \
         if (half) block_rows_bf16(r, m0, K2, pblk, xp, sums);          \
         else block_rows(r, m0, K, blk, x, sums);                       \
         break;
-            PASS(1) PASS(2) PASS(3) PASS(4) PASS(5) PASS(6)
+                PASS(1) PASS(2) PASS(3) PASS(4) PASS(5) PASS(6)
 #if ROWS == 8
-            PASS(7) PASS(8)
+                PASS(7) PASS(8)
 #endif
 #undef PASS
+                }
+                joint_store(&j, at, (const float (*)[BLOCK])sums, m0, mt);
             }
-            joint_store(&j, at, (const float (*)[BLOCK])sums, m0, mt);
         }
     }
     free(xp);

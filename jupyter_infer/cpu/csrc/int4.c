@@ -68,17 +68,28 @@ void q8_row(const float *x, int K, int8_t *xq, float *xd, int32_t *xs) {
 
 q8_rows q8_rows_of(const float *x, int M, int K, const float *norm, float eps, int gated) {
     const int G = K / GROUP;
-    q8_rows r = {malloc((size_t)M * K), malloc(sizeof(float) * (size_t)M * G),
-                 malloc(sizeof(int32_t) * (size_t)M * G), way_in(x, M, K, norm, eps, gated)};
-    if (r.normed) x = r.normed;
-#pragma omp parallel for schedule(static) if (M * K > 16384)
-    for (int m = 0; m < M; m++)
-        q8_row(x + (size_t)m * K, K, r.xq + (size_t)m * K, r.xd + (size_t)m * G, r.xs + (size_t)m * G);
+    q8_rows r = {malloc((size_t)M * K), malloc(sizeof(float) * (size_t)M * G), malloc(sizeof(int32_t) * (size_t)M * G)};
+    const int way_in = norm || gated;
+    /* A norm or SwiGLU goes a row at a time into a thread's own row, quantized from there: a long
+       prompt's rows never sit in memory as floats a second time (3k rows of down's 4864: 58 MB). */
+#pragma omp parallel if (M * K > 16384)
+    {
+        float *row = way_in ? malloc(sizeof(float) * (size_t)K) : NULL;
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            const float *in = x + (size_t)m * K;
+            if (way_in) {
+                way_in_row(x, m, K, norm, eps, gated, row);
+                in = row;
+            }
+            q8_row(in, K, r.xq + (size_t)m * K, r.xd + (size_t)m * G, r.xs + (size_t)m * G);
+        }
+        free(row);
+    }
     return r;
 }
 
 void q8_rows_free(q8_rows *r) {
-    free(r->normed);
     free(r->xq);
     free(r->xd);
     free(r->xs);

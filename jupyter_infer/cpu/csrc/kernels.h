@@ -68,10 +68,14 @@ void ji_decode_layers(int n_layers, const layer_args *layers, int rows, int hidd
 
 /* -- the build's self-test, run in a child process before a server loads the library (probe.c) */
 int ji_probe(void);
+/* -- the machine's multiply-add peak, for the bench (peak.c): kind 0 int8, 1 bfloat16, 2 float32;
+   every thread runs iters rounds; returns the multiply-adds done */
+double ji_peak(int kind, long iters);
 
 /* -- shared between the files ------------------------------------------------------------------- */
 /* The rows' way in (layer_ops.c): the decoder's norm, or SwiGLU of gate and up. */
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated);
+void way_in_row(const float *x, int m, int K, const float *norm, float eps, int gated, float *row);
 
 /* A joint of nw <= 8 linears (q/k/v, gate/up) whose outputs sit side by side in y: its blocks of 16
    outputs are numbered across the weights, as every kernel's parallel loop takes them
@@ -87,6 +91,17 @@ typedef struct {
 typedef struct {
     int w, b, n0, n; /* weight w's block b: its outputs n0..n0+n-1 (n <= 16) */
 } joint_block;
+/* Rows a kernel takes a tile at a time (all its blocks over one tile, then the next): as many as
+   keep bytes_per * K bytes a row within TILE_BYTES, a multiple of 24 (every kernel's register
+   tile, 4, 6 or 8 rows, divides it), all M when they fit. */
+#ifndef TILE_BYTES
+#define TILE_BYTES (256 * 1024)
+#endif
+static inline int row_tile(int M, int K, int bytes_per) {
+    int rows = TILE_BYTES / (K * bytes_per) / 24 * 24;
+    if (rows < 24) rows = 24;
+    return rows < M ? rows : M;
+}
 joint joint_of(int nw, const int *N, const float *const *bias, float *y, int accumulate);
 joint_block joint_block_at(const joint *j, int block);
 /* A block's sums for rows m0..m0+mt-1 into y (plus the bias, added to y with accumulate). */
@@ -100,7 +115,6 @@ typedef struct {
     int8_t *xq;
     float *xd;
     int32_t *xs;
-    float *normed; /* way_in's rows, or NULL */
 } q8_rows;
 q8_rows q8_rows_of(const float *x, int M, int K, const float *norm, float eps, int gated);
 void q8_rows_free(q8_rows *rows);

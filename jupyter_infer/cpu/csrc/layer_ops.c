@@ -73,16 +73,20 @@ void swiglu_row(const float *x, int K, float *y) {
     for (; i < K; i++) y[i] = gate[i] / (1.f + expf(-gate[i])) * up[i];
 }
 
-/* The rows x[M, K] (gated: [M, 2K], gate and up) on a kernel's way in: RMS-normalized with
-   norm's weights, or SwiGLU'd, into a new buffer the caller frees; NULL when neither is asked. */
+/* Row m of x[M, K] (gated: [M, 2K], gate and up) on a kernel's way in, into row[K]: RMS-normalized
+   with norm's weights, or SwiGLU'd; the caller asks only when one of them is wanted. */
+void way_in_row(const float *x, int m, int K, const float *norm, float eps, int gated, float *row) {
+    if (gated) swiglu_row(x + (size_t)m * 2 * K, K, row);
+    else rms_row(x + (size_t)m * K, K, norm, eps, row);
+}
+
+/* The rows x[M, K] on a kernel's way in (way_in_row), into a new buffer the caller frees; NULL
+   when neither a norm nor SwiGLU is asked. */
 float *way_in(const float *x, int M, int K, const float *norm, float eps, int gated) {
     if (!norm && !gated) return NULL;
     float *out = malloc(sizeof(float) * (size_t)M * K);
 #pragma omp parallel for schedule(static) if (M * K > 16384)
-    for (int m = 0; m < M; m++) {
-        if (gated) swiglu_row(x + (size_t)m * 2 * K, K, out + (size_t)m * K);
-        else rms_row(x + (size_t)m * K, K, norm, eps, out + (size_t)m * K);
-    }
+    for (int m = 0; m < M; m++) way_in_row(x, m, K, norm, eps, gated, out + (size_t)m * K);
     return out;
 }
 

@@ -1,0 +1,71 @@
+"""The machine's multiply-add peak and our linears' share of it, measured (issue 49).
+
+``peak_gmacs`` times the kernel library's ``ji_peak`` (``csrc/peak.c``: independent chains of
+the widest dot instruction the build has, on every OpenMP thread) and ``linear_gmacs`` times
+our linears over the shapes of a decoder layer at a row count. The bench prints both, and
+their ratio, so "near the peak" is a measured share on the machine it ran on, not a datasheet
+figure. Both need the kernel library (``kernels.unavailable()`` says why not).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import kernels
+
+KINDS = {"int8": 0, "bfloat16": 1, "float32": 2}
+# A decoder layer of Qwen2.5-0.5B's shape, as our joint calls run it: q/k/v, o, gate/up, down.
+LAYER_SHAPES = ((1152, 896), (896, 896), (9728, 896), (896, 4864))
+
+
+def peak_gmacs(kind: str, seconds: float = 0.2) -> float:
+    """Billions of multiply-adds a second at ``kind``'s peak on torch's thread count (the best
+    of three runs of about ``seconds`` each)."""
+    lib = kernels.library()
+    code = KINDS[kind]
+    iters = 10_000
+    while True:  # grow the run until it is long enough to time
+        start = time.perf_counter()
+        lib.ji_peak(code, iters)
+        took = time.perf_counter() - start
+        if took >= seconds / 4:
+            break
+        iters *= 4
+    iters = max(1, int(iters * seconds / took))
+    best = 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        macs = lib.ji_peak(code, iters)
+        best = max(best, macs / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def _linear(kind: str, weight: torch.Tensor) -> torch.nn.Module:
+    if kind == "int4":
+        from .int4_linear import Int4Linear
+        return Int4Linear.from_weight(weight, None)
+    if kind == "int8":
+        from .int8_linear import Q8Linear
+        return Q8Linear.from_weight(weight, None)
+    from .float_linear import BF16Linear, F32Linear
+    return BF16Linear(weight, None) if kind == "bfloat16" else F32Linear(weight, None)
+
+
+def linear_gmacs(kind: str, rows: int, shapes: tuple[tuple[int, int], ...] = LAYER_SHAPES,
+                 repeats: int = 3) -> float:
+    """Billions of multiply-adds a second of our ``kind`` linears ("int4", "int8", "bfloat16",
+    "float32") over ``shapes`` (outputs, inputs) at ``rows`` rows: the best of ``repeats``."""
+    gen = torch.Generator().manual_seed(0)
+    linears = [_linear(kind, torch.randn(n, k, generator=gen) * 0.02) for n, k in shapes]
+    inputs = [torch.randn(rows, k, generator=gen) for _, k in shapes]
+    macs = rows * sum(n * k for n, k in shapes)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for linear, x in zip(linears, inputs, strict=True):
+                linear(x)
+            best = min(best, time.perf_counter() - start)
+    return macs / best / 1e9
