@@ -39,13 +39,32 @@ __all__ = [
     "make_model",
 ]
 
-SIZES = ("tiny", "small", "llama-tiny", "0.5b")
+# The public shapes of the models users run (their config.json's sizes; the vocabulary is our
+# small trained tokenizer's, not theirs): the bench's ladder (issue 49). Built in bfloat16, as
+# they ship, in the Llama architecture (Qwen2.5's q/k/v biases left out).
+LADDER = {
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1_000_000.0),
+    "3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+               intermediate_size=11008, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1_000_000.0),
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1_000_000.0),
+    "8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=14336, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=500_000.0),
+}
+LADDER_CONTEXT = 32768  # room for the bench's ~8k-token prompts and more
+
+SIZES = ("tiny", "small", "llama-tiny", "0.5b", *LADDER)
 # What each size is, as `make-model --help` says it (the shapes are _build_model's).
 SIZE_HELP = {
     "tiny": "GPT-2, 2 layers of 128 (~0.7 M parameters, 512 positions): for tests, loads in a second",
     "small": "GPT-2, 12 layers of 768 (~90 M parameters, GPT-2 small's shape)",
     "llama-tiny": "Llama, 2 layers of 128, grouped-query attention: the Llama path (our CPU forward) in small",
     "0.5b": "Llama with Qwen2.5-0.5B's shape (24 layers of 896, ~0.36 B parameters): real-size timings",
+    "1.5b": "Qwen2.5-1.5B's shape in bfloat16 (28 layers of 1536; ~1.3 B parameters with our small vocabulary)",
+    "3b": "Qwen2.5-3B's shape in bfloat16 (36 layers of 2048; ~2.8 B parameters with our small vocabulary)",
+    "7b": "Qwen2.5-7B's shape in bfloat16 (28 layers of 3584; ~6.5 B parameters, 13 GB; needs ~16 GB of memory to build)",
+    "8b": "Llama-3.1-8B's shape in bfloat16 (32 layers of 4096; ~7 B parameters, 14 GB; needs ~16 GB to build)",
 }
 
 EOS_TOKEN = "<|endoftext|>"
@@ -69,7 +88,7 @@ BUILD_VERSION = 1
 # Target BPE vocabulary per size.  The corpus is small, so training may stop
 # earlier; the model's embedding matrix always matches the real tokenizer size
 # so that every id the model can emit decodes to text.
-_DEFAULT_VOCAB = {"tiny": 2000, "small": 8000, "llama-tiny": 2000, "0.5b": 8000}
+_DEFAULT_VOCAB = {"tiny": 2000, "small": 8000, "llama-tiny": 2000, "0.5b": 8000, **dict.fromkeys(LADDER, 8000)}
 
 # Files whose presence (with the marker) means a build completed.
 _REQUIRED_FILES = (
@@ -228,7 +247,7 @@ def make_model(
     try:
         tokenizer = _train_tokenizer(marker["vocab_size"], _max_positions(size, context))
         model = _build_model(size, tokenizer, seed, context)
-        model.save_pretrained(staging)
+        model.save_pretrained(staging, max_shard_size="64GB")  # one model.safetensors, whatever the size
         tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(_readme(size, seed, model, tokenizer))
         for path in staging.iterdir():
@@ -303,7 +322,7 @@ def _training_lines() -> list[str]:
 
 def _max_positions(size: str, context: int | None = None) -> int:
     """Context length (positions) of the model built for ``size`` (``context`` if given)."""
-    return context or {"small": 1024, "0.5b": 2048}.get(size, 512)
+    return context or {"small": 1024, "0.5b": 2048, **dict.fromkeys(LADDER, LADDER_CONTEXT)}.get(size, 512)
 
 
 def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int,
@@ -315,10 +334,10 @@ def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    if size in ("llama-tiny", "0.5b"):
-        shape = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    if size in ("llama-tiny", "0.5b", *LADDER):
+        shape = LADDER.get(size) or dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=256)
-        if size == "0.5b":  # Qwen2.5-0.5B's
+        if size == "0.5b":  # Qwen2.5-0.5B's (float32, as the bench has always measured it)
             shape = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                          intermediate_size=4864, tie_word_embeddings=True, rms_norm_eps=1e-6,
                          rope_theta=1_000_000.0)
@@ -340,9 +359,16 @@ def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int,
         model_cls = GPT2LMHeadModel
     # fork_rng restores the caller's global RNG state afterwards, so building
     # a model has no side effect on the notebook's own randomness.
+    # The ladder's sizes are built in bfloat16 straight away: a 7B shape in float32 is 30 GB.
+    dtype = torch.bfloat16 if size in LADDER else torch.float32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config)
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            model = model_cls(config)
+        finally:
+            torch.set_default_dtype(before)
     model.eval()
     model.generation_config = GenerationConfig(
         bos_token_id=ids["bos_token_id"],

@@ -1,0 +1,307 @@
+"""[l] the ladder (issue 49): ours against llama.cpp's ``llama-server`` at the sizes users run.
+
+    python -m benchmarks.ladder --sizes 1.5b 7b --llama-server PATH [--llama-quantize PATH]
+                                [--gguf-converter PATH] [--threads 2] [--out DIR]
+
+For each size it builds (once, cached under ``~/.cache/jupyter_infer/models/<size>``) a
+random-weight checkpoint in that public shape (``make-model --size``: Qwen2.5-1.5B/-3B/-7B,
+Llama-3.1-8B, in bfloat16), converts it to GGUF (f16 or q8_0, then q4_0 and Q4_K_M with
+``llama-quantize``), and measures each server started as a user would, one at a time, on the
+same threads:
+
+- ours (``jupyter infer serve``) in int4, int8 and bfloat16, and on the Q4_K_M file itself;
+- ``llama-server`` on q4_0, q8_0, f16 and Q4_K_M.
+
+Each: time to ready (process start to the health route's 200; ours twice: the first start
+quantizes and fills an empty weight cache, the second reads it), peak and resident memory of the
+server process, one stream (64 tokens, three requests one after another), a burst of 8 × 32
+tokens, and the time to first token of a fresh prompt of ~1k tokens; ours int4 and q4_0 also at
+~3k and ~8k (prompt tokens per second = tokens / TTFT). Speculation off, prompt caches off.
+It prints which llama.cpp build ran (its version and the instruction sets it says it uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from jupyter_infer.commands.bench.completions import stream_completions
+from jupyter_infer.commands.loadgen import Arrival
+from jupyter_infer.commands.model_builder import LADDER, default_cache_dir, make_model
+from jupyter_infer.kernel.launcher import free_port
+
+TOKEN = "ladder-bench"
+LONG_PROMPTS = (1024, 3072, 8192)
+# (name, label, what it serves): ours by quantize (or a GGUF), llama-server by GGUF type.
+OURS = (("ours_int4", "ours int4", "int4"), ("ours_int8", "ours int8", "int8"),
+        ("ours_bf16", "ours bfloat16", "none"), ("ours_q4_k_m", "ours on the Q4_K_M file", "Q4_K_M"))
+LLAMA = (("llama_q4_0", "llama-server q4_0", "q4_0"), ("llama_q8_0", "llama-server q8_0", "q8_0"),
+         ("llama_f16", "llama-server f16", "f16"), ("llama_q4_k_m", "llama-server Q4_K_M", "Q4_K_M"))
+PAIRS = (("ours_int4", "llama_q4_0"), ("ours_int8", "llama_q8_0"), ("ours_bf16", "llama_f16"),
+         ("ours_q4_k_m", "llama_q4_k_m"), ("ours_int4", "llama_q4_k_m"))
+
+
+class Server:
+    """A server process, ready once ``health`` answers 200; its memory read from /proc."""
+
+    def __init__(self, cmd: list[str], health: str, log: Path, env: dict[str, str] | None = None,
+                 headers: dict[str, str] | None = None, timeout: float = 3600) -> None:
+        self.log = log.open("w")
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        request = urllib.request.Request(health, headers=headers or {})
+        while True:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"{Path(cmd[0]).name} exited early: see {log}")
+            try:
+                with urllib.request.urlopen(request, timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.perf_counter() - started > timeout:
+                self.stop()
+                raise TimeoutError(f"{Path(cmd[0]).name} was not ready in {timeout:.0f} s: see {log}")
+            time.sleep(0.2)
+        self.ready_s = time.perf_counter() - started
+
+    def memory_mb(self) -> dict[str, float]:
+        """Peak (VmHWM) and resident (VmRSS) memory of the process, in MiB."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
+        return {"peak_mb": int(fields["VmHWM"].split()[0]) / 1024, "resident_mb": int(fields["VmRSS"].split()[0]) / 1024}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def ggufs(model_dir: Path, converter: str | None, quantize: str | None) -> dict[str, Path]:
+    """The model's GGUFs (made once, beside it): f16 (q8_0 instead for the 7-8B shapes, whose
+    f16 file would be another 15 GB), then q4_0 and Q4_K_M from it."""
+    out: dict[str, Path] = {}
+    big = model_dir.name in ("7b", "8b")
+    base_type = "q8_0" if big else "f16"
+    base = model_dir / f"model-{base_type}.gguf"
+    if not base.is_file():
+        if not converter:
+            raise RuntimeError(f"no {base} and no --gguf-converter to make it")
+        subprocess.run([sys.executable, "-m", "benchmarks.gguf_convert", converter, str(model_dir), "--outfile",
+                        str(base), "--outtype", base_type], check=True, capture_output=True)
+    out[base_type] = base
+    for kind in ("q8_0", "q4_0", "Q4_K_M"):
+        path = model_dir / f"model-{kind}.gguf"
+        if kind not in out and not path.is_file():
+            if not quantize:
+                raise RuntimeError(f"no {path} and no --llama-quantize to make it")
+            subprocess.run([quantize, *(["--allow-requantize"] if big else []), str(base), str(path), kind, "2"],
+                           check=True, capture_output=True)
+        out[kind] = path
+    return out
+
+
+def prompt_of(tokenizer: Any, tokens: int, seed: int) -> str:
+    """A fresh text of about ``tokens`` tokens (random vocabulary pieces: no two alike, so no
+    prefix is shared with another request)."""
+    rng = random.Random(seed)
+    specials = set(tokenizer.all_special_ids)
+    ids = [i for i in rng.choices(range(len(tokenizer)), k=tokens) if i not in specials]
+    text = tokenizer.decode(ids)
+    return tokenizer.decode(tokenizer(text)["input_ids"][:tokens])
+
+
+def measure(base_url: str, model: str, tokenizer: Any, long: tuple[int, ...], headers: dict[str, str],
+            extra: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One stream, a burst, and the TTFT of fresh prompts of ``long`` tokens."""
+
+    def run(arrivals: list[Arrival], chained: bool = False) -> tuple[list[Any], float]:
+        chains = [arrivals] if chained else None
+        traces, wall = asyncio.run(stream_completions(base_url, model, [] if chained else arrivals, chains=chains,
+                                                      headers=headers, extra=extra))
+        if errors := [t.error for t in traces if t.error]:
+            raise RuntimeError(errors[0])
+        return traces, wall
+
+    short = [prompt_of(tokenizer, 24, seed + i) for i in range(12)]
+    run([Arrival(at=0.0, prompt=short[0], max_tokens=8)])  # warm up
+    traces, _ = run([Arrival(at=0.0, prompt=p, max_tokens=64) for p in short[1:4]], chained=True)
+    decode = sorted((t.tokens - 1) / (t.done - t.token_times[0]) for t in traces)
+    traces, wall = run([Arrival(at=0.0, prompt=p, max_tokens=32) for p in short[4:12]])
+    out: dict[str, Any] = {"one_stream_tok_s": decode[1], "burst_tok_s": sum(t.tokens for t in traces) / wall}
+    for n in long:
+        text = prompt_of(tokenizer, n, seed + n)
+        traces, _ = run([Arrival(at=0.0, prompt=text, max_tokens=1)])
+        ttft = traces[0].ttft_ms / 1000
+        out[f"ttft_{n}_s"], out[f"prompt_{n}_tok_s"] = ttft, n / ttft
+    return out
+
+
+def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_dir: Path,
+         starts: int) -> tuple[list[Server], str]:
+    """Our server on ``what`` (a quantize, or a GGUF type), started ``starts`` times on one new
+    weight cache (the first start fills it); the last one left running."""
+    cache = tempfile.mkdtemp(prefix="ladder-weights-")
+    model = str(ggufs_[what]) if what in ggufs_ else str(model_dir)
+    quantize = what if what in ("int4", "int8") else "none"
+    port = free_port()
+    cmd = [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--model", model, "--quantize", quantize,
+           "--threads", str(threads), "--port", str(port), f"--IdentityProvider.token={TOKEN}", "--allow-root",
+           "--InferApp.speculative=off", "--InferApp.prefix_cache_mb=0", "--ServerApp.open_browser=False"]
+    servers = []
+    for i in range(starts):
+        if servers:
+            servers[-1].stop()
+        servers.append(Server(cmd, f"http://127.0.0.1:{port}/infer/health", log_dir / f"ours-{what}-{i}.log",
+                              env={"JUPYTER_INFER_CACHE": cache}, headers={"Authorization": f"token {TOKEN}"}))
+    return servers, f"http://127.0.0.1:{port}/infer/v1/"
+
+
+def llama(exe: str, gguf: Path, threads: int, context: int, log_dir: Path) -> tuple[Server, str]:
+    port = free_port()
+    cmd = [exe, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-np", "8",
+           "-cb", "--kv-unified", "-c", str(context)]
+    return Server(cmd, f"http://127.0.0.1:{port}/health", log_dir / f"llama-{gguf.stem}.log"), \
+        f"http://127.0.0.1:{port}/v1/"
+
+
+def llama_build(exe: str, log: Path | None) -> str:
+    """Which llama.cpp ran: its version line, and the instruction sets its log says it uses."""
+    done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    version = " ".join(line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip())
+    features = ""
+    if log is not None and log.is_file():
+        for line in log.read_text(errors="replace").splitlines():
+            if "system_info" in line or "CPU :" in line:
+                features = line.split("|", 1)[-1].strip()
+                break
+    return f"{version}; {features or 'instruction sets: see its log'}"
+
+
+def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    """Every contender on one size, one at a time (each alone on the machine)."""
+    from transformers import AutoTokenizer
+
+    model_dir = make_model(default_cache_dir() / size, size=size)
+    files = ggufs(model_dir, args.gguf_converter, args.llama_quantize)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    log_dir = args.out / size
+    log_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    headers = {"Authorization": f"token {TOKEN}"}
+    for name, label, what in OURS:
+        if name not in args.contenders:
+            continue
+        log(f"  {label}")
+        servers, url = ours(model_dir, what, files, args.threads, log_dir, starts=2 if name == "ours_int4" else 1)
+        try:
+            long = args.long if name == "ours_int4" else args.long[:1]
+            entry = {"label": label, "ready_s": [s.ready_s for s in servers], **servers[-1].memory_mb()}
+            entry.update(measure(url, str(files.get(what, model_dir)), tokenizer, long, headers,
+                                 {"ignore_eos": True}, args.seed))
+            entry.update({f"after_{k}": v for k, v in servers[-1].memory_mb().items()})
+        finally:
+            servers[-1].stop()
+        results[name] = entry
+        log(f"    {entry}")
+    exe = args.llama_server
+    for name, label, kind in LLAMA:
+        if name not in args.contenders or kind not in files:
+            continue
+        log(f"  {label}")
+        server, url = llama(exe, files[kind], args.threads, max(args.long) + 2048, log_dir)
+        try:
+            long = args.long if name == "llama_q4_0" else args.long[:1]
+            entry = {"label": label, "ready_s": [server.ready_s], **server.memory_mb()}
+            entry.update(measure(url, str(files[kind]), tokenizer, long, {},
+                                 {"ignore_eos": True, "cache_prompt": False}, args.seed))
+            entry.update({f"after_{k}": v for k, v in server.memory_mb().items()})
+        finally:
+            server.stop()
+        results[name] = entry
+        log(f"    {entry}")
+    first_llama = next((log_dir / f"llama-{files[k].stem}.log" for _, _, k in LLAMA if k in files), None)
+    return {"model": str(model_dir), "contenders": results, "llama_build": llama_build(exe, first_llama)}
+
+
+def columns(long: tuple[int, ...] = LONG_PROMPTS) -> tuple[tuple[str, str], ...]:
+    return (("ready s", "ready_s"), ("peak MiB", "after_peak_mb"), ("resident MiB", "after_resident_mb"),
+            ("1 stream tok/s", "one_stream_tok_s"), ("burst 8 tok/s", "burst_tok_s"),
+            *((f"prompt {n} tok/s", f"prompt_{n}_tok_s") for n in long))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, list):
+        return " / ".join(f"{v:.1f}" for v in value)
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def table(size: str, entry: dict[str, Any], long: tuple[int, ...] = LONG_PROMPTS) -> str:
+    """One size's contenders side by side, and ours against llama-server's in pairs."""
+    contenders = entry["contenders"]
+    cols = columns(long)
+    lines = [f"\n[l] {size} ({entry['model']}); llama.cpp: {entry['llama_build']}",
+             f"  {'':<26}" + "".join(f"{title:>17}" for title, _ in cols)]
+    for c in contenders.values():
+        lines.append(f"  {c['label']:<26}" + "".join(f"{_cell(c.get(key)):>17}" for _, key in cols))
+    lines.append("  ratios (ours / llama-server; ready and memory: lower is better, ours' second start):")
+    for a, b in PAIRS:
+        if a in contenders and b in contenders:
+            x, y = contenders[a], contenders[b]
+            ratios = []
+            for _, key in cols:
+                u, v = x.get(key), y.get(key)
+                if isinstance(u, list):
+                    u, v = u[-1], v[-1]
+                ratios.append(f"{u / v:.2f}" if u and v else "–")
+            lines.append(f"  {x['label'] + ' / ' + y['label'][13:]:<26}" + "".join(f"{r:>17}" for r in ratios))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ladder", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["1.5b"], choices=list(LADDER))
+    parser.add_argument("--llama-server", required=True, metavar="PATH")
+    parser.add_argument("--llama-quantize", metavar="PATH", help="default: beside llama-server")
+    parser.add_argument("--gguf-converter", metavar="PATH", help="llama.cpp's convert_hf_to_gguf.py")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contenders", nargs="+", default=[n for n, _, _ in (*OURS, *LLAMA)],
+                        choices=[n for n, _, _ in (*OURS, *LLAMA)])
+    parser.add_argument("--long", nargs="+", type=int, default=list(LONG_PROMPTS), metavar="TOKENS",
+                        help="the fresh prompts whose first token is timed (ours int4 and q4_0; the others: the first)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/ladder"))
+    args = parser.parse_args(argv)
+    if not args.llama_quantize:
+        beside = Path(args.llama_server).with_name("llama-quantize")
+        args.llama_quantize = str(beside) if beside.is_file() else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    results = {}
+    for size in args.sizes:
+        print(f"[l] {size}", flush=True)
+        results[size] = run_size(size, args, lambda line: print(line, flush=True))
+        print(table(size, results[size], tuple(args.long)), flush=True)
+        (args.out / "ladder.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
