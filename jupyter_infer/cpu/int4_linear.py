@@ -125,19 +125,25 @@ class Int4Linear(KernelLinear):
     JOINT = "q4_linears"
 
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                 bias: torch.Tensor | None) -> None:
+                 bias: torch.Tensor | None, *, shape: tuple[int, int] | None = None, placed: bool = False) -> None:
         """From the row form (``quantize``'s, GGUF's q4_0/q4_1): ``nibbles`` uint8 [N, K/2],
-        ``scales`` (and ``mins``) float16 [N, K/32]; kept in the kernel's blocks (``to_blocks``)."""
+        ``scales`` (and ``mins``) float16 [N, K/32]; kept in the kernel's blocks (``to_blocks``).
+        With ``shape`` ([N, K]) they are the blocks already (the weight cache keeps them so), and
+        with ``placed`` in huge pages already (``weight_arena.empty``: it read them there)."""
         super().__init__()
-        if nibbles.shape[1] % (GROUP // 2):  # the kernel reads whole groups: a tail would be dropped
-            raise ValueError(f"int4 takes an input width that is a multiple of {GROUP}, not {nibbles.shape[1] * 2}")
+        n, k = shape or (nibbles.shape[0], nibbles.shape[1] * 2)
+        if k % GROUP:  # the kernel reads whole groups: a tail would be dropped
+            raise ValueError(f"int4 takes an input width that is a multiple of {GROUP}, not {k}")
+        if shape is None:
+            nibbles, scales = to_blocks(nibbles, True), to_blocks(scales, False)
+            mins = None if mins is None else to_blocks(mins, False)
         self._run = kernels.library().q4_linear
-        self.out_features, self.in_features = nibbles.shape[0], nibbles.shape[1] * 2
+        self.out_features, self.in_features = n, k
         # In huge pages: every step streams them whole (weight_arena.py).
-        self.register_buffer("blocks", weight_arena.place(to_blocks(nibbles, True)), persistent=False)
-        self.register_buffer("scales", weight_arena.place(to_blocks(scales, False)), persistent=False)
-        self.register_buffer("mins", None if mins is None else weight_arena.place(to_blocks(mins, False)),
-                             persistent=False)
+        keep = (lambda t: t) if placed else weight_arena.place
+        self.register_buffer("blocks", keep(nibbles), persistent=False)
+        self.register_buffer("scales", keep(scales), persistent=False)
+        self.register_buffer("mins", None if mins is None else keep(mins), persistent=False)
         self.register_buffer("bias", own_bias(bias), persistent=False)
         # The kernel's weight arguments, fixed once: the buffers live on the CPU and are never
         # replaced (``_apply`` keeps ``.to()`` and ``.half()`` off them).

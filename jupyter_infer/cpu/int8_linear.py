@@ -48,12 +48,14 @@ class Q8Linear(KernelLinear):
     JOINT = "q8_linears"
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
-                 bias: torch.Tensor | None) -> None:
+                 bias: torch.Tensor | None, *, placed: bool = False) -> None:
+        """``placed``: the blocks are in huge pages already (the weight cache read them there)."""
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
         # In huge pages: every step streams them whole (weight_arena.py).
-        self.register_buffer("packed", weight_arena.place(packed), persistent=False)
-        self.register_buffer("scales", weight_arena.place(scales), persistent=False)
+        keep = (lambda t: t) if placed else weight_arena.place
+        self.register_buffer("packed", keep(packed), persistent=False)
+        self.register_buffer("scales", keep(scales), persistent=False)
         self.register_buffer("bias", own_bias(bias), persistent=False)
         # The kernel's weight arguments, as Int4Linears passes them (q8 has no mins).
         self._weights = (self.packed.data_ptr(), self.scales.data_ptr(), None, out_features,

@@ -7,7 +7,8 @@ an anonymous private mapping with 2 MB pages where the process asks for them
 do it unasked). Measured on the 0.5b shape's int4 matrices, one pass over all of them at one
 row: 7.1 ms in ordinary tensors, 5.6-6.4 ms in these pages (docs/engine.md).
 
-``place(tensor)`` copies a tensor into the current chunk of such memory and returns the copy; a
+``place(tensor)`` copies a tensor into the current chunk of such memory and returns the copy
+(``empty`` carves the space without a copy, for a reader that fills it itself); a
 chunk lives as long as a tensor carved from it does (``torch.frombuffer`` holds the mapping).
 Where the platform has no ``MADV_HUGEPAGE`` the chunks are ordinary anonymous memory.
 """
@@ -40,19 +41,29 @@ def _new_chunk(size: int) -> mmap.mmap:
     return chunk
 
 
-def place(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of the CPU ``tensor`` in huge-page memory (its dtype and shape)."""
+def empty(shape: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` and ``dtype`` in huge-page memory, not filled in (the
+    weight cache reads a file straight into it)."""
     global _chunk, _used
-    size = tensor.numel() * tensor.element_size()
+    numel = 1
+    for n in shape:
+        numel *= int(n)
+    size = numel * torch.empty((), dtype=dtype).element_size()
     if size == 0:
-        return tensor.contiguous()
+        return torch.empty(tuple(shape), dtype=dtype)
     with _lock:
         start = (_used + ALIGN - 1) // ALIGN * ALIGN
         if _chunk is None or start + size > len(_chunk):
             _chunk, start = _new_chunk(max(CHUNK, size)), 0
         _used = start + size
         chunk = _chunk
-    out = torch.frombuffer(chunk, dtype=torch.uint8, count=size, offset=start)
-    out = out.view(tensor.dtype).view(tensor.shape)
+    return torch.frombuffer(chunk, dtype=torch.uint8, count=size, offset=start).view(dtype).view(tuple(shape))
+
+
+def place(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of the CPU ``tensor`` in huge-page memory (its dtype and shape)."""
+    if tensor.numel() == 0:
+        return tensor.contiguous()
+    out = empty(tensor.shape, tensor.dtype)
     out.copy_(tensor)
     return out

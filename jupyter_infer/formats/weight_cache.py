@@ -3,9 +3,10 @@
 Quantizing a checkpoint to our int4 (or int8) is nearly all of a first load (a 0.36 B model:
 ~43 s of ~43 s on 2 cores); the result depends only on the checkpoint's bytes, the format and
 our layout. It is written once, after a load that quantized, to
-``~/.cache/jupyter_infer/weights/<key>/`` (``JUPYTER_INFER_CACHE`` moves the root), and read back
-memory-mapped on the next start (safetensors): each linear's pages come in as it is built, and
-no copy of the file is held.
+``~/.cache/jupyter_infer/weights/<key>/`` (``JUPYTER_INFER_CACHE`` moves the root), one
+safetensors file a linear holding its kernel's blocks as they are, and read back on the next
+start straight into the huge pages the kernels stream (one read a tensor: no reordering, no
+memory map to fault through, no second copy).
 
 The key covers every checkpoint file's name, size and modification time, the format, the
 dtype, torch's version and ``LAYOUT`` (bumped whenever what is stored, or how our kernels read
@@ -30,15 +31,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ..cpu import weight_arena
 from ..cpu.int4_linear import Int4Linear
 from ..cpu.int8_linear import Q8Linear
 
 log = logging.getLogger(__name__)
-LAYOUT = 1  # bump when what a stored linear holds (Int4Linear's row form, Q8Linear's blocks) or how we quantize changes
+LAYOUT = 2  # bump when what a stored linear holds (the kernels' blocks) or how we quantize changes
+# The tensors a stored linear's kernel streams: read straight into huge pages (weight_arena).
+_STREAMED = frozenset({"blocks", "packed", "scales", "mins"})
+_DTYPES = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16, "BF16": torch.bfloat16,
+           "F32": torch.float32, "I64": torch.int64, "I32": torch.int32}
 MARKER = "complete.json"  # written last: the names, kinds and files of every stored linear
 
 
@@ -112,9 +117,7 @@ class WeightCache:
                 self._give_up(f"it has no {name}")
             return None
         try:
-            with safe_open(self.dir / entry["file"], framework="pt") as f:
-                tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-            module = _build(entry["kind"], tensors)
+            module = _build(entry["kind"], _read_placed(self.dir / entry["file"]))
             if (module.out_features, module.in_features) != tuple(shape):
                 raise ValueError(f"{name} is stored as {module.out_features}x{module.in_features}, not {shape}")
         except Exception as err:
@@ -182,24 +185,53 @@ class WeightCache:
 
 
 def _tensors(module: nn.Module) -> tuple[str, dict[str, torch.Tensor]] | None:
+    """A linear of ours as it is stored: its kernel's blocks as they are, and its shape."""
     bias = {"bias": module.bias} if getattr(module, "bias", None) is not None else {}
+    shape = {"shape": torch.tensor([module.out_features, module.in_features])} if hasattr(module, "out_features") else {}
     if isinstance(module, Int4Linear):
-        nibbles, scales, mins = module.rows()
-        return "int4", {"nibbles": nibbles.contiguous(), "scales": scales.contiguous(),
-                        **({"mins": mins.contiguous()} if mins is not None else {}), **bias}
+        mins = {"mins": module.mins} if module.mins is not None else {}
+        return "int4", {"blocks": module.blocks, "scales": module.scales, **mins, **shape, **bias}
     if isinstance(module, Q8Linear):
-        return "int8", {"packed": module.packed, "scales": module.scales,
-                        "shape": torch.tensor([module.out_features, module.in_features]), **bias}
+        return "int8", {"packed": module.packed, "scales": module.scales, **shape, **bias}
     return None
 
 
 def _build(kind: str, t: dict[str, torch.Tensor]) -> nn.Module:
+    out_features, in_features = (int(v) for v in t["shape"])
     if kind == "int4":
-        return Int4Linear(t["nibbles"], t["scales"], t.get("mins"), t.get("bias"))
+        return Int4Linear(t["blocks"], t["scales"], t.get("mins"), t.get("bias"),
+                          shape=(out_features, in_features), placed=True)
     if kind == "int8":
-        out_features, in_features = (int(v) for v in t["shape"])
-        return Q8Linear(t["packed"], t["scales"], out_features, in_features, t.get("bias"))
+        return Q8Linear(t["packed"], t["scales"], out_features, in_features, t.get("bias"), placed=True)
     raise ValueError(f"a stored linear of kind {kind!r}")
+
+
+def _read_placed(path: Path) -> dict[str, torch.Tensor]:
+    """A stored linear's tensors, the streamed ones read straight into huge pages: one read
+    each from the file (safetensors: a length, a JSON header, the bytes), with no memory map
+    to fault through and no second copy. A short file raises (the cache is then rebuilt)."""
+    out = {}
+    with open(path, "rb", buffering=0) as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            shape, (start, end) = info["shape"], info["data_offsets"]
+            dtype = _DTYPES[info["dtype"]]
+            tensor = weight_arena.empty(shape, dtype) if name in _STREAMED else torch.empty(shape, dtype=dtype)
+            view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else memoryview(b"")
+            if len(view) != end - start:
+                raise ValueError(f"{path.name}: {name} is {end - start} bytes, not {len(view)}")
+            f.seek(8 + length + start)
+            done = 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise ValueError(f"{path.name} ends inside {name}")
+                done += got
+            out[name] = tensor
+    return out
 
 
 def _sweep(root: Path, older_than_s: float = 3600.0) -> None:
