@@ -146,8 +146,11 @@ def measure(base_url: str, model: str, tokenizer: Any, long: tuple[int, ...], he
     out: dict[str, Any] = {"one_stream_tok_s": decode[1], "burst_tok_s": sum(t.tokens for t in traces) / wall}
     for n in long:
         text = prompt_of(tokenizer, n, seed + n)
-        traces, _ = run([Arrival(at=0.0, prompt=text, max_tokens=1)])
-        ttft = traces[0].ttft_ms / 1000
+        # A few tokens, not one: a first token that is half a character has no text to stream,
+        # and its chunk would not count as the first (then the answer's end bounds it).
+        traces, _ = run([Arrival(at=0.0, prompt=text, max_tokens=4)])
+        trace = traces[0]
+        ttft = (trace.ttft_ms if trace.ttft_ms is not None else trace.latency_ms) / 1000
         out[f"ttft_{n}_s"], out[f"prompt_{n}_tok_s"] = ttft, n / ttft
     return out
 
@@ -180,17 +183,27 @@ def llama(exe: str, gguf: Path, threads: int, context: int, log_dir: Path) -> tu
         f"http://127.0.0.1:{port}/v1/"
 
 
-def llama_build(exe: str, log: Path | None) -> str:
-    """Which llama.cpp ran: its version line, and the instruction sets its log says it uses."""
+def llama_build(exe: str) -> str:
+    """Which llama.cpp ran: its version line, and how it was built for the CPU (its build
+    folder's CMakeCache: native or the instruction sets switched on), beside this CPU's own."""
+    from jupyter_infer.cpu.features import cpu_flags
+
     done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
     version = " ".join(line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip())
-    features = ""
-    if log is not None and log.is_file():
-        for line in log.read_text(errors="replace").splitlines():
-            if "system_info" in line or "CPU :" in line:
-                features = line.split("|", 1)[-1].strip()
-                break
-    return f"{version}; {features or 'instruction sets: see its log'}"
+    cache = Path(exe).resolve().parent.parent / "CMakeCache.txt"
+    build = "build options unknown (no CMakeCache.txt beside it)"
+    if cache.is_file():
+        on = [line.split(":", 1)[0] for line in cache.read_text(errors="replace").splitlines()
+              if line.startswith("GGML_") and line.endswith(":BOOL=ON")]
+        isa = [o for o in on if o.removeprefix("GGML_") in ISA_OPTIONS]
+        build = ("GGML_NATIVE=ON (-march=native: this CPU's instruction sets)" if "GGML_NATIVE" in on
+                 else f"GGML_NATIVE=OFF, {', '.join(isa) or 'no instruction set options'} on")
+    cpu = " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx512_bf16", "avx_vnni", "amx"))))
+    return f"{version}; {build}; this CPU: {cpu or 'no VNNI, BF16 or AMX flags'}"
+
+
+ISA_OPTIONS = {"AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AVX512_VBMI", "AVX_VNNI", "FMA", "F16C",
+               "AMX_TILE", "AMX_INT8", "AMX_BF16"}
 
 
 def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
@@ -235,8 +248,7 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
             server.stop()
         results[name] = entry
         log(f"    {entry}")
-    first_llama = next((log_dir / f"llama-{files[k].stem}.log" for _, _, k in LLAMA if k in files), None)
-    return {"model": str(model_dir), "contenders": results, "llama_build": llama_build(exe, first_llama)}
+    return {"model": str(model_dir), "contenders": results, "llama_build": llama_build(exe)}
 
 
 def columns(long: tuple[int, ...] = LONG_PROMPTS) -> tuple[tuple[str, str], ...]:
@@ -258,9 +270,9 @@ def table(size: str, entry: dict[str, Any], long: tuple[int, ...] = LONG_PROMPTS
     contenders = entry["contenders"]
     cols = columns(long)
     lines = [f"\n[l] {size} ({entry['model']}); llama.cpp: {entry['llama_build']}",
-             f"  {'':<26}" + "".join(f"{title:>17}" for title, _ in cols)]
+             f"  {'':<34}" + "".join(f"{title:>19}" for title, _ in cols)]
     for c in contenders.values():
-        lines.append(f"  {c['label']:<26}" + "".join(f"{_cell(c.get(key)):>17}" for _, key in cols))
+        lines.append(f"  {c['label']:<34}" + "".join(f"{_cell(c.get(key)):>19}" for _, key in cols))
     lines.append("  ratios (ours / llama-server; ready and memory: lower is better, ours' second start):")
     for a, b in PAIRS:
         if a in contenders and b in contenders:
@@ -271,7 +283,7 @@ def table(size: str, entry: dict[str, Any], long: tuple[int, ...] = LONG_PROMPTS
                 if isinstance(u, list):
                     u, v = u[-1], v[-1]
                 ratios.append(f"{u / v:.2f}" if u and v else "–")
-            lines.append(f"  {x['label'] + ' / ' + y['label'][13:]:<26}" + "".join(f"{r:>17}" for r in ratios))
+            lines.append(f"  {x['label'] + ' / ' + y['label'][13:]:<34}" + "".join(f"{r:>19}" for r in ratios))
     return "\n".join(lines)
 
 
