@@ -100,6 +100,8 @@ class Engine(abc.ABC):
     # The chunk size this engine prefers for long prompts; 0: it cannot continue a prompt's
     # row across steps, and the scheduler always schedules whole prompts.
     prefill_chunk_tokens = 0
+    # The most tokens of a prompt alone one step computes (0: all): bounds a long prompt's memory.
+    prefill_step_tokens = 0
     # The most characters of input text that one token can stand for (the longest token of
     # the vocabulary), or None if no such bound is known. A text longer than
     # ``max_prompt_tokens * max_token_chars`` cannot fit: the service refuses it before

@@ -68,6 +68,9 @@ class Scheduler(QueuedCore):
         own = getattr(engine, "prefill_chunk_tokens", 0)
         wanted = own if config.prefill_chunk_tokens is None else config.prefill_chunk_tokens
         self.chunk_tokens = wanted if config.mode == "continuous" and own else 0
+        # The most prompt tokens one step computes for a prompt alone (0: all of it): a long
+        # prompt's activations are a few of its rows at a time, not all (the engine's choice).
+        self.prompt_step_tokens = getattr(engine, "prefill_step_tokens", 0) if self.chunk_tokens else 0
         # Newcomers' prompts ride in the decoding rows' step (one forward) where the engine can;
         # else a prefill waits for the decoding rows' next step (DECODES_PER_PREFILL).
         self.mixes = getattr(engine, "mixes_steps", False) and config.mode == "continuous"
@@ -150,8 +153,13 @@ class Scheduler(QueuedCore):
         """Prompt tokens to compute for ``seq`` this step: all that remain, or at most a chunk
         while ``streams`` decode. With none decoding a chunk protects nobody (newcomers wait
         for a prompt part-way either way) and costs a forward per chunk: the 900-token prompt
-        of bench [h] took ~2x as long in 64-token chunks as whole."""
-        return self.chunk_tokens if streams and self._chunked(seq) else seq.num_uncomputed
+        of bench [h] took ~2x as long in 64-token chunks as whole. Alone, a prompt longer than
+        the engine's ``prefill_step_tokens`` goes that many at a time: its memory stays bounded
+        (an 8k-token prompt's activations were ~0.8 GB over the model's on the 1.5B shape)."""
+        if streams and self._chunked(seq):
+            return self.chunk_tokens
+        step = self.prompt_step_tokens
+        return min(seq.num_uncomputed, step) if step else seq.num_uncomputed
 
     def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
         cfg = self.config

@@ -289,6 +289,29 @@ async def test_prefix_cache_and_chunks_keep_greedy_outputs_exact(request, model_
         assert stats == {"enabled": False, "reason": "off (prefix_cache_mb = 0)"}
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
+async def test_a_long_prompt_alone_goes_a_step_at_a_time_and_answers_exactly(request, model_fixture: str) -> None:
+    """Nothing else runs, but the prompt is longer than the engine's prefill_step_tokens: it
+    is computed that many tokens a forward (its memory bounded), with the same answer."""
+    model_dir = request.getfixturevalue(model_fixture)
+    engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
+    engine.eos_token_ids = frozenset()
+    assert engine.prefill_step_tokens == 2048  # on the CPU
+    engine.prefill_step_tokens = 16
+    forwards: list[int] = []
+    embed = engine.model.get_input_embeddings()
+    handle = embed.register_forward_hook(lambda module, args, out: forwards.append(args[0].numel()))
+    s = await started(engine, idle_admit_delay_ms=0)
+    prompt = SYSTEM + AGENT_TASKS[0]
+    result = await (await s.submit(Request(prompt, SamplingParams(max_tokens=6)))).result()
+    await s.stop()
+    handle.remove()
+    n = len(engine.tokenize(prompt))
+    assert n > 32 and forwards[: -(-n // 16)] == [16] * (n // 16) + ([n % 16] if n % 16 else [])
+    assert result.token_ids == reference_cached(model_dir, prompt, 6)
+
+
 def test_prefix_cache_reuses_blocks_and_stays_within_its_budget(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, prefix_cache_mb=1)
     a = _seq(engine, SYSTEM + AGENT_TASKS[0], 4)

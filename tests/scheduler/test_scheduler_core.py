@@ -284,6 +284,23 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps() -> None:
     assert plan.kind == "decode" and plan.seqs == [a, b]
 
 
+def test_a_prompt_alone_goes_at_most_the_engines_prompt_step_at_a_time() -> None:
+    """Nothing decodes, but the prompt is longer than the engine's prefill_step_tokens: that
+    many tokens a step (its activations bounded), the first token after the last step."""
+    s = chunking_core(prefill_chunk_tokens=4)
+    s.prompt_step_tokens = 8
+    b = seq(n_prompt=20, max_tokens=2)
+    s.add(b, 0.0)
+    steps = []
+    for i, last in enumerate((False, False, True)):
+        plan, _ = s.schedule(i / 100)
+        assert plan is not None and plan.seqs == [b]
+        steps.append(plan.num_scheduled[0])
+        n = plan.num_scheduled[0]
+        postprocess(s, plan, outputs([[7]]) if last else outputs([[]], computed=[b.num_computed + n]), i / 100, i / 100)
+    assert steps == [8, 8, 4] and b.num_computed == 20 and b.output_ids == [7]
+
+
 def test_an_idle_engine_prefills_a_long_prompt_whole_and_the_rest_of_one_whose_streams_ended() -> None:
     s = chunking_core(prefill_chunk_tokens=4)
     b = seq(n_prompt=9)
