@@ -297,7 +297,7 @@ async def test_a_long_prompt_alone_goes_a_step_at_a_time_and_answers_exactly(req
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     engine.eos_token_ids = frozenset()
-    assert engine.prefill_step_tokens == 2048  # on the CPU
+    assert engine.prefill_step_tokens == 4096  # on the CPU
     engine.prefill_step_tokens = 16
     forwards: list[int] = []
     embed = engine.model.get_input_embeddings()
