@@ -18,6 +18,7 @@ the files costs ~0.1 ms, once a second.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ WINDOW_S = 1.0  # how much busy time one decision looks at
 STARVED_SHARE = 0.2  # of our threads' runnable time spent waiting for a CPU: starved
 IDLE_CORE_SHARE = 0.75  # of a core idle over a window, at fewer threads: take a thread back
 HOLD_S = 5.0  # after a change, how long before a thread is taken back (no flapping)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,9 +92,17 @@ class CpuShare:
         return self._last is not None
 
     def after_step(self, took_s: float) -> None:
-        """Count a step's ``took_s`` seconds; once a window of them has passed, decide."""
+        """Count a step's ``took_s`` seconds; once a window of them has passed, decide. Never
+        raises: a step that ran must not fail for its bookkeeping (watching stops instead)."""
         if self._last is None:
             return
+        try:
+            self._count(took_s)
+        except Exception:  # noqa: BLE001 - e.g. counters this system writes another way
+            log.warning("jupyter_infer: stopped watching the engine's share of the CPU", exc_info=True)
+            self._last = None
+
+    def _count(self, took_s: float) -> None:
         now = self._clock()
         if now - took_s - self._stepped_at > WINDOW_S:
             # Idle since the last step: a window over that time would see our own idle core

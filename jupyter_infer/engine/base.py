@@ -151,16 +151,16 @@ class Engine(abc.ABC):
         rows.move(plan.park, plan.resume)
         if not plan.seqs:
             return []
+        started = time.perf_counter()
         try:
-            started = time.perf_counter()
             sampled = self._run(plan)
-            if self.cpu_share is not None:  # here: the step's thread is the one whose team it sets
-                self.cpu_share.after_step(time.perf_counter() - started)
-            return sampled
         except Exception:
             if plan.decoding:
                 rows.decoding = None  # a decode may have half-updated the batch: start clean
             raise
+        if self.cpu_share is not None:  # here: the step's thread is the one whose team it sets
+            self.cpu_share.after_step(time.perf_counter() - started)
+        return sampled
 
     def _run(self, plan: StepPlan) -> Sampled:
         prompts = [i for i, p in enumerate(plan.prompt) if p]

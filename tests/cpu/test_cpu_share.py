@@ -90,6 +90,14 @@ def test_a_count_the_user_chose_is_kept_and_the_starving_still_reported() -> Non
     assert "num_threads was set" in s.snapshot()["note"]
 
 
+def test_counters_it_cannot_read_stop_the_watching_not_the_step() -> None:
+    machine = Machine()
+    s, sets = share(machine)
+    s._read = lambda: Reading(0, 0, 0, 0) if machine.now < 0.5 else (_ for _ in ()).throw(RuntimeError("odd /proc"))
+    steps(s, machine, 2, waiting=0.5, idle_cores=0.0)  # the window's read raises: no exception here
+    assert sets == [] and not s.available and "does not say" in s.snapshot()["note"]
+
+
 def _spin(seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
