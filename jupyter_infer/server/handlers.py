@@ -5,6 +5,7 @@ events, health, cancel) and the route table; the OpenAI-compatible ones are in
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -91,11 +92,26 @@ class GenerateStreamHandler(InferHandler):
         await self.stream_tokens(await self.submit(request))
 
 
+class _NotReadyYet(logging.LoggerAdapter):
+    """jupyter_server logs every 5xx as an error, with the request's headers; a 503 from the
+    health route is the answer a probe polls for while a model loads (minutes for a 7B one), so
+    it is logged at debug level instead."""
+
+    def error(self, msg: object, *args: object, **kwargs: Any) -> None:
+        self.debug(msg, *args, **kwargs)
+
+
 class HealthHandler(InferHandler):
     """``GET infer/health``: 200 ``{"status": "ok"}`` when the engine is ready, 503 while it
     loads or after it failed. Auth as everywhere, unless ``InferApp.health_without_auth``."""
 
     _track_activity = False  # a probe is not user activity (it must not defeat idle culling)
+
+    @property
+    def log(self) -> logging.Logger | logging.LoggerAdapter:
+        """The request log's logger (jupyter_server's ``log_request`` asks the handler)."""
+        log = super().log
+        return _NotReadyYet(log, {}) if self.get_status() == 503 else log
 
     @allow_unauthenticated
     async def get(self) -> None:
