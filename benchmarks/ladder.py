@@ -30,8 +30,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,8 @@ from jupyter_infer.commands.bench.completions import stream_completions
 from jupyter_infer.commands.loadgen import Arrival
 from jupyter_infer.commands.model_builder import LADDER, default_cache_dir, make_model
 from jupyter_infer.kernel.launcher import free_port
+
+from .peers import ServerProcess
 
 TOKEN = "ladder-bench"
 LONG_PROMPTS = (1024, 3072, 8192)
@@ -49,47 +49,6 @@ LLAMA = (("llama_q4_0", "llama-server q4_0", "q4_0"), ("llama_q8_0", "llama-serv
          ("llama_f16", "llama-server f16", "f16"), ("llama_q4_k_m", "llama-server Q4_K_M", "Q4_K_M"))
 PAIRS = (("ours_int4", "llama_q4_0"), ("ours_int8", "llama_q8_0"), ("ours_bf16", "llama_f16"),
          ("ours_q4_k_m", "llama_q4_k_m"), ("ours_int4", "llama_q4_k_m"))
-
-
-class Server:
-    """A server process, ready once ``health`` answers 200; its memory read from /proc."""
-
-    def __init__(self, cmd: list[str], health: str, log: Path, env: dict[str, str] | None = None,
-                 headers: dict[str, str] | None = None, timeout: float = 3600) -> None:
-        self.log = log.open("w")
-        started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-        request = urllib.request.Request(health, headers=headers or {})
-        while True:
-            if self.proc.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"{Path(cmd[0]).name} exited early: see {log}")
-            try:
-                with urllib.request.urlopen(request, timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.perf_counter() - started > timeout:
-                self.stop()
-                raise TimeoutError(f"{Path(cmd[0]).name} was not ready in {timeout:.0f} s: see {log}")
-            time.sleep(0.2)
-        self.ready_s = time.perf_counter() - started
-
-    def memory_mb(self) -> dict[str, float]:
-        """Peak (VmHWM) and resident (VmRSS) memory of the process, in MiB."""
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
-        return {"peak_mb": int(fields["VmHWM"].split()[0]) / 1024, "resident_mb": int(fields["VmRSS"].split()[0]) / 1024}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 def ggufs(model_dir: Path, converter: str | None, quantize: str | None) -> dict[str, Path]:
@@ -156,7 +115,7 @@ def measure(base_url: str, model: str, tokenizer: Any, long: tuple[int, ...], he
 
 
 def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_dir: Path,
-         starts: int) -> tuple[list[Server], str]:
+         starts: int) -> tuple[list[ServerProcess], str]:
     """Our server on ``what`` (a quantize, or a GGUF type), started ``starts`` times on one new
     weight cache (the first start fills it); the last one left running."""
     cache = tempfile.mkdtemp(prefix="ladder-weights-")
@@ -170,16 +129,17 @@ def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_
     for i in range(starts):
         if servers:
             servers[-1].stop()
-        servers.append(Server(cmd, f"http://127.0.0.1:{port}/infer/health", log_dir / f"ours-{what}-{i}.log",
-                              env={"JUPYTER_INFER_CACHE": cache}, headers={"Authorization": f"token {TOKEN}"}))
+        servers.append(ServerProcess(cmd, f"http://127.0.0.1:{port}/infer/health", log_dir / f"ours-{what}-{i}.log",
+                                     env={"JUPYTER_INFER_CACHE": cache}, timeout=3600,
+                                     headers={"Authorization": f"token {TOKEN}"}))
     return servers, f"http://127.0.0.1:{port}/infer/v1/"
 
 
-def llama(exe: str, gguf: Path, threads: int, context: int, log_dir: Path) -> tuple[Server, str]:
+def llama(exe: str, gguf: Path, threads: int, context: int, log_dir: Path) -> tuple[ServerProcess, str]:
     port = free_port()
     cmd = [exe, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-np", "8",
            "-cb", "--kv-unified", "-c", str(context)]
-    return Server(cmd, f"http://127.0.0.1:{port}/health", log_dir / f"llama-{gguf.stem}.log"), \
+    return ServerProcess(cmd, f"http://127.0.0.1:{port}/health", log_dir / f"llama-{gguf.stem}.log", timeout=3600), \
         f"http://127.0.0.1:{port}/v1/"
 
 
@@ -224,7 +184,7 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
         servers, url = ours(model_dir, what, files, args.threads, log_dir, starts=2 if name == "ours_int4" else 1)
         try:
             long = args.long if name == "ours_int4" else args.long[:1]
-            entry = {"label": label, "ready_s": [s.ready_s for s in servers], **servers[-1].memory_mb()}
+            entry = {"label": label, "ready_s": [s.startup_s for s in servers], **servers[-1].memory_mb()}
             entry.update(measure(url, str(files.get(what, model_dir)), tokenizer, long, headers,
                                  {"ignore_eos": True}, args.seed))
             entry.update({f"after_{k}": v for k, v in servers[-1].memory_mb().items()})
@@ -240,7 +200,7 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
         server, url = llama(exe, files[kind], args.threads, max(args.long) + 2048, log_dir)
         try:
             long = args.long if name == "llama_q4_0" else args.long[:1]
-            entry = {"label": label, "ready_s": [server.ready_s], **server.memory_mb()}
+            entry = {"label": label, "ready_s": [server.startup_s], **server.memory_mb()}
             entry.update(measure(url, str(files[kind]), tokenizer, long, {},
                                  {"ignore_eos": True, "cache_prompt": False}, args.seed))
             entry.update({f"after_{k}": v for k, v in server.memory_mb().items()})

@@ -26,7 +26,7 @@ class ServerProcess:
     """A server started as a subprocess, ready once ``ready_url`` answers 200."""
 
     def __init__(self, cmd: list[str], ready_url: str, log_path: Path, env: dict[str, str] | None = None,
-                 timeout: float = 300.0) -> None:
+                 timeout: float = 300.0, headers: dict[str, str] | None = None) -> None:
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
@@ -36,7 +36,7 @@ class ServerProcess:
                 self.stop()
                 raise RuntimeError(f"{Path(cmd[0]).name} exited early: see {log_path}")
             try:
-                with urllib.request.urlopen(ready_url, timeout=5) as resp:
+                with urllib.request.urlopen(urllib.request.Request(ready_url, headers=headers or {}), timeout=5) as resp:
                     if resp.status == 200:
                         break
             except OSError:
@@ -50,6 +50,11 @@ class ServerProcess:
     @property
     def pid(self) -> int | None:
         return self.proc.pid
+
+    def memory_mb(self) -> dict[str, float]:
+        """Peak (VmHWM) and resident (VmRSS) memory of the process so far, in MiB (Linux)."""
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
+        return {"peak_mb": int(fields["VmHWM"].split()[0]) / 1024, "resident_mb": int(fields["VmRSS"].split()[0]) / 1024}
 
     def cpu_seconds(self) -> float | None:
         """CPU time the process used so far (Linux), to see what it costs while idle."""

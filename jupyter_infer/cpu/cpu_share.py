@@ -78,14 +78,12 @@ class CpuShare:
         self.adapt = adapt
         self.starved = False
         self.waiting_share = 0.0  # the last window's
-        self.changes = 0
         self._read, self._set, self._clock = read, set_threads, clock
         self._cores = cores or os.cpu_count() or 1
         self._last = read()
-        self._last_at = clock()
         self._changed_at = -HOLD_S
         self._busy_s = 0.0
-        self._stepped_at = self._last_at
+        self._stepped_at = clock()
 
     @property
     def available(self) -> bool:
@@ -107,7 +105,7 @@ class CpuShare:
         if now - took_s - self._stepped_at > WINDOW_S:
             # Idle since the last step: a window over that time would see our own idle core
             # and take a thread back that the neighbour still holds. Start the window here.
-            self._last, self._last_at, self._busy_s, self._stepped_at = self._read() or self._last, now, 0.0, now
+            self._last, self._busy_s, self._stepped_at = self._read() or self._last, 0.0, now
             return
         self._stepped_at = now
         self._busy_s += took_s
@@ -117,7 +115,7 @@ class CpuShare:
         if reading is None:
             return
         self._decide(self._last, reading, now)
-        self._last, self._last_at, self._busy_s = reading, now, 0.0
+        self._last, self._busy_s = reading, 0.0
 
     def _decide(self, was: Reading, now_reading: Reading, now: float) -> None:
         ran, waited = now_reading.run_ns - was.run_ns, now_reading.wait_ns - was.wait_ns
@@ -136,7 +134,6 @@ class CpuShare:
     def _change(self, threads: int, now: float) -> None:
         self._set(threads)
         self.threads, self._changed_at = threads, now
-        self.changes += 1
 
     def snapshot(self) -> dict:
         """What ``infer/status`` says: the threads in use, and why fewer than chosen."""
