@@ -38,7 +38,7 @@ from jupyter_infer.commands.loadgen import Arrival
 from jupyter_infer.commands.model_builder import LADDER, default_cache_dir, make_model
 from jupyter_infer.kernel.launcher import free_port
 
-from .peers import ServerProcess
+from .peers import ServerProcess, llama_server
 
 TOKEN = "ladder-bench"
 LONG_PROMPTS = (1024, 3072, 8192)
@@ -114,11 +114,10 @@ def measure(base_url: str, model: str, tokenizer: Any, long: tuple[int, ...], he
     return out
 
 
-def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_dir: Path,
+def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_dir: Path, cache: str,
          starts: int) -> tuple[list[ServerProcess], str]:
-    """Our server on ``what`` (a quantize, or a GGUF type), started ``starts`` times on one new
-    weight cache (the first start fills it); the last one left running."""
-    cache = tempfile.mkdtemp(prefix="ladder-weights-")
+    """Our server on ``what`` (a quantize, or a GGUF type), started ``starts`` times on the weight
+    cache ``cache`` (an empty folder: the first start fills it); the last one left running."""
     model = str(ggufs_[what]) if what in ggufs_ else str(model_dir)
     quantize = what if what in ("int4", "int8") else "none"
     port = free_port()
@@ -133,14 +132,6 @@ def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_
                                      env={"JUPYTER_INFER_CACHE": cache}, timeout=3600,
                                      headers={"Authorization": f"token {TOKEN}"}))
     return servers, f"http://127.0.0.1:{port}/infer/v1/"
-
-
-def llama(exe: str, gguf: Path, threads: int, context: int, log_dir: Path) -> tuple[ServerProcess, str]:
-    port = free_port()
-    cmd = [exe, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-np", "8",
-           "-cb", "--kv-unified", "-c", str(context)]
-    return ServerProcess(cmd, f"http://127.0.0.1:{port}/health", log_dir / f"llama-{gguf.stem}.log", timeout=3600), \
-        f"http://127.0.0.1:{port}/v1/"
 
 
 def llama_build(exe: str) -> str:
@@ -166,6 +157,20 @@ ISA_OPTIONS = {"AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AVX512_VB
                "AMX_TILE", "AMX_INT8", "AMX_BF16"}
 
 
+def _measured(label: str, servers: list[ServerProcess], url: str, model: str, tokenizer: Any,
+              long: tuple[int, ...], headers: dict[str, str], extra: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A contender's figures (``measure``, its start times, its memory at ready and after); its
+    running server stopped."""
+    last = servers[-1]
+    try:
+        entry = {"label": label, "ready_s": [s.startup_s for s in servers], **last.memory_mb()}
+        entry.update(measure(url, model, tokenizer, long, headers, extra, seed))
+        entry.update({f"after_{k}": v for k, v in last.memory_mb().items()})
+    finally:
+        last.stop()
+    return entry
+
+
 def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
     """Every contender on one size, one at a time (each alone on the machine)."""
     from transformers import AutoTokenizer
@@ -181,33 +186,25 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
         if name not in args.contenders:
             continue
         log(f"  {label}")
-        servers, url = ours(model_dir, what, files, args.threads, log_dir, starts=2 if name == "ours_int4" else 1)
-        try:
-            long = args.long if name == "ours_int4" else args.long[:1]
-            entry = {"label": label, "ready_s": [s.startup_s for s in servers], **servers[-1].memory_mb()}
-            entry.update(measure(url, str(files.get(what, model_dir)), tokenizer, long, headers,
-                                 {"ignore_eos": True}, args.seed))
-            entry.update({f"after_{k}": v for k, v in servers[-1].memory_mb().items()})
-        finally:
-            servers[-1].stop()
-        results[name] = entry
-        log(f"    {entry}")
+        with tempfile.TemporaryDirectory(prefix="ladder-weights-") as cache:  # GBs at 7B: not left behind
+            servers, url = ours(model_dir, what, files, args.threads, log_dir, cache,
+                                starts=2 if name == "ours_int4" else 1)
+            results[name] = _measured(label, servers, url, str(files.get(what, model_dir)), tokenizer,
+                                      args.long if name == "ours_int4" else args.long[:1], headers,
+                                      {"ignore_eos": True}, args.seed)
+        log(f"    {results[name]}")
     exe = args.llama_server
     for name, label, kind in LLAMA:
         if name not in args.contenders or kind not in files:
             continue
         log(f"  {label}")
-        server, url = llama(exe, files[kind], args.threads, max(args.long) + 2048, log_dir)
-        try:
-            long = args.long if name == "llama_q4_0" else args.long[:1]
-            entry = {"label": label, "ready_s": [server.startup_s], **server.memory_mb()}
-            entry.update(measure(url, str(files[kind]), tokenizer, long, {},
-                                 {"ignore_eos": True, "cache_prompt": False}, args.seed))
-            entry.update({f"after_{k}": v for k, v in server.memory_mb().items()})
-        finally:
-            server.stop()
-        results[name] = entry
-        log(f"    {entry}")
+        # One KV buffer for all 8 slots (--kv-unified), room for the longest prompt in any of them.
+        peer = llama_server(str(files[kind]), args.threads, 8, -(-(max(args.long) + 2048) // 8),
+                            log_dir / f"llama-{kind}.log", exe=exe, args=["--kv-unified"])
+        results[name] = _measured(label, [peer.process], peer.base_url, str(files[kind]), tokenizer,
+                                  args.long if name == "llama_q4_0" else args.long[:1], {},
+                                  {"ignore_eos": True, **peer.extra}, args.seed)
+        log(f"    {results[name]}")
     return {"model": str(model_dir), "contenders": results, "llama_build": llama_build(exe)}
 
 
@@ -243,7 +240,7 @@ def table(size: str, entry: dict[str, Any], long: tuple[int, ...] = LONG_PROMPTS
                 if isinstance(u, list):
                     u, v = u[-1], v[-1]
                 ratios.append(f"{u / v:.2f}" if u and v else "–")
-            lines.append(f"  {x['label'] + ' / ' + y['label'][13:]:<34}" + "".join(f"{r:>19}" for r in ratios))
+            lines.append(f"  {x['label'] + ' / ' + y['label'].removeprefix('llama-server '):<34}" + "".join(f"{r:>19}" for r in ratios))
     return "\n".join(lines)
 
 

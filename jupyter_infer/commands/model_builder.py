@@ -357,18 +357,13 @@ def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int,
             **ids,
         )
         model_cls = GPT2LMHeadModel
-    # fork_rng restores the caller's global RNG state afterwards, so building
-    # a model has no side effect on the notebook's own randomness.
     # The ladder's sizes are built in bfloat16 straight away: a 7B shape in float32 is 30 GB.
     dtype = torch.bfloat16 if size in LADDER else torch.float32
+    # fork_rng restores the caller's global RNG state afterwards, so building
+    # a model has no side effect on the notebook's own randomness.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        before = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            model = model_cls(config)
-        finally:
-            torch.set_default_dtype(before)
+        model = model_cls._from_config(config, dtype=dtype)  # transformers' own: built in that dtype
     model.eval()
     model.generation_config = GenerationConfig(
         bos_token_id=ids["bos_token_id"],

@@ -14,6 +14,8 @@ import time
 import torch
 
 from . import kernels
+from .float_linear import BF16Linear, F32Linear
+from .model_linears import QUANTIZED
 
 KINDS = {"int8": 0, "bfloat16": 1, "float32": 2}
 # A decoder layer of Qwen2.5-0.5B's shape, as our joint calls run it: q/k/v, o, gate/up, down.
@@ -43,13 +45,8 @@ def peak_gmacs(kind: str, seconds: float = 0.2) -> float:
 
 
 def _linear(kind: str, weight: torch.Tensor) -> torch.nn.Module:
-    if kind == "int4":
-        from .int4_linear import Int4Linear
-        return Int4Linear.from_weight(weight, None)
-    if kind == "int8":
-        from .int8_linear import Q8Linear
-        return Q8Linear.from_weight(weight, None)
-    from .float_linear import BF16Linear, F32Linear
+    if kind in QUANTIZED:  # int4, int8: as a quantized model's loader builds them
+        return QUANTIZED[kind][0](weight, None)
     return BF16Linear(weight, None) if kind == "bfloat16" else F32Linear(weight, None)
 
 

@@ -15,6 +15,7 @@ Where the platform has no ``MADV_HUGEPAGE`` the chunks are ordinary anonymous me
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 
@@ -45,10 +46,7 @@ def empty(shape: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype) -
     """A contiguous tensor of ``shape`` and ``dtype`` in huge-page memory, not filled in (the
     weight cache reads a file straight into it)."""
     global _chunk, _used
-    numel = 1
-    for n in shape:
-        numel *= int(n)
-    size = numel * torch.empty((), dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     if size == 0:
         return torch.empty(tuple(shape), dtype=dtype)
     with _lock:

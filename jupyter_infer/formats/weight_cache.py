@@ -186,14 +186,14 @@ class WeightCache:
 
 def _tensors(module: nn.Module) -> tuple[str, dict[str, torch.Tensor]] | None:
     """A linear of ours as it is stored: its kernel's blocks as they are, and its shape."""
-    bias = {"bias": module.bias} if getattr(module, "bias", None) is not None else {}
-    shape = {"shape": torch.tensor([module.out_features, module.in_features])} if hasattr(module, "out_features") else {}
+    if not isinstance(module, (Int4Linear, Q8Linear)):
+        return None
+    bias = {"bias": module.bias} if module.bias is not None else {}
+    shape = {"shape": torch.tensor([module.out_features, module.in_features])}
     if isinstance(module, Int4Linear):
         mins = {"mins": module.mins} if module.mins is not None else {}
         return "int4", {"blocks": module.blocks, "scales": module.scales, **mins, **shape, **bias}
-    if isinstance(module, Q8Linear):
-        return "int8", {"packed": module.packed, "scales": module.scales, **shape, **bias}
-    return None
+    return "int8", {"packed": module.packed, "scales": module.scales, **shape, **bias}
 
 
 def _build(kind: str, t: dict[str, torch.Tensor]) -> nn.Module:
