@@ -18,6 +18,12 @@ server process, one stream (64 tokens, three requests one after another), a burs
 tokens, and the time to first token of a fresh prompt of ~1k tokens; ours int4 and q4_0 also at
 ~3k and ~8k (prompt tokens per second = tokens / TTFT). Speculation off, prompt caches off.
 It prints which llama.cpp build ran (its version and the instruction sets it says it uses).
+
+With ``--agents``, ours int4 and llama-server q4_0 then run agents as a notebook's would, each
+server with its prompt cache on (ours' prefix cache, llama-server's ``cache_prompt``): 8 agents
+× 3 rounds over one ~3k-token tool prompt, each round the agent's history plus ~96 new tokens (a
+task, then tool results), 32 tokens of answer, an agent's next round sent when its answer is
+done; the wall time of all of them and the TTFT median.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from .peers import ServerProcess, llama_server
 
 TOKEN = "ladder-bench"
 LONG_PROMPTS = (1024, 3072, 8192)
+# agents, rounds, tokens of the tool prompt they share, new tokens a round, tokens of answer
+AGENTS = (8, 3, 3072, 96, 32)
 # (name, label, what it serves): ours by quantize (or a GGUF), llama-server by GGUF type.
 OURS = (("ours_int4", "ours int4", "int4"), ("ours_int8", "ours int8", "int8"),
         ("ours_bf16", "ours bfloat16", "none"), ("ours_q4_k_m", "ours on the Q4_K_M file", "Q4_K_M"))
@@ -114,16 +122,37 @@ def measure(base_url: str, model: str, tokenizer: Any, long: tuple[int, ...], he
     return out
 
 
+def agents(base_url: str, model: str, tokenizer: Any, headers: dict[str, str], extra: dict[str, Any],
+           seed: int) -> dict[str, Any]:
+    """``AGENTS``' chains against a server: the wall time of all of them and the TTFT median."""
+    count, rounds, shared, new, answer = AGENTS
+    tools = prompt_of(tokenizer, shared, seed + 7)
+    chains = []
+    for a in range(count):
+        history, chain = tools, []
+        for r in range(rounds):
+            history += prompt_of(tokenizer, new, seed + 1000 * (a + 1) + r)  # the task, then a tool's result
+            chain.append(Arrival(at=0.0, prompt=history, max_tokens=answer))
+        chains.append(chain)
+    traces, wall = asyncio.run(stream_completions(base_url, model, [], chains=chains, headers=headers, extra=extra))
+    if errors := [t.error for t in traces if t.error]:
+        raise RuntimeError(errors[0])
+    ttfts = sorted(t.ttft_ms if t.ttft_ms is not None else t.latency_ms for t in traces)
+    return {"agents_wall_s": wall, "agents_ttft_p50_ms": ttfts[len(ttfts) // 2]}
+
+
 def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_dir: Path, cache: str,
-         starts: int) -> tuple[list[ServerProcess], str]:
+         starts: int, prefix_cache: bool = False) -> tuple[list[ServerProcess], str]:
     """Our server on ``what`` (a quantize, or a GGUF type), started ``starts`` times on the weight
-    cache ``cache`` (an empty folder: the first start fills it); the last one left running."""
+    cache ``cache`` (an empty folder: the first start fills it); the last one left running.
+    ``prefix_cache``: at its default size (else off)."""
     model = str(ggufs_[what]) if what in ggufs_ else str(model_dir)
     quantize = what if what in ("int4", "int8") else "none"
     port = free_port()
     cmd = [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--model", model, "--quantize", quantize,
            "--threads", str(threads), "--port", str(port), f"--IdentityProvider.token={TOKEN}", "--allow-root",
-           "--InferApp.speculative=off", "--InferApp.prefix_cache_mb=0", "--ServerApp.open_browser=False"]
+           "--InferApp.speculative=off", "--ServerApp.open_browser=False",
+           *([] if prefix_cache else ["--InferApp.prefix_cache_mb=0"])]
     servers = []
     for i in range(starts):
         if servers:
@@ -158,14 +187,18 @@ ISA_OPTIONS = {"AVX", "AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AVX512_VB
 
 
 def _measured(label: str, servers: list[ServerProcess], url: str, model: str, tokenizer: Any,
-              long: tuple[int, ...], headers: dict[str, str], extra: dict[str, Any], seed: int) -> dict[str, Any]:
-    """A contender's figures (``measure``, its start times, its memory at ready and after); its
-    running server stopped."""
+              long: tuple[int, ...], headers: dict[str, str], extra: dict[str, Any], seed: int,
+              cached: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A contender's figures (``measure``, its start times, its memory at ready and after; then,
+    given ``cached`` (the request fields of its prompt cache), ``agents``); its running server
+    stopped."""
     last = servers[-1]
     try:
         entry = {"label": label, "ready_s": [s.startup_s for s in servers], **last.memory_mb()}
         entry.update(measure(url, model, tokenizer, long, headers, extra, seed))
         entry.update({f"after_{k}": v for k, v in last.memory_mb().items()})
+        if cached is not None:
+            entry.update(agents(url, model, tokenizer, headers, {**extra, **cached}, seed))
     finally:
         last.stop()
     return entry
@@ -187,23 +220,29 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
             continue
         log(f"  {label}")
         with tempfile.TemporaryDirectory(prefix="ladder-weights-") as cache:  # GBs at 7B: not left behind
+            with_agents = args.agents and name == "ours_int4"
             servers, url = ours(model_dir, what, files, args.threads, log_dir, cache,
-                                starts=2 if name == "ours_int4" else 1)
+                                starts=2 if name == "ours_int4" else 1, prefix_cache=with_agents)
             results[name] = _measured(label, servers, url, str(files.get(what, model_dir)), tokenizer,
                                       args.long if name == "ours_int4" else args.long[:1], headers,
-                                      {"ignore_eos": True}, args.seed)
+                                      {"ignore_eos": True}, args.seed, {} if with_agents else None)
         log(f"    {results[name]}")
     exe = args.llama_server
     for name, label, kind in LLAMA:
         if name not in args.contenders or kind not in files:
             continue
         log(f"  {label}")
-        # One KV buffer for all 8 slots (--kv-unified), room for the longest prompt in any of them.
-        peer = llama_server(str(files[kind]), args.threads, 8, -(-(max(args.long) + 2048) // 8),
+        # One KV buffer for all 8 slots (--kv-unified), room for the longest prompt in any of them
+        # (and for every agent's history at once, where they run).
+        with_agents = args.agents and name == "llama_q4_0"
+        count, rounds, shared, new, answer = AGENTS
+        context = max(max(args.long) + 2048, count * (shared + rounds * new + answer + 256) if with_agents else 0)
+        peer = llama_server(str(files[kind]), args.threads, 8, -(-context // 8),
                             log_dir / f"llama-{kind}.log", exe=exe, args=["--kv-unified"])
         results[name] = _measured(label, [peer.process], peer.base_url, str(files[kind]), tokenizer,
                                   args.long if name == "llama_q4_0" else args.long[:1], {},
-                                  {"ignore_eos": True, **peer.extra}, args.seed)
+                                  {"ignore_eos": True, **peer.extra}, args.seed,
+                                  {"cache_prompt": True} if with_agents else None)
         log(f"    {results[name]}")
     return {"model": str(model_dir), "contenders": results, "llama_build": llama_build(exe)}
 
@@ -211,7 +250,8 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
 def columns(long: tuple[int, ...] = LONG_PROMPTS) -> tuple[tuple[str, str], ...]:
     return (("ready s", "ready_s"), ("peak MiB", "after_peak_mb"), ("resident MiB", "after_resident_mb"),
             ("1 stream tok/s", "one_stream_tok_s"), ("burst 8 tok/s", "burst_tok_s"),
-            *((f"prompt {n} tok/s", f"prompt_{n}_tok_s") for n in long))
+            *((f"prompt {n} tok/s", f"prompt_{n}_tok_s") for n in long),
+            ("agents wall s", "agents_wall_s"), ("agents TTFT p50 ms", "agents_ttft_p50_ms"))
 
 
 def _cell(value: Any) -> str:
@@ -255,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=[n for n, _, _ in (*OURS, *LLAMA)])
     parser.add_argument("--long", nargs="+", type=int, default=list(LONG_PROMPTS), metavar="TOKENS",
                         help="the fresh prompts whose first token is timed (ours int4 and q4_0; the others: the first)")
+    parser.add_argument("--agents", action="store_true",
+                        help="then 8 agents x 3 rounds on a ~3k-token tool prompt (ours int4 and q4_0, prompt caches on)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench-results/ladder"))
     args = parser.parse_args(argv)

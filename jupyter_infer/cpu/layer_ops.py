@@ -76,3 +76,24 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, keep: torc
                         values.data_ptr(), keys.stride(0), keys.stride(1), columns,
                         None if keep is None else keep.data_ptr(), scale, out.data_ptr())
     return out
+
+
+def attend_prompt(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """A prompt's causal attention in bfloat16 products (``csrc/attention.c``): ``q``
+    ``[T, heads, dim]`` (tokens any stride, heads side by side), ``keys`` and ``values`` ``[kv
+    heads, L, dim]`` (a cache buffer's view, a column ``dim`` floats on), the queries being the
+    last ``T`` of the ``L`` positions. Returns ``[T, heads, dim]`` float32, or ``None`` where
+    this build has no bfloat16 dot or ``dim`` is not a multiple of 64 (SDPA serves those)."""
+    tokens, heads, dim = q.shape
+    kv_heads, columns = keys.shape[0], keys.shape[1]
+    if keys.shape[2] != dim or values.shape != keys.shape or heads % kv_heads or tokens > columns:
+        raise ValueError("attend_prompt's keys and values are [kv heads, columns, dim], as many columns as queries or more")
+    for t in (keys, values):
+        if t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != dim or t.stride() != keys.stride():
+            raise ValueError("attend_prompt reads keys and values of one layout, a column dim floats on")
+    if q.dtype != torch.float32 or q.stride(-1) != 1 or q.stride(-2) != dim:
+        raise ValueError("attend_prompt reads a float32 query, its heads side by side")
+    out = q.new_empty((tokens, heads, dim))
+    done = library().ji_attend_prompt(q.data_ptr(), tokens, heads, q.stride(0), keys.data_ptr(), values.data_ptr(),
+                                      kv_heads, keys.stride(0), columns, dim, scale, out.data_ptr())
+    return out if done == 0 else None

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from jupyter_infer.cpu import int4_linear, kernels, layer_ops
+from jupyter_infer.cpu.features import cpu_flags
 
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no int4 kernel on this machine")
 
@@ -109,3 +110,37 @@ def test_decode_attention_is_sdpas_with_grouped_heads_and_a_rows_padding_hidden(
         layer_ops.attend(q, keys, values, keep.bool(), 0.125)
     with pytest.raises(ValueError, match="rows"):  # the kernel reads raw memory: shapes must agree
         layer_ops.attend(q, keys[:, :, :, : dim // 2], values[:, :, :, : dim // 2], None, 0.125)
+
+
+BF16_DOT = "avx512_bf16" in cpu_flags()
+
+
+@pytest.mark.parametrize(("tokens", "past", "heads", "kv_heads", "dim"),
+                         [(1, 0, 2, 1, 64), (70, 0, 4, 2, 64), (130, 70, 6, 2, 128), (300, 0, 7, 1, 128), (64, 4033, 4, 4, 64)])
+def test_prompt_attention_is_causal_sdpa_in_bfloat16_after_any_past(tokens: int, past: int, heads: int, kv_heads: int,
+                                                                    dim: int) -> None:
+    torch.manual_seed(tokens + past)
+    columns = tokens + past
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, dim)  # q as the joint q/k/v call lays it out
+    q = qkv[:, :heads]
+    buf_k, buf_v = torch.randn(kv_heads, columns + 9, dim), torch.randn(kv_heads, columns + 9, dim)
+    keys, values = buf_k[:, :columns], buf_v[:, :columns]  # a cache buffer's view, spare room after
+    out = layer_ops.attend_prompt(q, keys, values, dim**-0.5)
+    if not BF16_DOT:  # no bfloat16 dot in the build: the caller is told to use SDPA
+        assert out is None
+        return
+    # The queries are the last `tokens` positions: query i sees every past column and its own prompt's up to i.
+    causal = torch.ones(tokens, columns, dtype=torch.bool).tril(past)
+    want = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=causal,
+                                          scale=dim**-0.5, enable_gqa=True)[0].transpose(0, 1)
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)  # products of bfloat16s, summed in float32
+
+
+def test_prompt_attention_declines_what_it_does_not_run_and_refuses_bad_layouts() -> None:
+    q, kv = torch.randn(8, 4, 32), torch.randn(2, 8, 32)
+    assert layer_ops.attend_prompt(q, kv, kv, 0.2) is None  # a head dim not a multiple of 64: SDPA's
+    q, kv = torch.randn(8, 4, 64), torch.randn(2, 8, 64)
+    with pytest.raises(ValueError, match="columns"):
+        layer_ops.attend_prompt(q, kv[:, :4], kv[:, :4], 0.2)  # fewer columns than queries
+    with pytest.raises(ValueError, match="layout"):
+        layer_ops.attend_prompt(q, kv, kv.transpose(1, 2).contiguous().transpose(1, 2), 0.2)

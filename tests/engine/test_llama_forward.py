@@ -100,3 +100,49 @@ def test_joint_int4_linears_read_a_strided_input_as_its_values() -> None:
     x = torch.randn(64, 3).t()
     assert not x.is_contiguous()
     assert torch.equal(joint(x), joint(x.contiguous()))
+
+
+@needs_int4
+def test_a_long_prompt_attends_in_bfloat16_as_transformers_forward_does_whole_or_in_steps(
+        tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Heads of 64 dims (the kernel's multiple), int4: a prompt of 256 tokens or more attends in C.
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from jupyter_infer.cpu import layer_ops
+    from jupyter_infer.cpu.features import cpu_flags
+    from jupyter_infer.engine.hf import llama_forward
+    from jupyter_infer.engine.hf.ragged import Block, forward
+    from jupyter_infer.engine.kv.kv_cache import new_cache
+
+    folder = tmp_path / "llama64"
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", vocab_size=len(AutoTokenizer.from_pretrained(folder)), hidden_size=128,
+                                  intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, max_position_embeddings=1024)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    engine = HFEngine(str(folder), dtype="float32", num_threads=1, quantize="int4")
+    lean = engine.llama_forward
+    assert lean.prompt_in_c == ("avx512_bf16" in cpu_flags())
+    if not lean.prompt_in_c:
+        pytest.skip("no bfloat16 dot on this CPU: prompts attend through SDPA")
+    calls, attend = [], layer_ops.attend_prompt
+    monkeypatch.setattr(llama_forward.layer_ops, "attend_prompt", lambda *args: calls.append(args[0].shape[0]) or attend(*args))
+    ids = torch.randint(5, config.vocab_size, (1, 600), generator=torch.Generator().manual_seed(1))
+
+    def logits(*steps: int) -> torch.Tensor:
+        cache, done, out = new_cache(config), 0, None
+        for width in steps:
+            block = Block(cache, ids[:, done : done + width], torch.ones(1, done + width, dtype=torch.long),
+                          torch.arange(done, done + width)[None])
+            out = forward(engine.model, [block], lean=lean)
+            done += width
+        return out[0]
+
+    with torch.inference_mode():
+        whole, in_steps, short = logits(600), logits(300, 300), logits(200, 400)
+        theirs = engine.model(ids).logits[0, -1]  # transformers' modules, float32 SDPA, the same int4 weights
+    assert calls == [600] * 2 + [300] * 4 + [400] * 2  # 2 layers a step; the 200-token step is SDPA's
+    for ours in (whole, in_steps, short):
+        assert ours.argmax() == theirs.argmax()
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0.03 * float(theirs.abs().max()))

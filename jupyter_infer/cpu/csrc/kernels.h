@@ -37,6 +37,9 @@ void ji_head_norm(float *x, int T, int stride, int first, int heads, int D, cons
 void ji_rope(float *x, int T, int heads, int stride, int D, const float *cos, const float *sin);
 void ji_attend_decode(const float *q, int rows, int heads, int kv_heads, int D, long q_stride, const float *k,
                       const float *v, long kv_row, long kv_head, int L, const uint8_t *mask, float scale, float *out);
+/* A prompt's causal attention in bfloat16 (attention.c): 0, or -1 where this build cannot. */
+int ji_attend_prompt(const float *q, int T, int heads, long q_row, const float *k, const float *v, int kv_heads,
+                     long kv_head, int L, int D, float scale, float *out);
 
 /* -- a decode step's layers in one call (decode_layers.c) ----------------------------------------
    Linears over one input, as q4_linears (bits 4), q8_linears (bits 8), bf16_linears (bits 16) or

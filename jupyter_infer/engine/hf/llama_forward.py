@@ -14,7 +14,10 @@ none of that:
   place, in one C call that gives torch's numbers to the bit);
 - with our linears or fbgemm's int8, in float32, the norms, SwiGLU and a decode step's
   attention are one C call each (``layer_ops``; our kernel calls normalize their rows and take
-  SwiGLU on their way in): torch's arithmetic but for the order of sums and exp's last bits.
+  SwiGLU on their way in): torch's arithmetic but for the order of sums and exp's last bits;
+- with linears that round activations or weights already (int4, int8, bfloat16), a long
+  prompt's attention is ``layer_ops.attend_prompt``'s: bfloat16 products, 2-3x torch's CPU
+  flash attention, which was 45 % of an 8k-token prompt at 1.5B (docs/engine.md).
 
 ``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
 the logits transformers' own forward gives; any other model keeps transformers' forward
@@ -32,7 +35,9 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from ...cpu import int4_linear, kernels, layer_ops
-from ...cpu.model_linears import OURS, Int8Linear
+from ...cpu.float_linear import BF16Linear
+from ...cpu.int4_linear import Int4Linear
+from ...cpu.model_linears import OURS, Int8Linear, Q8Linear
 from ..kv.kv_cache import new_cache
 from .decode_layers import DecodeLayers
 from .ragged import Block, Step, block_attention, forward
@@ -40,6 +45,10 @@ from .ragged import Block, Step, block_attention, forward
 # Architectures whose decoder layer is exactly: norm, q/k/v (Qwen3: per-head q/k norms), RoPE,
 # attention, o, residual, norm, down(silu(gate) * up), residual.
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+# Linears whose rounding (of the activations to int8, or of everything to bfloat16) is already
+# coarser than a bfloat16 attention's: beside them a long prompt attends in bfloat16.
+ROUNDING = (Int4Linear, Q8Linear, BF16Linear, Int8Linear)
+PROMPT_IN_C_TOKENS = 256  # a prompt this long or longer attends in C (shorter: attention is a small share)
 
 
 def _norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -149,6 +158,8 @@ class LlamaForward:
         self.layers = [_layer(layer, c_ops, fp32) for layer in inner.layers]
         # With our int4, int8 or float32 linears, a decode step's layers are one C call (decode_layers.py).
         self.one_call = DecodeLayers.of(model) if c_ops else None
+        self.prompt_in_c = (c_ops and any(isinstance(m, ROUNDING) for m in model.modules())
+                            and _bf16_attention(self.layers[0].head_dim))
 
     @classmethod
     def of(cls, model: nn.Module) -> LlamaForward | None:
@@ -179,12 +190,13 @@ class LlamaForward:
         if decode is not None and self.one_call is not None and self.one_call.serves(decode[0]):
             self.one_call(h, cos_t, sin_t, *decode)
         else:
-            h = self._layers(h, cos_t, sin_t, step, decode)
+            h = self._layers(h, cos_t, sin_t, step, decode, self._prompt(step))
         return self.norm_head(h if keep is None else h[:, keep])  # a row's norm is its own: select first
 
     def _layers(self, h: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, step: Step,
-                decode: tuple[object, torch.Tensor | None] | None) -> torch.Tensor:
-        """The decoder layers over ``h`` ``[1, T, hidden]``, one call after another."""
+                decode: tuple[object, torch.Tensor | None] | None, prompt: object | None) -> torch.Tensor:
+        """The decoder layers over ``h`` ``[1, T, hidden]``, one call after another (``prompt``:
+        the cache of a step that is one long prompt alone, attended in C)."""
         cos, sin = cos_t.unsqueeze(2), sin_t.unsqueeze(2)  # [1, T, 1, dim]
         tokens = h.shape[1]
         for layer in self.layers:
@@ -207,6 +219,9 @@ class LlamaForward:
                 cache, seen = decode
                 keys, values = cache.layers[layer.attention.layer_idx].update(k[0].unsqueeze(2), v[0].unsqueeze(2))
                 out = layer_ops.attend(q[0], keys, values, seen, layer.attention.scaling)
+            elif prompt is not None:  # its queries are its cache's last columns: causal, no mask
+                keys, values = prompt.layers[layer.attention.layer_idx].update(k.transpose(1, 2), v.transpose(1, 2))
+                out = layer_ops.attend_prompt(q[0], keys[0], values[0], layer.attention.scaling)
             else:
                 out, _ = block_attention(layer.attention, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          None, scaling=layer.attention.scaling, jupyter_infer_step=step)
@@ -223,6 +238,26 @@ class LlamaForward:
         if block.ids.shape[1] != 1 or block.shared is not None:
             return None
         return block.cache, None if bool(block.mask.all()) else block.mask.to(torch.uint8).contiguous()
+
+
+    def _prompt(self, step: Step) -> object | None:
+        """For a step that is one row's prompt alone (a fresh one, or a chunk after its cache:
+        every column real, no shared prefix), ``PROMPT_IN_C_TOKENS`` or longer, where prompts
+        attend in C: the row's cache."""
+        if not self.prompt_in_c or len(step.blocks) != 1:
+            return None
+        block = step.blocks[0]
+        rows, width = block.ids.shape
+        if rows != 1 or width < PROMPT_IN_C_TOKENS or block.shared is not None or not bool(block.mask.all()):
+            return None
+        return block.cache
+
+
+def _bf16_attention(head_dim: int) -> bool:
+    """Whether ``layer_ops.attend_prompt`` runs here for heads of ``head_dim`` (this build has
+    the bfloat16 dot; the dim a multiple of 64)."""
+    one = torch.ones((1, 1, head_dim))
+    return layer_ops.attend_prompt(one, one, one, 1.0) is not None
 
 
 def _plain(layer: nn.Module) -> bool:
