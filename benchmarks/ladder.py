@@ -69,8 +69,12 @@ def ggufs(model_dir: Path, converter: str | None, quantize: str | None) -> dict[
     if not base.is_file():
         if not converter:
             raise RuntimeError(f"no {base} and no --gguf-converter to make it")
-        subprocess.run([sys.executable, "-m", "benchmarks.gguf_convert", converter, str(model_dir), "--outfile",
-                        str(base), "--outtype", base_type], check=True, capture_output=True)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.gguf_convert", converter, str(model_dir), "--outfile",
+                               str(base), "--outtype", base_type], capture_output=True, text=True)
+        if done.returncode != 0:
+            # The converter imports packages of its own (sentencepiece): say which, and the fix.
+            hint = " (pip install -e '.[bench]' installs what the converter imports)" if "No module named" in done.stderr else ""
+            raise RuntimeError(f"llama.cpp's converter failed on {model_dir}{hint}: {done.stderr.strip()[-400:]}")
     out[base_type] = base
     for kind in ("q8_0", "q4_0", "Q4_K_M"):
         path = model_dir / f"model-{kind}.gguf"
