@@ -130,7 +130,9 @@ static inline void soften(float *s, int limit, float *m, float *l, float *alpha,
     }
     const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3])));
     const float next = top > *m ? top : *m;
-    *alpha = expf(*m - next); /* the first tile: exp(-inf) = 0, and o and l are zeros anyway */
+    /* The first tile: exp(-inf) = 0 (o and l are zeros anyway); a padding row sees nothing at
+       all (next = -inf): 0 too, not exp of -inf - -inf. */
+    *alpha = next == -INFINITY ? 0.f : expf(*m - next);
     __m512 total = _mm512_setzero_ps();
     for (int b = 0; b < 4; b++) {
         const __m512 p = _mm512_maskz_mov_ps(keep[b], exp16(_mm512_sub_ps(v[b], _mm512_set1_ps(next))));
