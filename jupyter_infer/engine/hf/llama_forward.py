@@ -239,7 +239,6 @@ class LlamaForward:
             return None
         return block.cache, None if bool(block.mask.all()) else block.mask.to(torch.uint8).contiguous()
 
-
     def _prompt(self, step: Step) -> object | None:
         """For a step that is one row's prompt alone (a fresh one, or a chunk after its cache:
         every column real, no shared prefix), ``PROMPT_IN_C_TOKENS`` or longer, where prompts
