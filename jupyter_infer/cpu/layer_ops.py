@@ -53,6 +53,17 @@ def head_norm_(x: torch.Tensor, first: int, heads: int, weight: torch.Tensor, ep
     library().ji_head_norm(x.data_ptr(), tokens, stride_heads * dim, first, heads, dim, weight.data_ptr(), eps)
 
 
+def _check_layouts(who: str, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """What the attention kernels read as raw memory: float32 keys and values of one layout, a
+    column ``dim`` floats on, and a float32 query with its heads side by side."""
+    dim = q.shape[-1]
+    for t in (keys, values):
+        if t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != dim or t.stride() != keys.stride():
+            raise ValueError(f"{who} reads keys and values of one layout, a column dim floats on")
+    if q.dtype != torch.float32 or q.stride(-1) != 1 or q.stride(-2) != dim:
+        raise ValueError(f"{who} reads a float32 query, its heads side by side")
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, keep: torch.Tensor | None,
            scale: float) -> torch.Tensor:
     """Decode attention, one new token a row: ``q`` ``[rows, heads, dim]`` (a row's heads side by
@@ -64,11 +75,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, keep: torc
     columns = keys.shape[2]
     if keys.shape[0] != rows or keys.shape[3] != dim or values.shape != keys.shape or heads % keys.shape[1]:
         raise ValueError("attend's keys and values are [rows, kv heads, columns, dim] of the query's rows and dim")
-    for t in (keys, values):
-        if t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != dim or t.stride() != keys.stride():
-            raise ValueError("attend reads keys and values of one layout, a column dim floats on")
-    if q.dtype != torch.float32 or q.stride(-1) != 1 or q.stride(-2) != dim:
-        raise ValueError("attend reads a float32 query, its heads side by side")
+    _check_layouts("attend", q, keys, values)
     if keep is not None and (keep.dtype != torch.uint8 or keep.shape != (rows, columns) or not keep.is_contiguous()):
         raise ValueError("attend's keep is a contiguous uint8 [rows, columns]")
     out = q.new_empty((rows, heads, dim))
@@ -88,11 +95,7 @@ def attend_prompt(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, sca
     kv_heads, columns = keys.shape[0], keys.shape[1]
     if keys.shape[2] != dim or values.shape != keys.shape or heads % kv_heads or tokens > columns:
         raise ValueError("attend_prompt's keys and values are [kv heads, columns, dim], as many columns as queries or more")
-    for t in (keys, values):
-        if t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != dim or t.stride() != keys.stride():
-            raise ValueError("attend_prompt reads keys and values of one layout, a column dim floats on")
-    if q.dtype != torch.float32 or q.stride(-1) != 1 or q.stride(-2) != dim:
-        raise ValueError("attend_prompt reads a float32 query, its heads side by side")
+    _check_layouts("attend_prompt", q, keys, values)
     out = q.new_empty((tokens, heads, dim))
     done = library().ji_attend_prompt(q.data_ptr(), tokens, heads, q.stride(0), keys.data_ptr(), values.data_ptr(),
                                       kv_heads, keys.stride(0), columns, dim, scale, out.data_ptr())
