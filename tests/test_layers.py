@@ -98,6 +98,7 @@ FLOORS = [
     ("formats",),
     ("text",),
     ("decoding",),
+    ("speculative",),
     ("engine",),
     ("scheduler",),
     ("upstream",),

@@ -155,7 +155,7 @@ class Engine(abc.ABC):
         try:
             sampled = self._run(plan)
         except Exception:
-            if plan.decoding:
+            if plan.failure_loses_decoding:
                 rows.decoding = None  # a decode may have half-updated the batch: start clean
             raise
         if self.cpu_share is not None:  # here: the step's thread is the one whose team it sets
@@ -211,7 +211,7 @@ class Engine(abc.ABC):
     def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
         """Draft tokens verified in the decode step, from ``method`` ("ngram", "draft": the
         engine's draft model; "off"), at most ``tokens`` a row while at most ``max_rows`` rows
-        decode (the scheduler reads these three back for its policy, ``scheduler/guessing.py``);
+        decode (the scheduler reads these three back for its policy, ``speculative/guessing.py``);
         an engine that cannot verify drafts ignores it."""
 
     def kv_usage(self) -> KVUsage | None:

@@ -20,8 +20,8 @@ once). The chunk rides in the decoding rows' step (or, on an engine that cannot 
 two of them), so a long prompt stalls them for one chunk at a time, never for its whole
 prefill; and while rows run, newcomers' prompts in one step are bounded by a chunk too.
 Speculation is the same rule's policy too: the plan says how many draft tokens each decoding
-row may propose (``guessing.Guesses``, following each row's acceptance), the engine verifies
-them in the step, and the ones its model agreed with count as computed.
+row may propose (``speculative.guessing.Guesses``, following each row's acceptance), the
+engine verifies them in the step, and the ones its model agreed with count as computed.
 
 Fair share between owners (``fair_share``, on by default): the rows go to the owners (the
 Jupyter or hub users who sent the requests) in turn, each owner's by priority then FIFO. The
@@ -41,9 +41,9 @@ import itertools
 from typing import TYPE_CHECKING
 
 from ..errors import ConstraintFailed
+from ..speculative.guessing import Guesses
 from ..values.sequence import Sequence, Status
 from ..values.step import RowOutput, Sampled, StepPlan
-from .guessing import Guesses
 from .recorder import Recorder
 from .request_queue import QueuedCore, RequestQueue
 
@@ -321,10 +321,11 @@ class Scheduler(QueuedCore):
         Failed newcomers are retried, each in a prefill of its own, when others shared their
         step (newcomers, or decoding rows in a mixed step), so one bad prompt cannot take
         down the requests admitted with it; alone, it fails. After a failed step with
-        decoding rows every decoding row fails: its batch state is unknown.
+        decoding rows every decoding row fails: its batch state is unknown (the rule both
+        sides read, ``StepPlan.failure_loses_decoding``).
         """
         newcomers = [s for s, p in zip(plan.seqs, plan.prompt, strict=True) if p]
-        decoding = self.decoding if plan.decoding else []
+        decoding = self.decoding if plan.failure_loses_decoding else []
         if newcomers and retry and (len(newcomers) > 1 or decoding):
             again = []
             for seq in newcomers:

@@ -114,7 +114,7 @@ class ServiceConfig:
         prompt never freezes the streams already running for its whole prefill; while requests
         run, a group prefill of short prompts is bounded by it too. 0 prefills every prompt
         whole. Unset: the engine's choice, 64 on a CPU (measured: docs/engine.md), 512 on a GPU.""")
-    # -- speculative decoding: draft tokens verified in the decode step (decoding/ngram.py) --------
+    # -- speculative decoding: draft tokens verified in the decode step (speculative/) ------------
     speculative: str = knob("auto", """Speculative decoding for the 'hf' engine: draft tokens that the
         decode step verifies in the same forward; a row keeps those its model agrees with, so
         its answer is the same, several tokens a step where the guesses land. 'ngram': a row

@@ -39,7 +39,7 @@ class StepPlan:
     park: list[str] = field(default_factory=list)
     resume: list[str] = field(default_factory=list)
     # Speculation, per row: the most draft tokens it may propose and have verified in this
-    # step (the scheduler's policy, ``scheduler/guessing.py``); empty: no row guesses.
+    # step (the scheduler's policy, ``speculative/guessing.py``); empty: no row guesses.
     guesses: list[int] = field(default_factory=list)
     # Per row: a prompt row (no output yet). Fixed when planned.
     prompt: list[bool] = field(init=False, default_factory=list)
@@ -70,6 +70,13 @@ class StepPlan:
     def decoding(self) -> list[int]:
         """Where the decoding rows are in ``seqs``."""
         return [i for i, p in enumerate(self.prompt) if not p]
+
+    @property
+    def failure_loses_decoding(self) -> bool:
+        """The rule for this step failing: where it ran decoding rows, every decoding row is
+        lost (their batch may be half-updated: the engine drops it, the scheduler fails their
+        requests); its prompt rows alone are the scheduler's to retry or fail."""
+        return bool(self.decoding)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The Hugging Face runner: its rows, batches and buckets, the ragged and Llama forwards,
-and speculation."""
+and the verification of draft tokens in its forward."""
 
 from .hf_engine import HFEngine
 

@@ -35,6 +35,8 @@ from ...errors import InvalidRequest
 from ...formats import gguf_load
 from ...formats.device_choice import check_quantize, default_num_threads, pick_device, pick_dtype
 from ...formats.hf_load import check_format, held_dtype, load_causal_lm, parameter_count
+from ...speculative import proposals
+from ...speculative.draft_model import DraftModel
 from ...text.generation_defaults import reasons, sampling_defaults
 from ...text.token_bound import longest_token_chars
 from ...values import load_progress
@@ -43,10 +45,9 @@ from ..base import Engine, KVUsage, Sampled
 from ..kv import kv_cache
 from ..kv.prefix_cache import PrefixCache
 from ..kv.shared_prefix import Claim, SharedPrefixes
-from . import ragged, speculate
+from . import draft_columns, ragged
 from .batch import HFBatch
 from .buckets import Buckets
-from .draft_model import DraftModel
 from .llama_forward import LlamaForward
 from .prompt_work import PromptChunk, Start, WholePrompts, prompt_work
 from .row import Row
@@ -93,7 +94,7 @@ class HFEngine(Engine):
         self.max_token_chars = longest_token_chars(self.tokenizer)
         self.logits_width = int(config.vocab_size)  # what a grammar's mask covers
         self.grammars = _grammars(self.tokenizer, self.logits_width, self.eos_token_ids)
-        self.draft = DraftModel.load(draft_model, self.tokenizer, self.logits_width, device=self.device,
+        self.draft = DraftModel.load(draft_model, self.tokenizer, self.logits_width, kv=kv_cache, device=self.device,
                                      dtype=torch_dtype, prepack=prepack_weights,
                                      local_files_only=local_files_only if draft_local_files_only is None
                                      else draft_local_files_only) if draft_model else None
@@ -327,7 +328,7 @@ class HFEngine(Engine):
 
     def decode(self, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
         """Every row's next tokens, all buckets in one forward (``_forward``), in the batch's
-        order; a row feeds a grammar's forced run, or draft tokens to verify (speculate.py)."""
+        order; a row feeds a grammar's forced run, or draft tokens to verify (draft_columns.py)."""
         return self._step(seqs, guesses, None)[0]
 
     @torch.inference_mode()
@@ -354,7 +355,7 @@ class HFEngine(Engine):
                              self.logits_width)
         drafts = {}
         if guesses and self.speculative_method != "off":
-            drafts = speculate.drafts(buckets, seqs, guesses, self.draft if self.speculative_method == "draft" else None)
+            drafts = proposals.drafts(rows, seqs, guesses, self.draft if self.speculative_method == "draft" else None)
         blocks = [bucket.next_block(self.pad_token_id, drafts) for bucket in buckets]
         every = bool(drafts) or (prompts is not None and prompts.echo)
         started = time.perf_counter()
@@ -367,7 +368,7 @@ class HFEngine(Engine):
         if masks is not None:
             masks.result()
         if drafts:
-            sampled = speculate.verify(logits, blocks, buckets, drafts)
+            sampled = draft_columns.verify(logits, blocks, buckets, drafts)
         else:
             if every:  # the prompts' echo kept every column: each row's last one
                 logits = logits[ragged.last_columns(blocks)]

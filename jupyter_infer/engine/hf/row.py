@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ...decoding.sampling import RowSampler
+    from ...speculative.draft_model import DraftKV
     from ..kv.shared_prefix import Claim
-    from .draft_model import DraftKV
 
 
 @dataclass(eq=False)
@@ -27,5 +27,5 @@ class Row:
     # A grammar's forced run (several tokens) that it feeds whole next step; None: its last token.
     feed: list[int] | None = None
     # Speculation: the draft model's KV of its history (None: no draft model, or it has not
-    # guessed yet). How many it guesses is the scheduler's (scheduler/guessing.py).
+    # guessed yet). How many it guesses is the scheduler's (speculative/guessing.py).
     draft: DraftKV | None = None

@@ -11,9 +11,9 @@ import torch
 from engine_steps import keeping
 from test_hf_engine import _real_kv, _seq, reference
 
-from jupyter_infer.decoding.ngram import propose
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.service.inference import InferenceService
+from jupyter_infer.speculative.ngram import propose
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, RequestResult, SamplingParams
 
@@ -180,7 +180,7 @@ def test_a_sampled_rows_tokens_follow_its_models_distribution_guesses_or_not() -
     """Rejection sampling with a sure draft: the first token is distributed as the model's
     first distribution says, and after an accepted guess the next as its second says."""
     from jupyter_infer.decoding.sampling import RowSampler, filter_logits
-    from jupyter_infer.engine.hf.speculate import accept_sampled
+    from jupyter_infer.speculative.acceptance import accept_sampled
 
     params = SamplingParams(temperature=0.8, top_k=6, max_tokens=8)
     sampler = RowSampler.build(params, [1], frozenset())
@@ -246,7 +246,7 @@ async def test_the_server_shows_what_speculation_did(jp_fetch) -> None:
 
 
 def test_a_row_guesses_more_after_hits_and_sits_out_after_misses_until_its_paper_guess_lands() -> None:
-    from jupyter_infer.scheduler.guessing import Guessing, after_verify, sit_out
+    from jupyter_infer.speculative.guessing import Guessing, after_verify, sit_out
 
     state = Guessing(2)
     state = after_verify(state, 2, 2, most=16)

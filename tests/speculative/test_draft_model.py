@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from jupyter_infer.commands.model_builder import make_model
 from jupyter_infer.engine.hf import HFEngine
-from jupyter_infer.engine.hf.draft_model import DraftKV
+from jupyter_infer.speculative.draft_model import DraftKV
 from jupyter_infer.values.config import ServiceConfig
 
 # Prompts that do not quote themselves: prompt lookup finds little here, a draft model guesses anyway.
@@ -147,7 +147,7 @@ def test_a_draft_model_that_cannot_be_loaded_says_so_and_how_to_do_without(tiny_
 
 
 def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_dir: Path) -> None:
-    from jupyter_infer.engine.hf.draft_model import CATCH_UP_TOKENS
+    from jupyter_infer.speculative.draft_model import CATCH_UP_TOKENS
 
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, draft_model=str(tiny_model_dir))
     engine.eos_token_ids = frozenset()

@@ -6,7 +6,7 @@ before, in its prompt or its answer so far, and proposing what followed them the
 ``ngram-simple``). Answers that quote their prompt (a tool result summarized, code being
 edited, fields extracted from a document) and JSON whose keys repeat are where it pays; a row
 with no match proposes nothing and pays nothing. The engine verifies the guesses in one
-forward (``hf.HFEngine.decode``): a greedy row keeps the longest prefix its model agrees with,
+forward (``acceptance``): a greedy row keeps the longest prefix its model agrees with,
 plus the model's own next token, so its output is what it would have been without drafts.
 """
 

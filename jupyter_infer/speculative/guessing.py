@@ -1,6 +1,6 @@
 """Who guesses, and how many, step after step (speculative decoding): the scheduler's policy;
-the engine proposes at most that many draft tokens per row and verifies them
-(``engine/hf/speculate.py``), and the step's answer says how many each row kept.
+the engine proposes at most that many draft tokens per row (``proposals.drafts``) and verifies
+them (``acceptance``), and the step's answer says how many each row kept.
 
 Who: a decoding row whose tokens its model's plain distribution decides. A row that asks for
 logprobs does not guess (each of its tokens has its own), nor a sampled row with a seed (its
@@ -23,17 +23,27 @@ itself (or starts quoting) gets back to guessing in a step, not after its cooldo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from ..decoding.ngram import propose
+from .ngram import propose
 
 if TYPE_CHECKING:
-    from ..engine import Engine, RowOutput
     from ..values.sequence import Sequence
+    from ..values.step import RowOutput
 
 COOLDOWN_STEPS = 8  # steps a row proposes nothing after its one guess was wrong (then 16, 32, ...)
 MAX_COOLDOWN_STEPS = 256
 STEP_DRAFT_TOKENS = 32  # draft tokens one step verifies at most, over all its rows
+
+
+class SpeculationSettings(Protocol):
+    """What the policy reads of the engine (an ``Engine``, set by its
+    ``configure_speculation``): where drafts come from ("off", "ngram", "draft"), the most a
+    row proposes a step, and the most decoding rows that still propose."""
+
+    speculative_method: str
+    speculative_tokens: int
+    speculative_max_rows: int
 
 
 class Guessing(NamedTuple):
@@ -81,7 +91,7 @@ class Guesses:
         for row_id in ids:
             self.state.pop(row_id, None)
 
-    def plan(self, engine: Engine, decoding: list[Sequence]) -> list[int]:
+    def plan(self, engine: SpeculationSettings, decoding: list[Sequence]) -> list[int]:
         """The most draft tokens each of ``decoding`` may propose this step (0: none), from
         the engine's speculation settings (``Engine.configure_speculation``); an empty list
         when no row guesses."""

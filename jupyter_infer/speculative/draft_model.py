@@ -1,10 +1,10 @@
 """Draft tokens from a draft model: a smaller model with the target's tokenizer guesses a
-row's next tokens, greedily, and the decode step verifies them (``speculate.verify``).
+row's next tokens, greedily, and the decode step verifies them (``acceptance``).
 
 Each guessing row holds the draft model's own KV of its history (``DraftKV``, a one-row cache
-in its ``row.Row``: it goes where the row goes, and leaves with it): a step feeds the draft model what the row got since its last guesses
-(the target's kept guesses and its own token), after cutting the guesses it refused off
-that cache, then ``k - 1`` more tokens one at a time. Its guesses are greedy, so they are a
+in the engine's row: it goes where the row goes, and leaves with it): a step feeds the draft
+model what the row got since its last guesses (the target's kept guesses and its own token),
+after cutting the guesses it refused off that cache, then ``k - 1`` more tokens one at a time. Its guesses are greedy, so they are a
 function of the row's history: the sure-draft rejection sampling that verifies n-gram
 guesses keeps a sampled row's tokens exactly the target's distribution here too (a draft's
 probabilities would raise acceptance, not exactness). The rows' draft runs are one after
@@ -16,17 +16,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
-from ...cpu.model_linears import swap_linears
-from ..kv import kv_cache
+from ..cpu.model_linears import swap_linears
 
 # Tokens of a row's history the draft model catches up on in one step at most: a row new to it
 # is prefilled into its cache over several steps rather than in one
 # forward that would stall everyone's decode step, as a long prompt is prefilled in chunks.
 CATCH_UP_TOKENS = 64
+
+
+class KVCacheFunctions(Protocol):
+    """The engine's KV cache functions (``engine/kv/kv_cache.py``, a floor above this one: the
+    engine passes the module in), so that a draft row's cache grows, and is cut back past
+    refused guesses, as the target's rows' caches do."""
+
+    def new_cache(self, config: Any) -> DynamicCache: ...
+
+    def reusable(self, config: Any) -> bool: ...
+
+    def drop_columns(self, cache: DynamicCache, n: int) -> None: ...
 
 
 @dataclass
@@ -54,8 +66,8 @@ class DraftModel:
                              "give a directory or hub id of a model with the model's tokenizer, or set "
                              "InferApp.speculative = 'ngram'") from err
 
-    def __init__(self, name: str, target_tokenizer: PreTrainedTokenizerBase, target_vocab: int, *, device: str,
-                 dtype: torch.dtype,
+    def __init__(self, name: str, target_tokenizer: PreTrainedTokenizerBase, target_vocab: int, *,
+                 kv: KVCacheFunctions, device: str, dtype: torch.dtype,
                  local_files_only: bool = False, prepack: bool = True) -> None:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
         if tokenizer.get_vocab() != target_tokenizer.get_vocab():
@@ -64,7 +76,8 @@ class DraftModel:
         self.model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, local_files_only=local_files_only)
         self.model = self.model.to(device).eval()
         config = self.model.config
-        if not kv_cache.reusable(config):
+        self.kv = kv
+        if not kv.reusable(config):
             raise ValueError(f"InferApp.draft_model {name!r} has sliding-window layers: a draft model must "
                              "attend to its whole past (its cache is cut back to the tokens kept)")
         if int(config.vocab_size) > target_vocab:
@@ -78,7 +91,7 @@ class DraftModel:
 
     def new_kv(self) -> DraftKV:
         """An empty history, for a row about to guess for the first time."""
-        return DraftKV(kv_cache.new_cache(self.model.config), [])
+        return DraftKV(self.kv.new_cache(self.model.config), [])
 
     @torch.inference_mode()
     def propose(self, row: DraftKV, tokens: Seq[int], k: int) -> list[int]:
@@ -89,7 +102,7 @@ class DraftModel:
         same = _common_prefix(row.fed, tokens)
         same = min(same, len(tokens) - 1)  # feed one token at least: its logits give the first guess
         if same < len(row.fed):  # the guesses its target refused, and what came after them
-            kv_cache.drop_columns(row.cache, len(row.fed) - same)
+            self.kv.drop_columns(row.cache, len(row.fed) - same)
             del row.fed[same:]
         if len(tokens) - same > CATCH_UP_TOKENS:  # a chunk of its history this step, no guesses yet
             chunk = list(tokens[same : same + CATCH_UP_TOKENS])
