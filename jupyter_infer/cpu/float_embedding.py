@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from .float_linear import BLOCK, BF16Linear, F32Linear
-from .int4_linear import row_chunks
 from .int8_embedding import head_reads, put_input_embedding, table_rows, tied_head
+from .kernel_linear import row_chunks
 
 
 class TiedFloatEmbedding(nn.Module):

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from . import weight_arena
-from .int4_linear import Int4Linears, KernelLinear, own_bias
+from .joint_linears import JointLinears
+from .kernel_linear import KernelLinear, own_bias
 
 BLOCK = 16  # outputs a block
 
@@ -50,6 +51,7 @@ class F32Linear(KernelLinear):
     """``y = x W^T + b`` in float32, ``W`` in the kernel's blocks."""
 
     JOINT = "f32_linears"
+    BITS = 32
     DTYPE = torch.float32  # the weights'
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -58,10 +60,10 @@ class F32Linear(KernelLinear):
         # In huge pages: every step streams them whole (weight_arena.py).
         self.register_buffer("packed", weight_arena.place(pack(weight, self.DTYPE)), persistent=False)
         self.register_buffer("bias", own_bias(bias), persistent=False)
-        # The kernel's weight arguments, as Int4Linears passes them (no scales, no mins).
+        # The kernel's weight arguments, as JointLinears passes them (no scales, no mins).
         self._weights = (self.packed.data_ptr(), None, None, self.out_features,
                          None if self.bias is None else self.bias.data_ptr())
-        self._joint = Int4Linears([self])
+        self._joint = JointLinears([self])
 
     def extra_repr(self) -> str:
         kind = str(self.DTYPE).removeprefix("torch.")
@@ -74,4 +76,5 @@ class BF16Linear(F32Linear):
     else widened; sums in float32, output in the input's dtype."""
 
     JOINT = "bf16_linears"
+    BITS = 16
     DTYPE = torch.bfloat16

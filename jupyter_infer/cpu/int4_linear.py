@@ -25,15 +25,10 @@ AVX2/FMA/F16C, the build fails or its self-test does, ``kernels.unavailable()`` 
 
 from __future__ import annotations
 
-import ctypes
-from collections.abc import Callable, Iterator
-
 import torch
-from torch import nn
 
 from . import kernels, weight_arena
-
-GROUP = 32
+from .kernel_linear import GROUP, KernelLinear, RowReader, own_bias, row_chunks
 
 
 def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
@@ -60,15 +55,6 @@ def dequantize(nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
 
 
 BLOCK = 16  # outputs a block of the kernel's layout
-CHUNK_ROWS = 1024  # rows ``from_rows`` quantizes at a time: whole blocks, ~4 MB of float32 at a 1k width
-
-# ``rows(first, stop)``: a weight's float rows ``first:stop``, read from a checkpoint, say.
-RowReader = Callable[[int, int], torch.Tensor]
-
-
-def row_chunks(n: int) -> Iterator[tuple[int, int]]:
-    """``(first, stop)`` of each chunk of ``CHUNK_ROWS`` rows of ``n``."""
-    return ((first, min(first + CHUNK_ROWS, n)) for first in range(0, n, CHUNK_ROWS))
 
 
 def to_blocks(rows: torch.Tensor, nibbles: bool) -> torch.Tensor:
@@ -94,35 +80,12 @@ def from_blocks(blocks: torch.Tensor, n: int, nibbles: bool) -> torch.Tensor:
     return blocks.view(nb, -1, BLOCK).permute(0, 2, 1).reshape(nb * BLOCK, -1)[:n].contiguous()
 
 
-def own_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
-    """A float32 copy of a linear's bias for our kernels: they hold its address, and the model's
-    own bias may be a view of the checkpoint's memory map."""
-    return None if bias is None else bias.detach().to(torch.float32, copy=True).contiguous()
-
-
-class KernelLinear(nn.Module):
-    """A linear our kernel library computes: its weights' addresses are fixed at construction
-    (``_weights``, as ``Int4Linears`` passes them; ``_joint``, a joint of this one alone), float32
-    in and out, another dtype in and out as itself."""
-
-    JOINT: str  # the kernel function Int4Linears calls for a joint of these
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            return self._joint(x.float().contiguous()).to(x.dtype)
-        return self._joint(x)
-
-    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
-        """``model.to()``, ``.half()`` and the like leave the weights as they are: the kernel
-        holds their addresses, and its format is fixed."""
-        return self
-
-
 class Int4Linear(KernelLinear):
     """``y = x W^T + b`` with ``W`` in 4-bit groups of 32 (``mins`` ``None``: q4_0's form);
     float32 in and out."""
 
     JOINT = "q4_linears"
+    BITS = 4
 
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
                  bias: torch.Tensor | None, *, shape: tuple[int, int] | None = None, placed: bool = False) -> None:
@@ -185,60 +148,3 @@ class Int4Linear(KernelLinear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
-
-
-class Int4Linears:
-    """Several ``Int4Linear``s (or ``int8_linear.Q8Linear``s: one kind a joint) over one input as
-    one kernel call (q, k and v; gate and up): the input is quantized once and one parallel loop
-    covers every output, side by side in ``[..., sum of out_features]``. ``into`` with
-    ``accumulate`` adds the result to a tensor (a residual) instead of allocating one. The
-    linears keep their weights: nothing is copied."""
-
-    MAX = 8  # what the kernel's bookkeeping holds
-
-    def __init__(self, linears: list[nn.Module]) -> None:
-        if (not 1 <= len(linears) <= self.MAX or len({lin.in_features for lin in linears}) != 1
-                or len({type(lin) for lin in linears}) != 1):
-            raise ValueError("Int4Linears takes 1 to 8 linears of one kind and one input width")
-        self.kind = type(linears[0])
-        self._run = getattr(kernels.library(), linears[0].JOINT)
-        self.linears = linears  # keeps the weights alive while their addresses are held
-        self.in_features = linears[0].in_features
-        self.out_features = sum(lin.out_features for lin in linears)
-        n = len(linears)
-
-        def array(values: list[int | None]) -> ctypes.Array:
-            return (ctypes.c_void_p * n)(*values)
-
-        weights = [lin._weights for lin in linears]
-        self._args = (n, array([w[0] for w in weights]), array([w[1] for w in weights]),
-                      array([w[2] for w in weights]), (ctypes.c_int * n)(*[w[3] for w in weights]),
-                      array([w[4] for w in weights]))
-
-    def __call__(self, x: torch.Tensor, into: torch.Tensor | None = None,
-                 norm: tuple[torch.Tensor, float] | None = None, gated: bool = False) -> torch.Tensor:
-        """``x @ [W1; W2; ...]^T`` (float32 ``x``); with ``into`` (float32, contiguous, the
-        output's shape) added to it in place and returned. ``norm`` (float32 weight [K], eps):
-        ``x`` RMS-normalized per row first, in the same call (``rms_norm(x) * weight``, each row
-        on its own; the sum of squares in the kernel's order, not torch's). ``gated``: ``x`` is
-        ``[..., gate | up]`` (twice the input width) and the linears read ``swiglu(x)``."""
-        if x.dtype != torch.float32 or not x.is_contiguous():  # the kernel reads x as one array
-            x = x.float().contiguous()
-        if into is not None and (into.dtype != torch.float32 or not into.is_contiguous()):
-            raise ValueError("Int4Linears adds into a contiguous float32 tensor only")
-        if norm is not None and gated:
-            raise ValueError("Int4Linears takes a norm or SwiGLU on the way in, not both")
-        weight, eps = norm if norm is not None else (None, 0.0)
-        if weight is not None and (weight.dtype != torch.float32 or not weight.is_contiguous()
-                                   or weight.numel() != self.in_features):
-            raise ValueError("Int4Linears normalizes with a contiguous float32 weight of its input's width")
-        if x.shape[-1] != self.in_features * (2 if gated else 1):
-            raise ValueError(f"Int4Linears takes {self.in_features * (2 if gated else 1)} input columns, not {x.shape[-1]}")
-        rows = x.numel() // x.shape[-1]
-        if into is not None and into.numel() != rows * self.out_features:  # the kernel writes raw memory
-            raise ValueError(f"Int4Linears adds into {rows} rows of {self.out_features} columns")
-        y = x.new_empty((*x.shape[:-1], self.out_features)) if into is None else into
-        if rows:
-            self._run(x.data_ptr(), rows, self.in_features, *self._args, y.data_ptr(), into is not None,
-                      None if weight is None else weight.data_ptr(), eps, gated)
-        return y

@@ -22,10 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .int4_linear import KernelLinear, row_chunks
 from .int8_linear import BLOCK, Q8Linear
-
-GROUP = 32
+from .kernel_linear import GROUP, KernelLinear, row_chunks
 
 
 class Q8Embedding(nn.Module):

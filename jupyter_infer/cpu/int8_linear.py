@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from . import kernels, weight_arena
-from .int4_linear import GROUP, Int4Linears, KernelLinear, RowReader, own_bias, row_chunks
+from .joint_linears import JointLinears
+from .kernel_linear import GROUP, KernelLinear, RowReader, own_bias, row_chunks
 
 BLOCK = 16  # outputs a block
 
@@ -46,6 +47,7 @@ class Q8Linear(KernelLinear):
     """``y = x W^T + b`` with ``W`` in int8 groups of 32 (q8_0's form); float32 in and out."""
 
     JOINT = "q8_linears"
+    BITS = 8
 
     def __init__(self, packed: torch.Tensor, scales: torch.Tensor, out_features: int, in_features: int,
                  bias: torch.Tensor | None, *, placed: bool = False) -> None:
@@ -57,10 +59,10 @@ class Q8Linear(KernelLinear):
         self.register_buffer("packed", keep(packed), persistent=False)
         self.register_buffer("scales", keep(scales), persistent=False)
         self.register_buffer("bias", own_bias(bias), persistent=False)
-        # The kernel's weight arguments, as Int4Linears passes them (q8 has no mins).
+        # The kernel's weight arguments, as JointLinears passes them (q8 has no mins).
         self._weights = (self.packed.data_ptr(), self.scales.data_ptr(), None, out_features,
                          None if self.bias is None else self.bias.data_ptr())
-        self._joint = Int4Linears([self])
+        self._joint = JointLinears([self])
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Q8Linear:

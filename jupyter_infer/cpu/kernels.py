@@ -1,6 +1,7 @@
 """The CPU kernel library's one typed facade: every C entry point of ``csrc/kernels.h``
-declared once, by the name it has in C, and the one place that says whether the library can
-run here (``unavailable``) and what it is (``status``).
+declared once, by the name it has in C, as are the structs it takes by address (``JointArgs``,
+``LayerArgs``); and the one place that says whether the library can run here
+(``unavailable``) and what it is (``status``).
 
 Every module that computes with our kernels (int4, int8, float32/bfloat16 linears, the
 decoder's small ops, a decode step's layers) calls ``library()`` here; ``build.py`` compiles
@@ -41,6 +42,25 @@ SIGNATURES: dict[str, list] = {
 }
 
 RETURNS = {"ji_probe": _i32, "ji_peak": ctypes.c_double, "ji_attend_prompt": _i32}  # the rest return nothing
+
+
+class JointArgs(ctypes.Structure):
+    """``joint_args``: linears over one input, as ``_JOINT``'s nw .. bias, and the bits that
+    say which ``*_linears`` takes them (4, 8, 16 bfloat16, 32 float32)."""
+
+    _fields_ = [("bits", _i32), ("nw", _i32), ("qw", _ptr), ("scales", _ptr), ("mins", _ptr), ("N", _ptr),
+                ("bias", _ptr)]
+
+
+class LayerArgs(ctypes.Structure):
+    """``layer_args``: one decoder layer's linears and norms, and (per step) its cache buffers,
+    for ``ji_decode_layers``."""
+
+    _fields_ = [("qkv", JointArgs), ("o", JointArgs), ("gate_up", JointArgs), ("down", JointArgs),
+                ("input_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr),
+                ("input_eps", _f32), ("post_eps", _f32), ("head_eps", _f32),
+                ("keys", _ptr), ("values", _ptr),
+                ("kv_row", _i64), ("kv_head", _i64)]
 
 
 @functools.cache

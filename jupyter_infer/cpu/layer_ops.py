@@ -1,5 +1,5 @@
 """The decoder's small ops in C for the int4 path (``csrc/layer_ops.c``, in our CPU kernel library):
-RMSNorm and SwiGLU as ``Int4Linears`` applies them on a row's way in (here alone, for tests),
+RMSNorm and SwiGLU as ``JointLinears`` applies them on a row's way in (here alone, for tests),
 RoPE in place to the bit, and attention for a decode step. Each replaces several torch ops of a
 few microseconds' dispatch each on a few thousand floats (docs/engine.md, "The decoder's small
 ops in C")."""
@@ -12,7 +12,7 @@ from .kernels import library
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The RMSNorm ``Int4Linears(..., norm=(weight, eps))`` applies to its input, alone (float32
+    """The RMSNorm ``JointLinears(..., norm=(weight, eps))`` applies to its input, alone (float32
     ``x [..., K]``): torch's arithmetic but for the order of the sum of squares."""
     x, weight = x.float().contiguous(), weight.float().contiguous()
     y = torch.empty_like(x)
@@ -22,7 +22,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def swiglu(x: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of ``x = [..., gate | up]`` as ``Int4Linears(..., gated=True)`` reads
+    """``silu(gate) * up`` of ``x = [..., gate | up]`` as ``JointLinears(..., gated=True)`` reads
     it, alone (float32): torch's arithmetic but for its exp's last bits."""
     x = x.float().contiguous()
     k = x.shape[-1] // 2

@@ -39,11 +39,12 @@ from transformers.pytorch_utils import Conv1D
 
 from ..values import load_progress
 from ..values.config import QUANTIZE
-from . import int4_linear, kernels
+from . import kernels
 from .features import cpu_has_vnni
 from .float_linear import BF16Linear, F32Linear
 from .int4_linear import Int4Linear
 from .int8_linear import Q8Linear
+from .kernel_linear import GROUP, RowReader
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ class _Formats(Mapping):
 QUANTIZED = _Formats()
 
 
-def from_rows(quantize: str) -> Callable[[int4_linear.RowReader, tuple[int, int], torch.Tensor | None], nn.Module] | None:
+def from_rows(quantize: str) -> Callable[[RowReader, tuple[int, int], torch.Tensor | None], nn.Module] | None:
     """What builds a linear in ``quantize``'s format from its weight's rows, a chunk at a time
     (``Int4Linear.from_rows``); None where the format takes the whole weight at once (float,
     fbgemm's int8)."""
@@ -164,7 +165,7 @@ def from_rows(quantize: str) -> Callable[[int4_linear.RowReader, tuple[int, int]
 
 
 # Our kernels' linears (int4 in q4_0's form, int8 in q8_0's, float32 and bfloat16 in blocks): a
-# joint of one kind is one kernel call (``Int4Linears``); the checkpoint loader leaves their
+# joint of one kind is one kernel call (``JointLinears``); the checkpoint loader leaves their
 # buffers alone (the kernels hold their addresses).
 OURS = (Int4Linear, Q8Linear, F32Linear, BF16Linear)
 OURS_QUANTIZED = (Int4Linear, Q8Linear)  # beside these the input embedding is int8 too (int8_embedding.py)
@@ -178,7 +179,7 @@ def quantized_by_us(model: nn.Module) -> bool:
 def swappable(quantize: str, in_features: int) -> bool:
     """Whether a linear of this input width takes ``quantize``'s format (our int4 and int8 need
     whole groups of 32; a linear that does not stays the model's own)."""
-    if quantize == "none" or in_features % int4_linear.GROUP == 0:
+    if quantize == "none" or in_features % GROUP == 0:
         return True
     return quantize == "int8" and QUANTIZED["int8"][0] is Int8Linear
 

@@ -35,8 +35,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from transformers.pytorch_utils import Conv1D
 
 from ..cpu import kernels
-from ..cpu.int4_linear import Int4Linear, RowReader
+from ..cpu.int4_linear import Int4Linear
 from ..cpu.int8_embedding import quantize_input_embedding
+from ..cpu.kernel_linear import RowReader
 from ..cpu.model_linears import (
     QUANTIZED,
     LinearReport,

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from jupyter_infer.cpu import int4_linear, kernels, layer_ops
+from jupyter_infer.cpu import kernels, layer_ops
 from jupyter_infer.cpu.features import cpu_flags
 from jupyter_infer.cpu.float_linear import BF16Linear, F32Linear, unpack
+from jupyter_infer.cpu.joint_linears import JointLinears
 
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no kernel library on this machine")
 
@@ -59,14 +60,14 @@ def test_the_kernel_computes_x_w_plus_b(kind: type[F32Linear], k: int, rows: int
 def test_a_joint_call_adds_into_a_residual_with_the_norm_or_swiglu_on_the_way_in() -> None:
     torch.manual_seed(1)
     q, k = F32Linear(torch.randn(48, 64), None), F32Linear(torch.randn(16, 64), torch.randn(16))
-    joint = int4_linear.Int4Linears([q, k])
+    joint = JointLinears([q, k])
     x, weight = torch.randn(5, 64), torch.rand(64) + 0.5
     assert torch.equal(joint(x), torch.cat([q(x), k(x)], dim=-1))
     assert torch.equal(joint(x, norm=(weight, 1e-6)), joint(layer_ops.rms_norm(x, weight, 1e-6)))
     residual = torch.randn(5, 64)
     assert torch.equal(joint(x, into=residual.clone()), residual + joint(x))
     gate_up = torch.randn(5, 128)
-    assert torch.equal(int4_linear.Int4Linears([q])(gate_up, gated=True), q(layer_ops.swiglu(gate_up)))
+    assert torch.equal(JointLinears([q])(gate_up, gated=True), q(layer_ops.swiglu(gate_up)))
 
 
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 path already")
@@ -80,7 +81,7 @@ def test_the_narrower_paths_compute_the_same_on_an_avx512_machine(flags: tuple[s
     torch.manual_seed(rows)
     w, b = torch.randn(40, 193), torch.randn(40)
     layer, x, y = kind(w, b), torch.randn(rows, 193), torch.empty(rows, 40)
-    getattr(narrow, kind.JOINT)(x.data_ptr(), rows, 193, *layer._joint._args, y.data_ptr(), 0, None, 0.0, 0)
+    getattr(narrow, kind.JOINT)(x.data_ptr(), rows, 193, *layer._joint.weight_args, y.data_ptr(), 0, None, 0.0, 0)
     _close(y, _expected(x, layer, b, flags))
 
 

@@ -14,9 +14,10 @@ import torch
 from server_helpers import assert_failed_saying
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from jupyter_infer.cpu import int4_linear, kernels
+from jupyter_infer.cpu import kernels
 from jupyter_infer.cpu.features import cpu_flags
 from jupyter_infer.cpu.int4_linear import GROUP, Int4Linear, dequantize, quantize
+from jupyter_infer.cpu.joint_linears import JointLinears
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.formats import device_choice
 from jupyter_infer.formats.hf_load import load_causal_lm
@@ -99,7 +100,7 @@ def test_many_rows_compute_the_same_in_the_kernels_blocks(k: int, form: str) -> 
     want = reference(x, layer)
     torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     residual = torch.randn(21, 40)
-    added = int4_linear.Int4Linears([layer])(x, into=residual.clone())
+    added = JointLinears([layer])(x, into=residual.clone())
     torch.testing.assert_close(added.double(), want + residual.double(), rtol=1e-4, atol=1e-4 * want.abs().max().item())
     # A row's numbers are its own: the first rows alike in a batch of any size.
     assert torch.equal(layer(x[:9])[:8], layer(x)[:8])

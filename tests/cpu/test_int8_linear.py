@@ -5,12 +5,15 @@ are its own whatever its batch-mates."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
 from jupyter_infer.cpu import int4_linear, kernels, layer_ops
 from jupyter_infer.cpu.features import cpu_flags
 from jupyter_infer.cpu.int8_linear import Q8Linear, dequantize
+from jupyter_infer.cpu.joint_linears import JointLinears
 
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no kernel library on this machine")
 
@@ -52,17 +55,29 @@ def test_the_kernel_computes_what_its_weights_say(k: int, rows: int) -> None:
 def test_a_joint_call_adds_into_a_residual_with_the_norm_or_swiglu_on_the_way_in() -> None:
     torch.manual_seed(1)
     q, k = Q8Linear.from_weight(torch.randn(48, 64), None), Q8Linear.from_weight(torch.randn(16, 64), torch.randn(16))
-    joint = int4_linear.Int4Linears([q, k])
+    joint = JointLinears([q, k])
     x, weight = torch.randn(5, 64), torch.rand(64) + 0.5
     assert torch.equal(joint(x), torch.cat([q(x), k(x)], dim=-1))
     assert torch.equal(joint(x, norm=(weight, 1e-6)), joint(layer_ops.rms_norm(x, weight, 1e-6)))
     residual = torch.randn(5, 64)
     assert torch.equal(joint(x, into=residual.clone()), residual + joint(x))
-    down = int4_linear.Int4Linears([q])
+    down = JointLinears([q])
     gate_up = torch.randn(5, 128)
     assert torch.equal(down(gate_up, gated=True), q(layer_ops.swiglu(gate_up)))
     with pytest.raises(ValueError, match="one kind"):
-        int4_linear.Int4Linears([q, int4_linear.Int4Linear.from_weight(torch.randn(16, 64), None)])
+        JointLinears([q, int4_linear.Int4Linear.from_weight(torch.randn(16, 64), None)])
+
+
+def test_a_joints_c_struct_names_its_kernel_and_points_at_the_arrays_a_call_passes() -> None:
+    # decode_layers.c reads these: bits picks q8_linears, the pointers are the call's own arrays.
+    q, k = Q8Linear.from_weight(torch.randn(48, 64), None), Q8Linear.from_weight(torch.randn(16, 64), torch.randn(16))
+    joint = JointLinears([q, k])
+    args = joint.joint_args()
+    n, qw, scales, mins, out, bias = joint.weight_args
+    assert (args.bits, args.nw) == (8, 2)
+    assert [args.qw, args.scales, args.mins, args.N, args.bias] == [
+        ctypes.addressof(a) for a in (qw, scales, mins, out, bias)]
+    assert list(out) == [48, 16] and list(bias) == [None, k.bias.data_ptr()]
 
 
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 path already")
@@ -74,7 +89,7 @@ def test_the_avx2_path_computes_the_same_on_an_avx512_machine(rows: int) -> None
     layer = Q8Linear.from_weight(torch.randn(40, 192), torch.randn(40))  # the layout is the same on both paths
     x = torch.randn(rows, 192)
     y = torch.empty(rows, 40)
-    narrow.q8_linears(x.data_ptr(), rows, 192, *layer._joint._args, y.data_ptr(), 0, None, 0.0, 0)
+    narrow.q8_linears(x.data_ptr(), rows, 192, *layer._joint.weight_args, y.data_ptr(), 0, None, 0.0, 0)
     want = reference(x, layer)
     torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
@@ -84,7 +99,8 @@ def test_a_linear_built_a_chunk_of_rows_at_a_time_is_the_one_built_whole(kind: s
     # The loaders build a real vocabulary's output head this way (its float32 copy is never
     # whole): chunks of whole 16-output blocks, the last one ragged, land where the whole
     # weight's blocks would.
-    from jupyter_infer.cpu.int4_linear import CHUNK_ROWS, Int4Linear
+    from jupyter_infer.cpu.int4_linear import Int4Linear
+    from jupyter_infer.cpu.kernel_linear import CHUNK_ROWS
 
     cls = Int4Linear if kind == "int4" else Q8Linear
     weight, bias = torch.randn(CHUNK_ROWS + 37, 96), torch.randn(CHUNK_ROWS + 37)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from jupyter_infer.cpu import int4_linear, kernels, layer_ops
 from jupyter_infer.cpu.features import cpu_flags
+from jupyter_infer.cpu.joint_linears import JointLinears
 
 pytestmark = pytest.mark.skipif(kernels.unavailable() is not None, reason="no int4 kernel on this machine")
 
@@ -22,7 +23,7 @@ def test_joint_int4_linears_normalize_their_input_as_torch_does() -> None:
     torch.testing.assert_close(ours, torch.nn.functional.rms_norm(x, (96,), weight, eps), rtol=1e-6, atol=1e-7)
     for i in range(5):  # a row's norm is its own
         assert torch.equal(layer_ops.rms_norm(x[i:i + 1], weight, eps)[0], ours[i])
-    joint = int4_linear.Int4Linears([int4_linear.Int4Linear.from_weight(torch.randn(n, 96), None) for n in (32, 16)])
+    joint = JointLinears([int4_linear.Int4Linear.from_weight(torch.randn(n, 96), None) for n in (32, 16)])
     assert torch.equal(joint(x, norm=(weight, eps)), joint(ours))  # the same norm, in the same call
     residual = torch.randn(5, 48)
     expected = residual + joint(ours)
@@ -39,7 +40,7 @@ def test_an_int4_down_projection_reads_swiglu_of_gate_and_up_as_torch_does() -> 
     ours = layer_ops.swiglu(x)
     torch.testing.assert_close(ours, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-30)
     x = torch.cat([x[:, :96], x[:, 104:200]], dim=-1)  # int4's input width: a multiple of 32
-    down = int4_linear.Int4Linears([int4_linear.Int4Linear.from_weight(torch.randn(24, 96), None)])
+    down = JointLinears([int4_linear.Int4Linear.from_weight(torch.randn(24, 96), None)])
     residual = torch.randn(4, 24)
     expected = residual + down(layer_ops.swiglu(x))
     assert torch.equal(down(x, into=residual, gated=True), expected)  # the same SwiGLU, in the same call

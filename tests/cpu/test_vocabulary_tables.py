@@ -17,7 +17,7 @@ from gguf_files import write_llama_gguf
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from jupyter_infer.cpu import int4_linear, kernels
+from jupyter_infer.cpu import kernel_linear, kernels
 from jupyter_infer.cpu.float_embedding import BF16Embedding, TiedFloatEmbedding
 from jupyter_infer.cpu.int4_linear import Int4Linear
 from jupyter_infer.cpu.int8_embedding import Q8Embedding, TiedQ8Embedding
@@ -47,7 +47,7 @@ def tied_dir(llama_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(int4_linear, "CHUNK_ROWS", CHUNK)
+    monkeypatch.setattr(kernel_linear, "CHUNK_ROWS", CHUNK)
 
 
 def _load(model: Path, quantize: str) -> torch.nn.Module:

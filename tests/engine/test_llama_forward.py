@@ -17,6 +17,7 @@ from test_int4_linear import assert_own_greedy_choices
 from transformers import AutoTokenizer
 
 from jupyter_infer.cpu import int4_linear, kernels
+from jupyter_infer.cpu.joint_linears import JointLinears
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.hf.llama_forward import LlamaForward
 
@@ -81,7 +82,7 @@ def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
     torch.manual_seed(0)
     linears = [int4_linear.Int4Linear.from_weight(torch.randn(n, 96), torch.randn(n) if n == 40 else None)
                for n in (48, 40, 16)]
-    joint = int4_linear.Int4Linears(linears)
+    joint = JointLinears(linears)
     x = torch.randn(3, 96)
     assert torch.equal(joint(x), torch.cat([lin(x) for lin in linears], dim=-1))
     residual = torch.randn(3, 104)
@@ -96,7 +97,7 @@ def test_joint_int4_linears_equal_each_linear_and_add_into_a_residual() -> None:
 def test_joint_int4_linears_read_a_strided_input_as_its_values() -> None:
     # The kernel reads raw memory: a transposed (non-contiguous) input must not be read as laid out.
     torch.manual_seed(1)
-    joint = int4_linear.Int4Linears([int4_linear.Int4Linear.from_weight(torch.randn(32, 64), None)])
+    joint = JointLinears([int4_linear.Int4Linear.from_weight(torch.randn(32, 64), None)])
     x = torch.randn(64, 3).t()
     assert not x.is_contiguous()
     assert torch.equal(joint(x), joint(x.contiguous()))

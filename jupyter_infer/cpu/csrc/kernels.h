@@ -43,7 +43,8 @@ int ji_attend_prompt(const float *q, int T, int heads, long q_row, const float *
 
 /* -- a decode step's layers in one call (decode_layers.c) ----------------------------------------
    Linears over one input, as q4_linears (bits 4), q8_linears (bits 8), bf16_linears (bits 16) or
-   f32_linears (bits 32) takes them (q/k/v, o, gate/up, down). */
+   f32_linears (bits 32) takes them (q/k/v, o, gate/up, down). Python declares this struct and
+   layer_args once, in kernels.py (JointArgs, LayerArgs): a change here is a change there. */
 typedef struct {
     int bits;
     int nw;

@@ -12,45 +12,19 @@ the same functions in the same order, so the logits are the per-layer path's to 
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch import nn
 
-from ...cpu.float_linear import BF16Linear, F32Linear
-from ...cpu.int4_linear import Int4Linear, Int4Linears
-from ...cpu.int8_linear import Q8Linear
-from ...cpu.kernels import library
+from ...cpu.joint_linears import JointLinears
+from ...cpu.kernels import JointArgs, LayerArgs, library
+from ...cpu.model_linears import OURS
 from ..kv.kv_cache import GrowingLayer
 
-# The linears a layer's joints may be, one kind a joint, and the bits decode_layers.c's run() reads
-# for each (in a float32 model: DecodeLayers.of).
-_BITS = {Int4Linear: 4, Q8Linear: 8, BF16Linear: 16, F32Linear: 32}
 
-_ptr = ctypes.c_void_p
-
-
-class _Joint(ctypes.Structure):
-    """``joint_args`` (csrc/kernels.h): linears over one input, as ``Int4Linears`` passes them to the kernel."""
-
-    _fields_ = [("bits", ctypes.c_int), ("nw", ctypes.c_int), ("qw", _ptr), ("scales", _ptr), ("mins", _ptr), ("N", _ptr), ("bias", _ptr)]
-
-
-class _Layer(ctypes.Structure):
-    """``layer_args`` (csrc/kernels.h): one decoder layer's linears and norms, and (per step) its cache buffers."""
-
-    _fields_ = [("qkv", _Joint), ("o", _Joint), ("gate_up", _Joint), ("down", _Joint),
-                ("input_norm", _ptr), ("post_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr),
-                ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float), ("head_eps", ctypes.c_float),
-                ("keys", _ptr), ("values", _ptr),
-                ("kv_row", ctypes.c_long), ("kv_head", ctypes.c_long)]
-
-
-def _joint(linears: list[nn.Module], keep: list[object]) -> _Joint:
-    joint = Int4Linears(linears)
+def _joint(linears: list[nn.Module], keep: list[object]) -> JointArgs:
+    joint = JointLinears(linears)
     keep.append(joint)  # its arrays are what the struct points at
-    n, qw, scales, mins, out, bias = joint._args
-    return _Joint(_BITS[joint.kind], n, *(ctypes.cast(a, _ptr) for a in (qw, scales, mins, out, bias)))
+    return joint.joint_args()
 
 
 class DecodeLayers:
@@ -65,7 +39,7 @@ class DecodeLayers:
         self.scaling = float(a.scaling)
         self.cache_index = [layer.self_attn.layer_idx for layer in layers]
         self._keep: list[object] = []  # what the structs point at: joints' arrays, norm weights
-        self._args = (_Layer * len(layers))()
+        self._args = (LayerArgs * len(layers))()
         for args, layer in zip(self._args, layers, strict=True):
             a, mlp = layer.self_attn, layer.mlp
             norms = [n.weight.detach().float().contiguous() for n in (layer.input_layernorm, layer.post_attention_layernorm)]
@@ -141,7 +115,7 @@ class DecodeLayers:
 
 def _grouped(linears: tuple[nn.Module, ...]) -> bool:
     """Linears one kernel call takes: all int4, all int8 (q8_0's form), all bfloat16 or all float32 (ours)."""
-    return any(all(type(lin) is kind for lin in linears) for kind in _BITS)
+    return any(all(type(lin) is kind for lin in linears) for kind in OURS)
 
 
 def _head_norms_fit(attention: nn.Module) -> bool:

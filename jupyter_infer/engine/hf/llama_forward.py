@@ -8,7 +8,7 @@ none of that:
 
 - each norm is one ``F.rms_norm`` (float32; another dtype calls the model's own norm);
 - with our linears (int4, int8, float32), q, k and v are one kernel call, gate and up another
-  (``int4_linear.Int4Linears``), and the attention output and MLP projections add into the
+  (``joint_linears.JointLinears``), and the attention output and MLP projections add into the
   residual stream where they land;
 - RoPE rotates q and k in one pass over their joint columns (with our linears or int8, in
   place, in one C call that gives torch's numbers to the bit);
@@ -34,9 +34,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
-from ...cpu import int4_linear, kernels, layer_ops
+from ...cpu import kernels, layer_ops
 from ...cpu.float_linear import BF16Linear
 from ...cpu.int4_linear import Int4Linear
+from ...cpu.joint_linears import JointLinears
 from ...cpu.model_linears import OURS, Int8Linear, Q8Linear
 from ..kv.kv_cache import new_cache
 from .decode_layers import DecodeLayers
@@ -84,7 +85,7 @@ def _joint(linears: list[nn.Module], fp32: bool) -> Callable[[torch.Tensor], tor
     of one kind (int4, int8, float32 or bfloat16 blocks) in a float32 model (``fp32``: the
     kernel call reads and writes float32)."""
     if fp32 and any(all(isinstance(lin, kind) for lin in linears) for kind in OURS):
-        return int4_linear.Int4Linears(linears)
+        return JointLinears(linears)
     if len(linears) == 1:
         return linears[0]
     return lambda x: torch.cat([lin(x) for lin in linears], dim=-1)
@@ -99,7 +100,7 @@ def _normed(norm: nn.Module, joint: Callable[[torch.Tensor], torch.Tensor],
     if not c_ops:
         return lambda h: joint(_norm(norm, h))
     args = (norm.weight.detach().contiguous(), float(norm.variance_epsilon))
-    if isinstance(joint, int4_linear.Int4Linears):
+    if isinstance(joint, JointLinears):
         return lambda h: joint(h, norm=args)
     return lambda h: joint(layer_ops.rms_norm(h, *args))
 
@@ -110,7 +111,7 @@ def _adding(linear: nn.Module, fp32: bool, gated: bool = False,
     ``[gate | up]`` and ``linear`` reads ``silu(gate) * up`` (with ``c_ops``, ``layer_ops``' or,
     for an int4 linear, its kernel call's on the way in: the last bits of their exp are their own)."""
     if fp32 and isinstance(linear, OURS):
-        into = int4_linear.Int4Linears([linear])
+        into = JointLinears([linear])
         if gated and not c_ops:
             return lambda x, h: into(_swiglu(x), into=h)
         return lambda x, h: into(x, into=h, gated=gated)
