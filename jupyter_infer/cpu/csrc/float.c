@@ -158,7 +158,8 @@ static inline __attribute__((always_inline)) void linears(const float *x, int M,
     const int K2 = (K + 1) / 2;
     void *xp = half ? pairs(x, M, K, K2) : NULL;
     const joint j = joint_of(nw, N, bias, y, accumulate);
-    /* Rows a tile at a time, every block over one tile before the next (q8_joint.h says why). */
+    /* Rows a tile at a time, every block over one tile before the next (q8_joint.h says why).
+       The loop is q8_joint.h's, written out in each: shared, the hot body would sit behind a callback or macro. */
     const int tile = row_tile(M, K, half ? 2 : 4);
 #pragma omp parallel
     for (int t0 = 0; t0 < M; t0 += tile) {
@@ -191,7 +192,7 @@ static inline __attribute__((always_inline)) void linears(const float *x, int M,
     free(normed);
 }
 
-/* The arguments are q8_linears' (scales and mins unused), so that Int4Linears and
+/* The arguments are q8_linears' (scales and mins unused), so that JointLinears and
    decode_layers.c call any of them. */
 void f32_linears(const float *x, int M, int K, int nw, const void *const *qw, const void *const *scales,
                  const void *const *mins, const int *N, const float *const *bias, float *y, int accumulate,

@@ -18,7 +18,8 @@ void JOINT_LINEARS(const float *x, int M, int K, int nw, const JOINT_WEIGHT *con
     const joint j = joint_of(nw, N, bias, y, accumulate);
     /* Rows a tile at a time, every block over one tile before the next: the tile's int8 rows
        stay in cache while each block's weights stream past (a 3k-token prompt's rows are
-       megabytes; read again per block of 16 outputs, they came from memory). */
+       megabytes; read again per block of 16 outputs, they came from memory).
+       float.c's linears() writes this loop out too: shared, the hot body would sit behind a callback or macro. */
     const int tile = row_tile(M, K, 1);
 #pragma omp parallel
     for (int t0 = 0; t0 < M; t0 += tile) {
