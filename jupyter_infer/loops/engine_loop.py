@@ -1,9 +1,10 @@
 """The async engine loop: the engine's one thread, and the request streams.
 
 Each turn asks the scheduling core for a plan, runs it on the engine thread
-(``Engine.execute``: the engine keeps its rows), hands its outputs to the core and the output
-stage (which appends the tokens, ends requests and releases their text) and pushes that text
-to each request's stream. It owns the executor and the streams,
+(``Engine.execute``: the engine keeps its rows), hands its outputs to the core, then each row's
+tokens to the answer stage (which appends them, ends requests and reads their answers), pushes
+what each answer gained to its stream, and closes the step with the core. It owns the executor
+and the streams,
 and nothing else: what to run is the core's decision, what happened is the recorder's to
 tell.
 """
@@ -27,18 +28,17 @@ from ..scheduler.scheduler import Scheduler
 from ..values.engine_info import EngineInfo
 from ..values.limits import check_model, check_token_ids
 from ..values.load_progress import LoadProgress, reporting
-from ..values.request import TokenEvent
 from ..values.sequence import Sequence
 from ..values.sizes import readable_bytes, weights_format
-from ..values.step import StepPlan
-from .output_stage import OutputStage
+from ..values.step import Sampled, StepPlan
+from .answer_stage import AnswerStage
 from .request_loop import LoopSnapshot, RequestLoop
 from .tokenizing import off_loop, render_prompt
 
 if TYPE_CHECKING:
     from ..scheduler.recorder import Recorder
     from ..values.config import ServiceConfig
-    from ..values.request import Constraint, Request
+    from ..values.request import Constraint, Request, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ class EngineLoop(RequestLoop):
         super().__init__(config, recorder, check_model=check_model)
         self._load = load
         self.engine: Engine | None = None
-        self.output: OutputStage | None = None  # the engine's tokens into text, and who ends
         self._executor: ThreadPoolExecutor | None = None
         self._stepped_at: float | None = None  # when the last step ended, until the heap is trimmed
         self.progress: LoadProgress | None = None  # how loading goes (and went), once started
@@ -87,7 +86,8 @@ class EngineLoop(RequestLoop):
     def release(self) -> None:
         """Drop the engine (a stopped loop whose model was switched or unloaded): its memory
         goes back once nothing else holds it."""
-        self.engine = self.scheduler = self.output = None
+        self.engine = self.scheduler = None
+        self.answers = AnswerStage()
 
     # -- requests ---------------------------------------------------------------------------
     async def prepare(self, request: Request) -> Sequence:
@@ -170,7 +170,7 @@ class EngineLoop(RequestLoop):
             # burst (the server then freezes what is left: server/startup_heap).
             await loop.run_in_executor(self._executor, gc.collect)
             self.scheduler = Scheduler(self.config, self.engine, self.recorder)
-            self.output = OutputStage(self.engine)
+            self.answers = AnswerStage(self.engine)
             if self.engine.grammars is not None:
                 self.engine.grammars.fast_forward = self.config.grammar_fast_forward
             cfg = self.config
@@ -203,15 +203,13 @@ class EngineLoop(RequestLoop):
             finally:
                 self._stepped_at = time.monotonic()
             try:
-                released = self.output.step(core, plan, sampled, started, time.monotonic())
+                taken = take_step(core, self.answers, plan, sampled, started, time.monotonic())
             except Exception as err:  # a bug here must not stop the loop for everyone
                 self._fail(plan, err, in_engine=False)
                 continue
-            for seq, tokens, fragment in released:
-                logprobs, prompt_logprobs = seq.take_logprobs()
-                if fragment or logprobs or prompt_logprobs is not None:
-                    self._streams[seq.id].push(TokenEvent(
-                        seq.id, len(seq.output_ids), tokens[-1], fragment, logprobs, prompt_logprobs))
+            for seq, _, event in taken:
+                if event is not None:
+                    self._streams[seq.id].push(event)
             self._end_finished()
 
     def _load_reporting(self, progress: LoadProgress) -> Engine:
@@ -241,6 +239,22 @@ class EngineLoop(RequestLoop):
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()
+
+
+def take_step(core: Scheduler, answers: AnswerStage, plan: StepPlan, sampled: Sampled, started: float,
+              now: float) -> list[tuple[Sequence, list[int], TokenEvent | None]]:
+    """A step's outputs: the core applies what the step computed, the answer stage takes each
+    row's tokens (ending rows), the core closes the step. Returns, per live row that got
+    tokens, the tokens kept and what its answer gained (``None``: nothing to tell yet)."""
+    kept, taken = [], []
+    for seq, output in core.apply(plan, sampled, now):
+        first = seq.record.first_token_at is None
+        tokens, event = answers.take(seq, output.tokens, output.logprobs, now)
+        core.recorder.token(seq, event.text if event is not None else "", first)
+        kept.append((seq, output, tokens))
+        taken.append((seq, tokens, event))
+    core.close_step(plan, sampled, kept, started, now)
+    return taken
 
 
 def ready_line(info: EngineInfo, progress: LoadProgress) -> str:

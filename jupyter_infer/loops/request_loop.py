@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import EngineUnavailable, InferError, RequestFailed
 from ..values.limits import Limits
 from ..values.stream import RequestStream
-from .answer_calls import with_calls
+from .answer_stage import AnswerStage
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -78,6 +78,8 @@ class RequestLoop(abc.ABC):
         self.load_error: str | None = None
         self.scheduler: Core | None = None  # made once ready
         self._streams: dict[str, RequestStream] = {}
+        # Finishes every answer (text, stops, reasoning, tool calls); an engine's detokenizes.
+        self.answers = AnswerStage()
         self._errors: dict[str, InferError] = {}  # why a request failed, when the loop knows better
         self._stop_reason: str | None = None
         self._task: asyncio.Task | None = None
@@ -172,10 +174,10 @@ class RequestLoop(abc.ABC):
     def submit(self, seq: Sequence) -> RequestStream:
         """Queue a prepared sequence (the loop must be ready); raises ``QueueFull``."""
         stream = RequestStream(seq.id, self.cancel, seq.prompt_ids)
-        stream.record, stream.opened_reasoning = seq.record, seq.request.opened_reasoning
         constraint = seq.request.params.constraint
         if constraint is not None and constraint.kind == "tools":
             stream.tool_format = self.tool_format()
+        self.answers.open(seq, stream.tool_format, reasons=self.info is not None and self.info.reasoning)
         self.scheduler.add(seq, time.monotonic())
         self._streams[seq.id] = stream
         self._wakeup.set()
@@ -251,8 +253,7 @@ class RequestLoop(abc.ABC):
                 continue
             rec = seq.record
             if rec.outcome != "failed":
-                reasons = self.info is not None and self.info.reasoning
-                stream.finish(with_calls(seq, seq.result(), stream.tool_format, reasons))
+                stream.finish(self.answers.result(seq))
                 continue
             if error is None:
                 error_type = EngineUnavailable if self._stop_reason is not None else RequestFailed

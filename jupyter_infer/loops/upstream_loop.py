@@ -4,7 +4,7 @@ It is a ``RequestLoop``, the seam the service talks to (prepare, submit, cancel,
 with the ``EngineLoop``'s division of labour: the sync core
 (``UpstreamAdmission``) decides which queued requests start, the ``Recorder`` tells what
 happened. Each started request is an asyncio task that streams from the upstream and passes
-every chunk on as a ``TokenEvent``; cancelling it closes its upstream connection at once.
+every chunk on as a ``TokenEvent`` (read by the answer stage); cancelling it closes its upstream connection at once.
 While the upstream does not answer, a watcher probes it, so ``status`` sees it come back.
 """
 
@@ -22,7 +22,6 @@ from ..upstream.connection import UpstreamConfigError, UpstreamServer
 from ..upstream.upstream_sequence import UpstreamSequence
 from ..values.engine_info import EngineInfo
 from ..values.limits import check_model
-from ..values.request import TokenEvent
 from ..wire.upstream_openai import estimate_tokens, finish_reason
 from .request_loop import LoopSnapshot, RequestLoop
 
@@ -160,12 +159,16 @@ class UpstreamLoop(RequestLoop):
             async with aclosing(self.server.stream(seq.request)) as chunks:
                 async for chunk in chunks:
                     text = core.receive(seq, chunk.text, time.monotonic())
-                    if text:
-                        stream.push(TokenEvent(seq.id, seq.num_output_tokens, UPSTREAM_TOKEN_ID, text))
+                    event = self.answers.take_text(seq, text, UPSTREAM_TOKEN_ID) if text else None
+                    if event is not None:
+                        stream.push(event)
                     reason = chunk.finish_reason or reason
                     if chunk.has_usage:
                         usage = (chunk.prompt_tokens, chunk.completion_tokens)
-            core.complete(seq, finish_reason(reason), time.monotonic(), usage)
+            ours, event = self.answers.end_text(seq, finish_reason(reason), UPSTREAM_TOKEN_ID)
+            if event is not None:
+                stream.push(event)
+            core.complete(seq, ours, time.monotonic(), usage)
         except asyncio.CancelledError:
             raise  # cancelled: the core has already let it go
         except Exception as err:

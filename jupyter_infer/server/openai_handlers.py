@@ -12,14 +12,11 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from tornado import web
 
-from ..constraints.tool_formats import FORMATS
-from ..constraints.tools import parser_for
 from ..errors import InferError, InvalidRequest, NotFound
 from ..values.metrics import wall
 from ..values.request import RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
 from ..wire import openai_answers, openai_requests
-from ..wire.reasoning import ReasoningSplitter
 from .handler_base import GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .sse import format_event
 
@@ -75,9 +72,7 @@ class OpenAIHandler(InferHandler):
             self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
         streams = await self.submit_all(call.requests)
         call.model = streams[0].model or call.model  # behind a router: the model that serves it
-        reasoning = [s.opened_reasoning for s in streams] if chat and info.reasoning else None
-        shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts, reasoning,
-                                      [s.tool_format for s in streams])
+        shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts)
         if call.stream:
             await self._stream_choices(streams, call, shape)
             return
@@ -99,10 +94,6 @@ class OpenAIHandler(InferHandler):
         chars = [0] * len(streams)  # text sent so far, per choice (logprobs' text_offset)
         records = [0] * len(streams)  # logprob records sent so far, per choice
         opened = [chat] * len(streams)  # completions: the echo chunk is sent (chat: role chunk)
-        # A chat with tools: each choice's text is read as calls or content as it comes.
-        parsers = [parser_for(FORMATS[s.tool_format]) for s in streams] if call.tools is not None else None
-        # A reasoning model: the reasoning section is split out first (reasoning_content).
-        splitters = [ReasoningSplitter(inside) for inside in shape.reasoning] if shape.reasoning else None
 
         def data(obj: Any) -> str:
             return format_event(json.dumps(obj))
@@ -121,36 +112,18 @@ class OpenAIHandler(InferHandler):
             return data(shape.chunk(i, text, logprobs=shape.echo_logprobs(streams[i].prompt_ids, prompt_logprobs),
                                     usage=usage(i)))
 
-        def content(i: int, piece: str, lp: dict[str, Any] | None) -> str:
-            """Answer text as content chunks (with tools: as calls or content)."""
-            if parsers is not None:
-                return "".join(map(data, shape.call_chunks(i, parsers[i].feed(piece), usage(i), lp)))
-            return data(shape.chunk(i, piece, logprobs=lp, usage=usage(i))) if piece or lp is not None else ""
-
         def render(i: int, event: TokenEvent | RequestResult) -> str:
+            """An answer's pieces as the answer stage read them, then its finish."""
+            text = "" if opened[i] else echo(i, event.prompt_logprobs)
             if isinstance(event, TokenEvent):
-                text = "" if opened[i] else echo(i, event.prompt_logprobs)
                 tokens[i] = event.index
                 records[i] += len(event.logprobs)
                 lp = shape.event_logprobs(event.logprobs, chars[i])
                 chars[i] += len(event.text)
-                if splitters is None:
-                    return text + content(i, event.text, lp)
-                pieces = splitters[i].feed(event.text)
-                for kind, piece in pieces or [("content", "")]:
-                    text += (data(shape.reasoning_chunk(i, piece, logprobs=lp, usage=usage(i))) if kind == "reasoning"
-                             else content(i, piece, lp))
-                    lp = None  # the tokens' logprobs ride on the first chunk
-                return text
-            text = "" if opened[i] else echo(i, event.prompt_logprobs)
+                return text + "".join(map(data, shape.piece_chunks(i, event.pieces, usage(i), lp)))
             tokens[i] = event.completion_tokens
             rest = (event.logprobs or ())[records[i]:]
             lp = shape.event_logprobs(rest, chars[i]) if rest else None
-            for kind, piece in splitters[i].finish() if splitters is not None else ():
-                text += (data(shape.reasoning_chunk(i, piece, usage=usage(i))) if kind == "reasoning"
-                         else content(i, piece, None))
-            if parsers is not None:
-                text += "".join(map(data, shape.call_chunks(i, parsers[i].finish(), usage(i))))
             reason = openai_answers.finish_reason(event, legacy=call.tools is not None and call.tools.legacy)
             return text + data(shape.chunk(i, None if chat else "", finish_reason=reason, logprobs=lp, usage=usage(i)))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import InvalidRequest
+from .answer import AnswerPiece
 
 # vLLM has no cap; ours bounds the per-token stop check (lm-eval sends a task's `until`
 # strings plus EOS, often 5-10).
@@ -172,14 +173,20 @@ class Request:
 
 @dataclass(frozen=True)
 class TokenEvent:
+    """What a step (or an upstream's chunk) added to one answer, as the answer stage read it
+    (``loops/answer_stage.py``): the model's text as it wrote it, and the same as pieces of
+    reasoning, content and tool calls (a piece that could still turn out to be a call's start,
+    or a tag's, waits for the next event)."""
+
     request_id: str
-    index: int
+    index: int  # the answer's tokens so far
     token_id: int
     text: str  # the new text fragment (may be "" while a multi-byte character is incomplete)
     # Only for requests that ask: the log probabilities of the tokens since the previous
     # event (usually one), and the prompt's on the request's first event.
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    pieces: tuple[AnswerPiece, ...] = ()
 
 
 
@@ -208,9 +215,13 @@ class RequestResult:
     logprobs: tuple[TokenLogprob, ...] | None = field(default=None, repr=False)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = field(default=None, repr=False)
     route: str | None = None  # the router's backend that served it (engine = "router")
-    # A tools request's answer, read once at its end (loops/answer_calls.py): the calls it makes
-    # (OpenAI's ``tool_calls`` entries; cut short by max_tokens, the last one's arguments as far
-    # as they got), or None: a text answer, or no tools offered.
+    # The answer as the answer stage read it (loops/answer_stage.py), what every dialect
+    # renders: a reasoning model's reasoning section (None: it wrote none), the answer's text
+    # after it (None: the answer is tool calls), and the calls it makes (OpenAI's
+    # ``tool_calls`` entries; cut short by max_tokens, the last one's arguments as far as they
+    # got), or None: a text answer, or no tools offered. ``text`` is all of it as written.
+    reasoning: str | None = field(default=None, repr=False)
+    content: str | None = field(default=None, repr=False)
     tool_calls: tuple[dict[str, Any], ...] | None = field(default=None, repr=False)
     whole_calls: int = 0  # how many of them are whole (after them: one cut short)
 

@@ -1,8 +1,8 @@
 """A request as the scheduler tracks it: status, tokens so far, and the text they make.
 
 Plain data, like nano-vllm's ``Sequence``, below both the scheduler and the engine: the
-scheduler moves a sequence through WAITING → RUNNING → FINISHED, the output stage
-(``loops/output_stage.py``) appends its tokens and text and sets its finish reason; the engine
+scheduler moves a sequence through WAITING → RUNNING → FINISHED, the answer stage
+(``loops/answer_stage.py``) appends its tokens and text and sets its finish reason; the engine
 only reads it (``id``, ``prompt_ids``, ``output_ids``, ``num_computed`` and what derives from
 them, ``params``, ``request.prompt``). ``num_computed`` counts the tokens whose KV the engine
 holds; each step catches it up with the tokens (the whole prompt, a chunk of a long one, the
@@ -53,9 +53,10 @@ class Sequence:
         self.grammar: Any = None
         self.failure: InferError | None = None  # why it failed, when that is not the engine's fault
         self.text = ""  # text released to the caller so far
-        # The output stage's detokenizing state (loops/output_stage.TextState): it appends the
-        # tokens, decides when one ends the request, and releases the text.
-        self.text_state: Any = None
+        # The answer stage's state (loops/answer_stage.AnswerState): it appends the tokens,
+        # decides when one ends the request, releases the text and reads it as reasoning,
+        # content and tool calls.
+        self.answer: Any = None
         # Only for requests that ask: one record per output token, and the prompt's.
         self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -105,6 +106,7 @@ class Sequence:
         return RequestResult(
             id=self.id,
             text=self.text,
+            content=self.text,
             finish_reason=rec.finish_reason or rec.outcome,
             prompt_tokens=self.num_prompt_tokens,
             completion_tokens=self.num_output_tokens,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from .metrics import RequestRecord
 from .request import RequestResult, TokenEvent
 
 
@@ -22,12 +21,6 @@ class RequestStream:
         self.model: str | None = None  # the model that serves it (the service fills it in)
         self.route: str | None = None  # the router's backend that serves it
         self.tool_format = "hermes"  # how its answer writes tool calls (constraints/tool_formats)
-        # Whether its rendered prompt opened a reasoning model's <think> section (decided once,
-        # where the chat was rendered: Request.opened_reasoning).
-        self.opened_reasoning = False
-        # Its record in the service's metrics (``infer/batches``): the OpenAI routes name a
-        # tool call's finish reason there, which only they read from the answer's text.
-        self.record: RequestRecord | None = None
         self._cancel = cancel
         self._events: asyncio.Queue[TokenEvent | _End] = asyncio.Queue()
         self._result: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
@@ -62,8 +55,8 @@ class RequestStream:
     def follow(self, inner: RequestStream, route: str | None) -> None:
         """A router's stream: what the backend's stream (``inner``, on ``route``) knows of
         the request, as the backend's loop set it."""
-        self.route, self.model, self.tool_format, self.record = route, inner.model, inner.tool_format, inner.record
-        self.prompt_ids, self.opened_reasoning = inner.prompt_ids, inner.opened_reasoning
+        self.route, self.model, self.tool_format = route, inner.model, inner.tool_format
+        self.prompt_ids = inner.prompt_ids
 
     # -- called by the engine loop ----------------------------------------------------------
     def push(self, event: TokenEvent) -> None:

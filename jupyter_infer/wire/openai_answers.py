@@ -7,13 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..constraints.tool_formats import HERMES
-from ..constraints.tools import CallDelta
 from ..errors import InferError
+from ..values.answer import AnswerPiece
 from ..values.engine_info import EngineInfo
 from ..values.request import RequestResult, TokenLogprob, token_usage
 from .openai_requests import OpenAIRequest
-from .reasoning import split_reasoning
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -51,9 +49,8 @@ def models_list(info: EngineInfo, created: int) -> dict[str, Any]:
 
 # -- answers ---------------------------------------------------------------------------------------
 def finish_reason(result: RequestResult, legacy: bool = False) -> str:
-    """OpenAI's: ``length``, ``tool_calls`` (the answer is calls, not to a named tool, as read
-    at its end: ``loops/answer_calls``; ``function_call`` for a legacy ``functions`` request),
-    ``stop``."""
+    """OpenAI's: ``length``, ``tool_calls`` (the answer is calls, not to a named tool, as the
+    answer stage read it; ``function_call`` for a legacy ``functions`` request), ``stop``."""
     if result.finish_reason == "length":
         return "length"
     if result.finish_reason == "tool_calls":
@@ -72,22 +69,17 @@ def _floor(value: float) -> float:
 
 class Shaper:
     """Builds the answer of one call (completion or chat, whole or chunked, any number of
-    choices). ``texts`` names tokens (a token id list → each token's text)."""
+    choices) from the answers as the answer stage read them. ``texts`` names tokens (a token
+    id list → each token's text)."""
 
     def __init__(self, chat: bool, request_id: str, call: OpenAIRequest,
-                 texts: Callable[[list[int]], list[str]] | None = None, reasoning: list[bool] | None = None,
-                 tool_formats: list[str] | None = None) -> None:
+                 texts: Callable[[list[int]], list[str]] | None = None) -> None:
         self.chat = chat
-        # A reasoning model's chat: per choice, whether its prompt opened the section
-        # (reasoning.py); None: answers are content only.
-        self.reasoning = reasoning if chat else None
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id.removeprefix("req-")
         self.call = call
         self.model = call.model
         self.created = int(time.time())
         self.texts = texts or (lambda ids: [str(t) for t in ids])
-        # Per choice, how its answer writes tool calls (the model that ran it: tool_formats).
-        self.tool_formats = tool_formats or [HERMES.name] * len(call.requests)
 
     def _base(self, chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -117,11 +109,9 @@ class Shaper:
             choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason(result, legacy),
                                       "logprobs": None}
             if self.chat:
-                reasoning, text = (split_reasoning(result.text, self.reasoning[index]) if self.reasoning
-                                   else (None, result.text))
-                choice["message"] = {"role": "assistant", "content": text}
-                if reasoning is not None:
-                    choice["message"]["reasoning_content"] = reasoning
+                choice["message"] = {"role": "assistant", "content": result.content}
+                if result.reasoning is not None:
+                    choice["message"]["reasoning_content"] = result.reasoning
                 if self.call.tools is not None and result.tool_calls is not None:
                     # The answer is calls (cut short by max_tokens: the calls so far, the last
                     # one's arguments as far as they got, and "length", as the stream sends them).
@@ -208,38 +198,39 @@ class Shaper:
             out["usage"] = usage
         return out
 
-    def reasoning_chunk(self, index: int, text: str, *, logprobs: dict[str, Any] | None = None,
-                        usage: dict[str, int] | None = None) -> dict[str, Any]:
-        """A piece of the reasoning section, as ``delta.reasoning_content``."""
-        chunk = self.chunk(index, None, logprobs=logprobs, usage=usage)
-        chunk["choices"][0]["delta"]["reasoning_content"] = text
-        return chunk
-
-    def call_chunks(self, index: int, deltas: list[CallDelta], usage: dict[str, int] | None = None,
-                    logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Stream chunks for the pieces of a tool-set answer: text as ``content``; a call's
-        first delta with its ``index``, ``id``, ``type`` and ``name``, then ``arguments`` pieces.
-        ``logprobs`` (the tokens' since the last chunk) ride on the first chunk, or an empty one."""
+    def piece_chunks(self, index: int, pieces: tuple[AnswerPiece, ...], usage: dict[str, int] | None = None,
+                     logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Stream chunks for pieces of an answer: reasoning as ``reasoning_content``, text as
+        ``content``; a call's first piece with its ``index``, ``id``, ``type`` and ``name``,
+        then ``arguments`` pieces. ``logprobs`` (the tokens' since the last chunk) ride on the
+        first chunk, or an empty one."""
         chunks = []
-        for d in deltas:
-            if d.content is not None:
-                chunks.append(self.chunk(index, d.content, usage=usage))
-                continue
-            entry: dict[str, Any] = {"index": d.index, "function": {"arguments": d.arguments or ""}}
-            if d.id is not None:
-                entry = {"index": d.index, "id": d.id, "type": "function",
-                         "function": {"name": d.name, "arguments": d.arguments or ""}}
-            chunk = self.chunk(index, None, usage=usage)
-            if self.call.tools is not None and self.call.tools.legacy:  # one call: no index, no id
-                chunk["choices"][0]["delta"]["function_call"] = entry["function"]
+        for piece in pieces:
+            if piece.kind == "reasoning":
+                chunk = self.chunk(index, None, usage=usage)
+                chunk["choices"][0]["delta"]["reasoning_content"] = piece.text
+            elif piece.kind == "content":
+                chunk = self.chunk(index, piece.text, usage=usage)
             else:
-                chunk["choices"][0]["delta"]["tool_calls"] = [entry]
+                chunk = self._call_chunk(index, piece, usage)
             chunks.append(chunk)
         if logprobs is not None:
             if not chunks:  # the text is held back (it may open a call), the logprobs are not
-                chunks.append(self.chunk(index, None, usage=usage))
+                chunks.append(self.chunk(index, None if self.chat else "", usage=usage))
             chunks[0]["choices"][0]["logprobs"] = logprobs
         return chunks
+
+    def _call_chunk(self, index: int, piece: AnswerPiece, usage: dict[str, int] | None) -> dict[str, Any]:
+        entry: dict[str, Any] = {"index": piece.index, "function": {"arguments": piece.text}}
+        if piece.opens_call:
+            entry = {"index": piece.index, "id": piece.call_id, "type": "function",
+                     "function": {"name": piece.name, "arguments": piece.text}}
+        chunk = self.chunk(index, None, usage=usage)
+        if self.call.tools is not None and self.call.tools.legacy:  # one call: no index, no id
+            chunk["choices"][0]["delta"]["function_call"] = entry["function"]
+        else:
+            chunk["choices"][0]["delta"]["tool_calls"] = [entry]
+        return chunk
 
     def event_logprobs(self, records: tuple[TokenLogprob, ...], offset: int = 0) -> dict[str, Any] | None:
         """The logprobs of one chunk's tokens, in the route's shape (None if not asked);

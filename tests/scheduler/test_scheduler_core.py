@@ -9,7 +9,8 @@ import pytest
 
 from jupyter_infer.engine import RowOutput, Sampled, StepPlan
 from jupyter_infer.errors import QueueFull
-from jupyter_infer.loops.output_stage import OutputStage
+from jupyter_infer.loops.answer_stage import AnswerStage
+from jupyter_infer.loops.engine_loop import take_step
 from jupyter_infer.scheduler import Recorder, Scheduler
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.events import EventBus
@@ -38,9 +39,10 @@ class FakeEngine:
 
 
 def postprocess(s: Scheduler, plan: StepPlan, sampled: Sampled, started: float, now: float):
-    """A step's outputs as the engine loop takes them: the core applies them, the output stage
+    """A step's outputs as the engine loop takes them: the core applies them, the answer stage
     appends the tokens (and ends rows), the core closes the step."""
-    return OutputStage(s.engine).step(s, plan, sampled, started, now)
+    return [(seq, kept, event.text if event is not None else "")
+            for seq, kept, event in take_step(s, AnswerStage(s.engine), plan, sampled, started, now)]
 
 
 def core(**config) -> Scheduler:
