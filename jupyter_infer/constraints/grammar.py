@@ -81,10 +81,8 @@ def _answer_grammar(constraint: Constraint) -> str:
     if kind == "grammar":
         lark = gbnf_to_lark(spec) if "::=" in spec else spec  # GBNF (llama.cpp's, vLLM's) or Lark
         return llguidance.LLMatcher.grammar_from_lark(lark)
-    if kind == "tools":
-        from .tools import ToolSet
-
-        return llguidance.LLMatcher.grammar_from_lark(ToolSet.from_constraint(constraint).lark())
+    if kind == "tools":  # the set itself rides on its constraint (spec.ToolsConstraint)
+        return llguidance.LLMatcher.grammar_from_lark(constraint.tools.lark())
     raise ValueError(f"unknown constraint kind {kind!r}")
 
 

@@ -205,8 +205,10 @@ def _subschemas(schema: dict[str, Any], fn: Any, branches: Any = None) -> dict[s
 
 @dataclass(frozen=True)
 class ToolsConstraint(Constraint):
-    """A ``tools`` constraint with the set it was made from, so that no one reads the set back
-    from the spec (the spec stays the grammar's key and what an upstream is sent)."""
+    """A ``tools`` constraint: the request's tool set itself (``tools.ToolSet``, whose
+    ``constraint()`` makes this), carried from the body to the grammar and the answer.
+    ``spec`` is that set as JSON, written once with it: the grammar's cache key, never read
+    back into a set (there is no other way to a tools constraint)."""
 
-    # Its tools.ToolSet (typed loosely: tools.py builds on this module, not the other way).
-    tools: Any = field(default=None, compare=False, repr=False)
+    # Its tools.ToolSet, required (typed loosely: tools.py builds on this module, not the other way).
+    tools: Any = field(kw_only=True, compare=False, repr=False)

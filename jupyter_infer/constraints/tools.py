@@ -14,7 +14,7 @@ import json
 import keyword
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import InvalidRequest
@@ -45,12 +45,14 @@ class Tool:
     parameters: dict[str, Any]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ToolSet:
     """The tools a chat offers and how it may call them (``choice``: ``auto``,
-    ``required``, or a tool's name)."""
+    ``required``, or a tool's name). One value from the body (``from_body``) to the grammar
+    and the answer, carried by its constraint (``constraint()``); a change is a new value
+    (``written_as`` the model's format, ``answering_with`` a schema)."""
 
-    tools: list[Tool]
+    tools: tuple[Tool, ...]
     choice: str = "auto"
     parallel: bool = True
     legacy: bool = False  # asked as ``functions``: answered as ``message.function_call``
@@ -59,7 +61,7 @@ class ToolSet:
     text_schema: dict[str, Any] | None = None
     format: str = "hermes"  # how the model writes calls (tool_formats), set for the model that runs it
     # The format's marker as the model's special token ({text: id}), where it is one.
-    specials: dict[str, int] = field(default_factory=dict)
+    specials: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ToolSet | None:
@@ -85,25 +87,17 @@ class ToolSet:
             raise InvalidRequest("'parallel_tool_calls' must be true or false.", param="parallel_tool_calls")
         return cls(tools, choice, parallel and not legacy, legacy)
 
-    @classmethod
-    def from_constraint(cls, constraint: Constraint) -> ToolSet:
-        """The set a ``tools`` constraint stands for: the one it was made from (``constraint()``),
-        or read back from its spec where it came another way (a copy, an upstream's)."""
-        if isinstance(constraint, ToolsConstraint) and constraint.tools is not None:
-            return constraint.tools
-        value = constraint.value
-        return cls([Tool(**t) for t in value["tools"]], value["choice"], value["parallel"],
-                   text_schema=value.get("text_schema"), format=value.get("format", "hermes"),
-                   specials=value.get("specials") or {})
-
-    def constraint(self) -> Constraint:
-        spec = {"tools": [t.__dict__ for t in self.tools], "choice": self.choice, "parallel": self.parallel,
-                "text_schema": self.text_schema, "format": self.format, "specials": self.specials}
+    def constraint(self) -> ToolsConstraint:
+        """The constraint that carries this set. Its ``spec`` is the set as JSON, every field
+        (equal specs, equal sets: the grammar's cache key), written here and never read back."""
+        spec = {f.name: getattr(self, f.name) for f in fields(self)} | {"tools": [vars(t) for t in self.tools]}
         return ToolsConstraint("tools", json.dumps(spec), param="tools", tools=self)
 
     def written_as(self, fmt: ToolFormat, specials: Mapping[str, int]) -> ToolSet:
         """This set, its calls in ``fmt`` (``specials``: the model's special tokens by text)."""
         marker = {fmt.marker: specials[fmt.marker]} if fmt.marker in specials else {}
+        if (fmt.name, marker) == (self.format, self.specials):
+            return self  # written so already (Hermes, the default): the same value
         if fmt.python:  # a call is Python: its tools' names and arguments must be Python names
             for tool in self.tools:
                 names = [tool.name, *(tool.parameters.get("properties") or {})]
@@ -119,7 +113,7 @@ class ToolSet:
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """The tools as OpenAI's ``tools`` list (what a chat template's ``tools`` reads)."""
-        return [{"type": "function", "function": t.__dict__} for t in self.tools]
+        return [{"type": "function", "function": dict(vars(t))} for t in self.tools]
 
     def answering_with(self, constraint: Constraint) -> ToolSet:
         """This set, its text answers fitting ``constraint`` (a JSON object or schema): the
@@ -216,7 +210,7 @@ def _arguments_schema(tool: Tool) -> dict[str, Any]:
     return {**seconds_below_60(closed_schema(dict(tool.parameters))), "x-guidance": _ARGUMENT_LAYOUT}
 
 
-def _tools(raw: Any, legacy: bool) -> list[Tool]:
+def _tools(raw: Any, legacy: bool) -> tuple[Tool, ...]:
     param = "functions" if legacy else "tools"
     if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
         raise InvalidRequest(f"'{param}' must be a list of at most {MAX_TOOLS} tools.", param=param)
@@ -242,7 +236,7 @@ def _tools(raw: Any, legacy: bool) -> list[Tool]:
             raise InvalidRequest(f"{param}[{i}].description must be a string.", param=param)
         names.add(fn["name"])
         tools.append(Tool(fn["name"], description, parameters))
-    return tools
+    return tuple(tools)
 
 
 def _choice(choice: Any, names: set[str], legacy: bool) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..constraints.tool_formats import FORMATS, CallDelta
-from ..constraints.tools import ToolSet, parser_for
+from ..constraints.tools import parser_for
 from ..values.answer import AnswerPiece
 from ..values.request import RequestResult, TokenEvent, TokenLogprob
 from ..values.sequence import Sequence
@@ -70,7 +70,7 @@ class AnswerStage:
         constraint = seq.params.constraint
         if constraint is not None and constraint.kind == "tools":
             state.parser = parser_for(FORMATS[tool_format])
-            state.named = ToolSet.from_constraint(constraint).named
+            state.named = constraint.tools.named
         seq.answer = state
 
     # -- an engine's tokens ----------------------------------------------------------------

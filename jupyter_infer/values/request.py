@@ -67,9 +67,10 @@ ConstraintKind = Literal["json_object", "json_schema", "regex", "choice", "gramm
 class Constraint:
     """The answer must match ``spec``: a JSON schema (JSON text, its keys in the order sent,
     which is the order the answer's keys come in; ``{}`` for any object), a regex, a JSON
-    list of choices, a grammar (Lark or GBNF) or a tool set (JSON: ``tools``, ``choice``,
-    ``parallel``). ``name`` is the schema's name and ``strict`` its flag, as sent (an upstream
-    gets them back); ``param`` is the request field it came in (errors name it).
+    list of choices, a grammar (Lark or GBNF) or a tool set (its JSON; the set itself rides on
+    the constraint, ``constraints.spec.ToolsConstraint``). ``name`` is the schema's name and
+    ``strict`` its flag, as sent (an upstream gets them back); ``param`` is the request field
+    it came in (errors name it).
     ``after_reasoning``: a reasoning model's answer may open a ``<think>`` section first
     ("may"), or the prompt opened one ("open"); the constraint applies after it ends."""
 
@@ -79,6 +80,10 @@ class Constraint:
     strict: bool | None = None
     param: str | None = field(default=None, compare=False)
     after_reasoning: Literal["", "may", "open"] = ""
+
+    def __post_init__(self) -> None:
+        if self.kind == "tools" and not hasattr(self, "tools"):  # no set read back from JSON
+            raise TypeError("A tools constraint carries its tool set: constraints.tools.ToolSet.constraint() makes it.")
 
     @property
     def value(self) -> Any:

@@ -158,8 +158,9 @@ def chat_for_model(request: Request, fmt: ToolFormat, renders_tools: bool, speci
     constraint = request.params.constraint
     tools = None
     if constraint is not None and constraint.kind == "tools":
-        tools = ToolSet.from_constraint(constraint).written_as(fmt, specials)
-        constraint = tools.constraint()
+        tools = constraint.tools.written_as(fmt, specials)
+        if tools is not constraint.tools:  # the model writes calls its own way: a new set, its constraint
+            constraint = tools.constraint()
     if request.wire_messages is None:  # no tools, no calls or results: the messages as parsed
         return list(request.messages or []), None, constraint
     if renders_tools:

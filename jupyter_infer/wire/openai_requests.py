@@ -251,8 +251,8 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     stream, include_usage, continuous = _check_stream(body)
     n = _check_n(body, max_choices)
     chat, wire, constraint = parse_chat_and_tools(body, constraint_spec.from_body(body))
-    # The body's tools, read once (parse_chat_and_tools): the set its constraint was made from.
-    tools = ToolSet.from_constraint(constraint) if constraint is not None and constraint.kind == "tools" else None
+    # The body's tools, read once (parse_chat_and_tools): the set its constraint carries.
+    tools = constraint.tools if constraint is not None and constraint.kind == "tools" else None
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise InvalidRequest("'logprobs' must be true or false (top_logprobs says how many).", param="logprobs")

@@ -37,7 +37,17 @@ def request_body(request: Request, model: str) -> tuple[str, dict[str, Any]]:
 
 def constraint_fields(constraint: Constraint) -> dict[str, Any]:
     """A constraint as vLLM, llama.cpp and OpenAI take it: ``response_format`` for JSON,
-    ``structured_outputs`` for a regex, choice or grammar, ``tools`` for tool calls."""
+    ``structured_outputs`` for a regex, choice or grammar, ``tools`` for tool calls (the
+    request's tool set, as its ``openai_tools``: the body's tools, whatever format a model
+    would write them in)."""
+    if constraint.kind == "tools":
+        tools = constraint.tools
+        choice = tools.choice
+        return {
+            "tools": tools.openai_tools(),
+            "tool_choice": choice if choice in ("auto", "required") else {"type": "function", "function": {"name": choice}},
+            "parallel_tool_calls": tools.parallel,
+        }
     value = constraint.value
     if constraint.kind == "json_object":
         return {"response_format": {"type": "json_object"}}
@@ -46,13 +56,6 @@ def constraint_fields(constraint: Constraint) -> dict[str, Any]:
         if constraint.strict is not None:
             spec["strict"] = constraint.strict
         return {"response_format": {"type": "json_schema", "json_schema": spec}}
-    if constraint.kind == "tools":
-        choice = value["choice"]
-        return {
-            "tools": [{"type": "function", "function": tool} for tool in value["tools"]],
-            "tool_choice": choice if choice in ("auto", "required") else {"type": "function", "function": {"name": choice}},
-            "parallel_tool_calls": value["parallel"],
-        }
     return {"structured_outputs": {constraint.kind: value}}
 
 

@@ -74,6 +74,39 @@ def test_the_built_in_prompt_shows_the_configured_format() -> None:
     assert '<[2000]> "["' in tools.written_as(FORMATS["mistral"], {"[TOOL_CALLS]": 2000}).lark()
 
 
+def test_the_body_s_tool_set_is_the_value_the_grammar_and_the_answer_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 55: the tools are read once from the body and carried as that value (a new one
+    only where the model writes calls another way), never frozen to JSON and read back."""
+    from dataclasses import replace
+
+    from jupyter_infer.constraints.grammar import GrammarCompiler
+    from jupyter_infer.loops.answer_stage import AnswerStage
+    from jupyter_infer.values.request import Request, SamplingParams
+    from jupyter_infer.values.sequence import Sequence
+    from jupyter_infer.wire.chat import chat_for_model, parse_chat_and_tools
+    from jupyter_infer.wire.upstream_openai import constraint_fields
+
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    as_mistral = replace(ToolSet.from_body(body), format="mistral")
+    made, init = [], ToolSet.__init__
+    monkeypatch.setattr(ToolSet, "__init__", lambda self, *a, **kw: (made.append(self), init(self, *a, **kw))[1])
+    chat, wire, parsed = parse_chat_and_tools(body, None)
+    request = Request("", SamplingParams(constraint=parsed), messages=chat, wire_messages=wire)
+    compiler = GrammarCompiler.for_tokens([bytes([b]) for b in range(256)] + [b""], lambda data: list(data), 256)
+    written = []
+    for fmt in (HERMES, FORMATS["mistral"]):
+        _, _, constraint = chat_for_model(request, fmt, False, {})
+        grammar = compiler.compile(replace(constraint, after_reasoning="may"))  # as a reasoning model's prompt does
+        seq = Sequence(replace(request, params=replace(request.params, constraint=grammar.constraint)), [1])
+        AnswerStage().open(seq, fmt.name, reasons=False)
+        assert grammar.constraint.tools is constraint.tools and seq.answer.named
+        written.append(constraint)
+    assert written[0] is parsed  # Hermes: the body's own constraint, its set as parsed
+    assert written[1].tools == as_mistral and written[1].spec != parsed.spec
+    assert [id(s) for s in made] == [id(parsed.tools), id(written[1].tools)]  # no set read back from JSON
+    assert constraint_fields(written[1])["tools"] == [WEATHER]  # an upstream gets the body's tools
+
+
 # -- through the server, one checkpoint per family --------------------------------------------------
 @pytest.fixture(scope="module")
 def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

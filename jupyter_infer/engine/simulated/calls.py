@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ...constraints.tools import ToolSet, call_text
+from ...constraints.tools import call_text
 from ...values.request import Request
 from ...wire.chat import message_text
 
@@ -33,7 +33,7 @@ def simulated_turn(request: Request) -> tuple[str | None, bool]:
     constraint = request.params.constraint
     if constraint is None or constraint.kind != "tools":
         return None, False
-    tools = ToolSet.from_constraint(constraint)
+    tools = constraint.tools
     messages = request.wire_messages or request.messages or []
     last = messages[-1] if messages else {}
     said = message_text(last) if last.get("role") == "user" else ""
