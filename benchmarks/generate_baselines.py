@@ -57,7 +57,7 @@ class Sequential(Contender):
         start = time.perf_counter()
         ttft, latency, tokens = [], [], 0
         for arrival in workload.arrivals:
-            out, clock = _generate(self.engine.model, [self.engine.tokenize(arrival.prompt)],
+            out, clock = _generate(self.engine.model, [self.engine.text.tokenize(arrival.prompt)],
                                    arrival.max_tokens, self.engine.pad_token_id)
             done = time.perf_counter()
             tokens += out.shape[1]
@@ -78,7 +78,7 @@ class StaticBatch(Contender):
         self.engine = engine
 
     def run(self, workload: Workload) -> Run:
-        rows = [self.engine.tokenize(a.prompt) for a in workload.arrivals]
+        rows = [self.engine.text.tokenize(a.prompt) for a in workload.arrivals]
         longest = max(a.max_tokens for a in workload.arrivals)
         start = time.perf_counter()
         out, clock = _generate(self.engine.model, rows, longest, self.engine.pad_token_id)

@@ -19,7 +19,7 @@ class PeerSuite(Suite):
         for the agents, its prefix sharing (its paged cache holds what they hold at once)."""
         engine = setup.engine
         manager = in_fresh_thread(lambda: TransformersContinuous(
-            setup.model_dir, engine.tokenize, engine.model.dtype, rows, longest, device=engine.device,
+            setup.model_dir, engine.text.tokenize, engine.model.dtype, rows, longest, device=engine.device,
             block_sharing=section == "agents"))
         if section == "batching":
             self.results["meta"]["hf_cb_cache"] = manager.cache_config

@@ -74,7 +74,7 @@ class ScriptedEngine(SimulatedEngine):
 
     def answer(self, seq: Any) -> list[int]:
         script = next((text for key, text in SCRIPTS.items() if key in seq.request.prompt), None)
-        return self.tokenize(script) if script is not None else super().answer(seq)
+        return self.text.tokenize(script) if script is not None else super().answer(seq)
 
 
 @dataclass

@@ -111,6 +111,9 @@ FLOORS = [
 LEVEL = {name: i for i, floor in enumerate(FLOORS) for name in floor}
 # The server and the kernel side reach a model only through the service seam.
 THROUGH_THE_SERVICE = {"server": {"scheduler", "upstream", "loops"}, "kernel": {"scheduler", "upstream", "loops", "server"}}
+# The engine runs token ids: the bodies and answers of the HTTP routes (wire) are not its
+# business, and what it knows of text comes through text/ (its ``ModelText``).
+THROUGH_THE_SERVICE.update({floor: {"wire"} for floor in ("decoding", "speculative", "engine")})
 
 
 def floor_of(module: str) -> str | None:

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..constraints.tool_formats import HERMES, ToolFormat
 from ..values.engine_info import EngineInfo
 from ..values.step import KVUsage, RowOutput, Sampled, StepPlan
 
 if TYPE_CHECKING:
     from ..constraints.grammar import GrammarCompiler
     from ..cpu.cpu_share import CpuShare
+    from ..text.model_text import ModelText
     from ..values.sequence import Sequence
 
 __all__ = ["Batch", "Engine", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan"]
@@ -92,29 +91,20 @@ class Engine(abc.ABC):
     resumes, runs the plan's tokens and answers one ``RowOutput`` per row, in the plan's order.
     The rows themselves stay here (``rows``) from step to step; an engine computes them in
     ``prefill`` (prompt rows), ``decode`` (the decoding rows) and ``mixed`` (both).
-    ``tokenize``/``detokenize`` may run on any thread.
+    It runs token ids: its model's text side (tokenizer, chat template, tool format, reasoning,
+    end of sequence) is ``text`` (``text/model_text.py``), which the loops and routes use.
     """
 
     info: EngineInfo
-    eos_token_ids: frozenset[int]
+    text: ModelText  # what the model reads and writes as text (its EOS included)
     # The chunk size this engine prefers for long prompts; 0: it cannot continue a prompt's
     # row across steps, and the scheduler always schedules whole prompts.
     prefill_chunk_tokens = 0
     # The most tokens of a prompt alone one step computes (0: all): bounds a long prompt's memory.
     prefill_step_tokens = 0
-    # The most characters of input text that one token can stand for (the longest token of
-    # the vocabulary), or None if no such bound is known. A text longer than
-    # ``max_prompt_tokens * max_token_chars`` cannot fit: the service refuses it before
-    # spending any time tokenizing it.
-    max_token_chars: int | None = None
     # Compiles the constraints of structured outputs for this engine's tokenizer (``None``:
     # this engine cannot constrain its answers, and such requests are refused).
     grammars: GrammarCompiler | None = None
-    # How this model writes tool calls, whether its chat template renders a request's tools
-    # itself (``render_chat``'s ``tools``), and the format's marker as its special token.
-    tool_format: ToolFormat = HERMES
-    renders_tools = False
-    tool_specials: dict[str, int] = {}  # noqa: RUF012 - never mutated; engines assign their own
     # Speculation (``configure_speculation``; the service's loop turns it on): where the
     # drafts come from ("off", "ngram", "draft"), most draft tokens a row proposes a step, and
     # the most decoding rows that still propose.
@@ -127,12 +117,6 @@ class Engine(abc.ABC):
     # The engine's threads beside other processes on the CPU (``cpu.cpu_share``); None: not
     # on a CPU, or nothing to choose.
     cpu_share: CpuShare | None = None
-
-    @abc.abstractmethod
-    def tokenize(self, text: str) -> list[int]: ...
-
-    @abc.abstractmethod
-    def detokenize(self, token_ids: Seq[int]) -> str: ...
 
     @property
     def vocab_size(self) -> int:
@@ -222,10 +206,3 @@ class Engine(abc.ABC):
         """Hits, misses, reused tokens and memory of the prefix cache (``None``: this engine
         has no such thing)."""
         return None
-
-    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> str:
-        """A chat as one prompt; engines with a chat template override this (and read
-        ``template_kwargs``, and ``tools`` where ``renders_tools``)."""
-        lines = [f"{m['role']}: {m['content']}" for m in messages]
-        return "\n".join(lines) + "\nassistant:"

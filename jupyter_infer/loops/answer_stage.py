@@ -21,10 +21,10 @@ from typing import Protocol
 
 from ..constraints.tool_formats import FORMATS, CallDelta
 from ..constraints.tools import parser_for
+from ..text.reasoning import ReasoningSplitter
 from ..values.answer import AnswerPiece
 from ..values.request import RequestResult, TokenEvent, TokenLogprob
 from ..values.sequence import Sequence
-from ..wire.reasoning import ReasoningSplitter
 
 
 @dataclass
@@ -45,8 +45,8 @@ class AnswerState:
 
 
 class Detokenizer(Protocol):
-    """What the stage reads of the engine: its tokenizer's ``detokenize`` and its EOS ids
-    (read at each token: a bench or a test may empty them while the engine serves)."""
+    """What the stage reads of the model's text side (``text/model_text.py``): ``detokenize``
+    and its EOS ids (read at each token: a bench or a test may empty them while it serves)."""
 
     eos_token_ids: frozenset[int]
 

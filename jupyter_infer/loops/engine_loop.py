@@ -95,17 +95,18 @@ class EngineLoop(RequestLoop):
         their text as its prompt; or render its chat) and check it against the limits."""
         await self.wait_ready()
         engine, limits = self.engine, self.limits
-        limits.screen(request, engine.max_token_chars, engine.info.max_context)
+        text = engine.text
+        limits.screen(request, text.max_token_chars, engine.info.max_context)
         if request.prompt_ids is not None:
             prompt_ids = list(request.prompt_ids)
             check_token_ids(prompt_ids, engine.vocab_size, "prompt")
-            request = replace(request, prompt=await off_loop(engine.detokenize, prompt_ids, size=len(prompt_ids)))
+            request = replace(request, prompt=await off_loop(text.detokenize, prompt_ids, size=len(prompt_ids)))
         else:
             if request.messages is not None:
-                prompt, constraint, opened = await render_prompt(engine, request)
+                prompt, constraint, opened = await render_prompt(text, request, engine.info.reasoning)
                 request = replace(request, prompt=prompt, params=replace(request.params, constraint=constraint),
                                   opened_reasoning=opened)
-            prompt_ids = await off_loop(engine.tokenize, request.prompt, size=len(request.prompt))
+            prompt_ids = await off_loop(text.tokenize, request.prompt, size=len(request.prompt))
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
         if self.check_model:
             check_model(request, engine.info)
@@ -126,7 +127,7 @@ class EngineLoop(RequestLoop):
         return self.engine
 
     def tool_format(self) -> str:
-        return self.engine.tool_format.name
+        return self.engine.text.tool_format.name
 
     # -- views ------------------------------------------------------------------------------
     def prefix_cache(self) -> dict[str, Any] | None:
@@ -144,7 +145,7 @@ class EngineLoop(RequestLoop):
             snap.limits["prefill_chunk_tokens"] = self.scheduler.chunk_tokens
         if engine is not None:
             snap.prefix_cache, snap.kv_cache = self.prefix_cache(), self.kv_cache()
-            snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.max_token_chars,
+            snap.limits["max_prompt_chars"] = self.limits.max_prompt_chars(engine.text.max_token_chars,
                                                                            engine.info.max_context)
             if engine.grammars is not None:
                 snap.status["structured_outputs"] = engine.grammars.stats()
@@ -170,7 +171,7 @@ class EngineLoop(RequestLoop):
             # burst (the server then freezes what is left: server/startup_heap).
             await loop.run_in_executor(self._executor, gc.collect)
             self.scheduler = Scheduler(self.config, self.engine, self.recorder)
-            self.answers = AnswerStage(self.engine)
+            self.answers = AnswerStage(self.engine.text)
             if self.engine.grammars is not None:
                 self.engine.grammars.fast_forward = self.config.grammar_fast_forward
             cfg = self.config

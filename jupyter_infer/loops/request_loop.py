@@ -162,8 +162,8 @@ class RequestLoop(abc.ABC):
         ``EngineUnavailable``. The request itself is not changed."""
 
     def tokenizer(self) -> Engine:
-        """The engine whose tokenizer the routes use; raises ``InvalidRequest`` where there
-        is none."""
+        """The engine whose text side (``engine.text``) the routes use; raises
+        ``InvalidRequest`` where there is none."""
         raise NotImplementedError
 
     def tool_format(self) -> str:
@@ -174,6 +174,7 @@ class RequestLoop(abc.ABC):
     def submit(self, seq: Sequence) -> RequestStream:
         """Queue a prepared sequence (the loop must be ready); raises ``QueueFull``."""
         stream = RequestStream(seq.id, self.cancel, seq.prompt_ids)
+        stream.record = seq.record
         constraint = seq.request.params.constraint
         if constraint is not None and constraint.kind == "tools":
             stream.tool_format = self.tool_format()

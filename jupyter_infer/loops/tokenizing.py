@@ -15,12 +15,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import InferError, InvalidRequest
+from ..text.reasoning import opens_reasoning
 from ..values.request import Constraint, Request
 from ..wire.chat import chat_for_model
-from ..wire.reasoning import opens_reasoning
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..text.model_text import ModelText
 
 # Texts longer than this are tokenized on a worker thread.
 TOKENIZE_INLINE_CHARS = 4096
@@ -33,18 +33,18 @@ def text_size(messages: list[dict[str, str]]) -> int:
     return sum(len(m["content"]) for m in messages)
 
 
-async def render_prompt(engine: Engine, request: Request) -> tuple[str, Constraint | None, bool]:
-    """A chat request's prompt as ``engine``'s model reads it (its chat template, with the
-    tools where the template renders them), the request's constraint with tool calls in the
-    model's format, applied after the reasoning section of a model that reasons, and whether
-    the prompt opened that section (decided here, once: the answer's split reads it)."""
-    messages, tools, constraint = chat_for_model(request, engine.tool_format, engine.renders_tools,
-                                                 engine.tool_specials)
-    render = partial(engine.render_chat, template_kwargs=request.chat_template_kwargs, tools=tools)
+async def render_prompt(text: ModelText, request: Request, reasons: bool) -> tuple[str, Constraint | None, bool]:
+    """A chat request's prompt as the model reads it (its chat template, with the tools where
+    the template renders them), the request's constraint with tool calls in the model's
+    format, applied after the reasoning section where its answers are split (``reasons``:
+    ``EngineInfo.reasoning``), and whether the prompt opened that section (decided here,
+    once: the answer's split reads it)."""
+    messages, tools, constraint = chat_for_model(request, text.tool_format, text.renders_tools, text.tool_specials)
+    render = partial(text.render_chat, template_kwargs=request.chat_template_kwargs, tools=tools)
     size = text_size(messages) + (len(constraint.spec) if tools and constraint else 0)
     prompt = await off_loop(render, messages, size=size)
-    opened = engine.info.reasoning and opens_reasoning(prompt[-64:])
-    if constraint is not None and engine.info.reasoning:
+    opened = reasons and opens_reasoning(prompt[-64:])
+    if constraint is not None and reasons:
         constraint = replace(constraint, after_reasoning="open" if opened else "may")
     return prompt, constraint, opened
 

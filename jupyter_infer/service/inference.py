@@ -211,24 +211,23 @@ class InferenceService:
     async def tokenize(self, text: str) -> list[int]:
         """``text`` as the generate routes tokenize a prompt."""
         engine = await self._tokenizer()
-        return await off_loop(engine.tokenize, check_text(text, "prompt"), size=len(text))
+        return await off_loop(engine.text.tokenize, check_text(text, "prompt"), size=len(text))
 
     async def render_chat(self, request: Request) -> str:
         """A chat request's prompt, as the chat route would run it (tools included)."""
         engine = await self._tokenizer()
         for message in request.messages or ():
             check_text(message["content"], "messages")
-        return (await render_prompt(engine, request))[0]
+        return (await render_prompt(engine.text, request, engine.info.reasoning))[0]
 
     async def detokenize(self, token_ids: list[int]) -> str:
         engine = await self._tokenizer()
         check_token_ids(token_ids, engine.vocab_size, "tokens")
-        return await off_loop(engine.detokenize, token_ids, size=len(token_ids))
+        return await off_loop(engine.text.detokenize, token_ids, size=len(token_ids))
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
         """Each token's own text (log probability answers name tokens by it)."""
-        engine = self._loop.tokenizer()
-        return [engine.detokenize([t]) for t in token_ids]
+        return self._loop.tokenizer().text.token_texts(token_ids)
 
     def reject(self, reason: str, *, outcome: str = "rejected") -> None:
         """Count a request refused (or, ``outcome="failed"``, failed) before it reached the

@@ -1,6 +1,6 @@
-"""What a checkpoint says about its answers besides its weights: whether it reasons in a
-``<think>`` section (``reasons``), and its own sampling defaults: what its ``generation_config.json`` says for
-``temperature``, ``top_p``, ``top_k`` and ``repetition_penalty``.
+"""What a checkpoint says about its answers besides its weights and tokenizer: its own
+sampling defaults, what its ``generation_config.json`` says for ``temperature``, ``top_p``,
+``top_k`` and ``repetition_penalty``.
 
 The OpenAI routes use them where a request leaves a field out (vLLM's ``--generation-config
 auto`` does the same): Qwen2.5-Instruct ships ``temperature 0.7, top_p 0.8, top_k 20,
@@ -29,13 +29,3 @@ def sampling_defaults(generation_config: Any) -> dict[str, float]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi:
             out[name] = int(value) if name == "top_k" else float(value)
     return out
-
-
-def reasons(tokenizer: Any) -> bool:
-    """Whether the model writes a ``<think>…</think>`` section (Qwen3, DeepSeek-R1's
-    distills): both tags are tokens of its own, and its chat template speaks of them."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(template, str) or "</think>" not in template:
-        return False
-    vocab = tokenizer.get_vocab()
-    return "<think>" in vocab and "</think>" in vocab

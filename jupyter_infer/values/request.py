@@ -12,6 +12,7 @@ import re
 import reprlib
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -54,6 +55,28 @@ def check_text(text: str, name: str) -> str:
             "Basic Multilingual Plane is a surrogate pair such as \\ud83d\\ude00.", param=name,
         )
     return text
+
+
+def message_text(message: Mapping[str, Any], index: int = 0) -> str:
+    """A chat message's text: its string content, or its text parts joined (``index`` names it
+    in errors). Beside ``Request``: the wire's parsers and an engine that reads a chat (the
+    simulated one) read a message the same way."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise InvalidRequest(
+                    f"messages[{index}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                    "are supported.", param="messages",
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidRequest(f"messages[{index}].content must be a string.", param="messages")
 
 
 def new_request_id() -> str:

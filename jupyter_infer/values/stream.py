@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+from .metrics import RequestRecord
 from .request import RequestResult, TokenEvent
 
 
@@ -21,6 +22,8 @@ class RequestStream:
         self.model: str | None = None  # the model that serves it (the service fills it in)
         self.route: str | None = None  # the router's backend that serves it
         self.tool_format = "hermes"  # how its answer writes tool calls (constraints/tool_formats)
+        # Its record in the service's metrics, read (never written) for the access log's tokens.
+        self.record: RequestRecord | None = None
         self._cancel = cancel
         self._events: asyncio.Queue[TokenEvent | _End] = asyncio.Queue()
         self._result: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
@@ -55,7 +58,7 @@ class RequestStream:
     def follow(self, inner: RequestStream, route: str | None) -> None:
         """A router's stream: what the backend's stream (``inner``, on ``route``) knows of
         the request, as the backend's loop set it."""
-        self.route, self.model, self.tool_format = route, inner.model, inner.tool_format
+        self.route, self.model, self.tool_format, self.record = route, inner.model, inner.tool_format, inner.record
         self.prompt_ids = inner.prompt_ids
 
     # -- called by the engine loop ----------------------------------------------------------

@@ -14,30 +14,10 @@ from typing import Any
 from ..constraints.tool_formats import HERMES, ToolFormat
 from ..constraints.tools import ToolSet
 from ..errors import InvalidRequest
-from ..values.request import Constraint, Request, show
+from ..values.request import Constraint, Request, message_text, show
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "user", "function": "user"}  # a tool's result is the user's turn, in <tool_response>
-
-
-def message_text(message: Mapping[str, Any], index: int = 0) -> str:
-    """A message's text: its string content, or its text parts joined (``index`` names it in errors)."""
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(
-                    f"messages[{index}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                    "are supported.", param="messages",
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-    raise InvalidRequest(f"messages[{index}].content must be a string.", param="messages")
 
 
 def _calls(calls: Any, index: int) -> list[tuple[str, str]]:

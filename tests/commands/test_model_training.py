@@ -25,7 +25,7 @@ def test_a_model_trained_for_seconds_learns_its_text_and_drafts_for_itself(tmp_p
     assert marker["steps"] == 150 and marker["loss"] < 0.5 * math.log(vocab)  # far below a random model's
     # It quotes what it learnt: greedy text after a function's head is its body.
     engine = HFEngine(str(path), dtype="float32", num_threads=1, draft_model=str(path / "after-20-steps"))
-    ids = engine.tokenize("def add(a, b):\n")
+    ids = engine.text.tokenize("def add(a, b):\n")
     out = engine.model.generate(__import__("torch").tensor([ids]), max_new_tokens=8, do_sample=False)
-    assert engine.detokenize(out[0, len(ids):].tolist()).startswith("    return a")
+    assert engine.text.detokenize(out[0, len(ids):].tolist()).startswith("    return a")
     assert engine.draft is not None and said[0].startswith("training 'tiny'")

@@ -122,7 +122,7 @@ def test_references_in_tool_parameters_resolve_where_they_were_written(tiny_mode
     def fits(arguments: dict) -> bool:
         row = grammar.row()
         text = call_text("tree", json.dumps(arguments))  # laid out as templates' tojson writes it
-        return row.matcher.consume_tokens(engine.tokenize(text)) and row.matcher.is_accepting()
+        return row.matcher.consume_tokens(engine.text.tokenize(text)) and row.matcher.is_accepting()
 
     assert fits({"v": 1, "kids": [{"v": 2, "kids": []}]})
     assert not fits({"v": 1, "kids": [{"name": "tree", "arguments": {"v": 2}}]})

@@ -189,7 +189,7 @@ async def test_greedy_answers_are_the_int4_models_own_choices(llama_model_dir: P
     engine = HFEngine(str(llama_model_dir), quantize="int4", num_threads=1)
     assert engine.info.details["quantize"] == "int4" and engine.info.details["load_streamed"] is True
     assert engine.info.details["weight_bytes"] > 0 and engine.info.details["load_s"] > 0
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     service = InferenceService(ServiceConfig(speculative="off"), engine_loader=lambda: engine)
     service.start()
     await service.wait_ready()
@@ -208,7 +208,7 @@ def assert_own_greedy_choices(engine: HFEngine, prompt: str, chosen: list[int], 
     """Each of ``chosen`` (greedy, after ``prompt``) is what ``engine``'s model, computing one
     row alone in transformers' forward, scores highest, or within ``NEAR_TIE`` of it; and a share
     ``exact`` of them exactly (the int4 path's check: see the test above)."""
-    ids = engine.tokenizer(prompt, return_tensors="pt").input_ids
+    ids = engine.text.tokenizer(prompt, return_tensors="pt").input_ids
     with torch.inference_mode():
         logits = engine.model(torch.cat([ids, torch.tensor([chosen])], dim=1)).logits[0, ids.shape[1] - 1:-1]
     picked = logits.gather(-1, torch.tensor(chosen)[:, None])[:, 0]

@@ -163,7 +163,7 @@ def test_bfloat16_loads_on_a_cpu_where_onednn_cannot_prepack_it(tiny_model_dir: 
         + ("" if ours else "kernels.unavailable = lambda: 'no library'\n") +
         "from jupyter_infer.engine.hf.hf_engine import HFEngine\n"
         "e = HFEngine(sys.argv[1], dtype='bfloat16', num_threads=1)\n"
-        "ids = e.tokenize('Hello there')\n"
+        "ids = e.text.tokenize('Hello there')\n"
         "out = e.model.generate(__import__('torch').tensor([ids]), max_new_tokens=4, do_sample=False)\n"
         "print(json.dumps({'kernels': e.info.details['linear_kernels'], 'new': out.shape[1] - len(ids)}))\n"
     )

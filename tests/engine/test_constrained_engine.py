@@ -29,7 +29,7 @@ def replay(engine, grammar, prompt_ids: list[int], output: list[int]) -> int:
     row, forced, vocab = grammar.row(), 0, engine.grammars.vocab
     expect: list[int] = []
     for j, token in enumerate(output):
-        if token in engine.eos_token_ids:
+        if token in engine.text.eos_token_ids:
             assert row.done and j == len(output) - 1
             break
         if expect:
@@ -159,7 +159,7 @@ def test_date_times_fit_the_validators_clients_use(tiny_model_dir: Path) -> None
         grammar = engine.grammars.compile(from_body({"json_schema": {"type": "string", "format": fmt}}, native=True))
         for text, fits in [(good, True), (bad, False)]:
             row = grammar.row()
-            ids = engine.tokenize(json.dumps(text))
+            ids = engine.text.tokenize(json.dumps(text))
             assert (row.matcher.consume_tokens(ids) and row.matcher.is_accepting()) is fits, (fmt, text)
 
 

@@ -50,7 +50,7 @@ async def started(engine: HFEngine, **config) -> InferenceService:
 
 
 async def run_with_late_joiners(engine: HFEngine, mode: str) -> list[RequestResult]:
-    engine.eos_token_ids = frozenset()  # every request runs to its own max_tokens
+    engine.text.eos_token_ids = frozenset()  # every request runs to its own max_tokens
     s = await started(engine, mode=mode, batch_window_ms=5)
     streams = [await s.submit(Request(p, SamplingParams(max_tokens=n))) for p, n in zip(PROMPTS[:3], LENGTHS[:3], strict=True)]
     for _ in range(60):  # until the first three are decoding
@@ -78,7 +78,7 @@ async def test_greedy_equals_generate_with_late_joiners(request, model_fixture: 
 
 
 def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
-    return Sequence(Request(prompt, SamplingParams(max_tokens=n)), engine.tokenize(prompt))
+    return Sequence(Request(prompt, SamplingParams(max_tokens=n)), engine.text.tokenize(prompt))
 
 
 def step(engine: HFEngine, plan: StepPlan):
@@ -186,7 +186,7 @@ def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactl
 @pytest.mark.asyncio
 async def test_seeded_sampling_is_independent_of_batch_mates(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     s = await started(engine)
     params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=1234)
     alone = await (await s.submit(Request("sampling test", params))).result()
@@ -200,7 +200,7 @@ async def test_seeded_sampling_is_independent_of_batch_mates(tiny_model_dir: Pat
 @pytest.mark.asyncio
 async def test_continuous_priority_newcomer_admitted_before_older_low_priority(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     s = await started(engine, mode="continuous", max_batch_size=1)
     running = await s.submit(Request("long running", SamplingParams(max_tokens=40)))
     while not s.collector.ttft_ms.count:
@@ -269,7 +269,7 @@ async def test_prefix_cache_and_chunks_keep_greedy_outputs_exact(request, model_
                                                                  chunk: int) -> None:
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1, prefix_cache_mb=cache_mb)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     s = await started(engine, prefill_chunk_tokens=chunk, idle_admit_delay_ms=0)
     first = [SYSTEM + task for task in AGENT_TASKS]
     streams = [await s.submit(Request(p, SamplingParams(max_tokens=12))) for p in first]
@@ -296,7 +296,7 @@ async def test_a_long_prompt_alone_goes_a_step_at_a_time_and_answers_exactly(req
     is computed that many tokens a forward (its memory bounded), with the same answer."""
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     assert engine.prefill_step_tokens == 4096  # on the CPU
     engine.prefill_step_tokens = 16
     forwards: list[int] = []
@@ -307,7 +307,7 @@ async def test_a_long_prompt_alone_goes_a_step_at_a_time_and_answers_exactly(req
     result = await (await s.submit(Request(prompt, SamplingParams(max_tokens=6)))).result()
     await s.stop()
     handle.remove()
-    n = len(engine.tokenize(prompt))
+    n = len(engine.text.tokenize(prompt))
     assert n > 32 and forwards[: -(-n // 16)] == [16] * (n // 16) + ([n % 16] if n % 16 else [])
     assert result.token_ids == reference_cached(model_dir, prompt, 6)
 
@@ -423,7 +423,7 @@ async def test_agents_sending_one_system_prompt_at_once_hold_it_once_in_the_serv
     system prompt; ``kv_cache`` says how many tokens are held once for several rows, and every
     answer is still generate's."""
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, prefix_cache_mb=64)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     s = await started(engine, idle_admit_delay_ms=0)
     prompts = [SYSTEM * 2 + task for task in AGENT_TASKS]
     first = await s.submit(Request(prompts[0], SamplingParams(max_tokens=60)))
@@ -514,7 +514,7 @@ async def test_greedy_logprobs_are_the_models_log_softmax(tiny_model_dir: Path) 
 @pytest.mark.asyncio
 async def test_logit_bias_min_tokens_and_ignore_eos_on_the_real_engine(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    eos = min(engine.eos_token_ids)
+    eos = min(engine.text.eos_token_ids)
     s = await started(engine)
 
     async def run(**params) -> RequestResult:
@@ -642,7 +642,7 @@ async def test_rows_parked_for_another_users_request_resume_exactly(request, mod
     parked on the way gives the text it gives alone."""
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     s = await started(engine, max_batch_size=3)
     seeded = SamplingParams(max_tokens=24, temperature=0.9, top_k=50, seed=7)
     alone = await (await s.submit(Request("sampling test", seeded, owner="alice"))).result()

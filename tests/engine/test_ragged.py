@@ -63,7 +63,7 @@ def test_padding_never_reaches_the_linears_and_every_real_column_is_the_models_o
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     prompts = ["KV cache", "What is dynamic batching and why does it help throughput?", "agents plan"]
-    seqs = [Sequence(Request(p, SamplingParams(max_tokens=1)), engine.tokenize(p)) for p in prompts]
+    seqs = [Sequence(Request(p, SamplingParams(max_tokens=1)), engine.text.tokenize(p)) for p in prompts]
     work = WholePrompts(engine, seqs)
     seen: list[int] = []
     embed = engine.model.get_input_embeddings()

@@ -39,7 +39,7 @@ def made_up_words(seed: int, size: int = 1 << 20) -> str:
 )
 def test_detokenize_gives_back_any_text(text: str) -> None:
     engine = SimulatedEngine()
-    assert engine.detokenize(engine.tokenize(text)) == text
+    assert engine.text.detokenize(engine.text.tokenize(text)) == text
 
 
 def test_answers_cost_one_token_per_word_mark_or_paragraph_break() -> None:
@@ -47,9 +47,9 @@ def test_answers_cost_one_token_per_word_mark_or_paragraph_break() -> None:
     for prompt in [*SAMPLE_PROMPTS, "banana bread"]:
         for seed in range(5):
             answer = compose_answer(prompt, seed)
-            ids = engine.tokenize(answer)
+            ids = engine.text.tokenize(answer)
             assert len(ids) == len(re.findall(r"[\w']+|[^\w\s]|\n+", answer))
-            assert engine.detokenize(ids) == answer
+            assert engine.text.detokenize(ids) == answer
 
 
 def test_unknown_words_cost_about_what_a_bpe_spends_on_them() -> None:
@@ -57,21 +57,21 @@ def test_unknown_words_cost_about_what_a_bpe_spends_on_them() -> None:
     text = made_up_words(2, 10_000)
     words = len(text.split())
     # A seen word is one token; a never-seen one a few (one per two letters here).
-    assert words < len(engine.tokenize(text)) < len(text) * 0.6
-    assert len(engine.tokenize("What is dynamic batching?")) == 5
+    assert words < len(engine.text.tokenize(text)) < len(text) * 0.6
+    assert len(engine.text.tokenize("What is dynamic batching?")) == 5
 
 
 def test_a_character_spelled_in_bytes_streams_only_when_complete() -> None:
     engine = SimulatedEngine()
-    ids = engine.tokenize("🤖")
+    ids = engine.text.tokenize("🤖")
     assert len(ids) == 4  # the robot is not in the vocabulary: four UTF-8 bytes
-    assert engine.detokenize(ids[:2]).endswith("\ufffd")  # what Sequence.append holds back
-    assert engine.detokenize([*ids, EOS_ID]) == "🤖"
+    assert engine.text.detokenize(ids[:2]).endswith("\ufffd")  # what Sequence.append holds back
+    assert engine.text.detokenize([*ids, EOS_ID]) == "🤖"
 
 
 def test_a_crlf_is_never_split_between_tokens() -> None:
     engine = SimulatedEngine()
-    fragments = [engine.detokenize([i]) for i in engine.tokenize("one \r\ntwo\r\n\r\nthree zzz\r\n")]
+    fragments = [engine.text.detokenize([i]) for i in engine.text.tokenize("one \r\ntwo\r\n\r\nthree zzz\r\n")]
     # A stream reader (SSE) would take a CR and an LF in separate events for two line breaks.
     assert not any(fragment.endswith("\r") for fragment in fragments), fragments
 
@@ -79,20 +79,20 @@ def test_a_crlf_is_never_split_between_tokens() -> None:
 def test_detokenize_refuses_ids_outside_the_vocabulary() -> None:
     engine = SimulatedEngine()
     with pytest.raises(ValueError, match="not in the vocabulary"):
-        engine.detokenize([knowledge_tokenizer().vocab_size])
+        engine.text.detokenize([knowledge_tokenizer().vocab_size])
     with pytest.raises(ValueError, match="not in the vocabulary"):
-        engine.detokenize([-1])
+        engine.text.detokenize([-1])
 
 
 def test_prompts_of_made_up_words_leave_no_memory_behind() -> None:
     """Issue 9: 20 refused 1 MiB prompts of made-up words grew the old vocabulary by ~100 MB."""
     engine = SimulatedEngine()
     vocab_size = knowledge_tokenizer().vocab_size
-    engine.tokenize(made_up_words(100))  # warm up whatever is cached once
+    engine.text.tokenize(made_up_words(100))  # warm up whatever is cached once
     gc.collect()
     blocks = sys.getallocatedblocks()
     for seed in range(20):
-        engine.tokenize(made_up_words(seed))
+        engine.text.tokenize(made_up_words(seed))
     gc.collect()
     # The old tokenizer kept two objects per new word: about a million blocks here.
     assert sys.getallocatedblocks() - blocks < 10_000

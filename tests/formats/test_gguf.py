@@ -126,7 +126,7 @@ def test_wider_blocks_are_int8_and_a_named_format_takes_every_linear(gguf_dir: P
 async def test_greedy_answers_from_a_q4_0_file_are_its_own_choices(gguf_dir: Path) -> None:
     engine = HFEngine(str(gguf_dir / "model-q4_0.gguf"), num_threads=1)
     assert engine.info.details["linear_kernels"].startswith("from GGUF: int4")
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     service = InferenceService(ServiceConfig(speculative="off"), engine_loader=lambda: engine)
     service.start()
     await service.wait_ready()

@@ -149,8 +149,8 @@ async def test_a_1mib_prompt_is_refused_without_tokenizing_and_jupyter_stays_res
     await service.wait_ready()
     engine = service._loop.engine
     tokenized: list[int] = []
-    real_tokenize = engine.tokenize
-    monkeypatch.setattr(engine, "tokenize", lambda text: tokenized.append(len(text)) or real_tokenize(text))
+    real_tokenize = engine.text.tokenize
+    monkeypatch.setattr(engine.text, "tokenize", lambda text: tokenized.append(len(text)) or real_tokenize(text))
 
     async def refuse_all() -> None:
         for path, body in [("infer/generate", {"prompt": MIB_PROMPT}),

@@ -316,7 +316,7 @@ async def test_a_long_prompt_is_chunked_while_a_stream_keeps_its_tokens_coming()
     events = running.__aiter__()
     await events.__anext__()  # it is decoding
     long_prompt = "Why does batching help on a busy server? " * 6
-    n = len(engine.tokenize(long_prompt))
+    n = len(engine.text.tokenize(long_prompt))
     steps = s.subscribe()
     long_ = await s.submit(req(long_prompt, max_tokens=4))
     result = await long_.result()

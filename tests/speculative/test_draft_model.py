@@ -67,7 +67,7 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
                                                                                tmp_path: Path) -> None:
     draft = _perturbed(tiny_model_dir, tmp_path / "draft", 0.3)
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, draft_model=str(draft))
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     engine.configure_speculation("draft", 4, 8)
     seqs = [_seq(engine, p, 30) for p in FRESH[:2]]
     sampled = engine.execute(keeping(engine, 0, seqs))
@@ -150,7 +150,7 @@ def test_a_long_history_is_caught_up_a_chunk_a_step_not_in_one_stall(tiny_model_
     from jupyter_infer.speculative.draft_model import CATCH_UP_TOKENS
 
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1, draft_model=str(tiny_model_dir))
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     engine.configure_speculation("draft", 4, 8)
     seq = _seq(engine, " ".join(FRESH * 12), 40)
     assert len(seq.prompt_ids) > 2 * CATCH_UP_TOKENS

@@ -39,7 +39,7 @@ def test_a_guess_is_what_followed_the_latest_earlier_occurrence_of_the_last_toke
 
 async def _answers(engine: HFEngine, prompts: list[str], n: list[int], *, late: bool = False,
                    **config) -> tuple[list[RequestResult], dict]:
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     service = InferenceService(ServiceConfig(prefix_cache_mb=0, **config), engine_loader=lambda: engine)
     service.start()
     await service.wait_ready()
@@ -84,8 +84,8 @@ async def test_a_row_that_ends_inside_an_accepted_run_gets_exactly_its_tokens(ti
 @pytest.mark.asyncio
 async def test_a_stop_string_inside_an_accepted_run_cuts_the_answer_as_without_guesses(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    engine.eos_token_ids = frozenset()
-    text = engine.detokenize(reference(tiny_model_dir, COPY[2], 40))
+    engine.text.eos_token_ids = frozenset()
+    text = engine.text.detokenize(reference(tiny_model_dir, COPY[2], 40))
     stop = text[len(text) // 2 : len(text) // 2 + 4]
 
     async def answer(speculative: str) -> RequestResult:
@@ -116,7 +116,7 @@ def test_the_engine_proposes_what_the_plan_allows_and_nothing_more(tiny_model_di
     """Who guesses and how many is the scheduler's: a row with no guesses in the plan proposes
     none, one allowed k proposes at most k."""
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     engine.configure_speculation("ngram", 16, 8)
     seqs = [_seq(engine, p, 40) for p in COPY]
     sampled = engine.execute(keeping(engine, 0, seqs))
@@ -203,7 +203,7 @@ def test_a_sampled_rows_tokens_follow_its_models_distribution_guesses_or_not() -
 @pytest.mark.asyncio
 async def test_sampled_rows_speculate_and_seeded_rows_do_not(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    engine.eos_token_ids = frozenset()
+    engine.text.eos_token_ids = frozenset()
     service = InferenceService(ServiceConfig(prefix_cache_mb=0), engine_loader=lambda: engine)
     service.start()
     await service.wait_ready()

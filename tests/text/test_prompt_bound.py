@@ -48,7 +48,7 @@ def test_no_token_of_the_simulated_engine_stands_for_more_than_the_bound() -> No
     @given(TEXTS | st.lists(st.sampled_from(["the", " model", " attention", "\r\n", " ", "KV"]),
                             max_size=60).map("".join))
     def holds(text: str) -> None:
-        assert len(text) <= len(engine.tokenize(text)) * engine.max_token_chars
+        assert len(text) <= len(engine.text.tokenize(text)) * engine.text.max_token_chars
 
     holds()
 
@@ -71,9 +71,9 @@ async def test_the_service_refuses_by_length_before_tokenizing(monkeypatch: pyte
     service = InferenceService(ServiceConfig(engine="simulated", max_prompt_tokens=10), engine_loader=lambda: engine)
     service.start()
     tokenized: list[int] = []
-    real = engine.tokenize
-    monkeypatch.setattr(engine, "tokenize", lambda text: tokenized.append(len(text)) or real(text))
-    bound = 10 * engine.max_token_chars
+    real = engine.text.tokenize
+    monkeypatch.setattr(engine.text, "tokenize", lambda text: tokenized.append(len(text)) or real(text))
+    bound = 10 * engine.text.max_token_chars
     try:
         with pytest.raises(InvalidRequest, match="InferApp.max_prompt_tokens"):
             await service.submit(Request("x" * (bound + 1)))
@@ -81,8 +81,8 @@ async def test_the_service_refuses_by_length_before_tokenizing(monkeypatch: pyte
             await service.submit(Request("", messages=[{"role": "user", "content": "y" * (bound + 1)}]))
         assert tokenized == []
         # Exactly at the bound, the longest token ten times: it fits, and is served.
-        longest = max((p for p in engine._tokenizer._pieces if p.startswith(" ")), key=len)
-        assert len(longest) == engine.max_token_chars
+        longest = max((p for p in engine.text.tokenizer._pieces if p.startswith(" ")), key=len)
+        assert len(longest) == engine.text.max_token_chars
         stream = await service.submit(Request(longest * 10))
         assert (await stream.result()).prompt_tokens == 10 and tokenized[0] == bound
         assert service.metrics()["requests"]["rejected"] == 2

@@ -14,7 +14,7 @@ import openai
 import pytest
 from server_helpers import TOKEN, server_config, service_of
 
-from jupyter_infer.wire.reasoning import ReasoningSplitter, split_reasoning
+from jupyter_infer.text.reasoning import ReasoningSplitter, split_reasoning
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}
@@ -109,7 +109,7 @@ def test_a_constraint_applies_after_the_reasoning_section(where: str, tiny_model
 
     def fits(text: str) -> bool:
         row = grammar.row()
-        return row.matcher.consume_tokens(engine.tokenize(text)) and row.matcher.is_accepting()
+        return row.matcher.consume_tokens(engine.text.tokenize(text)) and row.matcher.is_accepting()
 
     opened = "<think>" if where == "may" else ""
     assert fits(opened + "a <b> << </t x </thinkers</think>\n\nWord")

@@ -31,7 +31,7 @@ class DecodeCeiling(Contender):
 
         model = self.engine.model
         device = model.device
-        rows = [self.engine.tokenize(a.prompt) for a in workload.arrivals]
+        rows = [self.engine.text.tokenize(a.prompt) for a in workload.arrivals]
         want = torch.tensor([a.max_tokens for a in workload.arrivals])
         ids, mask = (t.to(device) for t in left_pad_rows(rows, self.engine.pad_token_id))
         with torch.inference_mode():

@@ -94,12 +94,12 @@ def renamed(schema: dict, n: int) -> dict:
 def own_eos(engine: Any, eos_token_ids: frozenset[int]) -> Iterator[None]:
     """The bench's engine ignores EOS (every other section generates exactly what it asks
     for); a constrained answer ends at EOS, so this section gives the model its own back."""
-    before = engine.eos_token_ids
-    engine.eos_token_ids = eos_token_ids
+    before = engine.text.eos_token_ids
+    engine.text.eos_token_ids = eos_token_ids
     try:
         yield
     finally:
-        engine.eos_token_ids = before
+        engine.text.eos_token_ids = before
 
 
 async def ask(service: Any, prompt: str, max_tokens: int, name: str = "", schema: dict | None = None,

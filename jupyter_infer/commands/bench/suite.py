@@ -103,10 +103,10 @@ class Suite:
         engine = in_fresh_thread(lambda: HFEngine(model_dir, device=cfg.device, dtype=cfg.dtype, num_threads=threads))
         # Every contender generates exactly the tokens asked for: EOS must not end a row early
         # ([i] gives it back: a constrained answer ends at EOS).
-        eos, engine.eos_token_ids = engine.eos_token_ids, frozenset()
+        eos, engine.text.eos_token_ids = engine.text.eos_token_ids, frozenset()
 
         def count(text: str) -> int:
-            return len(engine.tokenize(text))
+            return len(engine.text.tokenize(text))
 
         return Setup(model_dir, engine, threads, count, wl.burst(count, *cfg.sizes["burst"]), eos)
 

@@ -17,28 +17,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from ...constraints import tool_formats
 from ...constraints.grammar import GrammarCompiler, masks_beside
 from ...cpu import kernels
 from ...cpu.cpu_share import CpuShare
 from ...cpu.model_linears import LinearReport
 from ...decoding.sampling import RowSampler, grammar_rows, sample
 from ...decoding.step_cost import StepCost
-from ...errors import InvalidRequest
 from ...formats import gguf_load
 from ...formats.device_choice import check_quantize, default_num_threads, pick_device, pick_dtype
 from ...formats.hf_load import check_format, held_dtype, load_causal_lm, parameter_count
 from ...speculative import proposals
 from ...speculative.draft_model import DraftModel
-from ...text.generation_defaults import reasons, sampling_defaults
-from ...text.token_bound import longest_token_chars
+from ...text.generation_defaults import sampling_defaults
+from ...text.hf_text import HFText, load_tokenizer
 from ...values import load_progress
 from ...values.engine_info import EngineInfo
 from ..base import Engine, KVUsage, Sampled
@@ -80,21 +76,19 @@ class HFEngine(Engine):
     ) -> None:
         super().__init__()
         hf_logging.disable_progress_bar()  # a server log is no place for tqdm bars
-        torch_dtype, linears = self._read(model, device, dtype, num_threads, local_files_only, quantize,
-                                          prepack_weights)
+        torch_dtype, linears, tokenizer = self._read(model, device, dtype, num_threads, local_files_only, quantize,
+                                                     prepack_weights)
         load_progress.current().phase("getting ready to serve (grammars, draft model, forward)")
         parameters = parameter_count(self.model)
         config = self.model.config
-        eos = self.model.generation_config.eos_token_id
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        pad = self.tokenizer.pad_token_id
-        self.pad_token_id = pad if pad is not None else (min(self.eos_token_ids) if self.eos_token_ids else 0)
-        self.max_token_chars = longest_token_chars(self.tokenizer)
+        self.text = HFText(tokenizer, self.model.generation_config, tool_call_format=tool_call_format,
+                           split_reasoning=split_reasoning)
+        eos = self.text.eos_token_ids
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else (min(eos) if eos else 0)
         self.logits_width = int(config.vocab_size)  # what a grammar's mask covers
-        self.grammars = _grammars(self.tokenizer, self.logits_width, self.eos_token_ids)
-        self.draft = DraftModel.load(draft_model, self.tokenizer, self.logits_width, kv=kv_cache, device=self.device,
+        self.grammars = _grammars(tokenizer, self.logits_width, eos)
+        self.draft = DraftModel.load(draft_model, tokenizer, self.logits_width, kv=kv_cache, device=self.device,
                                      dtype=torch_dtype, prepack=prepack_weights,
                                      local_files_only=local_files_only if draft_local_files_only is None
                                      else draft_local_files_only) if draft_model else None
@@ -123,19 +117,17 @@ class HFEngine(Engine):
         # each: a second read of every weight.
         per_layer = 2**20 if self.device == "cpu" else 64 * 2**20
         self.bucket_bytes = config.num_hidden_layers * per_layer if self.ragged else self.load.weight_bytes
-        self.tool_format, self.renders_tools, self.tool_specials = tool_formats.of_tokenizer(
-            self.tokenizer, tool_call_format)
         self.info = self._engine_info(model, torch_dtype, parameters, linears, quantize)
         if generation_defaults:
             self.info.sampling_defaults = sampling_defaults(self.model.generation_config)
-        self.info.reasoning = split_reasoning and reasons(self.tokenizer)
+        self.info.reasoning = self.text.reasons
         # How wide a forced run is fed (step_cost: its pad columns stay in the bucket's cache).
         # On the CPU only: a GPU's forward returns before it ran, and is overhead-bound anyway.
         self.step_cost = StepCost() if self.device == "cpu" else None
 
     def _read(self, model: str, device: str, dtype: str, num_threads: int, local_files_only: bool,
-              quantize: str, prepack: bool) -> tuple[torch.dtype, LinearReport]:
-        """The tokenizer and the model, on the device and in the dtype chosen for them."""
+              quantize: str, prepack: bool) -> tuple[torch.dtype, LinearReport, Any]:
+        """The model, on the device and in the dtype chosen for it, and its tokenizer."""
         check_format(model)
         self.device = pick_device(device)
         torch_dtype = pick_dtype(dtype, self.device)
@@ -149,12 +141,11 @@ class HFEngine(Engine):
             # Fewer threads beside a busy neighbour, where the user left the count to us.
             self.cpu_share = CpuShare(torch.get_num_threads(), adapt=not num_threads)
         load_progress.current().phase("reading the tokenizer")
-        self.tokenizer = (gguf_load.load_tokenizer(model) if gguf
-                          else AutoTokenizer.from_pretrained(model, local_files_only=local_files_only))
+        tokenizer = load_tokenizer(model, local_files_only)
         self.model, linears, self.load = load_causal_lm(
             model, dtype=torch_dtype, device=self.device, local_files_only=local_files_only,
             quantize=quantize, prepack=prepack)
-        return torch_dtype, linears
+        return torch_dtype, linears, tokenizer
 
     def _engine_info(self, model: str, dtype: torch.dtype, parameters: int, linears: LinearReport,
                      quantize: str) -> EngineInfo:
@@ -167,8 +158,8 @@ class HFEngine(Engine):
             device=self.device,
             dtype=str(dtype).removeprefix("torch."),
             max_context=int(max_context),
-            tool_calls={"format": self.tool_format.name,
-                        "prompt": "chat template" if self.renders_tools else "built-in"},
+            tool_calls={"format": self.text.tool_format.name,
+                        "prompt": "chat template" if self.text.renders_tools else "built-in"},
             details={
                 "architecture": (config.architectures or [type(self.model).__name__])[0],
                 "parameters": parameters,
@@ -181,7 +172,8 @@ class HFEngine(Engine):
                 **({"weight_cache": linears.cache} if linears.cache else {}),
                 "forward": self.forward_path(),
                 **self.load.details(),
-                "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+                "chat_template": self.text.has_template,
+                **({"fim": self.text.fim.family} if self.text.fim else {}),
                 **draft,
             },
         )
@@ -195,32 +187,9 @@ class HFEngine(Engine):
             return "transformers' modules, every bucket in one forward"
         return "transformers' modules, a forward per bucket"
 
-    # -- text -------------------------------------------------------------------------------
-    def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def detokenize(self, token_ids: Seq[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
     @property
     def vocab_size(self) -> int:
         return int(self.model.get_input_embeddings().num_embeddings)
-
-    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> str:
-        if getattr(self.tokenizer, "chat_template", None):
-            from jinja2 import TemplateError
-
-            try:
-                return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                          tools=tools, **(template_kwargs or {}))
-            except (TemplateError, TypeError, ValueError, KeyError, AttributeError, RecursionError) as err:
-                # "Conversation roles must alternate user/assistant", a template's own
-                # raise_exception, one that reads a field these messages lack, or tools
-                # nested too deep for its ``tojson``.
-                raise InvalidRequest(f"The model's chat template refused these messages: {err}",
-                                     param="messages") from None
-        return super().render_chat(messages, template_kwargs, tools)
 
     # -- steps ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -394,7 +363,7 @@ class HFEngine(Engine):
 
     def new_row(self, seq: Sequence) -> Row:
         """A newcomer's row: its sampler (its claim on its prompt comes once it is prefilled)."""
-        return Row(seq.id, RowSampler.build(seq.params, seq.prompt_ids, self.eos_token_ids, self.device,
+        return Row(seq.id, RowSampler.build(seq.params, seq.prompt_ids, self.text.eos_token_ids, self.device,
                                             seq.grammar))
 
 

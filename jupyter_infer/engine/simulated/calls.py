@@ -17,8 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...constraints.tools import call_text
-from ...values.request import Request
-from ...wire.chat import message_text
+from ...values.request import Request, message_text
 
 __all__ = ["asked", "simulated_turn"]
 

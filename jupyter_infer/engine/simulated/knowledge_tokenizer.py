@@ -16,6 +16,7 @@ import re
 import string
 from collections.abc import Iterable, Sequence
 
+from ...text.model_text import ModelText
 from .answers import knowledge_texts
 
 EOS_ID = 0
@@ -108,3 +109,19 @@ def _decode(spelled: bytearray) -> str:
 def knowledge_tokenizer() -> ByteFallbackTokenizer:
     """The one tokenizer every simulated engine shares: it is immutable, so threads may share it."""
     return ByteFallbackTokenizer(knowledge_texts())
+
+
+class SimulatedText(ModelText):
+    """The simulated engine's text side: the shared knowledge tokenizer, its own EOS (a bench
+    may empty one engine's), no chat template (a chat is its ``role: content`` lines)."""
+
+    def __init__(self) -> None:
+        self.tokenizer = knowledge_tokenizer()  # fixed and shared: prompts cannot grow it
+        self.eos_token_ids = frozenset({EOS_ID})
+        self.max_token_chars = self.tokenizer.longest_piece
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.tokenize(text)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.detokenize(token_ids)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,7 +30,7 @@ from ...values.request import TokenLogprob
 from ..base import Engine, RowOutput, Sampled
 from .answers import compose_answer
 from .calls import asked, simulated_turn
-from .knowledge_tokenizer import EOS_ID, knowledge_tokenizer
+from .knowledge_tokenizer import EOS_ID, SimulatedText
 
 if TYPE_CHECKING:
     from ...values.sequence import Sequence
@@ -109,29 +108,21 @@ class SimulatedEngine(Engine):
             max_context=max_context,
             fallback_reason=fallback_reason,
         )
-        self.eos_token_ids = frozenset({EOS_ID})
         self.prefill_chunk_tokens = 64
         self.token_delay_ms = token_delay_ms
         self.prefill_ms_per_token = prefill_ms_per_token
         self.prefill_base_ms = prefill_base_ms
         self._rng = random.Random(seed)
-        self._tokenizer = knowledge_tokenizer()  # fixed and shared: prompts cannot grow it
-        self.max_token_chars = self._tokenizer.longest_piece
-        tokens = self._tokenizer.token_bytes()
+        self.text = SimulatedText()
+        tokenizer = self.text.tokenizer
         self.grammars = GrammarCompiler.for_tokens(
-            tokens, lambda data: self._tokenizer.tokenize(data.decode("utf-8", "replace")), EOS_ID)
+            tokenizer.token_bytes(), lambda data: tokenizer.tokenize(data.decode("utf-8", "replace")), EOS_ID)
         # A constrained row that cannot read on in its answer closes what it opened.
-        self._closers = [EOS_ID, *(self._tokenizer.tokenize(c)[0] for c in ('"', "}", "]"))]
-
-    def tokenize(self, text: str) -> list[int]:
-        return self._tokenizer.tokenize(text)
-
-    def detokenize(self, token_ids: Seq[int]) -> str:
-        return self._tokenizer.detokenize(token_ids)
+        self._closers = [EOS_ID, *(tokenizer.tokenize(c)[0] for c in ('"', "}", "]"))]
 
     @property
     def vocab_size(self) -> int:
-        return self._tokenizer.vocab_size
+        return self.text.tokenizer.vocab_size
 
     def prefill(self, seqs: list[Sequence], num_scheduled: list[int]) -> Sampled:
         """Prompts cost time by their tokens; a prompt's first token comes once all of it is
@@ -155,7 +146,7 @@ class SimulatedEngine(Engine):
         """The tokens a prefilled ``seq`` reads out: its composed answer, or the tool call it
         makes (``calls``)."""
         call, _ = simulated_turn(seq.request)
-        return self.tokenize(call or compose_answer(asked(seq.request), self._seed_for(seq)))
+        return self.text.tokenize(call or compose_answer(asked(seq.request), self._seed_for(seq)))
 
     def _start(self, seqs: list[Sequence]) -> Sampled:
         """The rows of prefilled ``seqs`` join the decoding rows; their first tokens."""

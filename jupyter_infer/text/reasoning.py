@@ -11,8 +11,19 @@ be the start of a tag.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 OPEN, CLOSE = "<think>", "</think>"
+
+
+def reasons(tokenizer: Any) -> bool:
+    """Whether the model writes a ``<think>…</think>`` section (Qwen3, DeepSeek-R1's
+    distills): both tags are tokens of its own, and its chat template speaks of them."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or "</think>" not in template:
+        return False
+    vocab = tokenizer.get_vocab()
+    return "<think>" in vocab and "</think>" in vocab
 
 
 def opens_reasoning(prompt_tail: str) -> bool:
