@@ -92,6 +92,7 @@ def measure(cfg: BenchConfig, log: Callable[[str], None], threads: int) -> dict[
     log(f"\n[g] real size ({model}, {threads} threads): ours f32 / bf16 / int8 / int4 against llama-server "
         "f32 / f16 / q8_0 / q4_0 / q4_K_M, speculation off on both sides, then on")
     notes: list[str] = []
+    cfg.out.mkdir(parents=True, exist_ok=True)  # the servers' logs go there (run alone: --only real_size)
     longest = max(count(a.prompt) + a.max_tokens for w in loads for a in w.requests)
     active = cpu.contenders(cfg, log, model, threads, burst[0], longest * 2, notes, VARIANTS, LLAMA)
     measured: dict[str, Any] = {}

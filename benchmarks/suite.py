@@ -12,7 +12,7 @@ from jupyter_infer.commands.bench.suite import Setup, Suite
 
 class PeerSuite(Suite):
     def _sections(self):  # noqa: ANN202 - Suite's
-        return (*super()._sections(), ({"cpu"}, self._measure_cpu))
+        return (*super()._sections(), ({"cpu"}, self._measure_cpu), ({"real_size"}, self._measure_real_size))
 
     def peers(self, section: str, setup: Setup, rows: int, longest: int) -> list[Contender]:
         """``generate`` (closed workloads) and transformers' continuous batching beside ours;
@@ -50,10 +50,15 @@ class PeerSuite(Suite):
             self.log(f"  {what}: {peer.base_url} ready in {peer.process.startup_s:.1f} s")
 
     def _measure_cpu(self, setup: Setup) -> None:
-        """[g] the CPU forward pass against llama.cpp, and each variant's quality; then at a real size."""
-        from benchmarks import cpu, real_size
+        """[g] the CPU forward pass against llama.cpp, and each variant's quality."""
+        from benchmarks import cpu
 
         measured = cpu.measure(self.config, self.log, setup.model_dir, setup.threads, setup.count)
         self.results["workloads"].update(measured.workloads)
         self.results["cpu_quality"] = measured.quality
+
+    def _measure_real_size(self, setup: Setup) -> None:
+        """[g] the same at a real size (the 0.5b shape)."""
+        from benchmarks import real_size
+
         self.results["workloads"].update(real_size.measure(self.config, self.log, setup.threads))
