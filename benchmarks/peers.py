@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_infer.commands.bench.completions import CompletionsPeer
+from jupyter_infer.cpu.child_process import dies_with_parent
 
 
 class ServerProcess:
@@ -29,7 +30,8 @@ class ServerProcess:
                  timeout: float = 300.0, headers: dict[str, str] | None = None) -> None:
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         started = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                     preexec_fn=dies_with_parent())  # a killed bench leaves no server behind
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

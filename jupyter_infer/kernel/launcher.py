@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..cpu.child_process import dies_with_parent
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -63,7 +65,8 @@ class LocalServer:
             cmd.append("--allow-root")
         cmd += [arg for k, v in self.options.items() for arg in _cli_options(k, v)]
         self._log = open(self._log_path, "w")  # noqa: SIM115 - closed in stop()
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        # Ends with its parent (a test's timeout, a killed bench): no server left with parent 1.
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=dies_with_parent())
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

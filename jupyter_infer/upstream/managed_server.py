@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import secrets
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from ..cpu.child_process import dies_with_parent
 
 # The command each engine starts ({model}, {port}, {token} filled in) and where its API is.
 # vLLM and llama-server read the key from their environment (VLLM_API_KEY, LLAMA_API_KEY), where
@@ -119,7 +120,7 @@ class ManagedServer:
             env = {**os.environ, "VLLM_API_KEY": self.token, "LLAMA_API_KEY": self.token,
                    "LLAMA_ARG_API_KEY": self.token, "JUPYTER_TOKEN": self.token}
             self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                          env=env, start_new_session=True, preexec_fn=dies_with_parent())
         finally:
             log.close()
         log_line.info("jupyter_infer | %s started (pid %d, port %d): %s", self.kind, self._proc.pid, self.port,
@@ -196,22 +197,3 @@ async def _end(proc: subprocess.Popen | None) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     await asyncio.to_thread(proc.wait)
 
-
-def _prctl() -> Any:
-    """libc's prctl, looked up here in the parent: the forked child only calls it (loading a
-    library between fork and exec in a threaded server could deadlock)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _prctl()
-
-
-def _die_with_parent() -> None:
-    """In the child, before it runs: on Linux, SIGTERM when the Jupyter server dies."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -19,6 +19,7 @@ import pytest
 
 from jupyter_infer.commands import serve
 from jupyter_infer.commands.cli import main
+from jupyter_infer.cpu.child_process import dies_with_parent
 from jupyter_infer.kernel.launcher import free_port
 
 pytestmark = pytest.mark.timeout(90)
@@ -142,5 +143,6 @@ def start_serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str, dict
         [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", *args,
          f"--port={port}", "--ip=127.0.0.1", f"--IdentityProvider.token={token}"],
         cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        preexec_fn=dies_with_parent(),
     )
     return proc, f"http://127.0.0.1:{port}", {"Authorization": f"token {token}"}, log

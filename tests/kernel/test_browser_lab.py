@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 import pytest
 
+from jupyter_infer.cpu.child_process import dies_with_parent
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +132,8 @@ class LabProcess:
 
     def start(self) -> None:
         with open(self.home / "lab.log", "a") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.home)
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.home,
+                                         preexec_fn=dies_with_parent())
 
         def ready() -> bool:
             if self.proc.poll() is not None:

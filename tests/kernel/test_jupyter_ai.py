@@ -23,6 +23,7 @@ import tool_venvs
 from server_helpers import stop_process
 from tornado.websocket import websocket_connect
 
+from jupyter_infer.cpu.child_process import dies_with_parent
 from jupyter_infer.kernel.launcher import free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -71,7 +72,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
          # Jupyter AI's MCP server: not its fixed 3001, busy elsewhere (0 makes its client dial port 0).
          f"--MCPExtensionApp.mcp_port={free_port()}",
          *jupyternaut_options(f"http://127.0.0.1:{port}", TOKEN, "simulated")],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_parent())
     server = Lab(root, port, proc)
     try:
         deadline = time.monotonic() + 120

@@ -27,6 +27,7 @@ import httpx
 import pytest
 import tool_venvs
 
+from jupyter_infer.cpu.child_process import dies_with_parent
 from jupyter_infer.kernel.launcher import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -111,7 +112,7 @@ class Hub:
         self._log = open(self.root / "hub.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "jupyterhub"), "-f", "jupyterhub_config.py"],
-            cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT,
+            cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=dies_with_parent(),
         )
         self._wait(lambda: httpx.get(f"{self.url}/hub/api/").status_code == 200, "the hub's API")
         for user in ("alice", "bob", "carol", "teacher"):

@@ -26,6 +26,7 @@ from nbclient import NotebookClient
 from server_helpers import AUTH, TOKEN, eventually, parse_sse, stop_process
 from upstream_helpers import CountingProxy, free_port, wait_for_http
 
+from jupyter_infer.cpu.child_process import dies_with_parent
 from jupyter_infer.kernel.launcher import LocalServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -50,7 +51,7 @@ def transformers_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
         proc = subprocess.Popen(
             [command, "serve", str(tiny_model_dir), "--continuous-batching",
              "--host", "127.0.0.1", "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=dies_with_parent(),
         )
     url = f"http://127.0.0.1:{port}/v1"
     try:
