@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..values.engine_info import EngineInfo
 from ..values.step import KVUsage, RowOutput, Sampled, StepPlan
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ..text.model_text import ModelText
     from ..values.sequence import Sequence
 
-__all__ = ["Batch", "Engine", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan"]
+__all__ = ["Batch", "Engine", "HeldRows", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan"]
 
 
 class Batch(Protocol):
@@ -39,19 +39,43 @@ class Batch(Protocol):
         """The rows of ``self``, then those of ``other``."""
 
 
-@dataclass
-class RowTable:
-    """The rows an engine holds between steps, by request id: the decoding rows as one
-    ``Batch``, the row of each prompt still being prefilled (its KV so far), and each parked
-    row (fair share: a decoding row sitting out, as a batch of its own)."""
+B = TypeVar("B", bound=Batch)  # an engine's decoding rows
+P = TypeVar("P")  # what an engine keeps of a prompt part-way through its prefill
 
-    decoding: Batch | None = None
-    prefilling: dict[str, Any] = field(default_factory=dict)
-    parked: dict[str, Batch] = field(default_factory=dict)
+
+@dataclass(frozen=True)
+class HeldRows:
+    """The ids of the rows an engine holds, by where they are (``Engine.held_rows``): the
+    decoding rows in the engine's order, the prompts part-way through their prefill, the
+    parked rows."""
+
+    decoding: list[str]
+    prefilling: list[str]
+    parked: list[str]
 
     @property
     def ids(self) -> list[str]:
-        return (self.decoding.ids if self.decoding is not None else []) + list(self.prefilling) + list(self.parked)
+        return self.decoding + self.prefilling + self.parked
+
+
+@dataclass
+class RowTable(Generic[B, P]):
+    """The rows an engine holds between steps, by request id: the decoding rows as one
+    ``Batch`` (``B``: the engine's own), the row of each prompt still being prefilled (``P``:
+    what the engine keeps of it, its KV so far), and each parked row (fair share: a decoding
+    row sitting out, as a batch of its own)."""
+
+    decoding: B | None = None
+    prefilling: dict[str, P] = field(default_factory=dict)
+    parked: dict[str, B] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[str]:
+        return self.held().ids
+
+    def held(self) -> HeldRows:
+        return HeldRows(self.decoding.ids if self.decoding is not None else [], list(self.prefilling),
+                        list(self.parked))
 
     def drop(self, ids: list[str]) -> None:
         """The rows in ``ids`` left: their KV goes (an id the table does not hold is skipped)."""
@@ -76,7 +100,7 @@ class RowTable:
         for row_id in resume:
             self.join(self.parked.pop(row_id))
 
-    def join(self, newcomers: Batch | None) -> None:
+    def join(self, newcomers: B | None) -> None:
         if newcomers is not None:
             self.decoding = newcomers if self.decoding is None else self.decoding.concatenate(newcomers)
 
@@ -124,7 +148,15 @@ class Engine(abc.ABC):
         raise NotImplementedError
 
     def __init__(self) -> None:
-        self.rows = RowTable()  # the running rows, from one step to the next
+        self.rows: RowTable[Any, Any] = RowTable()  # the running rows, from one step to the next
+
+    def held_rows(self) -> HeldRows:
+        """The ids of the rows this engine holds now (decoding, part-way, parked)."""
+        return self.rows.held()
+
+    def drop_rows(self) -> None:
+        """Every row goes, with its KV (the loop stopped: no step holds them any more)."""
+        self.rows.clear()
 
     def execute(self, plan: StepPlan) -> Sampled:
         """Run ``plan``: the rows that left go, parked rows move, then the plan's tokens, one
@@ -160,15 +192,13 @@ class Engine(abc.ABC):
             raise RuntimeError(f"the plan's decoding rows {sorted(at)} are not the engine's {sorted(held)}")
         decoding = [plan.seqs[i] for i in order]
         guesses = {plan.seqs[i].id: k for i, k in enumerate(plan.guesses) if k}
-        if not prompts:
-            parts = [(order, self.decode(decoding, guesses))]
+        if prompts:
+            order, sampled = order + prompts, self.mixed(decoding, *new, guesses)
         else:
-            decoded, sampled = self.mixed(decoding, *new, guesses)
-            parts = [(order, decoded), (prompts, sampled)]
+            sampled = self.decode(decoding, guesses)
         out: Sampled = [RowOutput()] * len(plan.seqs)
-        for where, part in parts:
-            for row, output in zip(where, part, strict=True):
-                out[row] = output
+        for row, output in zip(order, sampled, strict=True):
+            out[row] = output
         return out
 
     @abc.abstractmethod
@@ -186,11 +216,11 @@ class Engine(abc.ABC):
     def mixed(
         self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
         guesses: dict[str, int] | None = None,
-    ) -> tuple[Sampled, Sampled]:
-        """A step of both kinds: ``decode(decoding, guesses)``'s tokens, and ``prefill``'s for
-        the prompt rows. Here one after the other; an engine that can runs both in one forward
-        (and says so with ``mixes_steps``)."""
-        return self.decode(decoding, guesses), self.prefill(seqs, num_scheduled)
+    ) -> Sampled:
+        """A step of both kinds: one ``RowOutput`` per row, ``decode(decoding, guesses)``'s for
+        the decoding rows then ``prefill``'s for the prompt rows. Here one after the other; an
+        engine that can runs both in one forward (and says so with ``mixes_steps``)."""
+        return self.decode(decoding, guesses) + self.prefill(seqs, num_scheduled)
 
     def configure_speculation(self, method: str, tokens: int, max_rows: int) -> None:  # noqa: B027 - optional
         """Draft tokens verified in the decode step, from ``method`` ("ngram", "draft": the

@@ -80,7 +80,7 @@ class EngineLoop(RequestLoop):
         if executor is not None:
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
         if self.engine is not None:
-            self.engine.rows.clear()  # the step that held them has ended
+            self.engine.drop_rows()  # the step that held them has ended
         self._state = "stopped"
 
     def release(self) -> None:

@@ -37,7 +37,7 @@ from ...text.generation_defaults import sampling_defaults
 from ...text.hf_text import HFText, load_tokenizer
 from ...values import load_progress
 from ...values.engine_info import EngineInfo
-from ..base import Engine, KVUsage, Sampled
+from ..base import Engine, KVUsage, RowTable, Sampled
 from ..kv import kv_cache
 from ..kv.prefix_cache import PrefixCache
 from ..kv.shared_prefix import Claim, SharedPrefixes
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 class HFEngine(Engine):
     mixes_steps = True  # newcomers' prompt blocks run in the decoding rows' forward (ragged.py)
+    # The decoding rows as length buckets; a prompt part-way, its one-row batch so far.
+    rows: RowTable[Buckets, HFBatch]
 
     def __init__(
         self,
@@ -304,13 +306,13 @@ class HFEngine(Engine):
     def mixed(
         self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
         guesses: dict[str, int] | None = None,
-    ) -> tuple[Sampled, Sampled]:
+    ) -> Sampled:
         """The decoding rows' step and the prompt tokens ``prefill`` would run, in one forward:
         the prompts' blocks beside the buckets' (``ragged.py``), so newcomers cost the
         decoding rows their tokens' share of a step, not a step of their own."""
         work, rest = prompt_work(self, seqs, num_scheduled, self.rows.prefilling)
         decoded, finished = self._step(decoding, guesses, work)
-        return decoded, self._took(finished, rest)
+        return decoded + self._took(finished, rest)
 
     @torch.inference_mode()
     def _step(self, seqs: list[Sequence], guesses: dict[str, int] | None,

@@ -194,7 +194,7 @@ class PromptChunk:
 
 
 def prompt_work(engine: PromptRunner, seqs: list[Sequence], num_scheduled: list[int],
-                partial: dict[str, HFBatch]) -> tuple[WholePrompts | PromptChunk, dict[str, Any]]:
+                partial: dict[str, HFBatch]) -> tuple[WholePrompts | PromptChunk, dict[str, HFBatch]]:
     """The prompt tokens ``num_scheduled`` asks of ``seqs``: whole prompts, or a long prompt
     alone, a chunk at a time; and the rows of ``partial`` this step does not continue."""
     seq = seqs[0]

@@ -27,7 +27,7 @@ import numpy as np
 from ...constraints.grammar import GrammarCompiler, GrammarRow
 from ...values.engine_info import EngineInfo
 from ...values.request import TokenLogprob
-from ..base import Engine, RowOutput, Sampled
+from ..base import Engine, RowOutput, RowTable, Sampled
 from .answers import compose_answer
 from .calls import asked, simulated_turn
 from .knowledge_tokenizer import EOS_ID, SimulatedText
@@ -86,6 +86,7 @@ class PartialPrompt:
 
 class SimulatedEngine(Engine):
     mixes_steps = True  # newcomers' prompt tokens ride in the decoding rows' step (``mixed``)
+    rows: RowTable[SimulatedBatch, PartialPrompt]
 
     def __init__(
         self,
@@ -163,14 +164,14 @@ class SimulatedEngine(Engine):
     def mixed(
         self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
         guesses: dict[str, int] | None = None,
-    ) -> tuple[Sampled, Sampled]:
+    ) -> Sampled:
         """The decoding rows' step with newcomers' prompt tokens in it, as one forward costs:
         a token's delay and each prompt token's time (not a prefill's fixed cost again)."""
         decoded = self.decode(decoding)
         # Through ``prefill`` itself (tests' scripted engines override it), its fixed cost off.
         fixed, self.prefill_base_ms = self.prefill_base_ms, 0.0
         try:
-            return decoded, self.prefill(seqs, num_scheduled)
+            return decoded + self.prefill(seqs, num_scheduled)
         finally:
             self.prefill_base_ms = fixed
 
