@@ -14,5 +14,5 @@ def keeping(engine: Engine, step_id: int, seqs: list[Sequence], keep: Iterable[s
     """A plan of ``seqs`` after which, of the rows the engine holds, only those in ``keep``
     stay: the others leave first (the scheduler's ``finished``)."""
     kept = set(keep)
-    return StepPlan(step_id, seqs, list(num_scheduled or []),
-                    finished=[i for i in engine.rows.ids if i not in kept], **more)
+    return StepPlan.of(step_id, seqs, num_scheduled,
+                       finished=[i for i in engine.held_rows().ids if i not in kept], **more)

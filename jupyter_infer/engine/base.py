@@ -1,7 +1,7 @@
 """The one small interface the engine loop drives, step by step, from its engine thread:
 ``execute(plan)``, one output per row. The engine owns its running rows (``RowTable``), as
-vLLM's runner keeps its ``InputBatch``: the plan names them by id, says which left and which
-park or resume, and nothing of them crosses back."""
+vLLM's runner keeps its ``InputBatch``: the plan names them by id, sends a new row's request
+once, says which left and which park or resume, and nothing of them crosses back."""
 
 from __future__ import annotations
 
@@ -11,15 +11,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..values.engine_info import EngineInfo
-from ..values.step import KVUsage, RowOutput, Sampled, StepPlan
+from ..values.step import KVUsage, RowOutput, RowRequest, Sampled, StepPlan
 
 if TYPE_CHECKING:
     from ..constraints.grammar import GrammarCompiler
     from ..cpu.cpu_share import CpuShare
     from ..text.model_text import ModelText
-    from ..values.sequence import Sequence
 
-__all__ = ["Batch", "Engine", "HeldRows", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan"]
+__all__ = ["Batch", "Engine", "HeldRows", "KVUsage", "RowOutput", "RowRequest", "RowTable", "Sampled", "StepPlan"]
 
 
 class Batch(Protocol):
@@ -62,12 +61,13 @@ class HeldRows:
 class RowTable(Generic[B, P]):
     """The rows an engine holds between steps, by request id: the decoding rows as one
     ``Batch`` (``B``: the engine's own), the row of each prompt still being prefilled (``P``:
-    what the engine keeps of it, its KV so far), and each parked row (fair share: a decoding
-    row sitting out, as a batch of its own)."""
+    what the engine keeps of it, its KV so far), each parked row (fair share: a decoding row
+    sitting out, as a batch of its own), and each row's request, as its first plan sent it."""
 
     decoding: B | None = None
     prefilling: dict[str, P] = field(default_factory=dict)
     parked: dict[str, B] = field(default_factory=dict)
+    requests: dict[str, RowRequest] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[str]:
@@ -87,6 +87,7 @@ class RowTable(Generic[B, P]):
         for row_id in gone:
             self.prefilling.pop(row_id, None)
             self.parked.pop(row_id, None)
+            self.requests.pop(row_id, None)
 
     def move(self, park: list[str], resume: list[str]) -> None:
         """Set the rows in ``park`` aside, and put those in ``resume`` back after the decoding rows."""
@@ -105,7 +106,7 @@ class RowTable(Generic[B, P]):
             self.decoding = newcomers if self.decoding is None else self.decoding.concatenate(newcomers)
 
     def clear(self) -> None:
-        self.decoding, self.prefilling, self.parked = None, {}, {}
+        self.decoding, self.prefilling, self.parked, self.requests = None, {}, {}, {}
 
 
 class Engine(abc.ABC):
@@ -159,14 +160,16 @@ class Engine(abc.ABC):
         self.rows.clear()
 
     def execute(self, plan: StepPlan) -> Sampled:
-        """Run ``plan``: the rows that left go, parked rows move, then the plan's tokens, one
-        ``RowOutput`` per row of ``plan.seqs``. A step that fails leaves no half-updated row:
-        the decoding rows it ran are dropped (the scheduler fails their requests)."""
+        """Run ``plan``: the rows that left go, parked rows move, new rows' requests are kept,
+        then the plan's tokens, one ``RowOutput`` per row of ``plan.ids`` (each row's tokens
+        join its request's ``output_ids``). A step that fails leaves no half-updated row: the
+        decoding rows it ran are dropped (the scheduler fails their requests)."""
         rows = self.rows
         rows.drop(plan.finished)
         rows.move(plan.park, plan.resume)
-        if not plan.seqs:
+        if not plan.ids:
             return []
+        rows.requests.update((r.id, r) for r in plan.new)
         started = time.perf_counter()
         try:
             sampled = self._run(plan)
@@ -174,47 +177,51 @@ class Engine(abc.ABC):
             if plan.failure_loses_decoding:
                 rows.decoding = None  # a decode may have half-updated the batch: start clean
             raise
+        for row_id, output in zip(plan.ids, sampled, strict=True):
+            rows.requests[row_id].output_ids += output.tokens
         if self.cpu_share is not None:  # here: the step's thread is the one whose team it sets
             self.cpu_share.after_step(time.perf_counter() - started)
         return sampled
 
     def _run(self, plan: StepPlan) -> Sampled:
+        kept = self.rows.requests
         prompts = [i for i, p in enumerate(plan.prompt) if p]
-        new = ([plan.seqs[i] for i in prompts], [plan.num_scheduled[i] for i in prompts])
+        new = ([kept[plan.ids[i]] for i in prompts], [plan.num_scheduled[i] for i in prompts])
         if not plan.decoding:
             return self.prefill(*new)
         held = self.rows.decoding.ids if self.rows.decoding is not None else []
-        at = {plan.seqs[i].id: i for i in plan.decoding}
+        at = {plan.ids[i]: i for i in plan.decoding}
         # The batch's order is the engine's (length buckets; rows resumed while a prompt was
         # part-way): decode sees its rows in it, the answer comes in the plan's.
         order = [at.get(i, -1) for i in held]  # before the step: newcomers join the batch
         if len(order) != len(at) or -1 in order:
             raise RuntimeError(f"the plan's decoding rows {sorted(at)} are not the engine's {sorted(held)}")
-        decoding = [plan.seqs[i] for i in order]
-        guesses = {plan.seqs[i].id: k for i, k in enumerate(plan.guesses) if k}
+        decoding = [kept[i] for i in held]
+        guesses = {plan.ids[i]: k for i, k in enumerate(plan.guesses) if k}
         if prompts:
             order, sampled = order + prompts, self.mixed(decoding, *new, guesses)
         else:
             sampled = self.decode(decoding, guesses)
-        out: Sampled = [RowOutput()] * len(plan.seqs)
+        out: Sampled = [RowOutput()] * len(plan.ids)
         for row, output in zip(order, sampled, strict=True):
             out[row] = output
         return out
 
     @abc.abstractmethod
-    def prefill(self, seqs: list[Sequence], num_scheduled: list[int]) -> Sampled:
-        """Run ``num_scheduled[i]`` more prompt tokens of each of ``seqs``, continuing the row
-        in ``rows.prefilling`` where a prompt was begun. Rows whose prompt is now complete
-        join the decoding rows; the others stay in ``rows.prefilling``."""
+    def prefill(self, seqs: list[RowRequest], num_scheduled: list[int]) -> Sampled:
+        """Run ``num_scheduled[i]`` more prompt tokens of each of ``seqs`` (the prompt rows'
+        requests), continuing the row in ``rows.prefilling`` where a prompt was begun. Rows
+        whose prompt is now complete join the decoding rows; the others stay in
+        ``rows.prefilling``."""
 
     @abc.abstractmethod
-    def decode(self, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
-        """The tokens of every decoding row (``seqs`` are its rows, in ``rows.decoding``'s
+    def decode(self, seqs: list[RowRequest], guesses: dict[str, int] | None = None) -> Sampled:
+        """The tokens of every decoding row (``seqs``: their requests, in ``rows.decoding``'s
         order). ``guesses``: the most draft tokens a row may propose, by id (rows not named
         propose none; an engine that cannot verify drafts ignores it)."""
 
     def mixed(
-        self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        self, decoding: list[RowRequest], seqs: list[RowRequest], num_scheduled: list[int],
         guesses: dict[str, int] | None = None,
     ) -> Sampled:
         """A step of both kinds: one ``RowOutput`` per row, ``decode(decoding, guesses)``'s for

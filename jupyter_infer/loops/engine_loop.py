@@ -196,7 +196,7 @@ class EngineLoop(RequestLoop):
             started = time.monotonic()
             try:
                 sampled = await loop.run_in_executor(self._executor, self.engine.execute, plan)
-                if not plan.seqs:
+                if not plan.ids:
                     continue  # it only freed the rows that left
             except Exception as err:
                 self._fail(plan, err, in_engine=True)

@@ -131,11 +131,11 @@ class Recorder:
         return self._recent.get(request_id)
 
     # -- steps ------------------------------------------------------------------------------
-    def step(self, plan: StepPlan, produced: int, started: float, now: float, *, forced: int = 0,
-             drafts: tuple[int, int] = (0, 0)) -> None:
-        """Count a finished step in the batch that ran it (before rows leave); ``forced``: of
-        its ``produced`` tokens, those grammars forced; ``drafts``: the draft tokens its rows
-        proposed and those their model accepted (speculation)."""
+    def step(self, plan: StepPlan, seqs: Seq[Sequence], produced: int, started: float, now: float, *,
+             forced: int = 0, drafts: tuple[int, int] = (0, 0)) -> None:
+        """Count a finished step (``seqs``: its rows) in the batch that ran it (before rows
+        leave); ``forced``: of its ``produced`` tokens, those grammars forced; ``drafts``: the
+        draft tokens its rows proposed and those their model accepted (speculation)."""
         batch = self.batch
         if batch is not None:
             batch.steps += 1
@@ -146,15 +146,15 @@ class Recorder:
             if any(plan.prompt):
                 batch.prefill_steps += 1
                 # A prompt counts once, when complete (a chunked one, at its last chunk).
-                batch.prompt_tokens += sum(s.num_prompt_tokens for s, p in zip(plan.seqs, plan.prompt, strict=True)
+                batch.prompt_tokens += sum(s.num_prompt_tokens for s, p in zip(seqs, plan.prompt, strict=True)
                                            if p and s.num_computed >= len(s.prompt_ids))
         # A mixed step is the decoding rows' step (the newcomers' prompts rode in it).
         decoding = plan.prompt.count(False)
-        self.metrics.step("decode" if decoding else "prefill", decoding or len(plan.seqs), produced, now - started,
+        self.metrics.step("decode" if decoding else "prefill", decoding or len(seqs), produced, now - started,
                           now, drafts)
         if self.events.has_subscribers:  # the member list is per-step work: only when watched
             self._emit("step", step_id=plan.step_id, kind=plan.kind, chunk=plan.chunk,
-                       members=[s.id for s in plan.seqs], owners=[s.request.owner for s in plan.seqs],
+                       members=list(plan.ids), owners=[s.request.owner for s in seqs],
                        tokens=produced, forced=forced, drafted=drafts[0], accepted=drafts[1],
                        batch_id=batch.id if batch else None,
                        started_at=wall(started), ended_at=wall(now))

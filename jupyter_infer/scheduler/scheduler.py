@@ -78,7 +78,9 @@ class Scheduler(QueuedCore):
         self._step_ids = itertools.count(1)
         self._parking: list[str] = []  # rows parked, and resumed, since the last plan
         self._resuming: list[str] = []
-        self._held: set[str] = set()  # the rows the engine may hold: planned, not yet released
+        # The rows the engine may hold, planned and not yet released (vLLM's scheduler keeps
+        # its requests so): a plan names its rows by id, and its outputs come back to these.
+        self._held: dict[str, Sequence] = {}
         self.guesses = Guesses()  # who speculates, and how many (speculation the engine runs)
 
     # -- requests ---------------------------------------------------------------------------
@@ -112,22 +114,28 @@ class Scheduler(QueuedCore):
         self._parking, self._resuming = [], []
         budgets = [self._budget(s, bool(decoding)) for s in prefill]
         decoding = self.decoding  # with the rows resumed
-        plan = None
+        plan, rows = None, []
         if prefill and not (decoding and self.mixes and not any(s.alone for s in prefill)):
             self._decodes_since_prefill = 0
-            plan = StepPlan(next(self._step_ids), prefill, budgets, **moves)
+            rows = prefill
+            plan = StepPlan.of(next(self._step_ids), rows, budgets, **moves)
         elif decoding:  # and the prompt tokens, where the engine runs them in the same forward
             self._decodes_since_prefill += 1
+            rows = decoding + prefill
             scheduled = [s.num_uncomputed for s in decoding] + budgets
             guesses = self.guesses.plan(self.engine, decoding)
-            plan = StepPlan(next(self._step_ids), decoding + prefill, scheduled, **moves,
-                            guesses=guesses and guesses + [0] * len(prefill))
+            plan = StepPlan.of(next(self._step_ids), rows, scheduled, **moves,
+                               guesses=guesses and guesses + [0] * len(prefill))
         elif finished or moves["park"] or moves["resume"]:
-            plan = StepPlan(0, [], **moves)  # nothing runs: the engine only lets go of them
+            plan = StepPlan(0, **moves)  # nothing runs: the engine only lets go of them
         if plan is None:
             return None, wake_at
-        self._held.update(s.id for s in plan.seqs)
+        self._held.update((s.id, s) for s in rows)
         return plan, None
+
+    def rows(self, plan: StepPlan) -> list[Sequence]:
+        """The sequences of ``plan``'s rows, in its order (planned, not yet released)."""
+        return [self._held[i] for i in plan.ids]
 
     def _released(self) -> list[str]:
         """The rows the engine holds that left since the last plan: every one but the running
@@ -136,8 +144,9 @@ class Scheduler(QueuedCore):
         if len(self._held) == begun + len(self.parked):  # every row it holds is still live
             return []
         live = {s.id for s in self.running if s.num_computed} | {s.id for s in self.parked}
-        gone = sorted(self._held - live)
-        self._held -= set(gone)
+        gone = sorted(self._held.keys() - live)
+        for row_id in gone:
+            del self._held[row_id]
         self.guesses.forget(gone)
         return gone
 
@@ -274,7 +283,7 @@ class Scheduler(QueuedCore):
         tokens, for the output stage to append (``loops/output_stage.py``), then
         ``close_step``."""
         out: list[tuple[Sequence, RowOutput]] = []
-        for row, (seq, output) in enumerate(zip(plan.seqs, sampled, strict=True)):
+        for row, (seq, output) in enumerate(zip(self.rows(plan), sampled, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
             if plan.prompt[row]:
@@ -307,8 +316,8 @@ class Scheduler(QueuedCore):
                 seq.record.forced_tokens += n
                 forced += n
         drafts = (sum(o.proposed for o in sampled), sum(o.accepted for o in sampled))
-        self.recorder.step(plan, sum(len(tokens) for _, _, tokens in kept), started, now, forced=forced,
-                           drafts=drafts)
+        self.recorder.step(plan, self.rows(plan), sum(len(tokens) for _, _, tokens in kept), started, now,
+                           forced=forced, drafts=drafts)
         done = [seq for seq, _, _ in kept if seq.finish_reason is not None]
         for seq in done:
             self._retire(seq, "ok", now)
@@ -324,7 +333,7 @@ class Scheduler(QueuedCore):
         decoding rows every decoding row fails: its batch state is unknown (the rule both
         sides read, ``StepPlan.failure_loses_decoding``).
         """
-        newcomers = [s for s, p in zip(plan.seqs, plan.prompt, strict=True) if p]
+        newcomers = [s for s, p in zip(self.rows(plan), plan.prompt, strict=True) if p]
         decoding = self.decoding if plan.failure_loses_decoding else []
         if newcomers and retry and (len(newcomers) > 1 or decoding):
             again = []

@@ -12,7 +12,7 @@ from .ngram import propose
 
 if TYPE_CHECKING:
     from ..decoding.sampling import RowSampler
-    from ..values.sequence import Sequence
+    from ..values.step import RowRequest
     from .draft_model import DraftKV, DraftModel
 
 
@@ -26,7 +26,7 @@ class GuessingRow(Protocol):
     draft: DraftKV | None  # the draft model's KV of its history, once it guessed
 
 
-def drafts(rows: Iterable[GuessingRow], seqs: Seq[Sequence], guesses: dict[str, int],
+def drafts(rows: Iterable[GuessingRow], seqs: Seq[RowRequest], guesses: dict[str, int],
            draft_model: DraftModel | None = None) -> dict[str, list[int]]:
     """Each speculating row's draft tokens, by row id (rows without a guess are not named):
     at most ``guesses[id]`` (the scheduler's policy, ``guessing``), from ``draft_model`` if

@@ -3,10 +3,10 @@
 Plain data, like nano-vllm's ``Sequence``, below both the scheduler and the engine: the
 scheduler moves a sequence through WAITING → RUNNING → FINISHED, the answer stage
 (``loops/answer_stage.py``) appends its tokens and text and sets its finish reason; the engine
-only reads it (``id``, ``prompt_ids``, ``output_ids``, ``num_computed`` and what derives from
-them, ``params``, ``request.prompt``). ``num_computed`` counts the tokens whose KV the engine
-holds; each step catches it up with the tokens (the whole prompt, a chunk of a long one, the
-last output token), so a sequence whose prompt is not all computed yet is being prefilled.
+never sees it: a plan names its row by id, and sends the engine what the row needs once
+(``values/step.RowRequest``). ``num_computed`` counts the tokens whose KV the engine holds;
+each step catches it up with the tokens (the whole prompt, a chunk of a long one, the last
+output token), so a sequence whose prompt is not all computed yet is being prefilled.
 When things happened to it (queued, admitted, first token, finished, which batches) is
 written once, on ``record``: metrics, events and the final result all read it.
 """

@@ -1,6 +1,6 @@
-"""What crosses between the scheduler and the engine each step: the plan (which rows, how many
-tokens each, who left, who parks or resumes), one output per row, and what the rows hold in KV
-memory. Plain values, below both."""
+"""What crosses between the scheduler and the engine each step: the plan (which rows by id, how
+many tokens each, a new row's request once, who left, who parks or resumes), one output per
+row, and what the rows hold in KV memory. Plain values, below both."""
 
 from __future__ import annotations
 
@@ -8,31 +8,60 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .request import TokenLogprob
+    from .request import Request, SamplingParams, TokenLogprob
     from .sequence import Sequence
+
+
+@dataclass(eq=False)
+class RowRequest:
+    """What the engine knows of a row's request: sent once, in the plan that brings the row
+    to the engine (vLLM's ``NewRequestData``), then named by id only. Its request (the
+    parameters; the simulated engine reads the prompt and messages), its prompt's token ids,
+    its compiled constraint (``grammar``: the row gets its own matcher from it) and the tokens
+    the engine's steps gave it (``output_ids``, appended by ``Engine.execute``: the history a
+    guess reads; a row whose answer ended inside a step's tokens leaves at the next plan)."""
+
+    id: str
+    request: Request
+    prompt_ids: list[int]
+    grammar: Any = None  # constraints.grammar.Grammar
+    output_ids: list[int] = field(default_factory=list)
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @classmethod
+    def of(cls, seq: Sequence) -> RowRequest:
+        return cls(seq.id, seq.request, seq.prompt_ids, seq.grammar)
 
 
 @dataclass
 class StepPlan:
-    """What one engine step runs: ``num_scheduled[i]`` more tokens of each sequence in ``seqs``.
+    """What one engine step runs: ``num_scheduled[i]`` more tokens of each row in ``ids``.
 
     The scheduler's one rule: a sequence's computed tokens (``num_computed``, their KV in the
-    engine) catch up with its tokens. A row with no output yet is a *prompt row*: newcomers'
-    whole prompts, or the next chunk of a long one (a row whose prompt completes samples its
-    first token and joins the decoding rows); the others are *decoding rows*: each one's
-    uncomputed tokens (its last one, or those a grammar forced after it), and a token each;
-    when a step has any, they are every decoding row. A step may hold both (``kind``
-    "mixed"): one forward where the engine can. ``finished``: the rows that left the engine's
-    hands since the last plan (finished, cancelled, failed, sent back to the queue): their KV
-    goes before the step runs. A plan with no ``seqs`` only frees those. A chunk's budget may
-    pass its prompt's end (or a prefix-cache hit may cover part of it): the engine computes
-    up to the end. The engine keeps its rows itself (vLLM's ``SchedulerOutput``): a plan
-    names them by id and count, and gets one ``RowOutput`` per row back.
+    engine) catch up with its tokens. A row with no output yet is a *prompt row* (``prompt``):
+    newcomers' whole prompts, or the next chunk of a long one (a row whose prompt completes
+    samples its first token and joins the decoding rows); the others are *decoding rows*:
+    each one's uncomputed tokens (its last one, or those a grammar forced after it), and a
+    token each; when a step has any, they are every decoding row. A step may hold both
+    (``kind`` "mixed"): one forward where the engine can. ``finished``: the rows that left the
+    engine's hands since the last plan (finished, cancelled, failed, sent back to the queue):
+    their KV goes before the step runs. A plan with no rows only frees those. A chunk's budget
+    may pass its prompt's end (or a prefix-cache hit may cover part of it): the engine computes
+    up to the end. The engine keeps its rows itself (vLLM's ``SchedulerOutput``): a plan names
+    them by id and count, sends a row's request once (``new``: the rows whose prompt has not
+    begun), and gets one ``RowOutput`` per row back. ``StepPlan.of`` plans sequences.
     """
 
     step_id: int
-    seqs: list[Sequence]
-    num_scheduled: list[int] = field(default_factory=list)  # default: all of each row's uncomputed tokens
+    ids: list[str] = field(default_factory=list)
+    num_scheduled: list[int] = field(default_factory=list)
+    # Per row: a prompt row (no output yet).
+    prompt: list[bool] = field(default_factory=list)
+    # The rows new to the engine (prompt rows whose prompt has not begun): their requests.
+    new: list[RowRequest] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     # Fair share: decoding rows that sit out from this step on (their state kept aside), and
     # parked rows that rejoin the decoding rows (after them, in this order), before it runs.
@@ -41,26 +70,30 @@ class StepPlan:
     # Speculation, per row: the most draft tokens it may propose and have verified in this
     # step (the scheduler's policy, ``speculative/guessing.py``); empty: no row guesses.
     guesses: list[int] = field(default_factory=list)
-    # Per row: a prompt row (no output yet). Fixed when planned.
-    prompt: list[bool] = field(init=False, default_factory=list)
     # The prompt tokens of a prompt that continues or stops short of its end (chunked
-    # prefill); 0 for whole prompts. Fixed when planned.
-    chunk: int = field(init=False, default=0)
+    # prefill); 0 for whole prompts.
+    chunk: int = 0
 
-    def __post_init__(self) -> None:
-        self.prompt = [not s.output_ids for s in self.seqs]
-        if not self.num_scheduled:
-            # A decoding row catches up with its last tokens: one, or those a grammar forced.
-            self.num_scheduled = [s.num_uncomputed for s in self.seqs]
+    @classmethod
+    def of(cls, step_id: int, seqs: list[Sequence], num_scheduled: list[int] | None = None,
+           **more: Any) -> StepPlan:
+        """The plan of ``seqs``: ``num_scheduled`` tokens each (by default all of each one's
+        uncomputed tokens: a decoding row, its last one or those a grammar forced)."""
+        prompt = [not s.output_ids for s in seqs]
+        if not num_scheduled:
+            num_scheduled = [s.num_uncomputed for s in seqs]
+        chunk = 0
         if any(p and (s.num_computed or n < s.num_uncomputed)
-               for s, n, p in zip(self.seqs, self.num_scheduled, self.prompt, strict=True)):
-            self.chunk = sum(n for n, p in zip(self.num_scheduled, self.prompt, strict=True) if p)
+               for s, n, p in zip(seqs, num_scheduled, prompt, strict=True)):
+            chunk = sum(n for n, p in zip(num_scheduled, prompt, strict=True) if p)
+        new = [RowRequest.of(s) for s, p in zip(seqs, prompt, strict=True) if p and not s.num_computed]
+        return cls(step_id, [s.id for s in seqs], list(num_scheduled), prompt, new, chunk=chunk, **more)
 
     @property
     def kind(self) -> str:
         """"prefill" (prompt rows only), "decode" (decoding rows only) or "mixed"; "release"
         for a plan that only frees the rows that left."""
-        if not self.seqs:
+        if not self.ids:
             return "release"
         if all(self.prompt):
             return "prefill"
@@ -68,7 +101,7 @@ class StepPlan:
 
     @property
     def decoding(self) -> list[int]:
-        """Where the decoding rows are in ``seqs``."""
+        """Where the decoding rows are in ``ids``."""
         return [i for i, p in enumerate(self.prompt) if not p]
 
     @property

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -81,11 +83,12 @@ def _seq(engine: HFEngine, prompt: str, n: int) -> Sequence:
     return Sequence(Request(prompt, SamplingParams(max_tokens=n)), engine.text.tokenize(prompt))
 
 
-def step(engine: HFEngine, plan: StepPlan):
-    """Run ``plan``, append each row's tokens; the engine's decoding rows after the step."""
-    sampled = engine.execute(plan)
-    for seq, tokens in zip(plan.seqs, [o.tokens for o in sampled], strict=True):
-        seq.output_ids += tokens
+def step(engine: HFEngine, step_id: int, seqs: list[Sequence], keep: Iterable[str] = (), **more: Any):
+    """Run a plan of ``seqs`` after which only the rows in ``keep`` stay (``keeping``), append
+    each row's tokens; the engine's decoding rows after the step."""
+    sampled = engine.execute(keeping(engine, step_id, seqs, keep, **more))
+    for seq, output in zip(seqs, sampled, strict=True):
+        seq.output_ids += output.tokens
     return engine.rows.decoding
 
 
@@ -108,19 +111,19 @@ def ids(seqs: list[Sequence]) -> list[str]:
 def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:3]]
-    batch = step(engine, keeping(engine, 1, seqs))
-    batch = step(engine, keeping(engine, 2, seqs, ids(seqs)))
+    batch = step(engine, 1, seqs)
+    batch = step(engine, 2, seqs, ids(seqs))
     # The longest prompt leaves: its padding columns go with it.
     longest = max(seqs, key=lambda s: s.num_prompt_tokens)
     rest = [s for s in seqs if s is not longest]
-    batch = step(engine, keeping(engine, 3, rest, ids(rest)))
+    batch = step(engine, 3, rest, ids(rest))
     assert batch.ids == ids(rest) and len(dense(batch).rows) == 2
     width = max(s.num_prompt_tokens for s in rest) + 2  # prompt + the two tokens fed back so far
     assert dense(batch).mask.shape == (2, width)
     for layer in dense(batch).cache.layers:
         assert layer.keys.shape[0] == 2 and layer.keys.shape[2] == width
     for _ in range(7):
-        batch = step(engine, keeping(engine, 4, rest, ids(rest)))
+        batch = step(engine, 4, rest, ids(rest))
     for seq in rest:
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, 10)
     assert batch.filter([]) is None  # the last rows leave: nothing runs
@@ -129,13 +132,13 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
 def test_a_newcomer_joins_rows_that_stay_after_others_left(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, keeping(engine, 1, [a, b], []))
-    batch = step(engine, keeping(engine, 2, [a, b], ids([a, b])))
+    batch = step(engine, 1, [a, b], [])
+    batch = step(engine, 2, [a, b], ids([a, b]))
     # b left before c's prefill: the plan keeps only a, and c joins after it.
-    batch = step(engine, keeping(engine, 3, [c], [a.id]))
+    batch = step(engine, 3, [c], [a.id])
     assert batch.ids == ids([a, c])
     for n in range(4, 10):
-        batch = step(engine, keeping(engine, n, [a, c], ids([a, c])))
+        batch = step(engine, n, [a, c], ids([a, c]))
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
@@ -155,7 +158,8 @@ def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactl
 
     def run(plan: StepPlan) -> None:
         sampled = engine.execute(plan)
-        for row, (seq, tokens) in enumerate(zip(plan.seqs, [o.tokens for o in sampled], strict=True)):
+        seqs = [next(x for x in (a, b, c, long_) if x.id == i) for i in plan.ids]
+        for row, (seq, tokens) in enumerate(zip(seqs, [o.tokens for o in sampled], strict=True)):
             if plan.prompt[row]:
                 seq.num_computed = len(seq.prompt_ids) if tokens else sampled[row].computed
             seq.output_ids += tokens
@@ -239,12 +243,12 @@ def test_auto_loads_a_local_model_folder(tiny_model_dir: Path) -> None:
 def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 10) for p in PROMPTS[:2]]
-    batch = step(engine, keeping(engine, 1, seqs))
-    batch = step(engine, keeping(engine, 2, seqs, ids(seqs)))
+    batch = step(engine, 1, seqs)
+    batch = step(engine, 2, seqs, ids(seqs))
     layer = dense(batch).cache.layers[0]
     buffers = layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()
     for n in range(3, 8):
-        batch = step(engine, keeping(engine, n, seqs, ids(seqs)))
+        batch = step(engine, n, seqs, ids(seqs))
     # Keys, values and the mask grow in place: a decode step copies neither.
     assert (layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()) == buffers
     assert layer.keys.shape[2] == dense(batch).mask.shape[1]  # one column per token fed so far
@@ -393,13 +397,13 @@ def test_rows_after_a_cached_system_prompt_hold_it_once_and_decode_exactly(reque
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     engine.configure_prefix_cache(64)
     first = _seq(engine, SYSTEM * 2 + "Begin.", 16)
-    batch = step(engine, keeping(engine, 0, [first]))  # caches the system prompt, and runs
+    batch = step(engine, 0, [first])  # caches the system prompt, and runs
     agents = [_seq(engine, SYSTEM * 2 + task, 8) for task in AGENT_TASKS]
     plain = _seq(engine, PROMPTS[0], 8)
-    batch = step(engine, keeping(engine, 1, [agents[0], plain, agents[1]], [first.id]))
+    batch = step(engine, 1, [agents[0], plain, agents[1]], [first.id])
     everyone = [first, agents[0], plain, agents[1]]
-    batch = step(engine, keeping(engine, 2, everyone, ids(everyone)))
-    batch = step(engine, keeping(engine, 3, [agents[2]], ids(everyone)))  # joins late
+    batch = step(engine, 2, everyone, ids(everyone))
+    batch = step(engine, 3, [agents[2]], ids(everyone))  # joins late
     everyone.append(agents[2])
     [prefix] = {b.shared.root for b in batch if b.shared is not None}
     assert {i for b in batch if b.shared is not None for i in b.ids} == set(ids(agents))
@@ -409,10 +413,10 @@ def test_rows_after_a_cached_system_prompt_hold_it_once_and_decode_exactly(reque
     spare = len(batch.buckets) * kv_cache.SPARE_COLUMNS * len(everyone)
     assert usage.bytes_held <= (prefix.length + own + spare) * usage.bytes_per_token
     for n in range(4, 8):
-        batch = step(engine, keeping(engine, n, everyone, ids(everyone)))
+        batch = step(engine, n, everyone, ids(everyone))
     batch = batch.filter(ids(everyone[2:]))  # the first row and the first agent leave
     for n in range(8, 10):
-        batch = step(engine, keeping(engine, n, everyone[2:], ids(everyone[2:])))
+        batch = step(engine, n, everyone[2:], ids(everyone[2:]))
     for seq in everyone:
         assert seq.output_ids == reference(model_dir, seq.request.prompt, len(seq.output_ids)), seq.request.prompt
 
@@ -450,17 +454,17 @@ def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_mo
     generate when it grows past it."""
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     few, many = _seq(engine, PROMPTS[0], 5), _seq(engine, PROMPTS[1], 100)
-    batch = step(engine, keeping(engine, 1, [few]))
+    batch = step(engine, 1, [few])
     layer = dense(batch).cache.layers[0]
     assert layer._key_buf.shape[2] - layer.keys.shape[2] <= 5
-    batch = step(engine, keeping(engine, 2, [many], [few.id]))  # joins: room for the most
+    batch = step(engine, 2, [many], [few.id])  # joins: room for the most
     layer = dense(batch).cache.layers[0]
     assert layer._key_buf.shape[2] - layer.keys.shape[2] == kv_cache.SPARE_COLUMNS
     for n in range(3, 7):
-        batch = step(engine, keeping(engine, n, [few, many], ids([few, many])))
+        batch = step(engine, n, [few, many], ids([few, many]))
     batch = batch.filter([many.id])
     for n in range(7, 80):  # past the first allocation's room: it grows, and stays exact
-        batch = step(engine, keeping(engine, n, [many], [many.id]))
+        batch = step(engine, n, [many], [many.id])
     for seq in (few, many):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
@@ -468,16 +472,16 @@ def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_mo
 def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, keeping(engine, 1, [a, b]))
-    batch = step(engine, keeping(engine, 2, [c], ids([a, b])))  # c joins
+    batch = step(engine, 1, [a, b])
+    batch = step(engine, 2, [c], ids([a, b]))  # c joins
     layer = dense(batch).cache.layers[0]
     merged = layer._key_buf.data_ptr()
-    batch = step(engine, keeping(engine, 3, [a, b, c], ids([a, b, c])))
+    batch = step(engine, 3, [a, b, c], ids([a, b, c]))
     # The join wrote into a buffer with spare room: the decode after it copied nothing.
     assert layer._key_buf.data_ptr() == merged
     batch = batch.filter(ids([a, c]))  # b leaves
     kept = layer._key_buf.data_ptr()
-    batch = step(engine, keeping(engine, 4, [a, c], ids([a, c])))
+    batch = step(engine, 4, [a, c], ids([a, c]))
     assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == dense(batch).mask.shape[1]
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
@@ -554,14 +558,14 @@ def test_the_engine_reports_the_kv_memory_its_rows_hold(tiny_model_dir: Path) ->
     config = engine.model.config
     per_token = 2 * config.n_layer * config.n_head * (config.n_embd // config.n_head) * 4
     short, long_ = _seq(engine, "hi", 4), _seq(engine, SYSTEM * 3, 4)
-    batch = step(engine, keeping(engine, 1, [short, long_]))
+    batch = step(engine, 1, [short, long_])
     usage = engine.kv_usage()
     assert usage.bytes_per_token == per_token
     assert usage.tokens_held == short.num_prompt_tokens + long_.num_prompt_tokens
     width = dense(batch).mask.shape[1]
     assert usage.bytes_held >= 2 * width * per_token  # both rows as long as the longest
     assert usage.waste_ratio > 1.5
-    batch = step(engine, keeping(engine, 2, [short], [short.id]))  # the long row left
+    batch = step(engine, 2, [short], [short.id])  # the long row left
     after = engine.kv_usage()
     assert after.tokens_held == short.num_prompt_tokens + 1 and after.bytes_held < usage.bytes_held / 2
     engine.execute(keeping(engine, 3, []))  # the last row leaves
@@ -577,8 +581,8 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
     engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     long_, shorts = _seq(engine, SYSTEM * 3, 6), [_seq(engine, p, 6) for p in PROMPTS[:3]]
-    batch = step(engine, keeping(engine, 1, [long_]))
-    batch = step(engine, keeping(engine, 2, shorts, [long_.id]))
+    batch = step(engine, 1, [long_])
+    batch = step(engine, 2, shorts, [long_.id])
     assert [b.ids for b in batch.buckets] == [[long_.id], ids(shorts)]
     everyone = [long_, *shorts]
     usage = engine.kv_usage()
@@ -589,21 +593,21 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     # the embedding runs once a forward, transformers' or the Llama family's lean one
     hook = engine.model.get_input_embeddings().register_forward_pre_hook(lambda *_: forwards.append(1))
     for n in range(3, 8):  # the plan's order is the order they joined; the answers come back in it
-        batch = step(engine, keeping(engine, n, everyone, ids(everyone)))
+        batch = step(engine, n, everyone, ids(everyone))
     hook.remove()
     assert len(forwards) == 5  # one forward a step, whatever the buckets: the weights are read once
     for seq in everyone:
         assert seq.output_ids[:6] == reference(model_dir, seq.request.prompt, 6), seq.request.prompt
     # The long row leaves: the short ones are one bucket, as they were.
-    batch = step(engine, keeping(engine, 9, shorts, ids(shorts)))
+    batch = step(engine, 9, shorts, ids(shorts))
     assert [b.ids for b in batch.buckets] == [ids(shorts)]
 
 
 def test_equal_prompts_and_late_joiners_of_similar_length_share_one_bucket(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, keeping(engine, 1, [a, b]))
-    batch = step(engine, keeping(engine, 2, [c], ids([a, b])))
+    batch = step(engine, 1, [a, b])
+    batch = step(engine, 2, [c], ids([a, b]))
     assert len(batch.buckets) == 1 and batch.ids == ids([a, b, c])
 
 
@@ -611,8 +615,8 @@ def test_buckets_merge_when_the_rows_that_kept_them_apart_leave(tiny_model_dir: 
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     overhead, engine.bucket_bytes = engine.bucket_bytes, 50 * engine.kv_bytes_per_token
     long_, short, other = _seq(engine, SYSTEM * 3, 8), _seq(engine, PROMPTS[0], 8), _seq(engine, PROMPTS[1], 8)
-    batch = step(engine, keeping(engine, 1, [long_, other]))  # padded together: one bucket
-    batch = step(engine, keeping(engine, 2, [short], ids([long_, other])))
+    batch = step(engine, 1, [long_, other])  # padded together: one bucket
+    batch = step(engine, 2, [short], ids([long_, other]))
     assert len(batch.buckets) == 2
     batch.bucket_bytes = overhead  # now a bucket costs what it does
     engine_rows = batch.filter(ids([other, short]))  # the long row leaves: its padding goes
@@ -624,12 +628,12 @@ def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_mode
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     a, long_, c = _seq(engine, PROMPTS[0], 6), _seq(engine, SYSTEM * 3, 6), _seq(engine, PROMPTS[1], 6)
-    batch = step(engine, keeping(engine, 1, [a]))
-    batch = step(engine, keeping(engine, 2, [long_], [a.id]))
-    batch = step(engine, keeping(engine, 3, [c], ids([a, long_])))
+    batch = step(engine, 1, [a])
+    batch = step(engine, 2, [long_], [a.id])
+    batch = step(engine, 3, [c], ids([a, long_]))
     assert [b.ids for b in batch.buckets] == [ids([a, c]), [long_.id]]
     for n in range(4, 9):
-        batch = step(engine, keeping(engine, n, [a, long_, c], ids([a, long_, c])))
+        batch = step(engine, n, [a, long_, c], ids([a, long_, c]))
     for seq in (a, long_, c):
         assert seq.output_ids[:6] == reference(tiny_model_dir, seq.request.prompt, 6), seq.request.prompt
 

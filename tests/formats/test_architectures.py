@@ -114,7 +114,7 @@ def test_a_hybrids_recurrent_states_are_not_counted_as_wasted_kv(tiny_model_dir:
     folder = checkpoint("granitemoehybrid", tiny_model_dir, tmp_path / "hybrid")
     engine = HFEngine(str(folder), dtype="float32", num_threads=1)
     seqs = [_seq(engine, p, 4) for p in PROMPTS[:2]]
-    engine.execute(StepPlan(0, seqs))
+    engine.execute(StepPlan.of(0, seqs))
     usage = engine.kv_usage()
     batch = engine.rows.decoding.buckets[0]
     states = kv_cache.state_bytes(batch.cache)

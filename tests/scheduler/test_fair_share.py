@@ -4,7 +4,7 @@ rows, who is parked for whom, and the per-owner limits."""
 from __future__ import annotations
 
 import pytest
-from test_scheduler_core import core, outputs, postprocess
+from test_scheduler_core import core, ids, outputs, postprocess
 
 from jupyter_infer.engine import StepPlan
 from jupyter_infer.errors import QueueFull
@@ -22,7 +22,7 @@ def seq(owner: str, max_tokens: int = 50, priority: int = 0, weight: float = 1.0
 def step(s: Scheduler, now: float) -> StepPlan | None:
     plan, _ = s.schedule(now)
     if plan is not None:
-        postprocess(s, plan, outputs([[7]] * len(plan.seqs)), now, now)
+        postprocess(s, plan, outputs([[7]] * len(plan.ids)), now, now)
     return plan
 
 
@@ -49,7 +49,7 @@ def test_a_newcomer_takes_the_place_of_a_burst_row_which_is_parked_then_resumes(
     bob = seq("bob", max_tokens=2)
     s.add(bob, 0.1)
     plan = step(s, 0.1)  # bob's prefill; alice's newest row sits out
-    assert plan.kind == "prefill" and plan.seqs == [bob]
+    assert plan.kind == "prefill" and plan.ids == ids([bob])
     assert len(plan.park) == 1 and plan.resume == []
     parked = s.parked[0]
     assert parked.status is Status.PARKED and parked.request.owner == "alice"
@@ -57,11 +57,11 @@ def test_a_newcomer_takes_the_place_of_a_burst_row_which_is_parked_then_resumes(
     assert bob.record.first_token_at == 0.1
     outputs = len(parked.output_ids)
     decode = step(s, 0.2)  # bob's second token ends it
-    assert decode.kind == "decode" and parked not in decode.seqs and bob in decode.seqs
+    assert decode.kind == "decode" and parked.id not in decode.ids and bob.id in decode.ids
     assert bob.status is Status.FINISHED and len(parked.output_ids) == outputs
     plan = step(s, 0.3)  # the freed row goes back to alice's parked row, not to her queue
     assert plan.resume == [parked.id] and parked.status is Status.RUNNING
-    assert parked in plan.seqs and len(parked.output_ids) == outputs + 1  # it goes on where it was
+    assert parked.id in plan.ids and len(parked.output_ids) == outputs + 1  # it goes on where it was
     assert parked.record.parked_at == [0.1] and parked.record.resumed_at == [0.3]  # the timeline draws it
 
 
@@ -95,7 +95,7 @@ def test_priorities_order_an_owners_own_requests_not_its_place_among_owners() ->
     for q in (a_low, a_high, b):
         s.add(q, 0.0)
     plan = step(s, 0.0)
-    assert set(plan.seqs) == {a_high, b}  # alice's urgent one, and bob's turn
+    assert set(plan.ids) == {a_high.id, b.id}  # alice's urgent one, and bob's turn
 
 
 def test_without_fair_share_a_newcomer_waits_behind_the_burst() -> None:

@@ -56,11 +56,15 @@ def seq(n_prompt: int = 4, max_tokens: int = 3, priority: int = 0, at: float = 0
     return Sequence(request, list(range(1, n_prompt + 1)))
 
 
+def ids(seqs: Seq[Sequence]) -> list[str]:
+    return [x.id for x in seqs]
+
+
 def run_step(s: Scheduler, now: float, token: int = 7) -> StepPlan | None:
     """Schedule at ``now`` and, if there is a plan, give every row ``token``."""
     plan, _ = s.schedule(now)
     if plan is not None:
-        postprocess(s, plan, outputs([[token]] * len(plan.seqs)), now, now)
+        postprocess(s, plan, outputs([[token]] * len(plan.ids)), now, now)
     return plan
 
 
@@ -74,7 +78,7 @@ def test_window_waits_for_its_window_then_groups_and_the_17th_waits() -> None:
     for x in seqs[3:]:
         s.add(x, 0.02)
     plan, _ = s.schedule(0.02)  # full batch: no need to wait for the window
-    assert plan.kind == "prefill" and plan.seqs == seqs[:16]
+    assert plan.kind == "prefill" and plan.ids == ids(seqs[:16])
     assert [x.status for x in seqs[:16]] == [Status.RUNNING] * 16 and seqs[16].status is Status.WAITING
     postprocess(s, plan, outputs([[7]] * 16), 0.02, 0.03)
     # Window mode runs the batch to completion: the 17th is not admitted meanwhile.
@@ -87,7 +91,7 @@ def test_window_expiry_admits_a_partial_batch() -> None:
         s.add(seq(), 0.0)
     assert s.schedule(0.049)[0] is None
     plan, _ = s.schedule(0.05)
-    assert plan.kind == "prefill" and len(plan.seqs) == 3
+    assert plan.kind == "prefill" and len(plan.ids) == 3
 
 
 def test_continuous_newcomer_joins_after_one_decode_step_and_leavers_go_at_once() -> None:
@@ -101,10 +105,10 @@ def test_continuous_newcomer_joins_after_one_decode_step_and_leavers_go_at_once(
     assert run_step(s, 0.01).kind == "decode"
     plan = run_step(s, 0.02)
     # ... then the newcomer joins the running batch; nobody left before it.
-    assert plan.kind == "prefill" and plan.seqs == [b] and plan.finished == []
+    assert plan.kind == "prefill" and plan.ids == ids([b]) and plan.finished == []
     assert b.status is Status.FINISHED and b.record.finish_reason == "length"
     plan = run_step(s, 0.03)
-    assert plan.kind == "decode" and plan.seqs == [a] and plan.finished == [b.id]  # b's row goes
+    assert plan.kind == "decode" and plan.ids == ids([a]) and plan.finished == [b.id]  # b's row goes
 
 
 def test_priority_first_then_fifo() -> None:
@@ -114,7 +118,7 @@ def test_priority_first_then_fifo() -> None:
     for x in (*low, high):
         s.add(x, 0.0)
     plan, _ = s.schedule(0.0)
-    assert plan.seqs == [high, low[0]]
+    assert plan.ids == ids([high, low[0]])
 
 
 def test_prefill_budget_splits_long_prompts() -> None:
@@ -122,7 +126,7 @@ def test_prefill_budget_splits_long_prompts() -> None:
     a, b = seq(n_prompt=6), seq(n_prompt=6)
     s.add(a, 0.0)
     s.add(b, 0.0)
-    assert s.schedule(0.0)[0].seqs == [a]  # 2 x 6 padded tokens would exceed 10
+    assert s.schedule(0.0)[0].ids == ids([a])  # 2 x 6 padded tokens would exceed 10
 
 
 def test_queue_full_refuses_without_queueing() -> None:
@@ -145,7 +149,7 @@ def test_cancel_queued_ends_now_and_running_at_the_next_step() -> None:
     assert s.cancel(running.id, 0.01) and running.status is Status.RUNNING
     # The cancelled row left before anything else ran: the only plan lets go of its KV.
     plan = s.schedule(0.02)[0]
-    assert plan.kind == "release" and plan.seqs == [] and plan.finished == [running.id]
+    assert plan.kind == "release" and plan.ids == [] and plan.finished == [running.id]
     assert running.record.outcome == "cancelled" and not s.running
     assert s.schedule(0.02)[0] is None  # nothing left to run, nor to free
     assert not s.cancel("req-unknown", 0.03)
@@ -173,7 +177,7 @@ def test_a_failed_group_prefill_retries_each_newcomer_alone() -> None:
     plan, _ = s.schedule(0.0)
     s.fail(plan, "boom", 0.01)
     assert not s.queue.pop_finished() and all(x.status is Status.WAITING and x.alone for x in rows)
-    assert s.schedule(0.02)[0].seqs == [rows[0]]  # each alone now, in their order
+    assert s.schedule(0.02)[0].ids == ids([rows[0]])  # each alone now, in their order
 
 
 def test_a_request_cancelled_during_a_failed_group_prefill_is_not_run_again() -> None:
@@ -241,7 +245,7 @@ def test_idle_continuous_engine_waits_for_a_burst_to_pause() -> None:
     s.add(seq(), 0.008)
     plan, wake_at = s.schedule(0.009)
     assert plan is None and wake_at == pytest.approx(0.018)
-    assert len(s.schedule(0.0181)[0].seqs) == 2
+    assert len(s.schedule(0.0181)[0].ids) == 2
 
 
 # -- chunked prefill -----------------------------------------------------------------------
@@ -260,7 +264,7 @@ def chunk_step(s: Scheduler, now: float, last: bool) -> StepPlan:
     not, how far the prompt's computed tokens got)."""
     plan, _ = s.schedule(now)
     assert plan is not None and plan.chunk, plan
-    [x], [n] = plan.seqs, plan.num_scheduled
+    [x], [n] = s.rows(plan), plan.num_scheduled
     postprocess(s, plan, outputs([[7]]) if last else outputs([[]], computed=[x.num_computed + n]), now, now)
     return plan
 
@@ -277,13 +281,13 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps() -> None:
         assert run_step(s, 0.02 + i / 100).kind == "decode"  # the running row first, each time
         plan = chunk_step(s, 0.025 + i / 100, last)
         # The running row stays, and so does b's row from its second chunk on.
-        assert plan.seqs == [b] and plan.finished == [] and plan.chunk == 4
+        assert plan.ids == ids([b]) and plan.finished == [] and plan.chunk == 4
         kinds.append(b.prefilling)
     # Prefilling until the last chunk; no token (no first-token time) before it.
     assert kinds == [True, True, False] and b.num_computed == 10
     assert b.output_ids == [7] and b.record.first_token_at == pytest.approx(0.045)
     plan = run_step(s, 0.05)
-    assert plan.kind == "decode" and plan.seqs == [a, b]
+    assert plan.kind == "decode" and plan.ids == ids([a, b])
 
 
 def test_a_prompt_alone_goes_at_most_the_engines_prompt_step_at_a_time() -> None:
@@ -296,7 +300,7 @@ def test_a_prompt_alone_goes_at_most_the_engines_prompt_step_at_a_time() -> None
     steps = []
     for i, last in enumerate((False, False, True)):
         plan, _ = s.schedule(i / 100)
-        assert plan is not None and plan.seqs == [b]
+        assert plan is not None and plan.ids == ids([b])
         steps.append(plan.num_scheduled[0])
         n = plan.num_scheduled[0]
         postprocess(s, plan, outputs([[7]]) if last else outputs([[]], computed=[b.num_computed + n]), i / 100, i / 100)
@@ -319,7 +323,7 @@ def test_an_idle_engine_prefills_a_long_prompt_whole_and_the_rest_of_one_whose_s
     assert run_step(s, 0.03).kind == "decode"  # a's last token: it finishes
     assert [x.id for x in s.queue.pop_finished()] == [a.id]
     plan, _ = s.schedule(0.04)
-    assert plan.seqs == [c] and plan.num_scheduled == [6]  # the rest, at once
+    assert plan.ids == ids([c]) and plan.num_scheduled == [6]  # the rest, at once
 
 
 def test_while_a_prompt_is_chunked_others_wait_and_running_rows_bound_group_prefills() -> None:
@@ -333,15 +337,15 @@ def test_while_a_prompt_is_chunked_others_wait_and_running_rows_bound_group_pref
         s.add(x, 0.0)
     # The long prompt came first: it goes alone, and the short ones wait for its last chunk.
     assert run_step(s, 0.001).kind == "decode"
-    assert chunk_step(s, 0.002, last=False).seqs == [long_]
+    assert chunk_step(s, 0.002, last=False).ids == ids([long_])
     assert run_step(s, 0.003).kind == "decode"
-    assert chunk_step(s, 0.01, last=False).seqs == [long_]
+    assert chunk_step(s, 0.01, last=False).ids == ids([long_])
     assert run_step(s, 0.011).kind == "decode"
     chunk_step(s, 0.02, last=True)
     assert run_step(s, 0.03).kind == "decode"
     # With rows running, a group prefill holds at most a chunk of prompt tokens: 3 + 3 <= 8.
     plan = run_step(s, 0.04)
-    assert plan.kind == "prefill" and plan.seqs == shorts[:2] and not plan.chunk
+    assert plan.kind == "prefill" and plan.ids == ids(shorts[:2]) and not plan.chunk
 
 
 def test_an_idle_engine_groups_short_prompts_up_to_the_prefill_budget() -> None:
@@ -349,7 +353,7 @@ def test_an_idle_engine_groups_short_prompts_up_to_the_prefill_budget() -> None:
     shorts = [seq(n_prompt=3) for _ in range(5)]
     for x in shorts:
         s.add(x, 0.0)
-    assert run_step(s, 0.0).seqs == shorts  # nothing runs: nobody to stall
+    assert run_step(s, 0.0).ids == ids(shorts)  # nothing runs: nobody to stall
 
 
 def test_a_short_prompt_ahead_of_a_long_one_goes_first_and_alone() -> None:
@@ -357,7 +361,7 @@ def test_a_short_prompt_ahead_of_a_long_one_goes_first_and_alone() -> None:
     short, long_ = seq(n_prompt=3), seq(n_prompt=9)
     s.add(short, 0.0)
     s.add(long_, 0.0)
-    assert run_step(s, 0.0).seqs == [short]
+    assert run_step(s, 0.0).ids == ids([short])
     assert s.running == [short] and long_.status is Status.WAITING
 
 
@@ -371,7 +375,7 @@ def test_a_prompt_cancelled_while_prefilling_ends_at_the_next_step() -> None:
     chunk_step(s, 0.02, last=False)
     assert s.cancel(b.id, 0.025) and b.prefilling
     plan, _ = s.schedule(0.03)
-    assert plan.kind == "decode" and plan.seqs == [a]
+    assert plan.kind == "decode" and plan.ids == ids([a])
     assert s.running == [a] and b.record.outcome == "cancelled"
     assert [x.id for x in s.queue.pop_finished()] == [b.id]
 
@@ -489,10 +493,10 @@ def mixed_step(s: Scheduler, now: float) -> StepPlan:
     plan, _ = s.schedule(now)
     assert plan is not None
     done = [p and x.num_computed + n >= len(x.prompt_ids)
-            for x, n, p in zip(plan.seqs, plan.num_scheduled, plan.prompt, strict=True)]
+            for x, n, p in zip(s.rows(plan), plan.num_scheduled, plan.prompt, strict=True)]
     tokens = [[7] if not p or d else [] for p, d in zip(plan.prompt, done, strict=True)]
     computed = [x.num_computed + n if p else None
-                for x, n, p in zip(plan.seqs, plan.num_scheduled, plan.prompt, strict=True)]
+                for x, n, p in zip(s.rows(plan), plan.num_scheduled, plan.prompt, strict=True)]
     postprocess(s, plan, outputs(tokens, computed=computed), now, now)
     return plan
 
@@ -507,12 +511,12 @@ def test_a_newcomer_rides_in_the_decoding_rows_next_step_and_gets_its_first_toke
     s.add(c, 0.01)
     plan = mixed_step(s, 0.01)
     # One step: a's next token and both newcomers' prompts, whole; nobody waits for a step of its own.
-    assert plan.kind == "mixed" and plan.seqs == [a, b, c] and plan.prompt == [False, True, True]
+    assert plan.kind == "mixed" and plan.ids == ids([a, b, c]) and plan.prompt == [False, True, True]
     assert plan.num_scheduled == [1, 5, 6] and plan.finished == [] and not plan.chunk
     assert a.output_ids == [7, 7] and b.output_ids == [7] == c.output_ids
     assert b.record.first_token_at == pytest.approx(0.01)
     plan = mixed_step(s, 0.02)
-    assert plan.kind == "decode" and plan.seqs == [a, b, c]
+    assert plan.kind == "decode" and plan.ids == ids([a, b, c])
 
 
 def test_a_long_prompt_is_chunked_through_mixed_steps_and_the_decoding_rows_never_skip_one() -> None:
@@ -524,7 +528,7 @@ def test_a_long_prompt_is_chunked_through_mixed_steps_and_the_decoding_rows_neve
     s.add(b, 0.01)
     plans = [mixed_step(s, 0.01 + i / 100) for i in range(3)]
     # A chunk a step beside a's token: a gets a token every step, b's prompt goes 4, 4, 2.
-    assert [p.kind for p in plans] == ["mixed"] * 3 and all(p.seqs == [a, b] for p in plans)
+    assert [p.kind for p in plans] == ["mixed"] * 3 and all(p.ids == ids([a, b]) for p in plans)
     assert [p.num_scheduled for p in plans] == [[1, 4], [1, 4], [1, 4]] and all(p.chunk == 4 for p in plans)
     assert a.output_ids == [7] * 4 and b.output_ids == [7] and b.num_computed == 10
     assert b.record.first_token_at == pytest.approx(0.03)
@@ -543,7 +547,7 @@ def test_a_failed_mixed_step_fails_the_decoding_rows_and_retries_the_newcomer_al
     # be innocent: it is retried in a prefill of its own.
     assert a.record.outcome == "failed" and b.status is Status.WAITING and b.alone
     plan = mixed_step(s, 0.03)
-    assert plan.kind == "prefill" and plan.seqs == [b]
+    assert plan.kind == "prefill" and plan.ids == ids([b])
 
 
 def test_the_window_batcher_never_mixes() -> None:
@@ -565,8 +569,8 @@ def test_a_steps_prompt_budget_counts_real_tokens_not_padding() -> None:
     for x in (short, other, third):
         s.add(x, 0.01)
     plan = mixed_step(s, 0.01)
-    assert plan.seqs == [a, short, other] and plan.num_scheduled == [1, 2, 6]
-    assert mixed_step(s, 0.02).seqs == [a, short, other, third]
+    assert plan.ids == ids([a, short, other]) and plan.num_scheduled == [1, 2, 6]
+    assert mixed_step(s, 0.02).ids == ids([a, short, other, third])
 
 
 class GuessingEngine(FakeEngine):
@@ -614,4 +618,4 @@ def test_rows_that_ask_for_logprobs_or_carry_a_seed_never_guess() -> None:
     s.add(seeded, 0.0)
     run_step(s, 0.0)
     plan, _ = s.schedule(0.01)
-    assert [x.id for x in plan.seqs] == [asks.id, seeded.id] and plan.guesses == []
+    assert plan.ids == [asks.id, seeded.id] and plan.guesses == []

@@ -380,7 +380,7 @@ async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole()
     engine._sleep_ms = slept.append
     seq = Sequence(req("x"), list(range(1, 101)))
     while True:
-        [output] = engine.execute(StepPlan(1, [seq], [64]))
+        [output] = engine.execute(StepPlan.of(1, [seq], [64]))
         if output.tokens:
             break
         seq.num_computed = output.computed

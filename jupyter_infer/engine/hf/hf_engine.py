@@ -49,7 +49,7 @@ from .prompt_work import PromptChunk, Start, WholePrompts, prompt_work
 from .row import Row
 
 if TYPE_CHECKING:
-    from ...values.sequence import Sequence
+    from ...values.step import RowRequest
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class HFEngine(Engine):
 
     # -- steps ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence], num_scheduled: list[int]) -> Sampled:
+    def prefill(self, seqs: list[RowRequest], num_scheduled: list[int]) -> Sampled:
         """Whole prompts in one forward; a long prompt alone, a chunk at a time (its row in
         ``rows.prefilling`` until the last)."""
         work, rest = prompt_work(self, seqs, num_scheduled, self.rows.prefilling)
@@ -239,7 +239,7 @@ class HFEngine(Engine):
 
         self.prefix_cache.insert(prompt, len(prompt), kv_of)
 
-    def cached_start(self, seq: Sequence) -> Start:
+    def cached_start(self, seq: RowRequest) -> Start:
         """Where ``seq``'s row starts: the shared prefix it refers to (held once: ``None`` if
         none, or where the model runs no blocks), how many prompt tokens are cached (shared
         ones included) and the KV of the cached ones after the shared prefix, for the row's own
@@ -250,11 +250,11 @@ class HFEngine(Engine):
             return None, n, kv
         return shared, n, kv[:, :, :, shared.length :].contiguous() if shared.length < n else None
 
-    def claim(self, seq: Sequence) -> Claim | None:
+    def claim(self, seq: RowRequest) -> Claim | None:
         """The row's claim on its prompt's blocks, which newcomers may share while it runs."""
         return self._shared.claim(seq.prompt_ids) if self._shared is not None else None
 
-    def _cached_prefix(self, seq: Sequence) -> tuple[int, torch.Tensor | None]:
+    def _cached_prefix(self, seq: RowRequest) -> tuple[int, torch.Tensor | None]:
         """The longest cached prefix of ``seq``'s prompt (0 and ``None`` without a cache, or
         for a row that wants its prompt's logprobs: those need every prompt position's logits)."""
         if self.prefix_cache is None or seq.params.prompt_logprobs is not None:
@@ -297,14 +297,14 @@ class HFEngine(Engine):
         self.speculative_method, self.speculative_max_rows = method, max_rows
         self.speculative_tokens = tokens if method != "off" else 0
 
-    def decode(self, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
+    def decode(self, seqs: list[RowRequest], guesses: dict[str, int] | None = None) -> Sampled:
         """Every row's next tokens, all buckets in one forward (``_forward``), in the batch's
         order; a row feeds a grammar's forced run, or draft tokens to verify (draft_columns.py)."""
         return self._step(seqs, guesses, None)[0]
 
     @torch.inference_mode()
     def mixed(
-        self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        self, decoding: list[RowRequest], seqs: list[RowRequest], num_scheduled: list[int],
         guesses: dict[str, int] | None = None,
     ) -> Sampled:
         """The decoding rows' step and the prompt tokens ``prefill`` would run, in one forward:
@@ -315,7 +315,7 @@ class HFEngine(Engine):
         return decoded + self._took(finished, rest)
 
     @torch.inference_mode()
-    def _step(self, seqs: list[Sequence], guesses: dict[str, int] | None,
+    def _step(self, seqs: list[RowRequest], guesses: dict[str, int] | None,
               prompts: WholePrompts | PromptChunk | None) -> tuple:
         """The decoding rows' tokens (the batch's order) and, with ``prompts``, what their
         ``finish`` gives, from one forward over the buckets' blocks then the prompts'."""
@@ -363,7 +363,7 @@ class HFEngine(Engine):
             logits.append(out.logits.flatten(0, 1))
         return torch.cat(logits)
 
-    def new_row(self, seq: Sequence) -> Row:
+    def new_row(self, seq: RowRequest) -> Row:
         """A newcomer's row: its sampler (its claim on its prompt comes once it is prefilled)."""
         return Row(seq.id, RowSampler.build(seq.params, seq.prompt_ids, self.text.eos_token_ids, self.device,
                                             seq.grammar))

@@ -23,7 +23,7 @@ from .batch import HFBatch, left_pad_rows, row_ends, spare_columns
 from .row import Row
 
 if TYPE_CHECKING:
-    from ...values.sequence import Sequence
+    from ...values.step import RowRequest
     from ..kv.prefix_cache import PrefixCache
     from ..kv.shared_prefix import Claim, SharedPrefix
     from .buckets import Buckets
@@ -42,13 +42,13 @@ class PromptRunner(Protocol):
     pad_token_id: int
     prefix_cache: PrefixCache | None
 
-    def cached_start(self, seq: Sequence) -> Start:
+    def cached_start(self, seq: RowRequest) -> Start:
         """Where ``seq``'s row starts: a shared prefix, its cached tokens, their own KV."""
 
-    def new_row(self, seq: Sequence) -> Row:
+    def new_row(self, seq: RowRequest) -> Row:
         """A newcomer's row (its sampler)."""
 
-    def claim(self, seq: Sequence) -> Claim | None:
+    def claim(self, seq: RowRequest) -> Claim | None:
         """The row's claim on its prompt's blocks, which newcomers may share while it runs."""
 
     def remember(self, prompt: list[int], start: Start, block: ragged.Block, row: int) -> None:
@@ -64,7 +64,7 @@ class WholePrompts:
     reads ``[pad | cached | pad | rest]``, the mask hides both pads and ``position_ids``
     continue from the cached length."""
 
-    def __init__(self, engine: PromptRunner, seqs: list[Sequence]) -> None:
+    def __init__(self, engine: PromptRunner, seqs: list[RowRequest]) -> None:
         self.engine, self.seqs = engine, seqs
         self.starts = [engine.cached_start(s) for s in seqs]
         lots: dict[int, list[int]] = {}  # the rows after each shared prefix, in the plan's order
@@ -76,7 +76,7 @@ class WholePrompts:
         self.rows: list[Row] = [engine.new_row(seqs[i]) for i in self.order]
         self.echo = any(s.params.prompt_logprobs is not None for s in seqs)
 
-    def _block(self, seqs: list[Sequence], starts: list[Start]) -> ragged.Block:
+    def _block(self, seqs: list[RowRequest], starts: list[Start]) -> ragged.Block:
         """The prompts of rows after one shared prefix (or none) as one left-padded block: each
         row's cached part after that prefix, padding, the rest of its prompt."""
         engine = self.engine
@@ -143,7 +143,7 @@ class PromptChunk:
 
     echo = False  # a request for its prompt's logprobs is never chunked
 
-    def __init__(self, engine: PromptRunner, seq: Sequence, partial: HFBatch | None, budget: int) -> None:
+    def __init__(self, engine: PromptRunner, seq: RowRequest, partial: HFBatch | None, budget: int) -> None:
         self.engine, self.seq, self.partial = engine, seq, partial
         prompt = seq.prompt_ids
         self.rows = partial.rows if partial is not None else [engine.new_row(seq)]
@@ -193,12 +193,12 @@ class PromptChunk:
         return sampled, None, {seq.id: row}
 
 
-def prompt_work(engine: PromptRunner, seqs: list[Sequence], num_scheduled: list[int],
+def prompt_work(engine: PromptRunner, seqs: list[RowRequest], num_scheduled: list[int],
                 partial: dict[str, HFBatch]) -> tuple[WholePrompts | PromptChunk, dict[str, HFBatch]]:
     """The prompt tokens ``num_scheduled`` asks of ``seqs``: whole prompts, or a long prompt
     alone, a chunk at a time; and the rows of ``partial`` this step does not continue."""
     seq = seqs[0]
-    if len(seqs) == 1 and (seq.id in partial or num_scheduled[0] < seq.num_uncomputed):
+    if len(seqs) == 1 and (seq.id in partial or num_scheduled[0] < len(seq.prompt_ids)):
         rest = {i: r for i, r in partial.items() if i != seq.id}
         return PromptChunk(engine, seq, partial.get(seq.id), num_scheduled[0]), rest
     return WholePrompts(engine, seqs), partial

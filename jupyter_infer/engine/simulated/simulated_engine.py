@@ -33,7 +33,7 @@ from .calls import asked, simulated_turn
 from .knowledge_tokenizer import EOS_ID, SimulatedText
 
 if TYPE_CHECKING:
-    from ...values.sequence import Sequence
+    from ...values.step import RowRequest
 
 
 SIMULATED_RUN = 12  # answer tokens a constrained row reads into one string (or text) before closing it
@@ -125,31 +125,31 @@ class SimulatedEngine(Engine):
     def vocab_size(self) -> int:
         return self.text.tokenizer.vocab_size
 
-    def prefill(self, seqs: list[Sequence], num_scheduled: list[int]) -> Sampled:
+    def prefill(self, seqs: list[RowRequest], num_scheduled: list[int]) -> Sampled:
         """Prompts cost time by their tokens; a prompt's first token comes once all of it is
         in (a chunked one over several steps, ``rows.prefilling`` says how far each got)."""
         partial = self.rows.prefilling
         done = [partial[s.id].done if s.id in partial else 0 for s in seqs]
-        ends = [min(s.num_prompt_tokens, d + n) for s, d, n in zip(seqs, done, num_scheduled, strict=True)]
+        ends = [min(len(s.prompt_ids), d + n) for s, d, n in zip(seqs, done, num_scheduled, strict=True)]
         self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * (sum(ends) - sum(done)))
-        complete = [e == s.num_prompt_tokens for s, e in zip(seqs, ends, strict=True)]
+        complete = [e == len(s.prompt_ids) for s, e in zip(seqs, ends, strict=True)]
         if any(complete) and not all(complete):
             raise RuntimeError("the scheduler chunks a long prompt alone")
         for s, end in zip(seqs, ends, strict=True):
             partial.pop(s.id, None)
-            if end < s.num_prompt_tokens:
+            if end < len(s.prompt_ids):
                 partial[s.id] = PartialPrompt(end)
         if not any(complete):
             return [RowOutput(computed=end) for end in ends]
         return self._start(seqs)
 
-    def answer(self, seq: Sequence) -> list[int]:
+    def answer(self, seq: RowRequest) -> list[int]:
         """The tokens a prefilled ``seq`` reads out: its composed answer, or the tool call it
         makes (``calls``)."""
         call, _ = simulated_turn(seq.request)
         return self.text.tokenize(call or compose_answer(asked(seq.request), self._seed_for(seq)))
 
-    def _start(self, seqs: list[Sequence]) -> Sampled:
+    def _start(self, seqs: list[RowRequest]) -> Sampled:
         """The rows of prefilled ``seqs`` join the decoding rows; their first tokens."""
         rows = [SimulatedRow(s.id, self.answer(s), s.grammar.row() if s.grammar is not None else None,
                              whole=simulated_turn(s.request)[1]) for s in seqs]
@@ -162,7 +162,7 @@ class SimulatedEngine(Engine):
         return sampled
 
     def mixed(
-        self, decoding: list[Sequence], seqs: list[Sequence], num_scheduled: list[int],
+        self, decoding: list[RowRequest], seqs: list[RowRequest], num_scheduled: list[int],
         guesses: dict[str, int] | None = None,
     ) -> Sampled:
         """The decoding rows' step with newcomers' prompt tokens in it, as one forward costs:
@@ -175,12 +175,12 @@ class SimulatedEngine(Engine):
         finally:
             self.prefill_base_ms = fixed
 
-    def decode(self, seqs: list[Sequence], guesses: dict[str, int] | None = None) -> Sampled:
+    def decode(self, seqs: list[RowRequest], guesses: dict[str, int] | None = None) -> Sampled:
         self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
         rows = self.rows.decoding.rows
         return self._sampled(self._tokens(rows, seqs), seqs, rows)
 
-    def _tokens(self, rows: list[SimulatedRow], seqs: list[Sequence]) -> list[list[int]]:
+    def _tokens(self, rows: list[SimulatedRow], seqs: list[RowRequest]) -> list[list[int]]:
         """Each row's tokens this step: its answer's next, or a constrained row's choice and
         the tokens its grammar forces after it (then EOS once it is complete)."""
         tokens = []
@@ -215,7 +215,7 @@ class SimulatedEngine(Engine):
                 return token
         return int(np.flatnonzero(allowed)[0]) if allowed.any() else EOS_ID
 
-    def _sampled(self, tokens: list[list[int]], seqs: list[Sequence], rows: list[SimulatedRow]) -> Sampled:
+    def _sampled(self, tokens: list[list[int]], seqs: list[RowRequest], rows: list[SimulatedRow]) -> Sampled:
         out = []
         for chosen, seq, row in zip(tokens, seqs, rows, strict=True):
             k = seq.params.logprobs
@@ -233,7 +233,7 @@ class SimulatedEngine(Engine):
         top = tuple(((token + j) % vocab, logprob - j) for j in range(min(k, vocab)))
         return TokenLogprob(token, logprob, top)
 
-    def _seed_for(self, seq: Sequence) -> int:
+    def _seed_for(self, seq: RowRequest) -> int:
         if seq.params.seed is not None:
             return seq.params.seed
         if seq.params.greedy:
@@ -246,7 +246,7 @@ class SimulatedEngine(Engine):
             time.sleep(ms / 1000.0)
 
 
-def _next(answer: list[int], position: int, seq: Sequence) -> int:
+def _next(answer: list[int], position: int, seq: RowRequest) -> int:
     """The answer's token at ``position``; past its end EOS, or the answer again from its
     start while the request must go on (``ignore_eos``, ``min_tokens``)."""
     if position < len(answer):
