@@ -9,10 +9,6 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.cpu import process_memory
-from jupyter_infer.loops import loop_factory
-from jupyter_infer.values.config import ServiceConfig
-from jupyter_infer.values.events import EventBus
-from jupyter_infer.values.metrics import MetricsCollector
 
 # A thread started after the call mallocs, keeps it, and the process counts glibc's heaps
 # (``malloc_info``'s ``<heap nr=...>``): one per arena in use.
@@ -42,13 +38,3 @@ def test_threads_started_after_share_one_heap_allocate_from_the_same_heap(tmp_pa
     subprocess.run([sys.executable, "-c", HEAPS, mode, str(report)], check=True, timeout=120)
     heaps = report.read_text().count("<heap nr=")
     assert heaps == 1 if mode == "shared" else heaps >= 2
-
-
-def test_a_loop_that_loads_a_model_shares_one_heap_and_the_simulated_one_leaves_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[bool] = []
-    monkeypatch.setattr(loop_factory, "share_one_heap", lambda: calls.append(True) or True)
-    loop_factory.make_loop(ServiceConfig(engine="simulated"), MetricsCollector(), EventBus())
-    assert calls == []
-    loop_factory.make_loop(ServiceConfig(engine="hf", model="unused"), MetricsCollector(), EventBus())
-    assert calls == [True]  # before its thread starts: make_loop does not start it

@@ -174,7 +174,7 @@ def test_rows_in_other_buckets_keep_their_errors_and_forced_counts(tiny_model_di
     doom_the_regex(monkeypatch)
     seen = []
     decode = hf.HFEngine.decode
-    monkeypatch.setattr(hf.HFEngine, "decode", lambda self, seqs, *more: seen.append(len(self.rows.decoding.buckets)) or
+    monkeypatch.setattr(hf.HFEngine, "decode", lambda self, seqs, *more: seen.append(len(self.decoding_buckets())) or
                         decode(self, seqs, *more))
 
     async def main():

@@ -89,18 +89,18 @@ def step(engine: HFEngine, step_id: int, seqs: list[Sequence], keep: Iterable[st
     sampled = engine.execute(keeping(engine, step_id, seqs, keep, **more))
     for seq, output in zip(seqs, sampled, strict=True):
         seq.output_ids += output.tokens
-    return engine.rows.decoding
+    return engine.decoding_buckets()
 
 
 def prefill(engine: HFEngine, seqs: list[Sequence]):
     """The newcomers' first tokens (every other row gone), and their batch."""
     sampled = engine.execute(keeping(engine, 0, seqs))
-    return sampled, dense(engine.rows.decoding)
+    return sampled, dense(engine.decoding_buckets())
 
 
-def dense(batch):
+def dense(buckets):
     """The one dense bucket of the decoding rows (rows of similar lengths share one)."""
-    [only] = batch.buckets
+    [only] = buckets
     return only
 
 
@@ -117,7 +117,7 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
     longest = max(seqs, key=lambda s: s.num_prompt_tokens)
     rest = [s for s in seqs if s is not longest]
     batch = step(engine, 3, rest, ids(rest))
-    assert batch.ids == ids(rest) and len(dense(batch).rows) == 2
+    assert engine.held_rows().decoding == ids(rest) and len(dense(batch).rows) == 2
     width = max(s.num_prompt_tokens for s in rest) + 2  # prompt + the two tokens fed back so far
     assert dense(batch).mask.shape == (2, width)
     for layer in dense(batch).cache.layers:
@@ -126,34 +126,33 @@ def test_rows_leave_at_the_next_step_and_cache_stays_consistent(tiny_model_dir: 
         batch = step(engine, 4, rest, ids(rest))
     for seq in rest:
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, 10)
-    assert batch.filter([]) is None  # the last rows leave: nothing runs
+    engine.execute(keeping(engine, 5, []))  # the last rows leave: nothing runs
+    assert engine.decoding_buckets() == [] and engine.held_rows().ids == []
 
 
 def test_a_newcomer_joins_rows_that_stay_after_others_left(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
-    batch = step(engine, 1, [a, b], [])
-    batch = step(engine, 2, [a, b], ids([a, b]))
+    step(engine, 1, [a, b], [])
+    step(engine, 2, [a, b], ids([a, b]))
     # b left before c's prefill: the plan keeps only a, and c joins after it.
-    batch = step(engine, 3, [c], [a.id])
-    assert batch.ids == ids([a, c])
+    step(engine, 3, [c], [a.id])
+    assert engine.held_rows().decoding == ids([a, c])
     for n in range(4, 10):
-        batch = step(engine, n, [a, c], ids([a, c]))
+        step(engine, n, [a, c], ids([a, c]))
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
 
 @pytest.mark.parametrize("model_fixture", ["tiny_model_dir", "llama_model_dir"])
-def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactly(request, model_fixture: str,
-                                                                                  monkeypatch) -> None:
+def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactly(request, model_fixture: str) -> None:
     """Mixed steps (issue 30): decoding rows beside newcomers' whole prompts, then beside a
     long prompt's chunks, one forward a step, and every row's greedy tokens those ``generate``
     gives it alone."""
     model_dir = request.getfixturevalue(model_fixture)
     engine = HFEngine(str(model_dir), dtype="float32", num_threads=1)
-    forwards: list[int] = []  # blocks per _forward call
-    real = engine._forward
-    monkeypatch.setattr(engine, "_forward", lambda blocks, every=False: forwards.append(len(blocks)) or real(blocks, every))
+    forwards: list[int] = []  # the embedding runs once a forward, transformers' or the Llama family's lean one
+    engine.model.get_input_embeddings().register_forward_pre_hook(lambda *_: forwards.append(1))
     a, b, c, long_ = (_seq(engine, p, 12) for p in (*PROMPTS[:3], " ".join(PROMPTS)))
 
     def run(plan: StepPlan) -> None:
@@ -168,7 +167,7 @@ def test_newcomers_and_a_chunked_prompt_ride_in_the_decoding_rows_forward_exactl
     forwards.clear()
     plan = keeping(engine, 2, [a, b, c], [a.id])
     run(plan)
-    assert plan.kind == "mixed" and forwards == [2]  # a's bucket and the newcomers' block, one call
+    assert plan.kind == "mixed" and len(forwards) == 1  # a's bucket and the newcomers' block, one forward
     assert [len(x.output_ids) for x in (a, b, c)] == [2, 1, 1]
     chunks = 0
     while not long_.output_ids:  # a chunk of 16 a step beside the three decoding rows
@@ -246,11 +245,11 @@ def test_decode_writes_into_the_cache_buffer_instead_of_copying_it(tiny_model_di
     batch = step(engine, 1, seqs)
     batch = step(engine, 2, seqs, ids(seqs))
     layer = dense(batch).cache.layers[0]
-    buffers = layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()
+    buffers = layer.keys.data_ptr(), dense(batch).mask.data_ptr()
     for n in range(3, 8):
         batch = step(engine, n, seqs, ids(seqs))
     # Keys, values and the mask grow in place: a decode step copies neither.
-    assert (layer._key_buf.data_ptr(), dense(batch).mask.data_ptr()) == buffers
+    assert (layer.keys.data_ptr(), dense(batch).mask.data_ptr()) == buffers
     assert layer.keys.shape[2] == dense(batch).mask.shape[1]  # one column per token fed so far
 
 
@@ -378,7 +377,7 @@ def test_cached_and_chunked_prefills_build_the_kv_of_a_cold_one(request, model_f
     assert engine.prefix_cache_stats()["reused_tokens"] > seq.num_prompt_tokens  # all but a block
     assert [o.tokens for o in hot_tokens] == [o.tokens for o in cold_tokens] and first.tokens == cold_tokens[0].tokens
     # The cached start is shared, not copied: the hot row and the chunked one refer to one prefix.
-    buckets = list(engine.rows.decoding)
+    buckets = engine.decoding_buckets()
     [hot_prefix] = {id(b.shared) for b in buckets if b.shared is not None and set(b.ids) & set(ids(hot_seqs))}
     assert [id(b.shared) for b in buckets if seq.id in b.ids] == [hot_prefix]
     pairs = [(h.id, c.id) for h, c in zip(hot_seqs, cold_seqs, strict=True)]
@@ -410,12 +409,11 @@ def test_rows_after_a_cached_system_prompt_hold_it_once_and_decode_exactly(reque
     usage = engine.kv_usage()
     own = sum(int(b.mask.sum()) for b in batch)
     assert usage.tokens_held == prefix.length + own  # the prefix counted once, not three times
-    spare = len(batch.buckets) * kv_cache.SPARE_COLUMNS * len(everyone)
+    spare = len(batch) * kv_cache.SPARE_COLUMNS * len(everyone)
     assert usage.bytes_held <= (prefix.length + own + spare) * usage.bytes_per_token
     for n in range(4, 8):
         batch = step(engine, n, everyone, ids(everyone))
-    batch = batch.filter(ids(everyone[2:]))  # the first row and the first agent leave
-    for n in range(8, 10):
+    for n in range(8, 10):  # the first row and the first agent leave
         batch = step(engine, n, everyone[2:], ids(everyone[2:]))
     for seq in everyone:
         assert seq.output_ids == reference(model_dir, seq.request.prompt, len(seq.output_ids)), seq.request.prompt
@@ -456,14 +454,13 @@ def test_rows_that_ask_for_few_tokens_get_no_more_room_than_they_can_use(tiny_mo
     few, many = _seq(engine, PROMPTS[0], 5), _seq(engine, PROMPTS[1], 100)
     batch = step(engine, 1, [few])
     layer = dense(batch).cache.layers[0]
-    assert layer._key_buf.shape[2] - layer.keys.shape[2] <= 5
+    assert layer.capacity - layer.keys.shape[2] <= 5
     batch = step(engine, 2, [many], [few.id])  # joins: room for the most
     layer = dense(batch).cache.layers[0]
-    assert layer._key_buf.shape[2] - layer.keys.shape[2] == kv_cache.SPARE_COLUMNS
+    assert layer.capacity - layer.keys.shape[2] == kv_cache.SPARE_COLUMNS
     for n in range(3, 7):
         batch = step(engine, n, [few, many], ids([few, many]))
-    batch = batch.filter([many.id])
-    for n in range(7, 80):  # past the first allocation's room: it grows, and stays exact
+    for n in range(7, 80):  # few leaves; past the first allocation's room: it grows, and stays exact
         batch = step(engine, n, [many], [many.id])
     for seq in (few, many):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
@@ -475,14 +472,14 @@ def test_rows_joining_and_leaving_leave_room_for_the_next_decode(tiny_model_dir:
     batch = step(engine, 1, [a, b])
     batch = step(engine, 2, [c], ids([a, b]))  # c joins
     layer = dense(batch).cache.layers[0]
-    merged = layer._key_buf.data_ptr()
+    merged = layer.keys.data_ptr()
     batch = step(engine, 3, [a, b, c], ids([a, b, c]))
     # The join wrote into a buffer with spare room: the decode after it copied nothing.
-    assert layer._key_buf.data_ptr() == merged
-    batch = batch.filter(ids([a, c]))  # b leaves
-    kept = layer._key_buf.data_ptr()
+    assert layer.keys.data_ptr() == merged
+    engine.execute(keeping(engine, 0, [], ids([a, c])))  # b leaves (a plan that only frees its row)
+    kept = layer.keys.data_ptr()
     batch = step(engine, 4, [a, c], ids([a, c]))
-    assert layer._key_buf.data_ptr() == kept and layer.keys.shape[2] == dense(batch).mask.shape[1]
+    assert layer.keys.data_ptr() == kept and layer.keys.shape[2] == dense(batch).mask.shape[1]
     for seq in (a, c):
         assert seq.output_ids == reference(tiny_model_dir, seq.request.prompt, len(seq.output_ids))
 
@@ -583,7 +580,7 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
     long_, shorts = _seq(engine, SYSTEM * 3, 6), [_seq(engine, p, 6) for p in PROMPTS[:3]]
     batch = step(engine, 1, [long_])
     batch = step(engine, 2, shorts, [long_.id])
-    assert [b.ids for b in batch.buckets] == [[long_.id], ids(shorts)]
+    assert [b.ids for b in batch] == [[long_.id], ids(shorts)]
     everyone = [long_, *shorts]
     usage = engine.kv_usage()
     # One dense batch would hold every short row at the long one's length (and spare room).
@@ -600,7 +597,7 @@ def test_a_long_row_and_short_ones_decode_in_their_own_buckets_and_stay_exact(re
         assert seq.output_ids[:6] == reference(model_dir, seq.request.prompt, 6), seq.request.prompt
     # The long row leaves: the short ones are one bucket, as they were.
     batch = step(engine, 9, shorts, ids(shorts))
-    assert [b.ids for b in batch.buckets] == [ids(shorts)]
+    assert [b.ids for b in batch] == [ids(shorts)]
 
 
 def test_equal_prompts_and_late_joiners_of_similar_length_share_one_bucket(tiny_model_dir: Path) -> None:
@@ -608,19 +605,18 @@ def test_equal_prompts_and_late_joiners_of_similar_length_share_one_bucket(tiny_
     a, b, c = (_seq(engine, p, 8) for p in PROMPTS[:3])
     batch = step(engine, 1, [a, b])
     batch = step(engine, 2, [c], ids([a, b]))
-    assert len(batch.buckets) == 1 and batch.ids == ids([a, b, c])
+    assert len(batch) == 1 and engine.held_rows().decoding == ids([a, b, c])
 
 
 def test_buckets_merge_when_the_rows_that_kept_them_apart_leave(tiny_model_dir: Path) -> None:
     engine = HFEngine(str(tiny_model_dir), dtype="float32", num_threads=1)
-    overhead, engine.bucket_bytes = engine.bucket_bytes, 50 * engine.kv_bytes_per_token
+    engine.bucket_bytes = 50 * engine.kv_bytes_per_token  # a bucket costs what 50 padded columns do
     long_, short, other = _seq(engine, SYSTEM * 3, 8), _seq(engine, PROMPTS[0], 8), _seq(engine, PROMPTS[1], 8)
     batch = step(engine, 1, [long_, other])  # padded together: one bucket
     batch = step(engine, 2, [short], ids([long_, other]))
-    assert len(batch.buckets) == 2
-    batch.bucket_bytes = overhead  # now a bucket costs what it does
-    engine_rows = batch.filter(ids([other, short]))  # the long row leaves: its padding goes
-    assert [b.ids for b in engine_rows.buckets] == [ids([other, short])]
+    assert len(batch) == 2
+    engine.execute(keeping(engine, 3, [], ids([other, short])))  # the long row leaves: its padding goes
+    assert [b.ids for b in engine.decoding_buckets()] == [ids([other, short])]
 
 
 def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_model_dir: Path) -> None:
@@ -631,7 +627,7 @@ def test_a_newcomer_joining_an_earlier_bucket_gets_its_own_tokens_back(tiny_mode
     batch = step(engine, 1, [a])
     batch = step(engine, 2, [long_], [a.id])
     batch = step(engine, 3, [c], ids([a, long_]))
-    assert [b.ids for b in batch.buckets] == [ids([a, c]), [long_.id]]
+    assert [b.ids for b in batch] == [ids([a, c]), [long_.id]]
     for n in range(4, 9):
         batch = step(engine, n, [a, long_, c], ids([a, long_, c]))
     for seq in (a, long_, c):

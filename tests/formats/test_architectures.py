@@ -116,7 +116,7 @@ def test_a_hybrids_recurrent_states_are_not_counted_as_wasted_kv(tiny_model_dir:
     seqs = [_seq(engine, p, 4) for p in PROMPTS[:2]]
     engine.execute(StepPlan.of(0, seqs))
     usage = engine.kv_usage()
-    batch = engine.rows.decoding.buckets[0]
+    batch = engine.decoding_buckets()[0]
     states = kv_cache.state_bytes(batch.cache)
     assert usage.state_bytes == states > 0
     assert usage.bytes_held == kv_cache.bytes_held(batch.cache)  # the attention layers' buffers only

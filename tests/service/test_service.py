@@ -368,25 +368,6 @@ async def test_a_cancel_during_a_routers_fallback_reaches_the_fallback() -> None
     await router.stop()
 
 
-async def test_a_chunked_prompt_costs_the_simulated_engine_what_it_costs_whole() -> None:
-    """The simulated engine's prefill time grows with the prompt tokens computed: in chunks,
-    each chunk costs its own tokens (a precedence slip once made every chunk after the
-    first cost nothing, and the interference it demonstrates vanished)."""
-    from jupyter_infer.engine import StepPlan
-    from jupyter_infer.values.sequence import Sequence
-
-    engine = SimulatedEngine(prefill_ms_per_token=2.0, prefill_base_ms=0.0)
-    slept: list[float] = []
-    engine._sleep_ms = slept.append
-    seq = Sequence(req("x"), list(range(1, 101)))
-    while True:
-        [output] = engine.execute(StepPlan.of(1, [seq], [64]))
-        if output.tokens:
-            break
-        seq.num_computed = output.computed
-    assert slept == [128.0, 72.0]  # 64 tokens, then the 36 left
-
-
 async def test_a_cancelled_prompt_part_way_through_its_prefill_frees_its_rows_at_once() -> None:
     """Its KV (room for the whole prompt) goes when it leaves, not at the next step, which an
     idle server may not run for a long time."""
@@ -395,11 +376,11 @@ async def test_a_cancelled_prompt_part_way_through_its_prefill_frees_its_rows_at
     loop = s._loop
     await eventually(lambda: loop.counts()[1] == 1 and short.done is False)
     long_ = await s.submit(req("Explain continuous batching, chunked prefill and the KV cache in depth", max_tokens=2))
-    await eventually(lambda: long_.id in loop.engine.rows.prefilling)
+    await eventually(lambda: long_.id in loop.engine.held_rows().prefilling)
     s.cancel(long_.id)
     s.cancel(short.id)
     await eventually(lambda: loop.counts() == (0, 0))
-    await eventually(lambda: loop.engine.rows.ids == [])  # the engine let go of both rows
+    await eventually(lambda: loop.engine.held_rows().ids == [])  # the engine let go of both rows
     await s.stop()
 
 

@@ -93,7 +93,7 @@ def test_the_draft_models_kv_follows_what_its_rows_kept_and_goes_when_they_leave
 
 def _draft_kv(engine: HFEngine, row_id: str) -> DraftKV | None:
     """The draft model's KV that the running row ``row_id`` holds."""
-    return next(r.draft for bucket in engine.rows.decoding for r in bucket.rows if r.id == row_id)
+    return next(r.draft for bucket in engine.decoding_buckets() for r in bucket.rows if r.id == row_id)
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(tiny_model_dir: Path, models_dir: Path) -> None:

@@ -164,7 +164,7 @@ def test_rejected_guesses_leave_no_trace_in_the_kv(llama_model_dir: Path) -> Non
         cold.prompt_ids = tokens
         engine.execute(keeping(engine, 0, [cold], held))
         held.append(cold.id)
-        buckets = list(engine.rows.decoding)
+        buckets = engine.decoding_buckets()
         expected, got = _real_kv(buckets, cold.id), _real_kv(buckets, seq.id)
         assert [t.shape for t in got] == [t.shape for t in expected]
         for a, b in zip(got, expected, strict=True):

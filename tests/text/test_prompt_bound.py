@@ -81,7 +81,7 @@ async def test_the_service_refuses_by_length_before_tokenizing(monkeypatch: pyte
             await service.submit(Request("", messages=[{"role": "user", "content": "y" * (bound + 1)}]))
         assert tokenized == []
         # Exactly at the bound, the longest token ten times: it fits, and is served.
-        longest = max((p for p in engine.text.tokenizer._pieces if p.startswith(" ")), key=len)
+        longest = max((p.decode() for p in engine.text.tokenizer.token_bytes() if p.startswith(b" ")), key=len)
         assert len(longest) == engine.text.max_token_chars
         stream = await service.submit(Request(longest * 10))
         assert (await stream.result()).prompt_tokens == 10 and tokenized[0] == bound

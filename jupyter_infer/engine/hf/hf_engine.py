@@ -271,6 +271,11 @@ class HFEngine(Engine):
             if self.ragged:
                 self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
 
+    def decoding_buckets(self) -> list[HFBatch]:
+        """The decoding rows as the next decode step runs them: a dense ``HFBatch`` per length
+        bucket, in the engine's order (a view, for reading: ``execute`` alone changes them)."""
+        return list(self.rows.decoding or ())
+
     def kv_usage(self) -> KVUsage:
         rows = self.rows
         batches = [*(rows.decoding or ()), *rows.prefilling.values(),

@@ -52,6 +52,13 @@ class GrowingLayer(DynamicLayer):
         self.values = self._value_buf[:, :, :needed]
         return self.keys, self.values
 
+    @property
+    def capacity(self) -> int:
+        """Columns allocated: the contents' and the spare room after them (``keys`` is a view
+        of the first ones)."""
+        buf = getattr(self, "_key_buf", None)
+        return buf.shape[-2] if buf is not None else self.get_seq_length()
+
     def room_for_one(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The key and value buffers with room for one more column, and that column: for a
         decode step that writes its key and value there itself (``decode_layers``), then

@@ -131,7 +131,7 @@ class SimulatedEngine(Engine):
         partial = self.rows.prefilling
         done = [partial[s.id].done if s.id in partial else 0 for s in seqs]
         ends = [min(len(s.prompt_ids), d + n) for s, d, n in zip(seqs, done, num_scheduled, strict=True)]
-        self._sleep_ms(self.prefill_base_ms + self.prefill_ms_per_token * (sum(ends) - sum(done)))
+        self.spend_ms(self.prefill_base_ms + self.prefill_ms_per_token * (sum(ends) - sum(done)))
         complete = [e == len(s.prompt_ids) for s, e in zip(seqs, ends, strict=True)]
         if any(complete) and not all(complete):
             raise RuntimeError("the scheduler chunks a long prompt alone")
@@ -176,7 +176,7 @@ class SimulatedEngine(Engine):
             self.prefill_base_ms = fixed
 
     def decode(self, seqs: list[RowRequest], guesses: dict[str, int] | None = None) -> Sampled:
-        self._sleep_ms(self._rng.uniform(*self.token_delay_ms))
+        self.spend_ms(self._rng.uniform(*self.token_delay_ms))
         rows = self.rows.decoding.rows
         return self._sampled(self._tokens(rows, seqs), seqs, rows)
 
@@ -241,7 +241,9 @@ class SimulatedEngine(Engine):
         return self._rng.randrange(2**31)
 
     @staticmethod
-    def _sleep_ms(ms: float) -> None:
+    def spend_ms(ms: float) -> None:
+        """Wait out ``ms`` of simulated compute: where every step's cost becomes time (a test
+        may replace it to read the costs instead)."""
         if ms > 0:
             time.sleep(ms / 1000.0)
 
