@@ -12,6 +12,7 @@ state, so nothing here depends on which kind it is. ``engine = "router"`` is a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -155,29 +156,31 @@ class InferenceService:
         chat as a chat, and the prompt's size is estimated. ``request`` is not changed: the
         loop prepares a resolved copy."""
         loop = self._loop
-        try:
-            await self.models.bring(request.model)  # unloaded, or another listed model on demand
-            loop = self._loop  # one loop from here on: a switch meanwhile refuses it (below)
-            info = await loop.wait_ready()
-            seq = await loop.prepare(request)
-            if loop is not self._loop:
-                raise EngineUnavailable("The model was switched while this request was prepared; send it again.")
-            # An open max_tokens (OpenAI's default: what the context leaves) reserves at most
-            # OPEN_RESERVE of an owner's budget: it settles at what it really used.
-            answer = seq.params.max_tokens if request.params.max_tokens is not None else \
-                min(seq.params.max_tokens, OPEN_RESERVE)
-            self.budget.reserve(request.owner, seq.id, seq.num_prompt_tokens + answer, time.monotonic())
-        except InferError as err:
-            loop.recorder.rejected(refusal_reason(err.status))
-            raise
-        except Exception:  # a bug: the caller answers it; it still counts
-            loop.recorder.rejected("error", "failed")
-            raise
-        try:
-            stream = loop.submit(seq)
-        except InferError:
-            self.budget.settle(seq.id, 0)  # not queued: it cost nothing
-            raise
+        async with contextlib.AsyncExitStack() as turn:
+            try:
+                # Unloaded, or another listed model on demand: its turn, held until it is queued.
+                await turn.enter_async_context(self.models.turn(request.model))
+                loop = self._loop  # one loop from here on: a switch meanwhile refuses it (below)
+                info = await loop.wait_ready()
+                seq = await loop.prepare(request)
+                if loop is not self._loop:
+                    raise EngineUnavailable("The model was switched while this request was prepared; send it again.")
+                # An open max_tokens (OpenAI's default: what the context leaves) reserves at most
+                # OPEN_RESERVE of an owner's budget: it settles at what it really used.
+                answer = seq.params.max_tokens if request.params.max_tokens is not None else \
+                    min(seq.params.max_tokens, OPEN_RESERVE)
+                self.budget.reserve(request.owner, seq.id, seq.num_prompt_tokens + answer, time.monotonic())
+            except InferError as err:
+                loop.recorder.rejected(refusal_reason(err.status))
+                raise
+            except Exception:  # a bug: the caller answers it; it still counts
+                loop.recorder.rejected("error", "failed")
+                raise
+            try:
+                stream = loop.submit(seq)
+            except InferError:
+                self.budget.settle(seq.id, 0)  # not queued: it cost nothing
+                raise
         stream.model, stream.route = info.model, self.route
         return stream
 

@@ -7,6 +7,12 @@ finish first, up to ``switch_drain_s``, then are cancelled; new ones wait for th
 ``unload`` (memory back to the machine; the next request loads it again), loading on demand
 (``load_on_demand``: a request naming another listed model) and unloading after
 ``unload_after_s`` idle seconds. Jupyter and its kernels are untouched throughout.
+
+On demand, requests for a model that is not loaded wait their model's turn (``bring``), never
+a 503: the loaded model's requests go first, then one switch to the model waited for longest,
+whose waiting requests all go; a model once loaded stays while its requests keep coming, for at
+least ``60 / switches_per_minute`` seconds. A request holds its model from its turn until it is
+queued (``turn``), so no switch drops it in between.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import asyncio
 import contextlib
 import gc
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,6 +69,14 @@ class ModelShelf:
         self._last_active = time.monotonic()
         self._listed: tuple[float, list[LocalModel]] | None = None  # when the catalog was read, and it
         self._stopped = False  # the service stopped: no switch starts a loop any more
+        # Load on demand: the requests waiting for a model that is not loaded, by its path, in
+        # the order they came; those between their turn and their queue; who switches next.
+        self._waiting: dict[str, list[tuple[float, asyncio.Future[None]]]] = {}
+        self._holding = 0
+        self._turns: asyncio.Task | None = None
+        # When a request's turn last switched the model (the first switch waits for no one).
+        self._loaded_at = float("-inf")
+        self.switches = 0  # how many times a request's model was switched to (infer/models says)
 
     @property
     def switchable(self) -> bool:
@@ -103,7 +118,8 @@ class ModelShelf:
         service = self._service
         return {"state": service.state, "model": service.info.model if service.info else None,
                 "models": self.listing(), "load_on_demand": service.config.load_on_demand,
-                "unload_after_s": service.config.unload_after_s}
+                "unload_after_s": service.config.unload_after_s, "switches": self.switches,
+                "waiting": {path: len(waiters) for path, waiters in self._waiting.items() if waiters}}
 
     # -- switching --------------------------------------------------------------------------
     async def load(self, name: str, **options: Any) -> EngineInfo:
@@ -157,27 +173,91 @@ class ModelShelf:
 
     async def bring(self, model: str | None) -> None:
         """Before a request: the model back if it was unloaded; with ``load_on_demand``, the
-        listed model ``model`` names in place of the loaded one."""
+        listed model ``model`` names, its turn waited for (see the module's docstring)."""
         self._last_active = time.monotonic()
         if self.unloaded:
             async with self._lock:
                 if self.unloaded:
                     self.unloaded = False
                     self._service.start()  # its own config: what was loaded before
+        path = await self._wanted(model)
+        if path is None or (path == self._service.config.model and not self._yields()):
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (time.monotonic(), waiter)
+        self._waiting.setdefault(path, []).append(entry)
+        if self._turns is None or self._turns.done():
+            self._turns = asyncio.get_running_loop().create_task(self._take_turns(), name="jupyter-infer-model-turns")
+        try:
+            await waiter
+        finally:
+            if not waiter.done() and entry in self._waiting.get(path, ()):  # the caller gave up
+                self._waiting[path].remove(entry)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, model: str | None) -> AsyncIterator[None]:
+        """``bring(model)``, then the model held for the caller until it has queued its request:
+        no switch starts in between (the switch waits for the loaded model's queue to drain)."""
+        await self.bring(model)
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+
+    async def _wanted(self, model: str | None) -> str | None:
+        """The path of the listed model ``model`` names where it is not the one loaded (``None``:
+        the loaded one, any, or not a listed model: the request's own check says so)."""
         cfg = self._service.config
         if model is None or not self.switchable:
-            return
+            return None
         info = self._service.info
         if info is not None and model in info.model_names():
-            return
+            return None
         listed = find(model, await self._catalog())
-        if listed is None or listed.path == cfg.model:  # unknown (refused by name), or loading now
-            return
-        if not cfg.load_on_demand:
+        if listed is None:
+            return None
+        if listed.path != cfg.model and not cfg.load_on_demand:
             raise UnknownModel(f"The model {model!r} is on this machine but not loaded: load it (POST infer/models, "
                                "%infer_model, the panel), or let requests load it (InferApp.load_on_demand).",
                                param="model")
-        await self.load(listed.id)
+        return listed.path
+
+    def _yields(self) -> bool:
+        """Whether the loaded model's newcomers wait behind another model's turn: someone waits
+        for another model, and this one has had its time (``switches_per_minute``)."""
+        others = any(path != self._service.config.model and waiters for path, waiters in self._waiting.items())
+        return others and time.monotonic() - self._loaded_at >= 60.0 / self._service.config.switches_per_minute
+
+    def _busy(self) -> bool:
+        service = self._service
+        return bool(self._holding or service.queue_depth or service.num_running)
+
+    async def _take_turns(self) -> None:
+        """While requests wait for a model: once the loaded model's requests are done (and it has
+        had its time), switch to the model waited for longest, and let its requests go."""
+        while any(self._waiting.values()):
+            current = self._service.config.model
+            others = [p for p, w in self._waiting.items() if w and p != current]
+            fresh = time.monotonic() - self._loaded_at < 60.0 / self._service.config.switches_per_minute
+            if not others or fresh:  # the loaded model's own: none to yield to, or it has not had its time
+                _release(self._waiting.pop(current, []))
+            if not others:
+                return
+            if fresh or self._busy():
+                await asyncio.sleep(0.05)
+                continue
+            path = min(others, key=lambda p: self._waiting[p][0][0])  # the one waited for longest
+            waiters = self._waiting.pop(path)
+            try:
+                await self.load(path)
+                self.switches += 1
+            except Exception as err:  # its requests get why (the 503 of a model that failed); the others wait on
+                _release(waiters, err)
+                continue
+            finally:
+                self._loaded_at = time.monotonic()
+            _release(waiters)
 
     async def _switch(self, config: Any, reason: str) -> None:
         async with self._lock:
@@ -229,6 +309,17 @@ class ModelShelf:
                 self._last_active = time.monotonic()
             elif not self.unloaded and service.state == "ready" and time.monotonic() - self._last_active >= after:
                 await self.unload(f"the model was unloaded after {after:g} idle seconds")
+
+
+def _release(waiters: list[tuple[float, asyncio.Future[None]]], error: BaseException | None = None) -> None:
+    """Let waiting requests go (or fail with ``error``)."""
+    for _, waiter in waiters:
+        if waiter.done():
+            continue
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(error)
 
 
 def _collect() -> bool:

@@ -141,3 +141,29 @@ async def test_v1_models_lists_what_a_request_may_load_with_load_on_demand(jp_fe
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 2}  # its folder's own name will do
     answer = json.loads((await jp_fetch("infer", "v1", "completions", method="POST", body=json.dumps(body))).body)
     assert answer["model"] == listed and answer["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.asyncio
+async def test_requests_for_two_models_at_once_queue_for_their_model_and_never_get_a_503(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two agents on two models, load on demand: each request waits its model's turn (the loaded
+    model's queue first), none is refused, and the models switch once, not per request."""
+    for name in ("small", "other"):
+        shutil.copytree(tiny_model_dir, tmp_path / name)
+    small, other = str(tmp_path / "small"), str(tmp_path / "other")
+    service = InferenceService(ServiceConfig(engine="hf", model=small, model_dirs=(str(tmp_path),), num_threads=1,
+                                             load_on_demand=True, switch_drain_s=5, switches_per_minute=30))
+    service.start()
+    try:
+        assert await answer(service, model=small) == small
+        sent = [asyncio.ensure_future(answer(service, model=m)) for m in (small, other, small, other, small, other)]
+        await asyncio.sleep(0.05)
+        assert service.models.answer()["waiting"] == {other: 3}  # infer/models shows who waits for what
+        served = await asyncio.gather(*sent)
+        assert served == [small, other, small, other, small, other]
+        assert service.models.switches == 1  # the loaded model's requests first, then the other's
+        # Later ones for the loaded model need no switch; the next for the first waits its turn.
+        assert await asyncio.gather(answer(service, model=other), answer(service, model=small)) == [other, small]
+        assert service.models.switches == 2
+    finally:
+        await service.stop()
