@@ -28,6 +28,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from ..errors import InvalidRequest
+from ..values.request import brief
 from .spec import Constraint, seconds_below_60
 
 log = logging.getLogger(__name__)
@@ -231,8 +232,7 @@ def _added_tokens_as_text(tokenizer: llguidance.LLTokenizer, hf_tokenizer: Any, 
 
 
 def _first_line(message: str) -> str:
-    line = message.strip().splitlines()[0] if message.strip() else "the grammar library refused it"
-    return line[:300]
+    return brief(message) or "the grammar library refused it"
 
 
 class GrammarRow:

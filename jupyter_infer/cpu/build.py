@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 
+from ..values.request import brief
 from .features import cpu_flags
 
 NEEDED_FLAGS = frozenset({"avx2", "fma", "f16c"})
@@ -72,7 +73,7 @@ def build(extra_flags: tuple[str, ...] = ()) -> pathlib.Path | str:
             done = subprocess.run([compiler, *flags, f"-I{CSRC}", "-o", str(built), *map(str, files)],
                                   capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
-                return f"building our CPU kernels with {compiler} failed: {done.stderr.strip()[:300]}"
+                return f"building our CPU kernels with {compiler} failed: {brief(done.stderr)}"
             os.replace(built, target)  # atomic: a concurrent build never loads half a file
     why = probe(target)
     return target if why is None else why

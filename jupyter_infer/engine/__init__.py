@@ -8,6 +8,7 @@ from ..formats.model_source import ModelNotFound, locate
 from ..values import load_progress
 from ..values.config import DEFAULT_MODEL, ServiceConfig
 from ..values.engine_info import EngineInfo
+from ..values.request import brief
 from .base import Batch, Engine, KVUsage, RowOutput, RowTable, Sampled, StepPlan
 
 __all__ = ["Batch", "Engine", "EngineInfo", "KVUsage", "RowOutput", "RowTable", "Sampled", "StepPlan", "load_engine"]
@@ -74,5 +75,4 @@ def _hf(config: ServiceConfig) -> Engine:
 
 
 def _short(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return f"{type(err).__name__}: {text[:300]}"
+    return f"{type(err).__name__}: {brief(str(err)) or type(err).__name__}"

@@ -215,8 +215,12 @@ class EngineLoop(RequestLoop):
 
     def _load_reporting(self, progress: LoadProgress) -> Engine:
         """The engine, loaded on this (the engine's) thread, its loaders reporting to ``progress``."""
-        with reporting(progress):
-            engine = self._load()
+        try:
+            with reporting(progress):
+                engine = self._load()
+        except BaseException:
+            progress.finish(failed=True)
+            raise
         progress.finish()
         return engine
 

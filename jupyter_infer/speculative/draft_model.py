@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedTokenizerBase
 
 from ..cpu.model_linears import swap_linears
+from ..values.request import brief
 
 # Tokens of a row's history the draft model catches up on in one step at most: a row new to it
 # is prefilled into its cache over several steps rather than in one
@@ -61,7 +62,7 @@ class DraftModel:
         except Exception as err:
             if "InferApp.draft_model" in str(err):
                 raise  # ours, which says what is wrong with it
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            first = brief(str(err)) or type(err).__name__
             raise ValueError(f"InferApp.draft_model {name!r} could not be loaded ({type(err).__name__}: {first}): "
                              "give a directory or hub id of a model with the model's tokenizer, or set "
                              "InferApp.speculative = 'ngram'") from err

@@ -33,6 +33,7 @@ class LoadProgress:
         self._phase_at = self.started_at
         self._logged_at = self.started_at
         self.phases: list[tuple[str, float]] = []  # the finished ones, with their seconds
+        self.finished_at: float | None = None  # the load's end: its clock stops there
 
     def phase(self, name: str, total: int = 0, unit: str = "") -> None:
         """Enter the next phase (``total`` ``unit``s to do, where it counts them)."""
@@ -52,10 +53,15 @@ class LoadProgress:
             self._say(f"{self.phase_name}: {self.done} of {self.total} {self.unit}"
                       + (f", about {left:.0f} s left" if left is not None else ""))
 
-    def finish(self) -> None:
+    def finish(self, failed: bool = False) -> None:
+        """The load ended (``failed``: with an error): its clock stops (status and
+        ``%infer_status`` say what it took, not the time since)."""
+        if self.finished_at is not None:
+            return
+        self.finished_at = self._clock()
         if self.phase_name != "starting":
-            self.phases.append((self.phase_name, self._clock() - self._phase_at))
-        self.phase_name = "done"
+            self.phases.append((self.phase_name, self.finished_at - self._phase_at))
+        self.phase_name = "failed" if failed else "done"
 
     def left_s(self) -> float | None:
         """This phase's seconds left at its pace so far (None: not counted, or too early)."""
@@ -65,8 +71,8 @@ class LoadProgress:
         return spent / self.done * (self.total - self.done)
 
     def snapshot(self) -> dict[str, Any]:
-        now = self._clock()
-        left = self.left_s()
+        now = self._clock() if self.finished_at is None else self.finished_at
+        left = self.left_s() if self.finished_at is None else None
         return {
             "model": self.model,
             "phase": self.phase_name,

@@ -44,6 +44,16 @@ def short(name: str) -> str:
     return name if len(name) <= 60 else show(name)
 
 
+def brief(message: str, limit: int = 600) -> str:
+    """The first line of ``message`` (a library's error, a reason shown in status and the panel),
+    cut at a word's end, not inside one, with "…" where it was cut."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit + 1].rsplit(" ", 1)[0] if " " in line[:limit + 1] else line[:limit]
+    return cut.rstrip(" ,;:") + "…"
+
+
 def check_text(text: str, name: str) -> str:
     """Refuse text that is not valid Unicode: a lone surrogate (JSON's ``"\\ud800"``, or
     the bytes ED A0 80) cannot be encoded, tokenized or streamed back."""

@@ -34,6 +34,12 @@ def test_progress_counts_phases_and_estimates_what_is_left() -> None:
     assert snap["phases"] == [{"phase": "reading the tokenizer", "s": 1.0}]
     assert lines[-1] == "loading m: reading the linears into int4: 25 of 100 linears, about 30 s left [11.0 s]"
     assert load_progress.current().model == ""  # no one listens on this thread: a silent one
+    now[0] = 53.5
+    progress.finish()
+    now[0] = 1102.3  # long after: the load took what it took (its clock had kept counting)
+    snap = progress.snapshot()
+    assert (snap["phase"], snap["elapsed_s"], snap["phase_s"], snap["phase_left_s"]) == ("done", 53.5, 52.5, None)
+    assert snap["phases"][-1] == {"phase": "reading the linears into int4", "s": 52.5}
 
 
 @pytest.mark.asyncio

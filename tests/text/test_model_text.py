@@ -51,3 +51,13 @@ def test_a_tokenizer_with_fim_tokens_says_so(tiny_model_dir: Path, tmp_path: Pat
     ids = text.tokenize(text.fim.prompt("a = ", "\nb = a"))
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|fim_prefix|>")
     assert ids[-1] == tokenizer.convert_tokens_to_ids("<|fim_middle|>")
+
+
+def test_a_reason_is_cut_at_a_word_s_end_never_inside_one() -> None:
+    from jupyter_infer.values.request import brief
+
+    said = "small is not in the Hugging Face cache: hf download small, or make a small test model. " * 12
+    cut = brief(said + "\nTraceback ...", limit=300)
+    assert cut.endswith("…") and len(cut) <= 301
+    assert said.startswith(cut[:-1]) and not said[len(cut) - 1].isalnum()  # the word it ends on is whole
+    assert brief("short\nsecond line") == "short"
