@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from ..values.config import ServiceConfig
     from ..values.engine_info import EngineInfo
 
+log = logging.getLogger(__name__)
 CATALOG_TTL_S = 10.0  # how long a read of the machine's models serves the requests that ask it
 SWITCHABLE_OPTIONS = ("quantize", "dtype", "device", "num_threads")  # what a load may change besides the model
 
@@ -175,12 +177,14 @@ class ModelShelf:
         """Before a request: the model back if it was unloaded; with ``load_on_demand``, the
         listed model ``model`` names, its turn waited for (see the module's docstring)."""
         self._last_active = time.monotonic()
-        if self.unloaded:
+        path = await self._wanted(model)
+        if self.unloaded and path is not None and path != self._service.config.model:
+            self._loaded_at = float("-inf")  # nothing is loaded: the model asked for comes at once
+        elif self.unloaded:
             async with self._lock:
                 if self.unloaded:
                     self.unloaded = False
                     self._service.start()  # its own config: what was loaded before
-        path = await self._wanted(model)
         if path is None or (path == self._service.config.model and not self._yields()):
             return
         waiter = asyncio.get_running_loop().create_future()
@@ -308,6 +312,9 @@ class ModelShelf:
             if service.queue_depth or service.num_running:
                 self._last_active = time.monotonic()
             elif not self.unloaded and service.state == "ready" and time.monotonic() - self._last_active >= after:
+                model = service.info.model if service.info is not None else "the model"
+                log.info("jupyter_infer | unloading %s after %g idle seconds (InferApp.unload_after_s); the next "
+                         "request loads it again", model, after)
                 await self.unload(f"the model was unloaded after {after:g} idle seconds")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -86,7 +87,9 @@ async def test_a_model_is_switched_at_run_time_and_waiting_requests_go_to_the_ne
 
 
 @pytest.mark.asyncio
-async def test_unloaded_after_idle_seconds_and_back_for_the_next_request(tmp_path: Path) -> None:
+async def test_unloaded_after_idle_seconds_and_back_for_the_next_request(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jupyter_infer")
     service = InferenceService(ServiceConfig(engine="simulated", model_dirs=(str(tmp_path),), unload_after_s=0.2))
     service.start()
     try:
@@ -96,6 +99,8 @@ async def test_unloaded_after_idle_seconds_and_back_for_the_next_request(tmp_pat
                 break
             await asyncio.sleep(0.05)
         assert service.state == "unloaded" and service.info is None
+        said = [r.getMessage() for r in caplog.records]
+        assert any("unloading simulated after 0.2 idle seconds" in m for m in said), said  # the log says why
         assert await answer(service) == "simulated"  # the next request brings it back
         assert service.state == "ready"
     finally:
@@ -165,5 +170,31 @@ async def test_requests_for_two_models_at_once_queue_for_their_model_and_never_g
         # Later ones for the loaded model need no switch; the next for the first waits its turn.
         assert await asyncio.gather(answer(service, model=other), answer(service, model=small)) == [other, small]
         assert service.models.switches == 2
+    finally:
+        await service.stop()
+
+
+@pytest.mark.asyncio
+async def test_after_an_idle_unload_a_request_for_another_model_loads_only_that_one(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jupyter_infer")
+    for name in ("small", "other"):
+        shutil.copytree(tiny_model_dir, tmp_path / name)
+    small, other = str(tmp_path / "small"), str(tmp_path / "other")
+    service = InferenceService(ServiceConfig(engine="hf", model=small, model_dirs=(str(tmp_path),), num_threads=1,
+                                             load_on_demand=True, unload_after_s=0.2))
+    service.start()
+    try:
+        await answer(service)
+        for _ in range(100):
+            if service.state == "unloaded":
+                break
+            await asyncio.sleep(0.05)
+        assert service.state == "unloaded"
+        assert await answer(service, model=other) == other
+        said = [r.getMessage() for r in caplog.records]
+        after = said[next(i for i, m in enumerate(said) if "unloading" in m):]
+        assert not [m for m in after if f"loading {small}:" in m], after  # the unloaded one was not loaded again
+        assert any(f"loading {other}:" in m for m in after)
     finally:
         await service.stop()
