@@ -106,9 +106,20 @@ def run(args: argparse.Namespace) -> int:
     # still loads, those that packages enable by being installed do not (find_extensions=False).
     app = ServerApp.instance(jpserver_extensions=server_extensions(hub), default_url=DEFAULT_URL)
     app.initialize(argv, find_extensions=False)
+    error = configuration_error(app)
+    if error is not None:  # a server alone that could only answer 503 is no use: say why and exit
+        print(f"error: {error} Fix the option and start again.", file=sys.stderr)
+        return 2
     stop_on_interrupt(app)
     app.start()
     return 0
+
+
+def configuration_error(app: Any) -> str | None:
+    """What is wrong with the inference service's options (``InferApp.config_error``), if anything."""
+    extension = app.extension_manager.extensions.get("jupyter_infer")
+    points = extension.extension_points.values() if extension is not None else ()
+    return next((p.app.config_error for p in points if getattr(p.app, "config_error", None)), None)
 
 
 def stop_on_interrupt(app: Any) -> None:

@@ -259,6 +259,11 @@ class ServiceConfig:
         for name in ("owner_max_running", "owner_max_queued", "owner_tokens_per_minute", "max_new_tokens"):
             if getattr(self, name) < 0:
                 fail(name, "0 (no limit) or more")
+        for folder in self.model_dirs:
+            if folder.strip().startswith(("[", "(")):  # a literal list on the command line is one string
+                raise ValueError(f"InferApp.model_dirs has {folder!r}, a list written as one folder: on the command "
+                                 "line give each folder as its own --InferApp.model_dirs=/path (repeat the option), "
+                                 "or set c.InferApp.model_dirs = ['/path', ...] in jupyter_server_config.py.")
         if not self.switches_per_minute > 0:
             fail("switches_per_minute", "above 0")
         for key, weight in self.fair_share_weights.items():

@@ -21,6 +21,7 @@ from jupyter_infer.commands import serve
 from jupyter_infer.commands.cli import main
 from jupyter_infer.cpu.child_process import dies_with_parent
 from jupyter_infer.kernel.launcher import free_port
+from jupyter_infer.values.config import ServiceConfig
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -130,6 +131,28 @@ def test_serve_takes_the_flags_users_type_and_a_named_model_that_is_not_there_fa
         proc.kill()
         proc.wait()
         log.close()
+
+
+def test_serve_with_an_option_it_cannot_take_exits_saying_why(tmp_path: Path) -> None:
+    """A server alone whose service could only answer 503 (``--quantize int3``) is no use: it
+    says what is wrong and exits non-zero (it kept running, answering 503)."""
+    proc, _, _, log = start_serve(tmp_path, "--quantize", "int3", "--no-hub")
+    try:
+        assert proc.wait(timeout=60) == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    said = (tmp_path / "serve.log").read_text()
+    assert "InferApp.quantize must be one of none, int8, int4; got 'int3'" in said and "start again" in said
+
+
+def test_a_list_written_on_the_command_line_is_refused_saying_how_to_give_it() -> None:
+    """``--InferApp.model_dirs=['/x']`` reaches the trait as one folder named "['/x']" (it listed
+    nothing, silently)."""
+    with pytest.raises(ValueError, match=r"repeat the option"):
+        ServiceConfig(model_dirs=("['/x']",))
+    assert ServiceConfig(model_dirs=("/x", "/y")).model_dirs == ("/x", "/y")
 
 
 def start_serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str, dict[str, str], Any]:
