@@ -42,6 +42,7 @@ class AnswerState:
     reasoning: str = ""
     content: str = ""
     closed: bool = False
+    stop: str | None = None  # the stop sequence that ended it (Anthropic's ``stop_sequence`` names it)
 
 
 class Detokenizer(Protocol):
@@ -117,7 +118,8 @@ class AnswerStage:
         reasoned = state.splitter is not None and state.splitter.reasoned
         return replace(result, reasoning=state.reasoning if reasoned else None,
                        content=None if calls is not None else state.content,
-                       tool_calls=calls, whole_calls=parser.complete if calls is not None else 0)
+                       tool_calls=calls, whole_calls=parser.complete if calls is not None else 0,
+                       stop_sequence=state.stop)
 
     def _read(self, seq: Sequence, text: str) -> list[AnswerPiece]:
         """``text`` as pieces: reasoning, then content or calls."""
@@ -196,6 +198,7 @@ class AnswerStage:
             at = state.decoded.find(stop, max(0, len(seq.text) - len(stop)))
             if at != -1:
                 state.decoded = state.decoded[:at]
+                state.stop = stop
                 seq.finish_reason = "stop"
                 return self._release(seq, state, final=True)
         if len(seq.output_ids) >= params.max_tokens:

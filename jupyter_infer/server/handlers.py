@@ -19,6 +19,7 @@ from ..errors import Forbidden, InvalidRequest, NotFound
 from ..values.events import coalesce_tokens
 from ..values.request import show
 from ..wire.native import parse_generate, with_tool_format
+from .anthropic_handlers import CountTokensHandler, MessagesHandler
 from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .model_handlers import ModelsHandler as LocalModelsHandler
 from .openai_handlers import (
@@ -274,6 +275,8 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/v1/chat/completions", ChatCompletionsHandler),
         (r"/infer/v1/models", ModelsHandler),
         (r"/infer/v1/models/(.+)", ModelHandler),
+        (r"/infer/v1/messages", MessagesHandler),  # Anthropic's Messages API
+        (r"/infer/v1/messages/count_tokens", CountTokensHandler),
         (r"/infer/v1/.*", OpenAINotFoundHandler),
         (r"/infer/health", HealthHandler),
         (r"/infer/tokenize", TokenizeHandler),

@@ -262,6 +262,9 @@ class RequestResult:
     content: str | None = field(default=None, repr=False)
     tool_calls: tuple[dict[str, Any], ...] | None = field(default=None, repr=False)
     whole_calls: int = 0  # how many of them are whole (after them: one cut short)
+    # The stop sequence that ended it, where the answer stage cut one (None: EOS, max_tokens,
+    # or an upstream server, which cuts its own and does not say which).
+    stop_sequence: str | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out = {

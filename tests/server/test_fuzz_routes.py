@@ -23,8 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jupyter_infer.kernel.launcher import LocalServer
+from jupyter_infer.server.anthropic_handlers import AnthropicHandler
 from jupyter_infer.server.handlers import routes
 from jupyter_infer.server.openai_handlers import OpenAIHandler
+from jupyter_infer.wire.anthropic_messages import MESSAGES_FIELDS
 from jupyter_infer.wire.fields import GENERATE_FIELDS
 from jupyter_infer.wire.openai_requests import CHAT_FIELDS, COMPLETION_FIELDS
 
@@ -83,6 +85,12 @@ SCHEMA = st.sampled_from([{"type": "object", "properties": {"a": {"type": "integ
                           {"$ref": "#/nope"}, {"type": "wat"}, {"anyOf": []}, True, False]) | JSON
 TOOL = st.fixed_dictionaries({"type": st.just("function") | TEXT, "function": st.fixed_dictionaries(
     {"name": st.sampled_from(["f", "get_weather"]) | TEXT}, optional={"parameters": SCHEMA, "description": TEXT})})
+# Anthropic's shapes (infer/v1/messages): its tools, tool choices and content blocks.
+ANTHROPIC_TOOL = st.fixed_dictionaries({"name": st.sampled_from(["f", "get_weather"]) | TEXT}, optional={
+    "input_schema": SCHEMA, "description": TEXT, "type": st.sampled_from(["custom", "bash_20250124"]) | TEXT})
+BLOCK = st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image"]) | TEXT},
+                              optional={"text": TEXT | JSON, "id": TEXT, "name": st.just("f") | TEXT, "input": JSON,
+                                        "tool_use_id": TEXT, "content": TEXT | JSON})
 CONSTRAINTS = {
     "json_schema": SCHEMA, "guided_json": SCHEMA,
     "regex": st.sampled_from(["[a-z]{2}", "a(", "(a+)+b", ".*", "\\d{3}"]) | TEXT, "guided_regex": TEXT,
@@ -93,9 +101,11 @@ CONSTRAINTS = {
                                                  {"name": TEXT, "schema": SCHEMA})}),
     "structured_outputs": st.dictionaries(st.sampled_from(["json", "regex", "choice", "grammar"]) | TEXT,
                                           SCHEMA | TEXT, max_size=2),
-    "tools": st.lists(TOOL, max_size=3),
-    "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}])
-    | JSON,
+    "tools": st.lists(TOOL | ANTHROPIC_TOOL, max_size=3),
+    "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}},
+                                    {"type": "any"}, {"type": "tool", "name": "f"}, {"type": "none"}]) | JSON,
+    "output_config": st.fixed_dictionaries({"format": st.fixed_dictionaries(
+        {"type": st.just("json_schema") | TEXT, "schema": SCHEMA})}) | JSON,
 }
 
 
@@ -109,19 +119,26 @@ def field_values(name: str) -> st.SearchStrategy[Any]:
         "stop": st.lists(TEXT, max_size=6) | TEXT, "stream": st.booleans(), "model": st.sampled_from(
             ["default", "simulated", "nope"]) | TEXT,
         "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(
-            ["user", "system", "assistant", "developer", "tool", ""]) | TEXT, "content": TEXT | JSON}), max_size=3),
+            ["user", "system", "assistant", "developer", "tool", ""]) | TEXT, "content": TEXT | JSON
+            | st.lists(BLOCK, max_size=3)}), max_size=3),
+        "system": TEXT | st.lists(BLOCK, max_size=2), "stop_sequences": st.lists(TEXT, max_size=4) | TEXT,
+        "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled", "adaptive"]) | TEXT},
+                                          optional={"budget_tokens": NUMBER}) | JSON,
         "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | LEAF}),
         **CONSTRAINTS,
     }.get(name)
     return JSON if sane is None else sane | JSON
 
 
-def bodies(fields: set[str]) -> st.SearchStrategy[bytes]:
-    """A JSON object of known fields (some mutated, some unknown), other JSON, or raw bytes."""
+def bodies(fields: set[str], base: dict[str, Any] | None = None) -> st.SearchStrategy[bytes]:
+    """A JSON object of known fields (some mutated, some unknown), other JSON, or raw bytes;
+    with a valid ``base`` body, also that body with one field mutated (it reaches the engine)."""
     names = sorted(fields)
     objects = st.fixed_dictionaries({}, optional={n: field_values(n) for n in names}).flatmap(
         lambda body: st.dictionaries(TEXT, JSON, max_size=2).map(lambda extra: {**body, **extra})
         | st.just(body))
+    if base is not None:
+        objects |= st.sampled_from(names).flatmap(lambda n: field_values(n).map(lambda v: {**base, n: v}))
     as_json = (objects | JSON).map(lambda value: json.dumps(value).encode())
     nested = st.integers(1, 3000).map(lambda n: b'{"prompt": ' + b"[" * n + b"]" * n + b"}")
     raw = st.binary(max_size=300) | st.sampled_from(
@@ -156,7 +173,7 @@ def check(response: httpx.Response, route: str, openai: bool) -> None:
         error = body["error"] if openai else body
         assert isinstance(error["message"], str) and error["message"], body
     elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
-        ends = r"^(event: (done|error)|data: \[DONE\]|data: \{\"error)"  # it ended as a stream ends
+        ends = r"^(event: (done|error|message_stop)|data: \[DONE\]|data: \{\"error)"  # it ended as a stream ends
         assert re.search(ends, response.text, re.M), response.text[-300:]
 
 
@@ -172,7 +189,10 @@ def send(http: httpx.Client, method: str, path: str, route: str, openai: bool, c
 
 
 POST_FIELDS = {"infer/generate": GENERATE_FIELDS, "infer/generate_stream": GENERATE_FIELDS,
-               "infer/v1/completions": COMPLETION_FIELDS, "infer/v1/chat/completions": CHAT_FIELDS}
+               "infer/v1/completions": COMPLETION_FIELDS, "infer/v1/chat/completions": CHAT_FIELDS,
+               "infer/v1/messages": MESSAGES_FIELDS, "infer/v1/messages/count_tokens": MESSAGES_FIELDS}
+_ASK = {"max_tokens": 4, "messages": [{"role": "user", "content": "What is attention?"}]}
+VALID_BODIES = {"infer/v1/messages": _ASK, "infer/v1/messages/count_tokens": _ASK}
 
 
 def verbs(handler: type) -> list[str]:
@@ -183,7 +203,9 @@ def verbs(handler: type) -> list[str]:
 
 
 ROUTES = [(verb.upper(), pattern.lstrip("/")) for pattern, handler in routes() for verb in verbs(handler)]
-OPENAI_SHAPED = {pattern.lstrip("/") for pattern, handler in routes() if issubclass(handler, OpenAIHandler)}
+# Errors under an "error" key: OpenAI's {"error": {...}} and Anthropic's {"type": "error", "error": {...}}.
+OPENAI_SHAPED = {pattern.lstrip("/") for pattern, handler in routes()
+                 if issubclass(handler, (OpenAIHandler, AnthropicHandler))}
 
 
 def concrete(pattern: str, arg: str) -> str:
@@ -197,7 +219,7 @@ def test_no_input_makes_a_route_fail_or_hang(http: httpx.Client, method: str, pa
     catch_all = pattern.endswith("/.*")  # the JSON 404 of unknown paths: fewer examples
 
     @settings(FUZZ, max_examples=EXAMPLES // 5 if catch_all else EXAMPLES)
-    @given(body=bodies(fields), query=QUERY, arg=PATH_ARG)
+    @given(body=bodies(fields, VALID_BODIES.get(pattern)), query=QUERY, arg=PATH_ARG)
     def one(body: bytes, query: str, arg: str) -> None:
         path = concrete(pattern, arg) + ("" if method == "POST" else "?" + query)
         send(http, method, path, pattern, pattern in OPENAI_SHAPED, body if method in ("POST", "PUT", "PATCH") else None)
