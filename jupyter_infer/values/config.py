@@ -212,6 +212,16 @@ class ServiceConfig:
         ``infer/status`` shows it (``configured``)."""
         return given_options({f.name: getattr(self, f.name) for f in fields(self)})
 
+    def _check_models(self) -> None:
+        """The options of the models a server can load and switch between."""
+        for folder in self.model_dirs:
+            if folder.strip().startswith(("[", "(")):  # a literal list on the command line is one string
+                raise ValueError(f"InferApp.model_dirs has {folder!r}, a list written as one folder: on the command "
+                                 "line give each folder as its own --InferApp.model_dirs=/path (repeat the option), "
+                                 "or set c.InferApp.model_dirs = ['/path', ...] in jupyter_server_config.py.")
+        if not self.switches_per_minute > 0:
+            raise ValueError(f"InferApp.switches_per_minute must be above 0; got {self.switches_per_minute!r}.")
+
     def __post_init__(self) -> None:
         def fail(name: str, rule: str) -> None:
             raise ValueError(f"InferApp.{name} must be {rule}; got {getattr(self, name)!r}.")
@@ -259,13 +269,7 @@ class ServiceConfig:
         for name in ("owner_max_running", "owner_max_queued", "owner_tokens_per_minute", "max_new_tokens"):
             if getattr(self, name) < 0:
                 fail(name, "0 (no limit) or more")
-        for folder in self.model_dirs:
-            if folder.strip().startswith(("[", "(")):  # a literal list on the command line is one string
-                raise ValueError(f"InferApp.model_dirs has {folder!r}, a list written as one folder: on the command "
-                                 "line give each folder as its own --InferApp.model_dirs=/path (repeat the option), "
-                                 "or set c.InferApp.model_dirs = ['/path', ...] in jupyter_server_config.py.")
-        if not self.switches_per_minute > 0:
-            fail("switches_per_minute", "above 0")
+        self._check_models()
         for key, weight in self.fair_share_weights.items():
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
                 raise ValueError(f"InferApp.fair_share_weights[{key!r}] must be a number above 0; got {weight!r}.")
