@@ -51,12 +51,7 @@ class AnthropicHandler(InferHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.count_refusal(status_code)
-        err = kwargs.get("exc_info", (None, None))[1]
-        message = getattr(err, "log_message", None) or self._reason
-        if status_code == 405:
-            message = f"{self.request.method} is not allowed on {self.request.path}."
-        if status_code >= 500 and not isinstance(err, web.HTTPError):
-            message = "The server failed on this request; see its log."
+        message = self.refusal_message(status_code, kwargs.get("exc_info", (None, None))[1])
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(anthropic_messages.error_json(status_code, message)))
 
@@ -82,11 +77,7 @@ class MessagesHandler(AnthropicHandler):
     @answers_errors
     async def post(self) -> None:
         body = self.read_json()
-        shelf = getattr(self.service, "models", None)
-        named = body.get("model") if isinstance(body, dict) else None
-        if shelf is not None and isinstance(named, str):  # another listed model: loaded on demand, or how to load it
-            await shelf.bring(named)
-        info = await self.service.wait_ready()
+        info = await self.ready_for(body)
         call = anthropic_messages.parse_call(body, info, max_new_tokens=self.max_new_tokens)
         if call.ignored:
             names = [json.dumps(name[:60])[1:-1] for name in call.ignored[:20]]

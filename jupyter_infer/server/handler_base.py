@@ -44,10 +44,11 @@ from ..errors import (
     refusal_reason,
 )
 from ..service.inference import InferenceService
+from ..values.engine_info import EngineInfo
 from ..values.request import Request, RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
 from .sse import EventStreamHandler, format_event
-from .viewer import Viewer
+from .viewer import Viewer, hub_model, owner_weight, user_name
 
 # jupyter_server's own identity providers: anyone with the server's token (or password) is
 # its one user, seen as a fresh anonymous user on each token-only request.
@@ -115,30 +116,6 @@ class BodyTimeout(InferError):
 
     status = 408
     code = "request_timeout"
-
-
-def user_name(user: Any) -> str | None:
-    """The name of jupyter_server's ``current_user``: a ``User`` (jupyter_server 2) has a
-    ``username``; older identity providers and some deployments give the name as a string."""
-    if isinstance(user, str):
-        return user or None
-    name = getattr(user, "username", None)
-    return name if isinstance(name, str) and name else None
-
-
-def hub_model(user: Any) -> dict[str, Any]:
-    """The JupyterHub user model behind ``current_user`` (``name``, ``admin``, ``groups``,
-    ``scopes``), or ``{}`` when the server does not authenticate through a hub."""
-    model = getattr(user, "hub_user", None)
-    return model if isinstance(model, dict) else {}
-
-
-def owner_weight(name: str, groups: list[str], weights: dict[str, float]) -> float:
-    """``name``'s weight in fair share: its own (``"alice": 2``), else its groups' highest
-    (``"group:staff": 4``), else 1."""
-    if name in weights:
-        return float(weights[name])
-    return max((float(weights[f"group:{g}"]) for g in groups if f"group:{g}" in weights), default=1.0)
 
 
 def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferError:
@@ -340,6 +317,24 @@ class InferHandler(EventStreamHandler):
 
     async def submit(self, request: Request) -> RequestStream:
         return (await self.submit_all([request]))[0]
+
+    def refusal_message(self, status_code: int, err: BaseException | None) -> str:
+        """What a dialect's error body says of an error tornado or jupyter_server raised: its
+        message, what a 405 refuses, never a bug's own text."""
+        if status_code == 405:
+            return f"{self.request.method} is not allowed on {self.request.path}."
+        if status_code >= 500 and not isinstance(err, web.HTTPError):
+            return "The server failed on this request; see its log."
+        return getattr(err, "log_message", None) or self._reason
+
+    async def ready_for(self, body: Any) -> EngineInfo:
+        """What serves a body that may name a model: that listed model brought first (loaded on
+        demand, its turn waited for; or a 404 saying how to load it), then the engine's info."""
+        shelf = getattr(self.service, "models", None)
+        named = body.get("model") if isinstance(body, dict) else None
+        if shelf is not None and isinstance(named, str):
+            await shelf.bring(named)
+        return await self.service.wait_ready()
 
     async def submit_all(self, requests: list[Request]) -> list[RequestStream]:
         """Queue every request, or none: if one is refused, those already queued are

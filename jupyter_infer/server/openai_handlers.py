@@ -42,13 +42,8 @@ class OpenAIHandler(InferHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.count_refusal(status_code)
-        err = kwargs.get("exc_info", (None, None))[1]
-        message = getattr(err, "log_message", None) or self._reason
+        message = self.refusal_message(status_code, kwargs.get("exc_info", (None, None))[1])
         code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(status_code)
-        if status_code == 405:
-            message = f"{self.request.method} is not allowed on {self.request.path}."
-        if status_code >= 500 and not isinstance(err, web.HTTPError):
-            message = "The server failed on this request; see its log."
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(openai_answers.error_json(status_code, message, code)))
 
@@ -61,11 +56,7 @@ class OpenAIHandler(InferHandler):
 
     async def complete(self, parse: Callable[..., openai_requests.OpenAIRequest], chat: bool) -> None:
         body = self.read_json()
-        shelf = getattr(self.service, "models", None)
-        named = body.get("model") if isinstance(body, dict) else None
-        if shelf is not None and isinstance(named, str):  # another listed model: loaded on demand, or how to load it
-            await shelf.bring(named)
-        info = await self.service.wait_ready()
+        info = await self.ready_for(body)
         call = parse(body, info, max_new_tokens=self.max_new_tokens, max_choices=self.infer_config.max_choices)
         if call.ignored:  # names as sent: escaped and cut short, so that any name makes a valid header
             names = [json.dumps(show(name) if len(name) > 60 else name)[1:-1] for name in call.ignored[:20]]

@@ -119,3 +119,27 @@ def _renderer(viewer: Viewer) -> Callable[[list[dict[str, Any]]], str]:
         return "".join(format_event(json.dumps(e), e["type"]) for e in coalesce_tokens([viewer.event(e) for e in events]))
 
     return frames
+
+
+def user_name(user: Any) -> str | None:
+    """The name of jupyter_server's ``current_user``: a ``User`` (jupyter_server 2) has a
+    ``username``; older identity providers and some deployments give the name as a string."""
+    if isinstance(user, str):
+        return user or None
+    name = getattr(user, "username", None)
+    return name if isinstance(name, str) and name else None
+
+
+def hub_model(user: Any) -> dict[str, Any]:
+    """The JupyterHub user model behind ``current_user`` (``name``, ``admin``, ``groups``,
+    ``scopes``), or ``{}`` when the server does not authenticate through a hub."""
+    model = getattr(user, "hub_user", None)
+    return model if isinstance(model, dict) else {}
+
+
+def owner_weight(name: str, groups: list[str], weights: dict[str, float]) -> float:
+    """``name``'s weight in fair share: its own (``"alice": 2``), else its groups' highest
+    (``"group:staff": 4``), else 1."""
+    if name in weights:
+        return float(weights[name])
+    return max((float(weights[f"group:{g}"]) for g in groups if f"group:{g}" in weights), default=1.0)

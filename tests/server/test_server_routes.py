@@ -117,7 +117,7 @@ async def test_on_a_single_user_server_every_request_has_one_owner(
 def test_the_owner_is_the_user_name_whatever_its_type() -> None:
     from jupyter_server.auth import User
 
-    from jupyter_infer.server.handler_base import user_name
+    from jupyter_infer.server.viewer import user_name
 
     assert user_name(User("ada")) == "ada"
     assert user_name("grace") == "grace"  # an identity provider that gives the name as a string
