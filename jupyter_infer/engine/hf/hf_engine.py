@@ -45,7 +45,7 @@ from . import draft_columns, ragged
 from .batch import HFBatch
 from .buckets import Buckets
 from .llama_forward import LlamaForward
-from .prompt_work import PromptChunk, Start, WholePrompts, prompt_work
+from .prompt_work import PromptChunk, PromptsDone, Start, WholePrompts, prompt_work
 from .row import Row
 
 if TYPE_CHECKING:
@@ -205,13 +205,11 @@ class HFEngine(Engine):
             masks.result()
         return self._took(work.finish(logits, work.echo), rest)
 
-    def _took(self, finished: tuple[Sampled, Buckets | None, dict[str, HFBatch]],
-              rest: dict[str, HFBatch]) -> Sampled:
+    def _took(self, finished: PromptsDone, rest: dict[str, HFBatch]) -> Sampled:
         """The prompt rows' tokens; complete rows join the decoding rows, begun ones wait."""
-        sampled, complete, begun = finished
-        self.rows.prefilling = {**rest, **begun}
-        self.rows.join(complete)
-        return sampled
+        self.rows.prefilling = {**rest, **finished.begun}
+        self.rows.join(finished.complete)
+        return finished.sampled
 
     def buckets(self, batches: list[HFBatch]) -> Buckets:
         """Newly complete rows, as the decoding rows hold them: a group of very different
@@ -321,7 +319,7 @@ class HFEngine(Engine):
 
     @torch.inference_mode()
     def _step(self, seqs: list[RowRequest], guesses: dict[str, int] | None,
-              prompts: WholePrompts | PromptChunk | None) -> tuple:
+              prompts: WholePrompts | PromptChunk | None) -> tuple[Sampled, PromptsDone | None]:
         """The decoding rows' tokens (the batch's order) and, with ``prompts``, what their
         ``finish`` gives, from one forward over the buckets' blocks then the prompts'."""
         buckets = list(self.rows.decoding)

@@ -11,7 +11,7 @@ every column's logits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
@@ -31,6 +31,15 @@ if TYPE_CHECKING:
 # Where a row starts: the shared prefix it refers to, its cached prompt tokens (shared ones
 # included), the KV of the cached ones after the shared prefix.
 Start = tuple["SharedPrefix | None", int, "torch.Tensor | None"]
+
+
+class PromptsDone(NamedTuple):
+    """What a step gave its prompt rows: their first tokens (in the plan's order), the rows now
+    complete (they join the decoding rows) and those begun (a long prompt part-way)."""
+
+    sampled: Sampled
+    complete: Buckets | None
+    begun: dict[str, HFBatch]
 
 
 class PromptRunner(Protocol):
@@ -96,7 +105,7 @@ class WholePrompts:
         kv_cache.set_spare(cache, spare_columns([s.params.max_tokens for s in seqs]))
         return ragged.Block(cache, *(t.to(engine.device) for t in (input_ids, mask, position_ids)), shared)
 
-    def finish(self, logits: torch.Tensor, every: bool) -> tuple[Sampled, Buckets | None, dict[str, HFBatch]]:
+    def finish(self, logits: torch.Tensor, every: bool) -> PromptsDone:
         """The first tokens (in ``seqs``' order) and the rows, from the forward's ``logits`` of
         these blocks: each row's last column, or (``every``) every column."""
         engine, seqs = self.engine, self.seqs
@@ -132,7 +141,7 @@ class WholePrompts:
         sampled = [sampled[back[i]] for i in range(len(seqs))]
         for i, records in echoed.items():
             sampled[i].prompt_logprobs = records
-        return sampled, engine.buckets(batches), {}
+        return PromptsDone(sampled, engine.buckets(batches), {})
 
 
 class PromptChunk:
@@ -166,7 +175,7 @@ class PromptChunk:
                                   torch.arange(done, end, device=device)[None], shared)
         self.blocks = [self.block]
 
-    def finish(self, logits: torch.Tensor, every: bool) -> tuple[Sampled, Buckets | None, dict[str, HFBatch]]:
+    def finish(self, logits: torch.Tensor, every: bool) -> PromptsDone:
         engine, seq, block, end, offset = self.engine, self.seq, self.block, self.end, self.offset
         prompt, shared, cache = seq.prompt_ids, block.shared, block.cache
         if engine.prefix_cache is not None:  # blocks complete so far: a prompt arriving now reuses them
@@ -189,8 +198,8 @@ class PromptChunk:
             shared=shared,
         )
         if complete:
-            return sampled, engine.buckets([row]), {}
-        return sampled, None, {seq.id: row}
+            return PromptsDone(sampled, engine.buckets([row]), {})
+        return PromptsDone(sampled, None, {seq.id: row})
 
 
 def prompt_work(engine: PromptRunner, seqs: list[RowRequest], num_scheduled: list[int],
