@@ -19,8 +19,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..constraints.tool_formats import FORMATS, CallDelta
-from ..constraints.tools import parser_for
+from ..constraints.tool_formats import FORMATS, CallDelta, PythonCallParser
+from ..constraints.tools import CallParser, parser_for
 from ..text.reasoning import ReasoningSplitter
 from ..values.answer import AnswerPiece
 from ..values.request import RequestResult, TokenEvent, TokenLogprob
@@ -37,11 +37,11 @@ class AnswerState:
     prefix_offset: int = 0
     read_offset: int = 0
     splitter: ReasoningSplitter | None = None  # a reasoning model's chat
-    parser: object | None = None  # a tools request: constraints.tools.CallParser or PythonCallParser
+    parser: CallParser | PythonCallParser | None = None  # a tools request's: its calls, read as they come
     named: bool = False  # its tool_choice names a tool: calls to it keep "stop", as OpenAI's do
     reasoning: str = ""
-    content: str = ""
-    closed: bool = False
+    content: str = ""  # the answer after the reasoning section (kept only where there is a splitter:
+    closed: bool = False  # otherwise it is the sequence's text)
     stop: str | None = None  # the stop sequence that ended it (Anthropic's ``stop_sequence`` names it)
 
 
@@ -117,7 +117,7 @@ class AnswerStage:
             calls = tuple(parser.calls)
         reasoned = state.splitter is not None and state.splitter.reasoned
         return replace(result, reasoning=state.reasoning if reasoned else None,
-                       content=None if calls is not None else state.content,
+                       content=None if calls is not None else state.content if state.splitter else result.text,
                        tool_calls=calls, whole_calls=parser.complete if calls is not None else 0,
                        stop_sequence=state.stop)
 
@@ -136,7 +136,7 @@ class AnswerStage:
                 state.reasoning += text
                 out.append(AnswerPiece("reasoning", text))
             elif state.parser is None:
-                state.content += text
+                self._content(state, text)
                 out.append(AnswerPiece("content", text))
             else:
                 out += self._calls(state, state.parser.feed(text))
@@ -146,11 +146,16 @@ class AnswerStage:
         out = []
         for d in deltas:
             if d.content is not None:
-                state.content += d.content
+                self._content(state, d.content)
                 out.append(AnswerPiece("content", d.content))
             else:
                 out.append(AnswerPiece("call", d.arguments or "", d.index, d.id, d.name))
         return out
+
+    @staticmethod
+    def _content(state: AnswerState, text: str) -> None:
+        if state.splitter is not None:  # else the content is the sequence's text: no second copy
+            state.content += text
 
     def _close(self, seq: Sequence, reason: str) -> tuple[str, list[AnswerPiece]]:
         """The end of ``seq``'s answer: what its splitter and parser held back, and its finish

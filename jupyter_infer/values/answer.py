@@ -30,7 +30,3 @@ class AnswerPiece:
     def opens_call(self) -> bool:
         return self.kind == "call" and self.call_id is not None
 
-
-def content(text: str) -> tuple[AnswerPiece, ...]:
-    """``text`` as the pieces of an answer with no reasoning and no calls."""
-    return (AnswerPiece("content", text),) if text else ()

@@ -52,6 +52,14 @@ async def answer(service: InferenceService, text: str = "What is batching?", **k
     return stream.model or ""
 
 
+async def until_unloaded(service: InferenceService) -> None:
+    """Until the shelf has unloaded the idle model (a few seconds at most)."""
+    for _ in range(100):
+        if service.state == "unloaded":
+            return
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.asyncio
 async def test_a_model_is_switched_at_run_time_and_waiting_requests_go_to_the_new_one(
         tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -94,10 +102,7 @@ async def test_unloaded_after_idle_seconds_and_back_for_the_next_request(
     service.start()
     try:
         await answer(service)
-        for _ in range(100):
-            if service.state == "unloaded":
-                break
-            await asyncio.sleep(0.05)
+        await until_unloaded(service)
         assert service.state == "unloaded" and service.info is None
         said = [r.getMessage() for r in caplog.records]
         assert any("unloading simulated after 0.2 idle seconds" in m for m in said), said  # the log says why
@@ -186,10 +191,7 @@ async def test_after_an_idle_unload_a_request_for_another_model_loads_only_that_
     service.start()
     try:
         await answer(service)
-        for _ in range(100):
-            if service.state == "unloaded":
-                break
-            await asyncio.sleep(0.05)
+        await until_unloaded(service)
         assert service.state == "unloaded"
         assert await answer(service, model=other) == other
         said = [r.getMessage() for r in caplog.records]
