@@ -10,8 +10,9 @@ finish first, up to ``switch_drain_s``, then are cancelled; new ones wait for th
 
 On demand, requests for a model that is not loaded wait their model's turn (``bring``), never
 a 503: the loaded model's requests go first, then one switch to the model waited for longest,
-whose waiting requests all go; a model once loaded stays while its requests keep coming, for at
-least ``60 / switches_per_minute`` seconds. A request holds its model from its turn until it is
+whose waiting requests all go, at most ``switches_per_minute`` switches in any minute (past
+that, the loaded model serves its own newcomers until a switch may happen again, so two agents on
+two models cannot make every request a switch). A request holds its model from its turn until it is
 queued (``turn``), so no switch drops it in between.
 """
 
@@ -22,6 +23,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,8 +78,8 @@ class ModelShelf:
         self._waiting: dict[str, list[tuple[float, asyncio.Future[None]]]] = {}
         self._holding = 0
         self._turns: asyncio.Task | None = None
-        # When a request's turn last switched the model (the first switch waits for no one).
-        self._loaded_at = float("-inf")
+        # When requests' turns switched the model, over the last minute (switches_per_minute).
+        self._switched: deque[float] = deque()
         self.switches = 0  # how many times a request's model was switched to (infer/models says)
 
     @property
@@ -178,9 +180,8 @@ class ModelShelf:
         listed model ``model`` names, its turn waited for (see the module's docstring)."""
         self._last_active = time.monotonic()
         path = await self._wanted(model)
-        if self.unloaded and path is not None and path != self._service.config.model:
-            self._loaded_at = float("-inf")  # nothing is loaded: the model asked for comes at once
-        elif self.unloaded:
+        # After an unload, a request for another model loads that one (below), not the old one first.
+        if self.unloaded and (path is None or path == self._service.config.model):
             async with self._lock:
                 if self.unloaded:
                     self.unloaded = False
@@ -195,7 +196,9 @@ class ModelShelf:
         try:
             await waiter
         finally:
-            if not waiter.done() and entry in self._waiting.get(path, ()):  # the caller gave up
+            # The caller gave up (its wait, cancelled, is done too): it waits no more, and no
+            # switch happens for it.
+            if entry in self._waiting.get(path, ()):
                 self._waiting[path].remove(entry)
 
     @contextlib.asynccontextmanager
@@ -229,9 +232,16 @@ class ModelShelf:
 
     def _yields(self) -> bool:
         """Whether the loaded model's newcomers wait behind another model's turn: someone waits
-        for another model, and this one has had its time (``switches_per_minute``)."""
+        for another model, and a switch may happen now."""
         others = any(path != self._service.config.model and waiters for path, waiters in self._waiting.items())
-        return others and time.monotonic() - self._loaded_at >= 60.0 / self._service.config.switches_per_minute
+        return others and self._may_switch()
+
+    def _may_switch(self) -> bool:
+        """Fewer than ``switches_per_minute`` switches in the last minute (or nothing loaded)."""
+        now = time.monotonic()
+        while self._switched and now - self._switched[0] >= 60.0:
+            self._switched.popleft()
+        return self.unloaded or len(self._switched) < self._service.config.switches_per_minute
 
     def _busy(self) -> bool:
         service = self._service
@@ -243,8 +253,8 @@ class ModelShelf:
         while any(self._waiting.values()):
             current = self._service.config.model
             others = [p for p, w in self._waiting.items() if w and p != current]
-            fresh = time.monotonic() - self._loaded_at < 60.0 / self._service.config.switches_per_minute
-            if not others or fresh:  # the loaded model's own: none to yield to, or it has not had its time
+            fresh = not self._may_switch()
+            if not others or fresh:  # the loaded model's own: none to yield to, or no switch may happen yet
                 _release(self._waiting.pop(current, []))
             if not others:
                 return
@@ -260,7 +270,7 @@ class ModelShelf:
                 _release(waiters, err)
                 continue
             finally:
-                self._loaded_at = time.monotonic()
+                self._switched.append(time.monotonic())
             _release(waiters)
 
     async def _switch(self, config: Any, reason: str) -> None:

@@ -82,10 +82,10 @@ class ServiceConfig:
         the machine; the next request, or a load, brings one back); 0: never.""")
     switch_drain_s: float = knob(30.0, """Switching models: how long the requests already queued or running
         may take to finish on the old one before they are cancelled.""")
-    switches_per_minute: float = knob(4.0, """Load on demand: the most model switches a minute. Requests for
-        another model wait their turn, the loaded model's first; a model stays at least 60 / this many
-        seconds once loaded while its requests keep coming, so two agents on two models cannot make
-        every request a switch.""")
+    switches_per_minute: float = knob(4.0, """Load on demand: the most model switches in any minute. Requests
+        for another model wait their turn, the loaded model's first; past this many switches the loaded
+        model serves its own requests until a switch may happen again, so two agents on two models
+        cannot make every request a switch.""")
     split_reasoning: bool = knob(True, """'hf' engine, a reasoning model (Qwen3, DeepSeek-R1's distills: its
         chat template and vocabulary have <think> and </think>): the OpenAI chat answer's <think>
         section comes as message.reasoning_content (streamed as delta.reasoning_content), the rest

@@ -200,3 +200,27 @@ async def test_after_an_idle_unload_a_request_for_another_model_loads_only_that_
         assert any(f"loading {other}:" in m for m in after)
     finally:
         await service.stop()
+
+
+@pytest.mark.asyncio
+async def test_past_its_switches_a_minute_the_loaded_model_serves_its_own_and_the_other_waits(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    for name in ("small", "other"):
+        shutil.copytree(tiny_model_dir, tmp_path / name)
+    small, other = str(tmp_path / "small"), str(tmp_path / "other")
+    service = InferenceService(ServiceConfig(engine="hf", model=small, model_dirs=(str(tmp_path),), num_threads=1,
+                                             load_on_demand=True, switches_per_minute=1))
+    service.start()
+    try:
+        assert await answer(service, model=other) == other  # the minute's one switch, at once
+        back = asyncio.ensure_future(answer(service, model=small))
+        await asyncio.sleep(0.3)
+        assert service.models.answer()["waiting"] == {small: 1} and not back.done()
+        assert await answer(service, model=other) == other  # the loaded model serves its own meanwhile
+        assert service.models.switches == 1
+        back.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await back
+        assert service.models.answer()["waiting"] == {}  # a caller who gave up waits no more
+    finally:
+        await service.stop()
