@@ -79,9 +79,7 @@ class MessagesHandler(AnthropicHandler):
         body = self.read_json()
         info = await self.ready_for(body)
         call = anthropic_messages.parse_call(body, info, max_new_tokens=self.max_new_tokens)
-        if call.ignored:
-            names = [json.dumps(name[:60])[1:-1] for name in call.ignored[:20]]
-            self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
+        self.say_ignored(call.ignored)
         stream = await self.submit(call.request)
         model = stream.model or call.model  # behind a router: the model that serves it
         if call.stream:

@@ -318,6 +318,13 @@ class InferHandler(EventStreamHandler):
     async def submit(self, request: Request) -> RequestStream:
         return (await self.submit_all([request]))[0]
 
+    def say_ignored(self, names: list[str]) -> None:
+        """Name the body's fields this route accepted but does not act on (``X-Ignored-Fields``):
+        as sent, escaped and cut short, so that any name makes a valid header."""
+        if names:
+            shown = [json.dumps(show(name) if len(name) > 60 else name)[1:-1] for name in names[:20]]
+            self.set_header("X-Ignored-Fields", ", ".join(shown) + (", ..." if len(names) > 20 else ""))
+
     def refusal_message(self, status_code: int, err: BaseException | None) -> str:
         """What a dialect's error body says of an error tornado or jupyter_server raised: its
         message, what a 405 refuses, never a bug's own text."""

@@ -58,9 +58,7 @@ class OpenAIHandler(InferHandler):
         body = self.read_json()
         info = await self.ready_for(body)
         call = parse(body, info, max_new_tokens=self.max_new_tokens, max_choices=self.infer_config.max_choices)
-        if call.ignored:  # names as sent: escaped and cut short, so that any name makes a valid header
-            names = [json.dumps(show(name) if len(name) > 60 else name)[1:-1] for name in call.ignored[:20]]
-            self.set_header("X-Ignored-Fields", ", ".join(names) + (", ..." if len(call.ignored) > 20 else ""))
+        self.say_ignored(call.ignored)
         streams = await self.submit_all(call.requests)
         call.model = streams[0].model or call.model  # behind a router: the model that serves it
         shape = openai_answers.Shaper(chat, streams[0].id, call, self.service.token_texts)

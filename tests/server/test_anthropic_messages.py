@@ -189,6 +189,13 @@ async def test_the_dialect_costs_nothing(claude: anthropic.AsyncAnthropic, serve
     assert counted.input_tokens == chat.usage.prompt_tokens
 
 
+async def test_fields_it_does_not_act_on_are_named(raw: httpx.AsyncClient) -> None:
+    body = {"model": "simulated", "max_tokens": 4, "messages": ASK, "service_tier": "auto", "x" * 80: 1}
+    answer = await raw.post("messages", json=body, headers=AUTH)
+    assert answer.status_code == 200
+    assert answer.headers["x-ignored-fields"].startswith("service_tier, 'xxxx")  # a long name cut short
+
+
 async def test_count_tokens(claude: anthropic.AsyncAnthropic, raw: httpx.AsyncClient) -> None:
     short = await claude.messages.count_tokens(model="simulated", messages=ASK)
     longer = await claude.messages.count_tokens(model="simulated", messages=ASK, system="Be brief.", tools=[WEATHER])
