@@ -19,6 +19,7 @@ from ..errors import Forbidden, InvalidRequest, NotFound
 from ..values.events import coalesce_tokens
 from ..values.request import show
 from ..wire.native import parse_generate, with_tool_format
+from . import ollama_handlers, responses_handlers
 from .anthropic_handlers import CountTokensHandler, MessagesHandler
 from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .model_handlers import ModelsHandler as LocalModelsHandler
@@ -277,12 +278,14 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/v1/models/(.+)", ModelHandler),
         (r"/infer/v1/messages", MessagesHandler),  # Anthropic's Messages API
         (r"/infer/v1/messages/count_tokens", CountTokensHandler),
+        *responses_handlers.ROUTES,  # OpenAI's Responses API
         (r"/infer/v1/.*", OpenAINotFoundHandler),
         (r"/infer/health", HealthHandler),
         (r"/infer/tokenize", TokenizeHandler),
         (r"/infer/detokenize", DetokenizeHandler),
         (r"/infer/requests/([^/]+)", RequestHandler),
         (r"/infer/models", LocalModelsHandler),
+        *ollama_handlers.ROUTES,  # Ollama's API under infer/api/
         (r"/infer/?", LandingHandler),
         (r"/infer/.*", NotFoundHandler),
     ]
