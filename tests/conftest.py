@@ -43,6 +43,14 @@ def llama_model_dir(models_dir: Path) -> Path:
     return make_model(models_dir / "llama-tiny", "llama-tiny")
 
 
+@pytest.fixture(scope="session")
+def coder_model_dir(models_dir: Path) -> Path:
+    """llama-tiny with Qwen2.5-Coder's fill-in-the-middle tokens: infill in small."""
+    from jupyter_infer.commands.model_builder import make_model
+
+    return make_model(models_dir / "coder-tiny", "coder-tiny")
+
+
 # -- the in-process Jupyter server of the server tests (pytest-jupyter's jp_* fixtures) ------
 @pytest.fixture
 def infer_options() -> dict[str, Any]:

@@ -54,12 +54,13 @@ LADDER = {
 }
 LADDER_CONTEXT = 32768  # room for the bench's ~8k-token prompts and more
 
-SIZES = ("tiny", "small", "llama-tiny", "0.5b", *LADDER)
+SIZES = ("tiny", "small", "llama-tiny", "coder-tiny", "0.5b", *LADDER)
 # What each size is, as `make-model --help` says it (the shapes are _build_model's).
 SIZE_HELP = {
     "tiny": "GPT-2, 2 layers of 128 (~0.7 M parameters, 512 positions): for tests, loads in a second",
     "small": "GPT-2, 12 layers of 768 (~90 M parameters, GPT-2 small's shape)",
     "llama-tiny": "Llama, 2 layers of 128, grouped-query attention: the Llama path (our CPU forward) in small",
+    "coder-tiny": "llama-tiny with Qwen2.5-Coder's fill-in-the-middle and file tokens: infill (suffix) in small",
     "0.5b": "Llama with Qwen2.5-0.5B's shape (24 layers of 896, ~0.36 B parameters): real-size timings",
     "1.5b": "Qwen2.5-1.5B's shape in bfloat16 (28 layers of 1536; ~1.3 B parameters with our small vocabulary)",
     "3b": "Qwen2.5-3B's shape in bfloat16 (36 layers of 2048; ~2.8 B parameters with our small vocabulary)",
@@ -71,6 +72,8 @@ EOS_TOKEN = "<|endoftext|>"
 # Role markers are special tokens so a chat prompt tokenizes into clean,
 # unambiguous boundaries instead of fragments like "<", "|", "user".
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+# A code model's infill markers (Qwen2.5-Coder's spelling: text/fim.py), in coder-tiny's vocabulary.
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>")
 
 # Renders "<|role|>\ncontent\n" per message, then "<|assistant|>\n" when the
 # caller asks for a generation prompt.
@@ -88,7 +91,7 @@ BUILD_VERSION = 1
 # Target BPE vocabulary per size.  The corpus is small, so training may stop
 # earlier; the model's embedding matrix always matches the real tokenizer size
 # so that every id the model can emit decodes to text.
-_DEFAULT_VOCAB = {"tiny": 2000, "small": 8000, "llama-tiny": 2000, "0.5b": 8000, **dict.fromkeys(LADDER, 8000)}
+_DEFAULT_VOCAB = {"tiny": 2000, "small": 8000, "llama-tiny": 2000, "coder-tiny": 2000, "0.5b": 8000, **dict.fromkeys(LADDER, 8000)}
 
 # Files whose presence (with the marker) means a build completed.
 _REQUIRED_FILES = (
@@ -245,7 +248,8 @@ def make_model(
     # never sees a half-written safetensors file under the final name.
     staging = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        tokenizer = _train_tokenizer(marker["vocab_size"], _max_positions(size, context))
+        specials = FIM_TOKENS if size == "coder-tiny" else ()
+        tokenizer = _train_tokenizer(marker["vocab_size"], _max_positions(size, context), specials=specials)
         model = _build_model(size, tokenizer, seed, context)
         model.save_pretrained(staging, max_shard_size="64GB")  # one model.safetensors, whatever the size
         tokenizer.save_pretrained(staging)
@@ -273,7 +277,8 @@ def _is_complete(target: pathlib.Path, wanted: dict[str, object]) -> bool:
     return all((target / name).is_file() for name in _REQUIRED_FILES)
 
 
-def _train_tokenizer(vocab_size: int, max_length: int, lines: list[str] | None = None) -> PreTrainedTokenizerFast:
+def _train_tokenizer(vocab_size: int, max_length: int, lines: list[str] | None = None,
+                     specials: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on the built-in corpus (or on ``lines``)."""
     tok = Tokenizer(models.BPE())
     # add_prefix_space=False keeps decode(encode(s)) == s exact.
@@ -282,7 +287,7 @@ def _train_tokenizer(vocab_size: int, max_length: int, lines: list[str] | None =
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=1,
-        special_tokens=[EOS_TOKEN, *ROLE_TOKENS],
+        special_tokens=[EOS_TOKEN, *ROLE_TOKENS, *specials],
         # Seed with all 256 bytes so text outside the corpus (other scripts,
         # emoji) still encodes losslessly.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -295,7 +300,7 @@ def _train_tokenizer(vocab_size: int, max_length: int, lines: list[str] | None =
         bos_token=EOS_TOKEN,
         unk_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
-        additional_special_tokens=list(ROLE_TOKENS),
+        additional_special_tokens=[*ROLE_TOKENS, *specials],
         chat_template=CHAT_TEMPLATE,
         # Cleanup would rewrite " ." as "." and break exact round trips.
         clean_up_tokenization_spaces=False,
@@ -334,7 +339,7 @@ def _build_model(size: str, tokenizer: PreTrainedTokenizerFast, seed: int,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    if size in ("llama-tiny", "0.5b", *LADDER):
+    if size in ("llama-tiny", "coder-tiny", "0.5b", *LADDER):
         shape = LADDER.get(size) or dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                      intermediate_size=256)
         if size == "0.5b":  # Qwen2.5-0.5B's (float32, as the bench has always measured it)

@@ -106,6 +106,9 @@ class EngineLoop(RequestLoop):
                 prompt, constraint, opened = await render_prompt(text, request, engine.info.reasoning)
                 request = replace(request, prompt=prompt, params=replace(request.params, constraint=constraint),
                                   opened_reasoning=opened)
+            elif request.suffix is not None:
+                request = replace(request, prompt=text.infill_prompt(
+                    request.prompt, request.suffix, request.context_files, model=f"The model {engine.info.model}"))
             prompt_ids = await off_loop(text.tokenize, request.prompt, size=len(request.prompt))
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
         if self.check_model:

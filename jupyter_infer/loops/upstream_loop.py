@@ -95,6 +95,12 @@ class UpstreamLoop(RequestLoop):
                 "Token-id prompts need this server's tokenizer, and engine 'openai' forwards text: "
                 "send the prompt as text.", param="prompt",
             )
+        if request.context_files:
+            raise InvalidRequest(
+                "Other files for an infill ('input_extra') need this server's tokenizer, and engine "
+                "'openai' forwards text: leave them out, or ask the upstream's own infill route.",
+                param="input_extra",
+            )
         if request.params.logprobs is not None or request.params.prompt_logprobs is not None:
             raise InvalidRequest(
                 "Log probabilities are not passed back from an upstream server (engine 'openai') "

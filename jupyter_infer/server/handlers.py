@@ -22,6 +22,7 @@ from ..wire.native import parse_generate, with_tool_format
 from . import ollama_handlers, responses_handlers
 from .anthropic_handlers import CountTokensHandler, MessagesHandler
 from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
+from .infill_handlers import InfillHandler
 from .model_handlers import ModelsHandler as LocalModelsHandler
 from .openai_handlers import (
     ChatCompletionsHandler,
@@ -282,6 +283,7 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/v1/.*", OpenAINotFoundHandler),
         (r"/infer/health", HealthHandler),
         (r"/infer/tokenize", TokenizeHandler),
+        (r"/infer/infill", InfillHandler),  # llama-server's code infill
         (r"/infer/detokenize", DetokenizeHandler),
         (r"/infer/requests/([^/]+)", RequestHandler),
         (r"/infer/models", LocalModelsHandler),

@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from ..constraints.tool_formats import HERMES, ToolFormat
+from ..errors import InvalidRequest
 from .fim import FimTokens
 
 
@@ -48,6 +49,17 @@ class ModelText:
     def token_texts(self, token_ids: Seq[int]) -> list[str]:
         """Each token's own text (logprobs name tokens by it)."""
         return [self.detokenize([t]) for t in token_ids]
+
+    def infill_prompt(self, before: str, after: str, files: Seq[tuple[str, str]] = (), *,
+                      model: str = "This model") -> str:
+        """The prompt asking for the code between ``before`` and ``after`` (``suffix``, infill),
+        written with the model's own fill-in-the-middle tokens; a 400 where it has none."""
+        if self.fim is None:
+            raise InvalidRequest(
+                f"{model} has no fill-in-the-middle tokens, so it cannot fill in code between a prefix "
+                "and a suffix: serve a code model trained for it (Qwen2.5-Coder, StarCoder2, CodeLlama, "
+                "DeepSeek-Coder), or leave 'suffix' out.", param="suffix")
+        return self.fim.prompt(before, after, files)
 
     def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None,
                     tools: list[dict[str, Any]] | None = None) -> str:

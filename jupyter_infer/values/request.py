@@ -194,6 +194,11 @@ class Request:
     # Token ids to run instead of tokenizing ``prompt`` (OpenAI's token-array prompts);
     # the service then fills ``prompt`` with their text.
     prompt_ids: list[int] | None = None
+    # Infill: the code after the gap, ``prompt`` being the code before it; the engine's model
+    # writes the two with its fill-in-the-middle tokens (``ModelText.infill_prompt``), after
+    # ``context_files`` (name, text: the project's other files, llama-server's input_extra).
+    suffix: str | None = None
+    context_files: tuple[tuple[str, str], ...] = ()
     priority: int = 0
     model: str | None = None  # the model (or router backend) the caller named; None: any
     # A rendered chat's prompt opened a reasoning model's <think> section (set where the chat

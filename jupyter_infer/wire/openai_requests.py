@@ -5,7 +5,7 @@ Tolerant as vLLM is: a field this server does not act on is ignored (logged once
 and named in the ``X-Ignored-Fields`` header of the answer), never a 400. Fields that change
 the answer are implemented (sampling extras, ``n``, several prompts, token-id prompts,
 ``logprobs``, ``echo``, structured outputs and tool calls: ``constraints/``); the few it
-cannot honour (``suffix``, ``best_of`` above ``n``) are refused with a 400 that says so,
+cannot honour (``best_of`` above ``n``) are refused with a 400 that says so,
 never silently dropped.
 Each choice becomes its own ``Request``, so the choices of one call batch together.
 """
@@ -124,11 +124,6 @@ def _check_n(body: Mapping[str, Any], max_choices: int) -> int:
     return n
 
 
-def _refuse_unless(body: Mapping[str, Any], name: str, neutral: tuple[Any, ...], why: str) -> None:
-    if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
-        raise InvalidRequest(f"Unsupported value for '{name}': {show(body[name])} ({why}).", param=name)
-
-
 def parse_prompts(value: Any) -> list[str | list[int]]:
     """OpenAI's four prompt forms: a string, a list of strings, a list of token ids, or a
     list of token-id lists. A string is text; a list of ints is token ids."""
@@ -180,6 +175,16 @@ def _choices(prompts: list[Any], n: int, params: SamplingParams, make: Callable[
     return out
 
 
+def _suffix(body: Mapping[str, Any]) -> str | None:
+    """Infill's ``suffix`` (the code after the gap; ``None`` or empty: a plain completion)."""
+    suffix = body.get("suffix")
+    if suffix is None or suffix == "":
+        return None
+    if not isinstance(suffix, str):
+        raise InvalidRequest(f"'suffix' must be a string; got {show(suffix)}.", param="suffix")
+    return suffix
+
+
 def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices: int) -> OpenAIRequest:
     """``POST infer/v1/completions`` → one ``Request`` per choice; raises ``InvalidRequest``."""
     body = _object(body)
@@ -193,10 +198,13 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
             f"'best_of' ({show(best_of)}) above n is not supported: ask for that many choices (n) and "
             "pick with logprobs.", param="best_of",
         )
-    _refuse_unless(body, "suffix", (None, ""), "insertion with a suffix is not supported")
+    suffix = _suffix(body)
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise InvalidRequest("'echo' must be true or false.", param="echo")
+    if echo and suffix is not None:
+        raise InvalidRequest("'echo' with a 'suffix' is not supported: the prompt a model reads for an "
+                             "infill is not the text you sent.", param="echo")
     logprobs = _logprobs(body, "logprobs")
     prompts = parse_prompts(body.get("prompt"))
     sampling = dict(body)
@@ -211,7 +219,9 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
 
     def make(prompt: str | list[int], p: SamplingParams) -> Request:
         if isinstance(prompt, str):
-            return _requested(Request(prompt=prompt, params=p), body)
+            return _requested(Request(prompt=prompt, params=p, suffix=suffix), body)
+        if suffix is not None:
+            raise InvalidRequest("A 'suffix' needs the prompt as text, not token ids.", param="suffix")
         return _requested(Request(prompt="", prompt_ids=prompt, params=p), body)
 
     return OpenAIRequest(_choices(prompts, n, params, make, max_choices), model, stream, include_usage,

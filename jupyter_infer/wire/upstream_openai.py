@@ -29,6 +29,8 @@ def request_body(request: Request, model: str) -> tuple[str, dict[str, Any]]:
             body["chat_template_kwargs"] = request.chat_template_kwargs
     else:
         path, body["prompt"] = "completions", request.prompt
+        if request.suffix is not None:  # the upstream writes its own model's infill prompt
+            body["suffix"] = request.suffix
     body.update(sampling_fields(request.params))
     if request.params.constraint is not None:
         body.update(constraint_fields(request.params.constraint))
