@@ -29,6 +29,7 @@ from jupyter_infer.server.openai_handlers import OpenAIHandler
 from jupyter_infer.wire.anthropic_messages import MESSAGES_FIELDS
 from jupyter_infer.wire.fields import GENERATE_FIELDS
 from jupyter_infer.wire.openai_requests import CHAT_FIELDS, COMPLETION_FIELDS
+from jupyter_infer.wire.openai_responses import RESPONSES_FIELDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -91,6 +92,14 @@ ANTHROPIC_TOOL = st.fixed_dictionaries({"name": st.sampled_from(["f", "get_weath
 BLOCK = st.fixed_dictionaries({"type": st.sampled_from(["text", "tool_use", "tool_result", "thinking", "image"]) | TEXT},
                               optional={"text": TEXT | JSON, "id": TEXT, "name": st.just("f") | TEXT, "input": JSON,
                                         "tool_use_id": TEXT, "content": TEXT | JSON})
+# OpenAI Responses' shapes (infer/v1/responses): its input items and text format.
+ITEM = st.fixed_dictionaries({}, optional={
+    "type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "item_reference"]) | TEXT,
+    "role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]) | TEXT, "call_id": TEXT,
+    "content": TEXT | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text",
+                                                                               "input_image"]) | TEXT,
+                                                      "text": TEXT | JSON}), max_size=2),
+    "name": st.just("f") | TEXT, "arguments": TEXT, "output": TEXT | JSON})
 CONSTRAINTS = {
     "json_schema": SCHEMA, "guided_json": SCHEMA,
     "regex": st.sampled_from(["[a-z]{2}", "a(", "(a+)+b", ".*", "\\d{3}"]) | TEXT, "guided_regex": TEXT,
@@ -125,6 +134,9 @@ def field_values(name: str) -> st.SearchStrategy[Any]:
         "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled", "adaptive"]) | TEXT},
                                           optional={"budget_tokens": NUMBER}) | JSON,
         "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | LEAF}),
+        "input": TEXT | st.lists(ITEM, max_size=3), "instructions": TEXT, "max_output_tokens": st.integers(-2, 12),
+        "previous_response_id": TEXT, "text": st.fixed_dictionaries({"format": st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "json_object", "json_schema"]) | TEXT}, optional={"schema": SCHEMA})}),
         **CONSTRAINTS,
     }.get(name)
     return JSON if sane is None else sane | JSON
@@ -173,7 +185,8 @@ def check(response: httpx.Response, route: str, openai: bool) -> None:
         error = body["error"] if openai else body
         assert isinstance(error["message"], str) and error["message"], body
     elif response.headers.get("Content-Type", "").startswith("text/event-stream"):
-        ends = r"^(event: (done|error|message_stop)|data: \[DONE\]|data: \{\"error)"  # it ended as a stream ends
+        # It ended as a stream ends (Responses' last event is response.completed, .incomplete or .failed).
+        ends = r"^(event: (done|error|message_stop|response\.(completed|incomplete|failed))|data: \[DONE\]|data: \{\"error)"
         assert re.search(ends, response.text, re.M), response.text[-300:]
 
 
@@ -190,9 +203,11 @@ def send(http: httpx.Client, method: str, path: str, route: str, openai: bool, c
 
 POST_FIELDS = {"infer/generate": GENERATE_FIELDS, "infer/generate_stream": GENERATE_FIELDS,
                "infer/v1/completions": COMPLETION_FIELDS, "infer/v1/chat/completions": CHAT_FIELDS,
-               "infer/v1/messages": MESSAGES_FIELDS, "infer/v1/messages/count_tokens": MESSAGES_FIELDS}
+               "infer/v1/messages": MESSAGES_FIELDS, "infer/v1/messages/count_tokens": MESSAGES_FIELDS,
+               "infer/v1/responses": RESPONSES_FIELDS}
 _ASK = {"max_tokens": 4, "messages": [{"role": "user", "content": "What is attention?"}]}
-VALID_BODIES = {"infer/v1/messages": _ASK, "infer/v1/messages/count_tokens": _ASK}
+VALID_BODIES = {"infer/v1/messages": _ASK, "infer/v1/messages/count_tokens": _ASK,
+                "infer/v1/responses": {"max_output_tokens": 4, "input": "What is attention?"}}
 
 
 def verbs(handler: type) -> list[str]:
