@@ -134,7 +134,7 @@ class InputItemsHandler(ResponsesBase):
     @answers_errors
     async def get(self, response_id: str) -> None:
         stored = self.store.get(self.viewer.name, response_id)
-        items = [{"id": f"item_{i}", **item} for i, item in enumerate(stored.items)]
+        items = [openai_responses.listed_item(item, i) for i, item in enumerate(stored.items)]
         order = self.get_query_argument("order", "desc")
         if order not in ("asc", "desc"):
             raise InvalidRequest("'order' must be 'asc' or 'desc'.", param="order")

@@ -218,6 +218,18 @@ def chat_body(body: Mapping[str, Any], history: list[dict[str, Any]]) -> tuple[d
     return out, items
 
 
+def listed_item(item: dict[str, Any], index: int) -> dict[str, Any]:
+    """A stored input item as ``input_items`` lists it: with an ``id``, a message's content as
+    parts (a string was sent as one)."""
+    out = {"id": f"item_{index}", **item}
+    if out.get("type", "message") == "message" and "role" in out:
+        out["type"] = "message"
+        if isinstance(out.get("content"), str):
+            kind = "output_text" if out["role"] == "assistant" else "input_text"
+            out["content"] = [{"type": kind, "text": out["content"]}]
+    return out
+
+
 def in_our_words(err: InvalidRequest) -> InvalidRequest:
     """An error of the chat parser (or the service's checks), naming the fields as this
     dialect names them."""

@@ -136,6 +136,9 @@ class ResponseEvents:
         events = [self._event("response.output_item.added", output_index=self._index,
                               item={**item, "status": "in_progress", **({"content": []} if "content" in item else {})})]
         for part in item.get("content", []):
+            done = f"response.{part['type']}.done"  # output_text, reasoning_text
             events += [self._event("response.content_part.added", **self._where(), part={**part, "text": ""}),
+                       self._event(done, **self._where(), text=part["text"],
+                                   **({"logprobs": []} if part["type"] == "output_text" else {})),
                        self._event("response.content_part.done", **self._where(), part=part)]
         return [*events, self._event("response.output_item.done", output_index=self._index, item=item)]

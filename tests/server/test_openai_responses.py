@@ -163,15 +163,20 @@ async def test_a_function_call_whole_and_streamed(client: openai.AsyncOpenAI, ch
 
 
 async def test_a_function_call_output_round_trip(client: openai.AsyncOpenAI) -> None:
-    """The call comes back as input items with its output; the model then answers in text."""
-    first = await client.responses.create(model="simulated", input=CALL_PARIS, tools=[WEATHER], store=False)
+    """The call comes back as input items with its output, or as its output after the stored
+    call (previous_response_id); the model then answers in text, the same both ways."""
+    first = await client.responses.create(model="simulated", input=CALL_PARIS, tools=[WEATHER], temperature=0)
     call = first.output[-1]
-    items = [{"role": "user", "content": CALL_PARIS}, call.model_dump(exclude_none=True),
-             {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}]
-    answer = await client.responses.create(model="simulated", input=items, tools=[WEATHER], max_output_tokens=20)
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
+    items = [{"role": "user", "content": CALL_PARIS}, call.model_dump(exclude_none=True), output]
+    answer = await client.responses.create(model="simulated", input=items, tools=[WEATHER], max_output_tokens=20,
+                                           temperature=0, store=False)
     assert [item.type for item in answer.output] == ["message"] and answer.output_text
+    chained = await client.responses.create(model="simulated", input=[output], previous_response_id=first.id,
+                                            tools=[WEATHER], max_output_tokens=20, temperature=0)
+    assert chained.output_text == answer.output_text and chained.usage.input_tokens == answer.usage.input_tokens
     with pytest.raises(openai.NotFoundError):  # store: false kept nothing
-        await client.responses.retrieve(first.id)
+        await client.responses.retrieve(answer.id)
 
 
 # -- structured output -----------------------------------------------------------------------------
@@ -317,45 +322,45 @@ async def test_fields_it_does_not_act_on_are_named(http: httpx.AsyncClient) -> N
     assert answer.status_code == 200 and answer.headers["x-ignored-fields"] == "stop, top_logprobs"
 
 
-@pytest.mark.parametrize(
-    ("body", "param", "message"),
-    [
-        ({"model": "simulated"}, "input", "'input' is required"),
-        ({"input": 3}, "input", "'input' must be a string or a list"),
-        ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
-         "only text parts"),
-        ({"input": [{"type": "item_reference", "id": "x"}]}, "input", "'item_reference' item"),
-        ({"input": [{"type": "function_call", "name": "f"}]}, "input", "'call_id', 'name' and 'arguments'"),
-        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input", "'call_id' of the call"),
-        ({"input": ASK, "instructions": 3}, "instructions", "'instructions' must be a string"),
-        ({"input": ASK, "tools": [{"type": "web_search"}]}, "tools", "only function tools"),
-        ({"input": ASK, "tools": [{"type": "function", "name": "bad name!"}]}, "tools", "tools[0]"),
-        ({"input": ASK, "tools": [WEATHER], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice",
-         "not among the request's tools"),
-        ({"input": ASK, "tool_choice": "required"}, "tool_choice", "no 'tools'"),
-        ({"input": ASK, "tool_choice": {"type": "allowed_tools"}}, "tool_choice", "'tool_choice' must be"),
-        ({"input": ASK, "text": {"format": {"type": "xml"}}}, "text", "'text.format' must be"),
-        ({"input": ASK, "text": {"format": {"type": "json_schema", "name": "x"}}}, "text", "needs a 'schema'"),
-        ({"input": ASK, "max_output_tokens": -1}, "max_output_tokens", "'max_output_tokens' must be"),
-        ({"input": ASK, "max_output_tokens": 10**6}, "max_output_tokens", "max_output_tokens"),
-        ({"input": ASK, "temperature": 3}, "temperature", "'temperature'"),
-        ({"input": ASK, "store": "yes"}, "store", "'store' must be"),
-        ({"input": ASK, "conversation": "conv_1"}, "conversation", "previous_response_id"),
-        ({"input": ASK, "background": True}, "background", "'background' is not supported"),
-        ({"input": ASK, "previous_response_id": 7}, "previous_response_id", "a response's id"),
-        ({"input": ASK, "model": "gpt-5"}, "model", "not served here"),
-        ([1, 2], "body", "JSON object"),
-    ],
-)
-async def test_bad_bodies_are_4xx_in_openai_shape(
-    http: httpx.AsyncClient, jp_serverapp: Any, body: Any, param: str, message: str
-) -> None:
-    response = await http.post("responses", json=body)
-    assert response.status_code in (400, 404), response.text
-    error = response.json()["error"]
-    assert error["type"] in ("invalid_request_error", "not_found_error") and message in error["message"], error
-    assert error["param"] == param
+BAD_BODIES = [  # (body, the param its error names, what its message says)
+    ({"model": "simulated"}, "input", "'input' is required"),
+    ({"input": 3}, "input", "'input' must be a string or a list"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input",
+     "only text parts"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input", "'item_reference' item"),
+    ({"input": [{"type": "function_call", "name": "f"}]}, "input", "'call_id', 'name' and 'arguments'"),
+    ({"input": [{"type": "function_call_output", "output": "x"}]}, "input", "'call_id' of the call"),
+    ({"input": ASK, "instructions": 3}, "instructions", "'instructions' must be a string"),
+    ({"input": ASK, "tools": [{"type": "web_search"}]}, "tools", "only function tools"),
+    ({"input": ASK, "tools": [{"type": "function", "name": "bad name!"}]}, "tools", "tools[0]"),
+    ({"input": ASK, "tools": [WEATHER], "tool_choice": {"type": "function", "name": "g"}}, "tool_choice",
+     "not among the request's tools"),
+    ({"input": ASK, "tool_choice": "required"}, "tool_choice", "no 'tools'"),
+    ({"input": ASK, "tool_choice": {"type": "allowed_tools"}}, "tool_choice", "'tool_choice' must be"),
+    ({"input": ASK, "text": {"format": {"type": "xml"}}}, "text", "'text.format' must be"),
+    ({"input": ASK, "text": {"format": {"type": "json_schema", "name": "x"}}}, "text", "needs a 'schema'"),
+    ({"input": ASK, "max_output_tokens": -1}, "max_output_tokens", "'max_output_tokens' must be"),
+    ({"input": ASK, "max_output_tokens": 10**6}, "max_output_tokens", "max_output_tokens"),
+    ({"input": ASK, "temperature": 3}, "temperature", "'temperature'"),
+    ({"input": ASK, "store": "yes"}, "store", "'store' must be"),
+    ({"input": ASK, "conversation": "conv_1"}, "conversation", "previous_response_id"),
+    ({"input": ASK, "background": True}, "background", "'background' is not supported"),
+    ({"input": ASK, "previous_response_id": 7}, "previous_response_id", "a response's id"),
+    ({"input": ASK, "model": "gpt-5"}, "model", "not served here"),
+    ([1, 2], "body", "JSON object"),
+]
+
+
+async def test_bad_bodies_are_4xx_in_openai_shape(http: httpx.AsyncClient, jp_serverapp: Any) -> None:
+    """Each refused with OpenAI's error naming the field (one server for them all: a server
+    per body would double this file's time)."""
+    for body, param, message in BAD_BODIES:
+        response = await http.post("responses", json=body)
+        assert response.status_code in (400, 404), (body, response.text)
+        error = response.json()["error"]
+        assert error["type"] in ("invalid_request_error", "not_found_error"), (body, error)
+        assert message in error["message"] and error["param"] == param, (body, error)
     service = service_of(jp_serverapp)
     assert service.metrics()["requests"]["ok"] == 0 and service.queue_depth == 0 and service.num_running == 0
 
