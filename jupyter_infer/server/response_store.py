@@ -2,8 +2,9 @@
 ``previous_response_id`` continues, ``GET``/``DELETE infer/v1/responses/{id}`` read and remove.
 
 Kept in memory, per user: a user sees only their own (another's id is as unknown as a made-up
-one), each user keeps at most ``per_user`` answers and the server ``total``, the least recently
-used going first. A restart forgets them all, which a client learns as a 404 naming the id.
+one), each user keeps at most ``per_user`` answers and the server ``total`` answers of at most
+``max_bytes`` of JSON in all (bodies may be a megabyte each), the least recently used going
+first. A restart forgets them all, which a client learns as a 404 naming the id.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..values.request import show
 STORE_KEY = "jupyter_infer.responses"  # the web app's settings key of the one store
 PER_USER = 256
 TOTAL = 4096
+MAX_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class StoredResponse:
 
     response: dict[str, Any]
     items: list[dict[str, Any]]
+    size: int = 0  # its own JSON's bytes (the items before its input are its predecessors')
 
     def conversation(self) -> list[dict[str, Any]]:
         """What a response that continues this one reads first: its items, then its output."""
@@ -36,23 +39,25 @@ class StoredResponse:
 class ResponseStore:
     """Stored responses by user and id, least recently used first out."""
 
-    def __init__(self, per_user: int = PER_USER, total: int = TOTAL) -> None:
-        self.per_user, self.total = per_user, total
+    def __init__(self, per_user: int = PER_USER, total: int = TOTAL, max_bytes: int = MAX_BYTES) -> None:
+        self.per_user, self.total, self.max_bytes = per_user, total, max_bytes
         self._all: OrderedDict[tuple[str, str], StoredResponse] = OrderedDict()
         self._counts: dict[str, int] = {}
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._all)
 
     def keep(self, owner: str, stored: StoredResponse) -> None:
         key = (owner, stored.response["id"])
-        if key not in self._all:
-            self._counts[owner] = self._counts.get(owner, 0) + 1
+        if key in self._all:
+            self._drop(key)
+        self._counts[owner] = self._counts.get(owner, 0) + 1
         self._all[key] = stored
-        self._all.move_to_end(key)
+        self.bytes += stored.size
         if self._counts[owner] > self.per_user:
             self._drop(next(k for k in self._all if k[0] == owner))
-        while len(self._all) > self.total:
+        while len(self._all) > self.total or (self.bytes > self.max_bytes and len(self._all) > 1):
             self._drop(next(iter(self._all)))
 
     def get(self, owner: str, response_id: str, param: str | None = None) -> StoredResponse:
@@ -71,7 +76,7 @@ class ResponseStore:
         self._drop((owner, response_id))
 
     def _drop(self, key: tuple[str, str]) -> None:
-        del self._all[key]
+        self.bytes -= self._all.pop(key).size
         self._counts[key[0]] -= 1
         if not self._counts[key[0]]:
             del self._counts[key[0]]

@@ -75,8 +75,9 @@ class ResponsesHandler(ResponsesBase):
             raise openai_responses.in_our_words(err) from None
 
     def _keep(self, call: ResponsesCall, response: dict[str, Any]) -> None:
-        if call.store:
-            self.store.keep(self.viewer.name, StoredResponse(response, call.items))
+        if call.store:  # its size: its own items' (those before are its predecessor's, shared)
+            size = len(json.dumps(response)) + len(json.dumps(call.own_items))
+            self.store.keep(self.viewer.name, StoredResponse(response, call.items, size))
 
     async def _stream(self, stream: RequestStream, shape: ResponseShape) -> None:
         events = self.events = ResponseEvents(shape)

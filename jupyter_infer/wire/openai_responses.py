@@ -54,6 +54,12 @@ class ResponsesCall:
     echo: dict[str, Any]  # the response object's fields that say how it was asked
     items: list[dict[str, Any]]
     ignored: list[str] = field(default_factory=list)
+    continued: int = 0  # how many of ``items`` are stored ones (``previous_response_id``'s)
+
+    @property
+    def own_items(self) -> list[dict[str, Any]]:
+        """The items this call sent itself (its ``input``)."""
+        return self.items[self.continued:]
 
 
 def _fail(message: str, param: str = "input") -> InvalidRequest:
@@ -275,7 +281,7 @@ def parse_call(body: Any, info: EngineInfo, history: list[dict[str, Any]], *, ma
         raise in_our_words(err) from None
     request = call.requests[0]
     return ResponsesCall(request, call.model, call.stream, store, _echo(body, request), items,
-                         sorted(set(body) - RESPONSES_FIELDS))
+                         sorted(set(body) - RESPONSES_FIELDS), len(history))
 
 
 # -- out: the answer as a response object ----------------------------------------------------------

@@ -115,6 +115,7 @@ async def test_text_whole_and_streamed(client: openai.AsyncOpenAI) -> None:
     text, final, kinds = await stream_of(client, **kw)
     assert text == final.output_text == whole.output_text
     assert final.status == "completed" and final.usage.output_tokens == whole.usage.output_tokens
+    assert (await client.responses.retrieve(final.id)).output_text == text  # a streamed answer is stored too
     assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",

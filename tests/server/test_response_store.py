@@ -33,3 +33,14 @@ def test_the_store_keeps_each_users_own_least_recently_used_first_out() -> None:
     store.delete("bob", "b1")
     with pytest.raises(NotFound):
         store.delete("bob", "b1")
+
+
+def test_the_store_keeps_a_bounded_size() -> None:
+    store = ResponseStore(max_bytes=100)
+    for rid in ("a1", "a2", "a3"):
+        store.keep("alice", StoredResponse(_stored(rid).response, [], size=40))
+    assert len(store) == 2 and store.bytes == 80  # the oldest went
+    with pytest.raises(NotFound):
+        store.get("alice", "a1")
+    store.keep("alice", StoredResponse(_stored("big").response, [], size=500))
+    assert len(store) == 1 and store.get("alice", "big")  # the newest stays, however large
