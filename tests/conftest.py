@@ -51,6 +51,14 @@ def coder_model_dir(models_dir: Path) -> Path:
     return make_model(models_dir / "coder-tiny", "coder-tiny")
 
 
+@pytest.fixture(scope="session")
+def embed_model_dir(models_dir: Path) -> Path:
+    """A BERT encoder with sentence-transformers' files (mean pooling): an embedding model."""
+    from jupyter_infer.commands.model_builder import make_model
+
+    return make_model(models_dir / "embed-tiny", "embed-tiny")
+
+
 # -- the in-process Jupyter server of the server tests (pytest-jupyter's jp_* fixtures) ------
 @pytest.fixture
 def infer_options() -> dict[str, Any]:

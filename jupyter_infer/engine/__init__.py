@@ -55,6 +55,14 @@ def _hf(config: ServiceConfig) -> Engine:
     except ModelNotFound as err:
         raise ModelNotFound(f"InferApp.draft_model {config.draft_model!r} could not be loaded ({err}); "
                             "or set InferApp.speculative = 'ngram' to do without it.") from None
+    from ..formats.embedding_checkpoint import embedding_spec
+
+    spec = embedding_spec(model.path)
+    if spec is not None:  # an embedding model: served for embeddings only
+        from .hf.encoder_engine import EncoderEngine
+
+        return EncoderEngine(model.path, spec, device=config.device, dtype=config.dtype,
+                             num_threads=config.num_threads, local_files_only=model.local_files_only)
     from .hf.hf_engine import HFEngine
 
     return HFEngine(

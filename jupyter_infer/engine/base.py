@@ -139,6 +139,10 @@ class Engine(abc.ABC):
     # Whether ``mixed`` runs decoding rows and prompt tokens in one forward: the scheduler
     # then lets newcomers join every step instead of taking steps of their own.
     mixes_steps = False
+    # Whether it computes embeddings (``embed``); a request for one is refused before the
+    # queue where it does not. ``generates``: whether it writes answers (an encoder does not).
+    embeds = False
+    generates = True
     # The engine's threads beside other processes on the CPU (``cpu.cpu_share``); None: not
     # on a CPU, or nothing to choose.
     cpu_share: CpuShare | None = None
@@ -178,6 +182,9 @@ class Engine(abc.ABC):
                 rows.decoding = None  # a decode may have half-updated the batch: start clean
             raise
         for row_id, output in zip(plan.ids, sampled, strict=True):
+            if output.embedding is not None:
+                del rows.requests[row_id]  # an embedding ends here: no row of it stays
+                continue
             rows.requests[row_id].output_ids += output.tokens
         if self.cpu_share is not None:  # here: the step's thread is the one whose team it sets
             self.cpu_share.after_step(time.perf_counter() - started)
@@ -185,6 +192,9 @@ class Engine(abc.ABC):
 
     def _run(self, plan: StepPlan) -> Sampled:
         kept = self.rows.requests
+        embedding = [i for i, p in enumerate(plan.prompt) if p and kept[plan.ids[i]].request.embed]
+        if embedding:
+            return self._with_embeddings(plan, embedding)
         prompts = [i for i, p in enumerate(plan.prompt) if p]
         new = ([kept[plan.ids[i]] for i in prompts], [plan.num_scheduled[i] for i in prompts])
         if not plan.decoding:
@@ -206,6 +216,32 @@ class Engine(abc.ABC):
         for row, output in zip(order, sampled, strict=True):
             out[row] = output
         return out
+
+    def _with_embeddings(self, plan: StepPlan, embedding: list[int]) -> Sampled:
+        """A step with embedding rows: their vectors (``embed``, whole prompts, no KV kept),
+        then the rest of the plan as any step; one output per row, in the plan's order."""
+        kept = self.rows.requests
+        rows = [kept[plan.ids[i]] for i in embedding]
+        vectors = self.embed(rows)
+        out: Sampled = [RowOutput()] * len(plan.ids)
+        for i, vector in zip(embedding, vectors, strict=True):
+            out[i] = RowOutput(embedding=vector)
+        done = set(embedding)
+        rest = [i for i in range(len(plan.ids)) if i not in done]
+        if rest:
+            sub = StepPlan(plan.step_id, [plan.ids[i] for i in rest], [plan.num_scheduled[i] for i in rest],
+                           [plan.prompt[i] for i in rest], [r for r in plan.new if not r.request.embed],
+                           guesses=[plan.guesses[i] for i in rest] if plan.guesses else [], chunk=plan.chunk)
+            for i, output in zip(rest, self._run(sub), strict=True):
+                out[i] = output
+        return out
+
+    def embed(self, rows: list[RowRequest]) -> list[list[float]]:
+        """Embedding rows' vectors (``Request.embed``): each whole prompt run, pooled as the
+        model's embeddings are (a causal LM: its last token's final hidden state) and
+        normalized to length 1. Only where ``embeds``: the loop refuses them before the queue
+        elsewhere."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def prefill(self, seqs: list[RowRequest], num_scheduled: list[int]) -> Sampled:

@@ -96,6 +96,7 @@ class EngineLoop(RequestLoop):
         await self.wait_ready()
         engine, limits = self.engine, self.limits
         text = engine.text
+        check_task(request, engine)
         limits.screen(request, text.max_token_chars, engine.info.max_context)
         if request.prompt_ids is not None:
             prompt_ids = list(request.prompt_ids)
@@ -247,6 +248,17 @@ class EngineLoop(RequestLoop):
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()
+
+
+def check_task(request: Request, engine: Engine) -> None:
+    """A 400 before the queue for what this engine's model cannot do: embeddings from an
+    engine without them, an answer from an embedding model."""
+    model = engine.info.model
+    if request.embed and not engine.embeds:
+        raise InvalidRequest(f"The {engine.info.engine} engine ({model}) cannot compute embeddings.", param="model")
+    if not request.embed and not engine.generates:
+        raise InvalidRequest(f"{model} is an embedding model: it writes no answers. Ask it for embeddings "
+                             "(infer/v1/embeddings), or load a chat model for this.", param="model")
 
 
 def take_step(core: Scheduler, answers: AnswerStage, plan: StepPlan, sampled: Sampled, started: float,

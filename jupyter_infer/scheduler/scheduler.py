@@ -82,6 +82,7 @@ class Scheduler(QueuedCore):
         # its requests so): a plan names its rows by id, and its outputs come back to these.
         self._held: dict[str, Sequence] = {}
         self.guesses = Guesses()  # who speculates, and how many (speculation the engine runs)
+        self._embedded: list[Sequence] = []  # embedding rows a step completed: they end with it
 
     # -- requests ---------------------------------------------------------------------------
     @property
@@ -168,6 +169,8 @@ class Scheduler(QueuedCore):
         if streams and self._chunked(seq):
             return self.chunk_tokens
         step = self.prompt_step_tokens
+        if seq.request.embed:  # pooled over its whole prompt, in one forward
+            return seq.num_uncomputed
         return min(seq.num_uncomputed, step) if step else seq.num_uncomputed
 
     def _admit(self, now: float) -> tuple[list[Sequence], float | None]:
@@ -196,7 +199,9 @@ class Scheduler(QueuedCore):
 
     def _chunked(self, seq: Sequence) -> bool:
         # A request for its prompt's logprobs needs every prompt position's logits at once.
-        return 0 < self.chunk_tokens < len(seq.prompt_ids) and seq.params.prompt_logprobs is None
+        # An embedding is pooled over its whole prompt at once.
+        return (0 < self.chunk_tokens < len(seq.prompt_ids) and seq.params.prompt_logprobs is None
+                and not seq.request.embed)
 
     def _pick(self, room: int, now: float) -> list[Sequence]:
         """The newcomers to prefill now, within ``room`` rows and the prefill budget (a
@@ -286,6 +291,10 @@ class Scheduler(QueuedCore):
         for row, (seq, output) in enumerate(zip(self.rows(plan), sampled, strict=True)):
             if seq.status is not Status.RUNNING or seq.cancelled:
                 continue
+            if output.embedding is not None:  # an embedding: complete, and ended (close_step) with its vector
+                seq.num_computed, seq.embedding, seq.finish_reason = len(seq.prompt_ids), output.embedding, "stop"
+                self._embedded.append(seq)
+                continue
             if plan.prompt[row]:
                 # Complete: its first token came; else the engine says how far it got.
                 seq.num_computed = len(seq.prompt_ids) if output.tokens else output.computed
@@ -318,7 +327,8 @@ class Scheduler(QueuedCore):
         drafts = (sum(o.proposed for o in sampled), sum(o.accepted for o in sampled))
         self.recorder.step(plan, self.rows(plan), sum(len(tokens) for _, _, tokens in kept), started, now,
                            forced=forced, drafts=drafts)
-        done = [seq for seq, _, _ in kept if seq.finish_reason is not None]
+        done = [seq for seq, _, _ in kept if seq.finish_reason is not None] + self._embedded
+        self._embedded = []
         for seq in done:
             self._retire(seq, "ok", now)
         if done:

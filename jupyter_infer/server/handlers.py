@@ -21,6 +21,7 @@ from ..values.request import show
 from ..wire.native import parse_generate, with_tool_format
 from . import ollama_handlers, responses_handlers
 from .anthropic_handlers import CountTokensHandler, MessagesHandler
+from .embedding_handlers import EmbeddingsHandler, RerankHandler
 from .handler_base import AUTH_RESOURCE, GENERATE, InferHandler, NotFoundHandler, answers_errors
 from .infill_handlers import InfillHandler
 from .model_handlers import ModelsHandler as LocalModelsHandler
@@ -279,11 +280,14 @@ def routes() -> list[tuple[str, type]]:
         (r"/infer/v1/models/(.+)", ModelHandler),
         (r"/infer/v1/messages", MessagesHandler),  # Anthropic's Messages API
         (r"/infer/v1/messages/count_tokens", CountTokensHandler),
+        (r"/infer/v1/embeddings", EmbeddingsHandler),
+        (r"/infer/v1/rerank", RerankHandler),  # llama-server's, vLLM's and Jina's shape
         *responses_handlers.ROUTES,  # OpenAI's Responses API
         (r"/infer/v1/.*", OpenAINotFoundHandler),
         (r"/infer/health", HealthHandler),
         (r"/infer/tokenize", TokenizeHandler),
         (r"/infer/infill", InfillHandler),  # llama-server's code infill
+        (r"/infer/rerank", RerankHandler),
         (r"/infer/detokenize", DetokenizeHandler),
         (r"/infer/requests/([^/]+)", RequestHandler),
         (r"/infer/models", LocalModelsHandler),

@@ -34,8 +34,10 @@ class HFText(ModelText):
     ``split_reasoning`` off keeps a reasoning model's section in its content."""
 
     def __init__(self, tokenizer: Any, generation_config: Any = None, *, tool_call_format: str = "",
-                 split_reasoning: bool = True) -> None:
+                 split_reasoning: bool = True, special_tokens: bool = False) -> None:
         self.tokenizer = tokenizer
+        # Whether a text's ids get the tokenizer's own markers (an encoder's [CLS] and [SEP]).
+        self.special_tokens = special_tokens
         eos = getattr(generation_config, "eos_token_id", None)
         if eos is None:
             eos = tokenizer.eos_token_id
@@ -50,7 +52,7 @@ class HFText(ModelText):
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=self.special_tokens)
 
     def detokenize(self, token_ids: Seq[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -199,6 +199,9 @@ class Request:
     # ``context_files`` (name, text: the project's other files, llama-server's input_extra).
     suffix: str | None = None
     context_files: tuple[tuple[str, str], ...] = ()
+    # An embedding, not an answer: the prompt runs in a step beside the others, and the request
+    # ends with its pooled, normalized vector (``RequestResult.embedding``), no token written.
+    embed: bool = False
     priority: int = 0
     model: str | None = None  # the model (or router backend) the caller named; None: any
     # A rendered chat's prompt opened a reasoning model's <think> section (set where the chat
@@ -270,6 +273,8 @@ class RequestResult:
     # The stop sequence that ended it, where the answer stage cut one (None: EOS, max_tokens,
     # or an upstream server, which cuts its own and does not say which).
     stop_sequence: str | None = field(default=None, repr=False)
+    # An embedding request's vector (``Request.embed``): normalized to length 1.
+    embedding: tuple[float, ...] | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out = {

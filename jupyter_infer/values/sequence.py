@@ -61,6 +61,7 @@ class Sequence:
         self.logprobs: list[TokenLogprob] | None = [] if self.params.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self._logprobs_sent = 0
+        self.embedding: list[float] | None = None  # an embedding request's vector, once computed
         self._prompt_logprobs_sent = False
 
     @property
@@ -121,6 +122,7 @@ class Sequence:
             logprobs=None if self.logprobs is None else tuple(self.logprobs),
             prompt_logprobs=None if self.prompt_logprobs is None else tuple(self.prompt_logprobs),
             route=rec.route,
+            embedding=None if self.embedding is None else tuple(self.embedding),
         )
 
     def take_logprobs(self) -> tuple[tuple[TokenLogprob, ...], tuple[TokenLogprob | None, ...] | None]:

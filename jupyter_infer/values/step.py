@@ -132,6 +132,9 @@ class RowOutput:
     # agreed with (its first ``accepted`` tokens; their KV is computed)
     proposed: int = 0
     accepted: int = 0
+    # An embedding row's (``Request.embed``) pooled, normalized vector: its prompt complete,
+    # the row ends here, holding no KV.
+    embedding: list[float] | None = None
 
 
 # One step's output: a ``RowOutput`` per row of the plan, in its order (``Engine.execute``).

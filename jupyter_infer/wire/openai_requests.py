@@ -74,7 +74,9 @@ def _object(body: Any) -> Mapping[str, Any]:
     return body
 
 
-def _check_model(body: Mapping[str, Any], info: EngineInfo) -> str:
+def served_name(body: Mapping[str, Any], info: EngineInfo) -> str:
+    """The served model's own name for a body's ``model`` (left out: the served one); a 404
+    for a model not served here."""
     names = info.model_names()
     model = body.get("model")
     if model is None:
@@ -189,7 +191,7 @@ def parse_completion(body: Any, info: EngineInfo, *, max_new_tokens: int, max_ch
     """``POST infer/v1/completions`` → one ``Request`` per choice; raises ``InvalidRequest``."""
     body = _object(body)
     ignored = ignored_fields(body, COMPLETION_FIELDS)
-    model = _check_model(body, info)
+    model = served_name(body, info)
     stream, include_usage, continuous = _check_stream(body)
     n = _check_n(body, max_choices)
     best_of = body.get("best_of")
@@ -257,7 +259,7 @@ def parse_chat(body: Any, info: EngineInfo, *, max_new_tokens: int, max_choices:
     the chat with the model's chat template)."""
     body = _object(body)
     ignored = ignored_fields(body, CHAT_FIELDS)
-    model = _check_model(body, info)
+    model = served_name(body, info)
     stream, include_usage, continuous = _check_stream(body)
     n = _check_n(body, max_choices)
     chat, wire, constraint = parse_chat_and_tools(body, constraint_spec.from_body(body))

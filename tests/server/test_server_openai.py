@@ -337,7 +337,7 @@ async def test_auth_failures_are_401_authentication_errors(base_url: str) -> Non
 
 
 async def test_unknown_paths_and_wrong_methods_answer_openai_json(http: httpx.AsyncClient) -> None:
-    for method, path, status in [("POST", "embeddings", 404), ("GET", "no/such/thing", 404),
+    for method, path, status in [("POST", "audio/speech", 404), ("GET", "no/such/thing", 404),
                                  ("GET", "completions", 405), ("DELETE", "chat/completions", 405),
                                  ("POST", "models", 405)]:
         response = await http.request(method, path)

@@ -41,7 +41,7 @@ from ..base import Engine, KVUsage, RowTable, Sampled
 from ..kv import kv_cache
 from ..kv.prefix_cache import PrefixCache
 from ..kv.shared_prefix import Claim, SharedPrefixes
-from . import draft_columns, ragged
+from . import draft_columns, pooling, ragged
 from .batch import HFBatch
 from .buckets import Buckets
 from .llama_forward import LlamaForward
@@ -299,6 +299,11 @@ class HFEngine(Engine):
             method = "off"  # drafts are cut off a row's KV when refused: its layers must keep it all
         self.speculative_method, self.speculative_max_rows = method, max_rows
         self.speculative_tokens = tokens if method != "off" else 0
+
+    embeds = True
+
+    def embed(self, rows: list[RowRequest]) -> list[list[float]]:
+        return pooling.embeddings(self.model.base_model, [r.prompt_ids for r in rows], self.pad_token_id, self.device)
 
     def decode(self, seqs: list[RowRequest], guesses: dict[str, int] | None = None) -> Sampled:
         """Every row's next tokens, all buckets in one forward (``_forward``), in the batch's

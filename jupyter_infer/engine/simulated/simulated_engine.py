@@ -17,7 +17,10 @@ after it are the next token ids, each 1.0 less likely; a prompt's first token ha
 
 from __future__ import annotations
 
+import hashlib
+import math
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -142,6 +145,23 @@ class SimulatedEngine(Engine):
         if not any(complete):
             return [RowOutput(computed=end) for end in ends]
         return self._start(seqs)
+
+    embeds = True
+    EMBEDDING_SIZE = 64
+
+    def embed(self, rows: list[RowRequest]) -> list[list[float]]:
+        """A bag of the prompt's lower-cased words, hashed into 64 dimensions (the same text,
+        the same vector; texts that share words lie close), normalized; its prompt's time spent."""
+        self.spend_ms(self.prefill_base_ms + self.prefill_ms_per_token * sum(len(r.prompt_ids) for r in rows))
+        vectors = []
+        for row in rows:
+            vector = [0.0] * self.EMBEDDING_SIZE
+            for word in re.findall(r"\w+", row.request.prompt.lower()):
+                digest = hashlib.blake2b(word.encode(), digest_size=4).digest()
+                vector[int.from_bytes(digest, "little") % self.EMBEDDING_SIZE] += 1.0
+            norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+            vectors.append([v / norm for v in vector])
+        return vectors
 
     def answer(self, seq: RowRequest) -> list[int]:
         """The tokens a prefilled ``seq`` reads out: its composed answer, or the tool call it

@@ -1,0 +1,64 @@
+"""An embedding model served on its own (a BERT-style encoder, or a decoder embedder such as
+Qwen3-Embedding): every request an embedding, run in the engine's steps as the causal engine's
+are (``Engine.embed``), pooled as its sentence-transformers config says. It writes no answers:
+the loop refuses those before the queue (``engine_loop.check_task``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...formats.device_choice import default_num_threads, pick_device, pick_dtype
+from ...formats.embedding_checkpoint import EmbeddingSpec
+from ...formats.hf_load import parameter_count
+from ...text.hf_text import HFText, load_tokenizer
+from ...values import load_progress
+from ...values.engine_info import EngineInfo
+from ..base import Engine, RowRequest, Sampled
+from . import pooling
+
+
+class EncoderEngine(Engine):
+    generates = False
+    embeds = True
+
+    def __init__(self, model: str, spec: EmbeddingSpec, *, device: str = "auto", dtype: str = "auto",
+                 num_threads: int = 0, local_files_only: bool = True) -> None:
+        super().__init__()
+        from transformers import AutoModel
+
+        self.device = pick_device(device)
+        torch_dtype = pick_dtype(dtype, self.device)
+        if self.device == "cpu":
+            torch.set_num_threads(num_threads or default_num_threads())
+        load_progress.current().phase("reading the tokenizer")
+        tokenizer = load_tokenizer(model, local_files_only)
+        # An encoder reads its own markers ([CLS] ... [SEP]): its vectors were trained so.
+        self.text = HFText(tokenizer, special_tokens=spec.pooling != "last")
+        load_progress.current().phase("loading the weights (transformers)")
+        self.model = AutoModel.from_pretrained(model, dtype=torch_dtype, local_files_only=local_files_only)
+        self.model.to(self.device).eval()
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else 0
+        self.spec = spec
+        config = self.model.config
+        self.info = EngineInfo(
+            engine="hf", model=model, device=self.device, dtype=str(torch_dtype).removeprefix("torch."),
+            max_context=int(getattr(config, "max_position_embeddings", None) or 512),
+            details={"architecture": spec.architecture or type(self.model).__name__, "task": "embedding",
+                     "pooling": spec.pooling, "embedding_size": int(config.hidden_size),
+                     "parameters": parameter_count(self.model), "num_threads": torch.get_num_threads()},
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def embed(self, rows: list[RowRequest]) -> list[list[float]]:
+        return pooling.embeddings(self.model, [r.prompt_ids for r in rows], self.pad_token_id, self.device,
+                                  self.spec.pooling)
+
+    def prefill(self, seqs: list[RowRequest], num_scheduled: list[int]) -> Sampled:
+        raise RuntimeError("an embedding model writes no tokens")  # check_task refuses such requests
+
+    def decode(self, seqs: list[RowRequest], guesses: dict[str, int] | None = None) -> Sampled:
+        raise RuntimeError("an embedding model writes no tokens")

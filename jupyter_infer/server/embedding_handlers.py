@@ -1,0 +1,54 @@
+"""``POST infer/v1/embeddings`` (OpenAI's) and ``infer/v1/rerank`` (llama-server's, vLLM's, Jina's):
+each input an embedding request the engine runs in its steps beside the others
+(``wire/embeddings``, ``wire/rerank``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from jupyter_server.auth.decorator import authorized
+from tornado import web
+
+from ..values.request import RequestResult
+from ..values.stream import RequestStream
+from ..wire import embeddings, rerank
+from .handler_base import GENERATE, answers_errors
+from .openai_handlers import OpenAIHandler
+
+
+async def results_of(handler: OpenAIHandler, streams: list[RequestStream]) -> list[RequestResult] | None:
+    """Every stream's result, in order (``None``: the client left); the first failure raised."""
+    results = await asyncio.gather(*(s.result() for s in streams))
+    return None if handler.gone.is_set() else list(results)
+
+
+class EmbeddingsHandler(OpenAIHandler):
+    generates = True  # it runs the model: a cookie alone never starts it
+
+    @web.authenticated
+    @authorized(GENERATE)
+    @answers_errors
+    async def post(self) -> None:
+        body = self.read_json()
+        info = await self.ready_for(body)
+        call = embeddings.parse_embeddings(body, info)
+        self.say_ignored(call.ignored)
+        results = await results_of(self, await self.submit_all(call.requests))
+        if results is not None:
+            self.finish(embeddings.answer(call, results))
+
+
+class RerankHandler(OpenAIHandler):
+    generates = True
+
+    @web.authenticated
+    @authorized(GENERATE)
+    @answers_errors
+    async def post(self) -> None:
+        body = self.read_json()
+        info = await self.ready_for(body)
+        call = rerank.parse_rerank(body, info)
+        self.say_ignored(call.ignored)
+        results = await results_of(self, await self.submit_all(call.requests))
+        if results is not None:
+            self.finish(rerank.answer(call, results))
