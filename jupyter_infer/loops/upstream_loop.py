@@ -95,6 +95,11 @@ class UpstreamLoop(RequestLoop):
                 "Token-id prompts need this server's tokenizer, and engine 'openai' forwards text: "
                 "send the prompt as text.", param="prompt",
             )
+        if request.embed:
+            raise InvalidRequest(
+                "Embeddings are not forwarded to an upstream server (engine 'openai') yet: ask its own "
+                "/v1/embeddings, or serve an embedding model here.", param="model",
+            )
         if request.context_files:
             raise InvalidRequest(
                 "Other files for an infill ('input_extra') need this server's tokenizer, and engine "

@@ -227,4 +227,5 @@ class OpenAINotFoundHandler(OpenAIHandler, NotFoundHandler):
 
     def _not_found(self) -> None:
         raise web.HTTPError(404, f"No route {self.request.path}: this server offers v1/completions, "
-                                 "v1/chat/completions, v1/messages (Anthropic's) and v1/models.")
+                                 "v1/chat/completions, v1/responses, v1/embeddings, v1/rerank, v1/messages (Anthropic's) "
+                                 "and v1/models.")
