@@ -150,14 +150,23 @@ class OllamaHandler(InferHandler):
 
 
 def _facts(entry: dict[str, Any], info: EngineInfo | None) -> ModelFacts:
-    """A listing's entry, with its file's time and what its ``config.json`` says (cheap reads)."""
+    """A listing's entry, with its file's time and what its ``config.json`` says (cheap reads:
+    a folder's own, or the Hugging Face cache's copy for a Hub id)."""
     path = str(entry.get("path") or entry["id"])
     facts = ModelFacts(str(entry["id"]), path, str(entry.get("source", "")), int(entry.get("size_bytes") or 0),
                        info=info)
+    config_file: Any = Path(path) / "config.json" if os.path.isdir(path) else None
+    if facts.source == "huggingface":
+        # Imported here: the server starts without it; a listing of the cache has imported it already.
+        from huggingface_hub import try_to_load_from_cache
+
+        config_file = try_to_load_from_cache(path, "config.json")
     try:
-        facts.modified = os.stat(path).st_mtime
-        config = json.loads((Path(path) / "config.json").read_text()) if os.path.isdir(path) else {}
+        facts.modified = os.stat(config_file if isinstance(config_file, (str, Path)) else path).st_mtime
+        config = json.loads(Path(config_file).read_text()) if isinstance(config_file, (str, Path)) else {}
     except (OSError, ValueError):
+        return facts
+    if not isinstance(config, dict):
         return facts
     facts.family = str(config.get("model_type") or "")
     context = config.get("max_position_embeddings") or config.get("n_positions")

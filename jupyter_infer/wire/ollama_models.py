@@ -68,9 +68,12 @@ def digest(facts: ModelFacts) -> str:
 
 
 def _family(facts: ModelFacts) -> str:
-    if facts.info is not None and facts.info.details.get("architecture"):
-        return facts.family or family_of(str(facts.info.details["architecture"]))
-    return facts.family
+    """The family: config.json's ``model_type``, else the loaded model's architecture's, else
+    ``unknown``. The same in ``details`` and in ``model_info``'s ``<family>.context_length``
+    (clients look the context up by the family api/tags gave: Notebook Intelligence does)."""
+    if not facts.family and facts.info is not None and facts.info.details.get("architecture"):
+        return family_of(str(facts.info.details["architecture"]))
+    return facts.family or "unknown"
 
 
 def details(facts: ModelFacts) -> dict[str, Any]:
@@ -82,7 +85,7 @@ def details(facts: ModelFacts) -> dict[str, Any]:
         quantize = str(info.details.get("quantize", "none"))
         quantization = (info.dtype if quantize == "none" else quantize).upper().replace("FLOAT", "F")
     family = _family(facts)
-    return {"parent_model": "", "format": fmt, "family": family, "families": [family] if family else None,
+    return {"parent_model": "", "format": fmt, "family": family, "families": [family],
             "parameter_size": parameter_size(info.details.get("parameters") if info else None),
             "quantization_level": quantization}
 
@@ -129,7 +132,7 @@ def show(facts: ModelFacts) -> dict[str, Any]:
     capabilities, the sampling defaults. There is no Modelfile nor Go template here: the
     model's own chat template (Jinja) is applied by the server, so ``template`` is empty."""
     info = facts.info
-    family = _family(facts) or "unknown"
+    family = _family(facts)
     model_info: dict[str, Any] = {"general.architecture": family, "general.basename": facts.name}
     if info is not None and isinstance(info.details.get("parameters"), int):
         model_info["general.parameter_count"] = info.details["parameters"]

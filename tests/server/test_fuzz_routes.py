@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 from jupyter_infer.kernel.launcher import LocalServer
 from jupyter_infer.server.anthropic_handlers import AnthropicHandler
 from jupyter_infer.server.handlers import routes
+from jupyter_infer.server.ollama_handlers import OllamaHandler
 from jupyter_infer.server.openai_handlers import OpenAIHandler
+from jupyter_infer.wire import ollama_api
 from jupyter_infer.wire.anthropic_messages import MESSAGES_FIELDS
 from jupyter_infer.wire.fields import GENERATE_FIELDS
 from jupyter_infer.wire.openai_requests import CHAT_FIELDS, COMPLETION_FIELDS
@@ -137,6 +139,12 @@ def field_values(name: str) -> st.SearchStrategy[Any]:
         "input": TEXT | st.lists(ITEM, max_size=3), "instructions": TEXT, "max_output_tokens": st.integers(-2, 12),
         "previous_response_id": TEXT, "text": st.fixed_dictionaries({"format": st.fixed_dictionaries(
             {"type": st.sampled_from(["text", "json_object", "json_schema"]) | TEXT}, optional={"schema": SCHEMA})}),
+        # Ollama's (infer/api/...): its options, format, keep_alive (never 0 here: each would unload the model).
+        "options": st.fixed_dictionaries({}, optional={"num_predict": st.integers(-2, 12), "temperature": st.floats(-1, 3),
+                                                       "num_ctx": NUMBER, "stop": st.lists(TEXT, max_size=3) | TEXT,
+                                                       "repeat_penalty": NUMBER, "top_k": st.integers(-1, 50)}),
+        "format": st.sampled_from(["json", ""]) | SCHEMA, "keep_alive": st.sampled_from(["5m", -1, "1h", "x"]),
+        "think": st.booleans() | st.sampled_from(["high", "low"]), "raw": st.booleans(), "suffix": TEXT,
         **CONSTRAINTS,
     }.get(name)
     return JSON if sane is None else sane | JSON
@@ -180,7 +188,12 @@ def check(response: httpx.Response, route: str, openai: bool) -> None:
     SEEN[f"{response.status_code // 100}xx"] += 1
     assert response.status_code < 500, (route, response.status_code, response.text[:300])
     assert "Traceback" not in response.text
-    if response.status_code >= 400:  # JSON in the route's shape
+    if route in OLLAMA_SHAPED:  # Ollama's {"error": "..."}; a stream's lines end done, or with a late error
+        lines = [json.loads(line) for line in response.text.splitlines()]
+        assert response.status_code < 400 or (len(lines) == 1 and isinstance(lines[0]["error"], str)), lines
+        if response.status_code < 400 and route.endswith(("api/chat", "api/generate")):
+            assert lines[-1].get("done") is True or set(lines[-1]) == {"error"}, lines[-1:]
+    elif response.status_code >= 400:  # JSON in the route's shape
         body = response.json()
         error = body["error"] if openai else body
         assert isinstance(error["message"], str) and error["message"], body
@@ -204,10 +217,13 @@ def send(http: httpx.Client, method: str, path: str, route: str, openai: bool, c
 POST_FIELDS = {"infer/generate": GENERATE_FIELDS, "infer/generate_stream": GENERATE_FIELDS,
                "infer/v1/completions": COMPLETION_FIELDS, "infer/v1/chat/completions": CHAT_FIELDS,
                "infer/v1/messages": MESSAGES_FIELDS, "infer/v1/messages/count_tokens": MESSAGES_FIELDS,
-               "infer/v1/responses": RESPONSES_FIELDS}
+               "infer/v1/responses": RESPONSES_FIELDS, "infer/api/chat": ollama_api.CHAT_FIELDS,
+               "infer/api/generate": ollama_api.GENERATE_FIELDS, "infer/api/show": {"model", "name", "verbose"}}
 _ASK = {"max_tokens": 4, "messages": [{"role": "user", "content": "What is attention?"}]}
 VALID_BODIES = {"infer/v1/messages": _ASK, "infer/v1/messages/count_tokens": _ASK,
-                "infer/v1/responses": {"max_output_tokens": 4, "input": "What is attention?"}}
+                "infer/v1/responses": {"max_output_tokens": 4, "input": "What is attention?"},
+                "infer/api/chat": {"model": "default", "options": {"num_predict": 4}, **_ASK},
+                "infer/api/generate": {"model": "default", "prompt": "What is attention?", "options": {"num_predict": 4}}}
 
 
 def verbs(handler: type) -> list[str]:
@@ -221,6 +237,7 @@ ROUTES = [(verb.upper(), pattern.lstrip("/")) for pattern, handler in routes() f
 # Errors under an "error" key: OpenAI's {"error": {...}} and Anthropic's {"type": "error", "error": {...}}.
 OPENAI_SHAPED = {pattern.lstrip("/") for pattern, handler in routes()
                  if issubclass(handler, (OpenAIHandler, AnthropicHandler))}
+OLLAMA_SHAPED = {pattern.lstrip("/") for pattern, handler in routes() if issubclass(handler, OllamaHandler)}
 
 
 def concrete(pattern: str, arg: str) -> str:

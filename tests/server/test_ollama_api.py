@@ -70,8 +70,9 @@ async def test_tags_show_ps_version(llama: ollama.AsyncClient, raw: httpx.AsyncC
     assert entry.digest and entry.modified_at is not None and entry.details is not None
     shown = await llama.show("simulated:latest")  # Ollama's default tag is accepted
     assert shown.capabilities == ["completion", "tools"]  # no reasoning, no fill-in-the-middle tokens
-    assert shown.modelinfo["general.architecture"] == "unknown"
-    assert shown.modelinfo["unknown.context_length"] > 0
+    # The context length under the family api/tags gives (Notebook Intelligence looks it up so).
+    assert shown.modelinfo["general.architecture"] == entry.details.family == "unknown"
+    assert shown.modelinfo[f"{entry.details.family}.context_length"] > 0
     await llama.chat(model="simulated", messages=ASK, options={"num_predict": 1})  # loaded now
     running = (await llama.ps()).models
     assert [m.model for m in running] == ["simulated"] and running[0].context_length > 0
@@ -143,8 +144,12 @@ async def test_a_tool_result_turn(llama: ollama.AsyncClient) -> None:
 # -- the same chat through both dialects ----------------------------------------------------------
 @pytest.fixture
 def infer_options(request: pytest.FixtureRequest) -> dict[str, Any]:
-    if getattr(request, "param", None) == "hf":
-        model: Path = request.getfixturevalue("tiny_model_dir")
+    """The simulated engine (scripted: tests/server_helpers.py), or, parametrized ``"hf"`` or
+    ``"coder"`` (``indirect=True``), the hf engine on a tiny locally built model (coder-tiny:
+    with fill-in-the-middle tokens)."""
+    param = getattr(request, "param", None)
+    if param in ("hf", "coder"):
+        model: Path = request.getfixturevalue("tiny_model_dir" if param == "hf" else "coder_model_dir")
         return {"engine": "hf", "model": str(model), "dtype": "float32", "num_threads": 1, "max_new_tokens": 64}
     return {"max_new_tokens": 64}
 
@@ -173,6 +178,24 @@ async def test_the_dialect_costs_nothing(llama: ollama.AsyncClient, server_url: 
     shown, running = await llama.show(served), (await llama.ps()).models
     assert [m.model for m in running] == [served] and running[0].details.family == shown.details.family
     assert shown.modelinfo[f"{shown.modelinfo['general.architecture']}.context_length"] == running[0].context_length
+
+
+@pytest.mark.parametrize("infer_options", ["coder"], indirect=True)
+async def test_suffix_is_code_infill(llama: ollama.AsyncClient, server_url: str) -> None:
+    """A code model (fill-in-the-middle tokens) says ``insert`` in api/show, and generate with
+    a suffix is the completions route's infill: the same prompt, the same greedy middle."""
+    before, after = "def area(r):\n    return ", "\n\nprint(area(2))\n"
+    gpt = openai.AsyncOpenAI(base_url=server_url + "/v1", api_key=TOKEN, max_retries=0)
+    try:
+        served = (await gpt.models.list()).data[0].id
+        theirs = await gpt.completions.create(model=served, prompt=before, suffix=after, max_tokens=8, temperature=0)
+    finally:
+        await gpt.close()
+    assert "insert" in (await llama.show(served)).capabilities
+    ours = await llama.generate(model=served, prompt=before, suffix=after, options={"num_predict": 8, "temperature": 0})
+    assert ours.response == theirs.choices[0].text and ours.prompt_eval_count == theirs.usage.prompt_tokens
+    plain = await llama.generate(model=served, prompt=before, raw=True, options={"num_predict": 8, "temperature": 0})
+    assert plain.prompt_eval_count < ours.prompt_eval_count  # the suffix and the markers are read too
 
 
 # -- generate, load and unload ---------------------------------------------------------------------
