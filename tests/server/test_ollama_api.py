@@ -78,6 +78,8 @@ async def test_tags_show_ps_version(llama: ollama.AsyncClient, raw: httpx.AsyncC
     assert [m.model for m in running] == ["simulated"] and running[0].context_length > 0
     assert running[0].expires_at.year > 2200  # InferApp.unload_after_s is off: never unloaded for idling
     assert (await raw.get("version")).json()["version"].count(".") == 2
+    legacy = await raw.post("show", json={"name": "simulated"})  # the older spelling (LiteLLM sends it)
+    assert legacy.status_code == 200 and legacy.json()["capabilities"] == shown.capabilities
     with pytest.raises(ollama.ResponseError) as err:
         await llama.show("llama3.2")
     assert err.value.status_code == 404 and "api/tags" in err.value.error
