@@ -339,6 +339,7 @@ async def test_no_such_route_and_ignored_fields(raw: httpx.AsyncClient) -> None:
     missing = await raw.get("nothing-here")
     assert missing.status_code == 404 and "docs/ollama.md" in missing.json()["error"]
     assert (await raw.get("chat")).status_code == 405 and "error" in (await raw.get("chat")).json()
+    assert (await raw.head("blobs/sha256-0123")).status_code == 400  # ollama create's first call: refused
     body = {"model": "simulated", "messages": ASK, "stream": False, "template": "{{ .Prompt }}",
             "options": {"num_predict": 2, "num_ctx": 4096, "mirostat": 1}}
     answer = await raw.post("chat", json=body)
