@@ -340,6 +340,8 @@ class InferHandler(EventStreamHandler):
         shelf = getattr(self.service, "models", None)
         named = body.get("model") if isinstance(body, dict) else None
         if shelf is not None and isinstance(named, str):
+            if (side := await shelf.resident(named)) is not None:  # beside the loaded one (max_loaded_models)
+                return await side.wait_ready()
             await shelf.bring(named)
         return await self.service.wait_ready()
 

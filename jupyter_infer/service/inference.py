@@ -33,6 +33,7 @@ from ..values.request import Request, check_text
 from ..values.stream import RequestStream
 from .model_shelf import ModelShelf
 from .owners import OwnerBudget
+from .residents import Residents
 
 if TYPE_CHECKING:
     from ..loops.request_loop import RequestLoop
@@ -80,6 +81,9 @@ class InferenceService:
         self._engine_loader = engine_loader
         self.limits = self._loop.limits
         self.models = ModelShelf(self)  # the models this machine can serve, and switching them
+        # Models resident beside this one (max_loaded_models), each a service of its own.
+        self.residents = Residents(lambda: self.config, lambda side: InferenceService(
+            side, events=self.events, batch_ids=self._batch_ids))
         self.budget = OwnerBudget(cfg.owner_tokens_per_minute)
         self.collector.on_request_finished.append(self._settle)
 
@@ -104,11 +108,17 @@ class InferenceService:
 
     async def stop(self, reason: str = "the inference server is shutting down") -> None:
         self.models.stop()
+        await self.residents.stop()
         if self._child_start is not None:
             self._child_start.cancel()
         await self._loop.stop(reason)
         if self.child is not None:
             await self.child.stop()
+
+    async def close(self, reason: str) -> None:
+        """Stop for good and drop the engine (a side model unloaded): its memory goes back."""
+        await self.stop(reason)
+        self._loop.release()
 
     def replace_loop(self, config: ServiceConfig) -> RequestLoop:
         """A loop for ``config`` in place of this one (requests now wait for it; it is not
@@ -155,6 +165,9 @@ class InferenceService:
         otherwise ``prompt`` (or the rendered ``messages``) is tokenized. An upstream gets the
         chat as a chat, and the prompt's size is estimated. ``request`` is not changed: the
         loop prepares a resolved copy."""
+        side = await self.models.resident(request.model)
+        if side is not None:  # a model resident beside this one serves it
+            return await side.submit(request)
         loop = self._loop
         async with contextlib.AsyncExitStack() as turn:
             try:
@@ -191,15 +204,18 @@ class InferenceService:
     def knows(self, request_id: str) -> bool:
         """Whether ``request_id`` is queued, running, or among the recently finished (an
         EventSource reconnecting after the end names one of those)."""
-        return self._loop.knows(request_id)
+        return self._loop.knows(request_id) or any(s.knows(request_id) for s in self.residents.services())
 
     def cancel(self, request_id: str) -> bool:
         """Cancel a queued or running request; False if no such request is live."""
-        return self._loop.cancel(request_id)
+        return self._loop.cancel(request_id) or any(s.cancel(request_id) for s in self.residents.services())
 
     def owner_of(self, request_id: str) -> str | None:
         """Who sent a queued, running or recently finished request (``None``: no such request)."""
-        return self._loop.owner_of(request_id)
+        owner = self._loop.owner_of(request_id)
+        for side in self.residents.services():
+            owner = owner if owner is not None else side.owner_of(request_id)
+        return owner
 
     # -- the tokenizer ----------------------------------------------------------------------
     @property
@@ -292,6 +308,7 @@ class InferenceService:
             "kv_cache": snap.kv_cache,
             "configured": self._configured or self.config.given(),
             **({"child_server": self.child.status()} if self.child is not None else {}),
+            **({"resident": self.residents.listing()} if self.residents.capacity else {}),
             **snap.status,
         }
         if self.route is not None:

@@ -100,8 +100,10 @@ class ModelShelf:
         for path, source in (("simulated", "simulated engine"), (configured, "configured"), (loaded, "loaded")):
             if path and not any(m["path"] == path for m in listed):  # wherever it is (a Hub id, a stand-in)
                 listed.insert(0, {"id": path, "path": path, "source": source, "size_bytes": None})
+        beside = {r["path"] for r in service.residents.listing()}
         for entry in listed:
-            entry["loaded"], entry["configured"] = entry["path"] == loaded, entry["path"] == configured
+            entry["loaded"] = entry["path"] == loaded or entry["path"] in beside
+            entry["configured"] = entry["path"] == configured
         return sorted(listed, key=lambda e: (not e["loaded"], not e["configured"]))
 
     async def _catalog(self) -> list[LocalModel]:
@@ -123,6 +125,7 @@ class ModelShelf:
         return {"state": service.state, "model": service.info.model if service.info else None,
                 "models": self.listing(), "load_on_demand": service.config.load_on_demand,
                 "unload_after_s": service.config.unload_after_s, "switches": self.switches,
+                "max_loaded_models": service.config.max_loaded_models, "resident": service.residents.listing(),
                 "waiting": {path: len(waiters) for path, waiters in self._waiting.items() if waiters}}
 
     # -- switching --------------------------------------------------------------------------
@@ -200,6 +203,23 @@ class ModelShelf:
             # switch happens for it.
             if entry in self._waiting.get(path, ()):
                 self._waiting[path].remove(entry)
+
+    async def resident(self, model: str | None) -> Any | None:
+        """The service of a model resident beside the loaded one that ``model`` names, loaded
+        beside it first where ``max_loaded_models`` allows (``service/residents.py``); ``None``:
+        the loaded model serves it (or one switch will: ``bring``)."""
+        residents = self._service.residents
+        if model is None or not residents.capacity or not self.switchable:
+            return None
+        side = residents.serving(model)
+        if side is not None:
+            return side
+        path = await self._wanted(model)
+        if path is None or path == self._service.config.model:
+            return None
+        self._last_active = time.monotonic()
+        listed = find(path, await self._catalog())
+        return await residents.bring(listed) if listed is not None else None
 
     @contextlib.asynccontextmanager
     async def turn(self, model: str | None) -> AsyncIterator[None]:

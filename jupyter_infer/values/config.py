@@ -86,6 +86,11 @@ class ServiceConfig:
         for another model wait their turn, the loaded model's first; past this many switches the loaded
         model serves its own requests until a switch may happen again, so two agents on two models
         cannot make every request a switch.""")
+    max_loaded_models: int = knob(1, """Load on demand: how many models may be resident at once (a chat model,
+        an embedder and a coder side by side, each with its own scheduler), as Ollama's
+        OLLAMA_MAX_LOADED_MODELS. A request for one more loads it beside the others; past this many, or
+        where it would not fit in the memory available, the least recently used goes first. 1: one model,
+        switched.""")
     split_reasoning: bool = knob(True, """'hf' engine, a reasoning model (Qwen3, DeepSeek-R1's distills: its
         chat template and vocabulary have <think> and </think>): the OpenAI chat answer's <think>
         section comes as message.reasoning_content (streamed as delta.reasoning_content), the rest
@@ -219,6 +224,9 @@ class ServiceConfig:
                 raise ValueError(f"InferApp.model_dirs has {folder!r}, a list written as one folder: on the command "
                                  "line give each folder as its own --InferApp.model_dirs=/path (repeat the option), "
                                  "or set c.InferApp.model_dirs = ['/path', ...] in jupyter_server_config.py.")
+        if isinstance(self.max_loaded_models, bool) or not isinstance(self.max_loaded_models, int) \
+                or self.max_loaded_models < 1:
+            raise ValueError(f"InferApp.max_loaded_models must be a whole number from 1; got {self.max_loaded_models!r}.")
         if not self.switches_per_minute > 0:
             raise ValueError(f"InferApp.switches_per_minute must be above 0; got {self.switches_per_minute!r}.")
 
