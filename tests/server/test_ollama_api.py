@@ -295,42 +295,41 @@ async def test_auth_is_jupyters(raw: httpx.AsyncClient, server_url: str) -> None
     assert err.value.status_code == 401
 
 
-@pytest.mark.parametrize(
-    ("path", "body", "message"),
-    [
-        ("chat", {"messages": ASK}, "model is required"),
-        ("chat", {"model": "llama3.2", "messages": ASK}, "not served here"),
-        ("chat", {"model": "simulated", "messages": "hi"}, "'messages' must be a list"),
-        ("chat", {"model": "simulated", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
-         "images are not supported"),
-        ("chat", {"model": "simulated", "messages": [{"role": "user", "content": ["x"]}]}, "must be a string"),
-        ("chat", {"model": "simulated", "messages": [{"role": "robot", "content": "x"}]}, "supported roles"),
-        ("chat", {"model": "simulated", "messages": ASK, "format": "xml"}, "'format' must be"),
-        ("chat", {"model": "simulated", "messages": ASK, "options": {"temperature": 9}}, "'options.temperature'"),
-        ("chat", {"model": "simulated", "messages": ASK, "options": {"num_predict": "lots"}}, "'options.num_predict'"),
-        ("chat", {"model": "simulated", "messages": ASK, "options": "fast"}, "'options' must be"),
-        ("chat", {"model": "simulated", "messages": ASK, "think": True}, "does not support thinking"),
-        ("chat", {"model": "simulated", "messages": ASK, "keep_alive": "soon"}, "'keep_alive'"),
-        ("chat", {"model": "simulated", "messages": ASK, "stream": "yes"}, "'stream'"),
-        ("chat", {"model": "simulated", "messages": ASK, "tools": [{"type": "function"}]}, "tools[0]"),
-        ("generate", {"model": "simulated", "prompt": 3}, "'prompt' must be a string"),
-        ("generate", {"model": "simulated", "prompt": "def f(", "suffix": "\n    return x"}, "suffix"),
-        ("generate", {"model": "simulated", "prompt": "x", "images": ["aGk="]}, "images are not supported"),
-        ("pull", {"model": "llama3.2"}, "jupyter infer make-model"),
-        ("delete", {"model": "simulated"}, "Ollama itself"),
-        ([1, 2], {}, ""),
-    ],
-)
-async def test_bad_bodies_are_4xx_in_ollama_shape(
-    raw: httpx.AsyncClient, jp_serverapp: Any, path: Any, body: Any, message: str
-) -> None:
-    if isinstance(path, list):  # a body that is not an object
-        path, body = "chat", path
-    method = "DELETE" if path == "delete" else "POST"
-    response = await raw.request(method, path, json=body)
-    assert 400 <= response.status_code < 500, response.text
-    answer = response.json()
-    assert set(answer) == {"error"} and message in answer["error"], answer
+BAD_BODIES = [
+    ("chat", {"messages": ASK}, "model is required"),
+    ("chat", {"model": "llama3.2", "messages": ASK}, "not served here"),
+    ("chat", {"model": "simulated", "messages": "hi"}, "'messages' must be a list"),
+    ("chat", {"model": "simulated", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+     "images are not supported"),
+    ("chat", {"model": "simulated", "messages": [{"role": "user", "content": ["x"]}]}, "must be a string"),
+    ("chat", {"model": "simulated", "messages": [{"role": "robot", "content": "x"}]}, "supported roles"),
+    ("chat", {"model": "simulated", "messages": ASK, "format": "xml"}, "'format' must be"),
+    ("chat", {"model": "simulated", "messages": ASK, "options": {"temperature": 9}}, "'options.temperature'"),
+    ("chat", {"model": "simulated", "messages": ASK, "options": {"num_predict": "lots"}}, "'options.num_predict'"),
+    ("chat", {"model": "simulated", "messages": ASK, "options": "fast"}, "'options' must be"),
+    ("chat", {"model": "simulated", "messages": ASK, "think": True}, "does not support thinking"),
+    ("chat", {"model": "simulated", "messages": ASK, "keep_alive": "soon"}, "'keep_alive'"),
+    ("chat", {"model": "simulated", "messages": ASK, "stream": "yes"}, "'stream'"),
+    ("chat", {"model": "simulated", "messages": ASK, "tools": [{"type": "function"}]}, "tools[0]"),
+    ("generate", {"model": "simulated", "prompt": 3}, "'prompt' must be a string"),
+    ("generate", {"model": "simulated", "prompt": "def f(", "suffix": "\n    return x"}, "suffix"),
+    ("generate", {"model": "simulated", "prompt": "x", "images": ["aGk="]}, "images are not supported"),
+    ("pull", {"model": "llama3.2"}, "jupyter infer make-model"),
+    ("delete", {"model": "simulated"}, "Ollama itself"),
+    ([1, 2], {}, ""),
+]
+
+
+async def test_bad_bodies_are_4xx_in_ollama_shape(raw: httpx.AsyncClient, jp_serverapp: Any) -> None:
+    """Each refused in Ollama's shape, naming what is wrong; nothing is queued (one server for all)."""
+    for path, body, message in BAD_BODIES:
+        if isinstance(path, list):  # a body that is not an object
+            path, body = "chat", path
+        method = "DELETE" if path == "delete" else "POST"
+        response = await raw.request(method, path, json=body)
+        assert 400 <= response.status_code < 500, (body, response.text)
+        answer = response.json()
+        assert set(answer) == {"error"} and message in answer["error"], (body, answer)
     service = service_of(jp_serverapp)
     assert service.metrics()["requests"]["ok"] == 0 and service.queue_depth == 0 and service.num_running == 0
 
