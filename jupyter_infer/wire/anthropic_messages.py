@@ -39,6 +39,11 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 Event = tuple[str, dict[str, Any]]  # an SSE event's name and its data
 
 
+def tool_use_id(call_id: str) -> str:
+    """A call's id as Anthropic spells them (``toolu_…``; ours are OpenAI's ``call_…``)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 @dataclass
 class MessagesCall:
     """A parsed ``v1/messages`` call: the one request, and how to shape its answer."""
@@ -301,7 +306,7 @@ def content_blocks(result: RequestResult) -> list[dict[str, Any]]:
         blocks.append({"type": "text", "text": result.content})
     for call in (result.tool_calls or ())[: result.whole_calls]:
         fn = call["function"]
-        blocks.append({"type": "tool_use", "id": call["id"], "name": fn["name"], "input": _input(fn["arguments"])})
+        blocks.append({"type": "tool_use", "id": tool_use_id(call["id"]), "name": fn["name"], "input": _input(fn["arguments"])})
     return blocks
 
 
@@ -352,7 +357,7 @@ class MessageEvents:
 
     def _open(self, piece: AnswerPiece) -> Event:
         if piece.kind == "call":
-            block = {"type": "tool_use", "id": piece.call_id or f"toolu_{self.blocks}", "name": piece.name or "",
+            block = {"type": "tool_use", "id": tool_use_id(piece.call_id or str(self.blocks)), "name": piece.name or "",
                      "input": {}}
         else:
             kind, empty = self._BLOCKS[piece.kind]

@@ -109,7 +109,7 @@ async def test_a_tool_call_whole_and_streamed(claude: anthropic.AsyncAnthropic, 
     whole = await claude.messages.create(**kw)
     calls = [b for b in whole.content if b.type == "tool_use"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].input == {"city": "Paris"}
-    assert whole.stop_reason == "tool_use" and calls[0].id
+    assert whole.stop_reason == "tool_use" and calls[0].id.startswith("toolu_")
     _, final = await stream_of(claude, **kw)
     streamed = [b for b in final.content if b.type == "tool_use"]
     assert [(b.name, b.input) for b in streamed] == [("get_weather", {"city": "Paris"})]
@@ -342,3 +342,34 @@ async def test_a_late_error_is_an_error_event(claude: anthropic.AsyncAnthropic, 
     assert json.loads(last[1].removeprefix("data: "))["error"]["type"] == "api_error"
     with pytest.raises(anthropic.APIStatusError):
         await stream_of(claude, model="simulated", **{k: v for k, v in body.items() if k != "stream"})
+
+
+async def test_litellm_s_anthropic_provider(claude: anthropic.AsyncAnthropic, server_url: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiteLLM's ``anthropic/`` provider (what Jupyter AI 3 and many agent frameworks route
+    through), the token as its ``api_key`` (sent as ``x-api-key``): text whole and streamed, and
+    a tool call. LiteLLM makes blocking calls of its own: it runs on a thread, the server here."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of litellm's price list: offline
+    import asyncio
+
+    import litellm
+
+    litellm.telemetry = False
+    kw = {"model": "anthropic/simulated", "messages": ASK, "api_base": server_url, "api_key": TOKEN,
+          "max_tokens": 12, "temperature": 0, "timeout": 60}
+    answer = await asyncio.to_thread(litellm.completion, **kw)
+    ours = await claude.messages.create(model="simulated", max_tokens=12, messages=ASK, extra_body={"temperature": 0})
+    assert answer.choices[0].message.content == text_of(ours)
+    assert answer.usage.completion_tokens == ours.usage.output_tokens
+
+    def stream() -> str:
+        return "".join(c.choices[0].delta.content or "" for c in litellm.completion(stream=True, **kw))
+
+    assert await asyncio.to_thread(stream) == text_of(ours)
+    openai_tool = {"type": "function", "function": {"name": WEATHER["name"], "description": WEATHER["description"],
+                                                    "parameters": WEATHER["input_schema"]}}
+    called = await asyncio.to_thread(litellm.completion, **{
+        **kw, "messages": [{"role": "user", "content": 'Call get_weather for "Paris" please.'}],
+        "tools": [openai_tool], "max_tokens": 60})
+    calls = called.choices[0].message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
