@@ -29,9 +29,12 @@ from jupyter_infer.server.ollama_handlers import OllamaHandler
 from jupyter_infer.server.openai_handlers import OpenAIHandler
 from jupyter_infer.wire import ollama_api
 from jupyter_infer.wire.anthropic_messages import MESSAGES_FIELDS
+from jupyter_infer.wire.embeddings import EMBEDDING_FIELDS
 from jupyter_infer.wire.fields import GENERATE_FIELDS
+from jupyter_infer.wire.llama_infill import INFILL_FIELDS
 from jupyter_infer.wire.openai_requests import CHAT_FIELDS, COMPLETION_FIELDS
 from jupyter_infer.wire.openai_responses import RESPONSES_FIELDS
+from jupyter_infer.wire.rerank import RERANK_FIELDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -145,6 +148,12 @@ def field_values(name: str) -> st.SearchStrategy[Any]:
                                                        "repeat_penalty": NUMBER, "top_k": st.integers(-1, 50)}),
         "format": st.sampled_from(["json", ""]) | SCHEMA, "keep_alive": st.sampled_from(["5m", -1, "1h", "x"]),
         "think": st.booleans() | st.sampled_from(["high", "low"]), "raw": st.booleans(), "suffix": TEXT,
+        # Embeddings, rerank, infill.
+        "encoding_format": st.sampled_from(["float", "base64"]) | TEXT, "dimensions": st.integers(-1, 200),
+        "query": TEXT, "documents": st.lists(TEXT | st.fixed_dictionaries({"text": TEXT}), max_size=3),
+        "top_n": st.integers(-1, 4), "return_documents": st.booleans(), "input_prefix": TEXT, "input_suffix": TEXT,
+        "input_extra": st.lists(st.fixed_dictionaries({"filename": TEXT, "text": TEXT}), max_size=2),
+        "n_predict": st.integers(-2, 12),
         **CONSTRAINTS,
     }.get(name)
     return JSON if sane is None else sane | JSON
@@ -218,12 +227,18 @@ POST_FIELDS = {"infer/generate": GENERATE_FIELDS, "infer/generate_stream": GENER
                "infer/v1/completions": COMPLETION_FIELDS, "infer/v1/chat/completions": CHAT_FIELDS,
                "infer/v1/messages": MESSAGES_FIELDS, "infer/v1/messages/count_tokens": MESSAGES_FIELDS,
                "infer/v1/responses": RESPONSES_FIELDS, "infer/api/chat": ollama_api.CHAT_FIELDS,
-               "infer/api/generate": ollama_api.GENERATE_FIELDS, "infer/api/show": {"model", "name", "verbose"}}
+               "infer/api/generate": ollama_api.GENERATE_FIELDS, "infer/api/show": {"model", "name", "verbose"},
+               "infer/v1/embeddings": EMBEDDING_FIELDS, "infer/v1/rerank": RERANK_FIELDS, "infer/rerank": RERANK_FIELDS,
+               "infer/infill": INFILL_FIELDS}
 _ASK = {"max_tokens": 4, "messages": [{"role": "user", "content": "What is attention?"}]}
 VALID_BODIES = {"infer/v1/messages": _ASK, "infer/v1/messages/count_tokens": _ASK,
                 "infer/v1/responses": {"max_output_tokens": 4, "input": "What is attention?"},
                 "infer/api/chat": {"model": "default", "options": {"num_predict": 4}, **_ASK},
-                "infer/api/generate": {"model": "default", "prompt": "What is attention?", "options": {"num_predict": 4}}}
+                "infer/api/generate": {"model": "default", "prompt": "What is attention?", "options": {"num_predict": 4}},
+                "infer/v1/embeddings": {"input": ["What is attention?", "LoRA"]},
+                "infer/v1/rerank": {"query": "attention", "documents": ["What is attention?", "LoRA"]},
+                "infer/rerank": {"query": "attention", "documents": ["What is attention?", "LoRA"]},
+                "infer/infill": {"input_prefix": "def f(", "input_suffix": "):", "n_predict": 4}}
 
 
 def verbs(handler: type) -> list[str]:
