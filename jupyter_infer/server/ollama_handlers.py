@@ -98,7 +98,8 @@ class OllamaHandler(InferHandler):
             cards = [{"id": served.model, "route": None}, *served.models]
             listed = [{"id": c["id"], "path": c["id"], "source": "served", "size_bytes": 0,
                        "loaded": info is not None and c["id"] == served.model} for c in cards]
-        return [_facts(entry, info if entry.get("loaded") else None) for entry in listed]
+        return [_facts(entry, self.info_of(str(entry.get("path") or entry["id"])) if entry.get("loaded") else None)
+                for entry in listed]
 
     async def named(self, body: Any) -> ModelFacts:
         """The model a ``show`` body names, as listed (404 in Ollama's words if none is)."""
@@ -123,30 +124,61 @@ class OllamaHandler(InferHandler):
                 return info, name
         return info, sent  # the parser's 404 names the models served
 
-    async def unload(self, *, after_answer: bool) -> bool:
-        """``keep_alive: 0``: the model out of memory once no other request runs on it; only
-        where this server runs the model itself, and for a user who may (it is everyone's)."""
+    def side_service(self, names: list[str]) -> Any | None:
+        """The service of a model resident beside the loaded one (``InferApp.max_loaded_models``)
+        that one of ``names`` stands for; ``None``: the service's own model serves them."""
+        residents = getattr(self.service, "residents", None)
+        for side in residents.services() if residents is not None else []:
+            info = side.info
+            if info is not None and any(name in info.model_names() for name in names):
+                return side
+        return None
+
+    def info_of(self, path: str) -> EngineInfo | None:
+        """What a model in memory says of itself (the loaded one, or one resident beside it)."""
+        main = self.loaded_info()
+        if main is not None and path in main.model_names():
+            return main
+        side = self.side_service([path])
+        return side.info if side is not None and side.state == "ready" else None
+
+    async def unload(self, model: str, *, after_answer: bool) -> bool:
+        """``keep_alive: 0``: the model ``model`` names out of memory once no other request runs
+        on it (the shelf's own, or one resident beside it); only where this server runs the model
+        itself, and for a user who may (it is everyone's). After an answer, what may not be done
+        is left undone."""
         shelf = self.shelf
-        if shelf is None or not shelf.switchable:
+        names = ollama_api.name_candidates(model)
+        try:
+            if shelf is None or not shelf.switchable:
+                raise InvalidRequest("This server does not run its model itself (an upstream server, or a router's "
+                                     "backends): there is no model here to unload.", param="keep_alive")
+            if not self.viewer.sees_all:
+                raise Forbidden("Unloading the model changes it for every user of this server: only an admin may "
+                                "(InferApp.admin_users, or a JupyterHub admin).")
+            side = self.side_service(names)
+            main = self.service.info
+            if side is None and main is not None and not any(n in main.model_names() for n in names):
+                return False  # not in memory: nothing to unload
+            await self._idle(side or self.service)
+        except InferError:
             if after_answer:
                 return False
-            raise InvalidRequest("This server does not run its model itself (an upstream server, or a router's "
-                                 "backends): there is no model here to unload.", param="keep_alive")
-        if not self.viewer.sees_all:
-            if after_answer:
-                return False
-            raise Forbidden("Unloading the model changes it for every user of this server: only an admin may "
-                            "(InferApp.admin_users, or a JupyterHub admin).")
+            raise
+        if side is not None:
+            return await self.service.residents.unload(side.info.model)
+        await shelf.unload("the model was unloaded (keep_alive: 0)")
+        return True
+
+    @staticmethod
+    async def _idle(service: Any) -> None:
+        """Wait until nothing is queued or running on ``service`` (409 past ``UNLOAD_WAIT_S``)."""
         deadline = time.monotonic() + UNLOAD_WAIT_S
-        while self.service.queue_depth or self.service.num_running:
+        while service.queue_depth or service.num_running:
             if time.monotonic() > deadline:
-                if after_answer:
-                    return False
                 raise ollama_api.ModelBusy("The model is still answering other requests: it was not unloaded. "
                                            "Try again once they are done.", param="keep_alive")
             await asyncio.sleep(0.05)
-        await shelf.unload("the model was unloaded (keep_alive: 0)")
-        return True
 
 
 def _facts(entry: dict[str, Any], info: EngineInfo | None) -> ModelFacts:
@@ -192,7 +224,7 @@ class AnswerHandler(OllamaHandler):
         ollama_api.model_name(body)
         alive = ollama_api.keep_alive(body.get("keep_alive"))
         if ollama_api.only_model(body, self.chat) and alive == 0:  # Ollama's "unload" idiom
-            await self.unload(after_answer=False)
+            await self.unload(body["model"], after_answer=False)
             self.finish(ollama_answers.loaded(ollama_api.OllamaCall(None, body["model"], self.chat), "unload"))
             return
         info, model = await self.served(body)
@@ -215,7 +247,7 @@ class AnswerHandler(OllamaHandler):
                 return
             self.finish(ollama_answers.answer(call, result, *took()))
         if call.keep_alive_s == 0 and not self.gone.is_set():
-            await self.unload(after_answer=True)
+            await self.unload(model, after_answer=True)
 
     async def _stream(self, stream: RequestStream, call: ollama_api.OllamaCall,
                       took: Callable[[], tuple[float, float]]) -> None:

@@ -150,6 +150,10 @@ def infer_options(request: pytest.FixtureRequest) -> dict[str, Any]:
     ``"coder"`` (``indirect=True``), the hf engine on a tiny locally built model (coder-tiny:
     with fill-in-the-middle tokens)."""
     param = getattr(request, "param", None)
+    if param == "two":  # tiny, and coder-tiny (by its folder's name) loaded beside it on demand
+        tiny, coder = request.getfixturevalue("tiny_model_dir"), request.getfixturevalue("coder_model_dir")
+        return {"engine": "hf", "model": str(tiny), "max_new_tokens": 64, "max_loaded_models": 2,
+                "load_on_demand": True, "model_dirs": [str(coder.parent)], "dtype": "float32", "num_threads": 1}
     if param in ("hf", "coder"):
         model: Path = request.getfixturevalue("tiny_model_dir" if param == "hf" else "coder_model_dir")
         return {"engine": "hf", "model": str(model), "dtype": "float32", "num_threads": 1, "max_new_tokens": 64}
@@ -198,6 +202,22 @@ async def test_suffix_is_code_infill(llama: ollama.AsyncClient, server_url: str)
     assert ours.response == theirs.choices[0].text and ours.prompt_eval_count == theirs.usage.prompt_tokens
     plain = await llama.generate(model=served, prompt=before, raw=True, options={"num_predict": 8, "temperature": 0})
     assert plain.prompt_eval_count < ours.prompt_eval_count  # the suffix and the markers are read too
+
+
+@pytest.mark.parametrize("infer_options", ["two"], indirect=True)
+async def test_a_model_beside_the_loaded_one(llama: ollama.AsyncClient) -> None:
+    """With InferApp.max_loaded_models, api/ps lists both models in memory, api/show says what
+    each one is, and keep_alive 0 unloads the one it names, not the other."""
+    answer = await llama.generate(model="coder-tiny:latest", prompt="def f(", raw=True, options={"num_predict": 2})
+    assert answer.eval_count == 2
+    await llama.chat(model="tiny", messages=ASK, options={"num_predict": 1})
+    running = {Path(m.model).name: m for m in (await llama.ps()).models}
+    assert set(running) == {"tiny", "coder-tiny"} and running["coder-tiny"].details.family == "llama"
+    assert running["tiny"].details.family == "gpt2"
+    assert "insert" in (await llama.show("coder-tiny")).capabilities
+    assert "insert" not in (await llama.show("tiny")).capabilities
+    assert (await llama.generate(model="coder-tiny", prompt="", keep_alive=0)).done_reason == "unload"
+    assert [Path(m.model).name for m in (await llama.ps()).models] == ["tiny"]
 
 
 # -- generate, load and unload ---------------------------------------------------------------------
