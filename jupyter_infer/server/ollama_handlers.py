@@ -26,7 +26,7 @@ from ..errors import Forbidden, InferError, InvalidRequest, NotFound
 from ..values.engine_info import EngineInfo
 from ..values.request import RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
-from ..wire import ollama_answers, ollama_api, ollama_models
+from ..wire import ollama_answers, ollama_api, ollama_embed, ollama_models
 from ..wire.ollama_models import ModelFacts
 from .handler_base import GENERATE, InferHandler, answers_errors
 
@@ -287,6 +287,27 @@ class GenerateHandler(AnswerHandler):
         return ollama_api.parse_generate_call(body, info, model, max_new_tokens=self.max_new_tokens)
 
 
+class EmbedHandler(OllamaHandler):
+    """``POST infer/api/embed`` and ``infer/api/embeddings``: each input an embedding request
+    the engine runs beside the others (``wire/ollama_embed``)."""
+
+    generates = True
+
+    @web.authenticated
+    @authorized(GENERATE)
+    @answers_errors
+    async def post(self) -> None:
+        started = time.monotonic()
+        body = self.read_json()
+        _, model = await self.served(body)
+        call = ollama_embed.parse_embed(body, model)
+        self.say_ignored(call.ignored)
+        streams = await self.submit_all(call.requests)
+        results = await asyncio.gather(*(s.result() for s in streams))
+        if not self.gone.is_set():
+            self.finish(ollama_embed.answer(call, list(results), int((time.monotonic() - started) * 1e9)))
+
+
 class TagsHandler(OllamaHandler):
     """``GET infer/api/tags``: every model this server can serve."""
 
@@ -364,6 +385,8 @@ ROUTES: list[tuple[str, type]] = [
     (r"/infer/api/ps", PsHandler),
     (r"/infer/api/version", VersionHandler),
     (r"/infer/api/(pull|push|create|copy|delete|blobs)(?:/.*)?", StoreHandler),
-    # Keep last: Ollama routes added later (embed, embeddings) go above it.
+    (r"/infer/api/embed", EmbedHandler),
+    (r"/infer/api/embeddings", EmbedHandler),  # the older route: one 'prompt', one 'embedding'
+    # Keep last: Ollama routes added later go above it.
     (r"/infer/api/.*", OllamaNotFoundHandler),
 ]

@@ -373,3 +373,26 @@ async def test_a_late_error_is_the_last_line(raw: httpx.AsyncClient, llama: olla
     assert response.status_code == 200 and set(lines_of(text)[-1]) == {"error"}
     with pytest.raises(ollama.ResponseError):
         await streamed_chat(llama, model="simulated", messages=body["messages"])
+
+
+# -- embeddings ------------------------------------------------------------------------------------
+async def test_embed_and_the_older_embeddings_route(llama: ollama.AsyncClient, raw: httpx.AsyncClient,
+                                                    server_url: str) -> None:
+    texts = ["the KV cache stores keys", "gradient descent"]
+    embedded = await llama.embed(model="simulated", input=texts)
+    assert embedded.model == "simulated" and len(embedded.embeddings) == 2
+    assert all(abs(sum(v * v for v in vector) - 1) < 1e-5 for vector in embedded.embeddings)
+    assert embedded.prompt_eval_count > 0 and embedded.total_duration > 0
+    one = await llama.embeddings(model="simulated:latest", prompt=texts[0])
+    assert one.embedding == pytest.approx(embedded.embeddings[0], abs=1e-6)
+    short = (await raw.post("embed", json={"model": "simulated", "input": texts[1], "dimensions": 8})).json()
+    assert len(short["embeddings"][0]) == 8
+    for body in ({"model": "simulated", "input": []}, {"model": "simulated", "prompt": ["a", "b"]},
+                 {"model": "simulated", "input": "a", "dimensions": 0}, {"input": "a"}):
+        refused = await raw.post("embed", json=body)
+        assert refused.status_code == 400 and set(refused.json()) == {"error"}, body
+    from langchain_ollama import OllamaEmbeddings
+
+    lang = OllamaEmbeddings(model="simulated", base_url=server_url, client_kwargs={"headers": BEARER})
+    assert await lang.aembed_query(texts[0]) == pytest.approx(embedded.embeddings[0], abs=1e-6)
+    assert len(await lang.aembed_documents(texts)) == 2
