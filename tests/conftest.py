@@ -59,6 +59,14 @@ def embed_model_dir(models_dir: Path) -> Path:
     return make_model(models_dir / "embed-tiny", "embed-tiny")
 
 
+@pytest.fixture(scope="session")
+def rerank_model_dir(models_dir: Path) -> Path:
+    """A BERT cross-encoder (a one-label head; pairs as [CLS] a [SEP] b [SEP]): a reranker."""
+    from jupyter_infer.commands.model_builder import make_model
+
+    return make_model(models_dir / "rerank-tiny", "rerank-tiny")
+
+
 # -- the in-process Jupyter server of the server tests (pytest-jupyter's jp_* fixtures) ------
 @pytest.fixture
 def infer_options() -> dict[str, Any]:

@@ -29,7 +29,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from .embedding_builder import build_embedding_model
+from .embedding_builder import PAIR_TOKENS, as_pair_tokenizer, build_embedding_model, build_reranker
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -56,13 +56,14 @@ LADDER = {
 }
 LADDER_CONTEXT = 32768  # room for the bench's ~8k-token prompts and more
 
-SIZES = ("tiny", "small", "llama-tiny", "coder-tiny", "embed-tiny", "0.5b", *LADDER)
+SIZES = ("tiny", "small", "llama-tiny", "coder-tiny", "embed-tiny", "rerank-tiny", "0.5b", *LADDER)
 # What each size is, as `make-model --help` says it (the shapes are _build_model's).
 SIZE_HELP = {
     "tiny": "GPT-2, 2 layers of 128 (~0.7 M parameters, 512 positions): for tests, loads in a second",
     "small": "GPT-2, 12 layers of 768 (~90 M parameters, GPT-2 small's shape)",
     "llama-tiny": "Llama, 2 layers of 128, grouped-query attention: the Llama path (our CPU forward) in small",
     "embed-tiny": "BERT encoder, 2 layers of 128, mean pooling (sentence-transformers files): an embedding model",
+    "rerank-tiny": "BERT cross-encoder (one-label head, [CLS] a [SEP] b [SEP] pairs): a reranker",
     "coder-tiny": "llama-tiny with Qwen2.5-Coder's fill-in-the-middle and file tokens: infill (suffix) in small",
     "0.5b": "Llama with Qwen2.5-0.5B's shape (24 layers of 896, ~0.36 B parameters): real-size timings",
     "1.5b": "Qwen2.5-1.5B's shape in bfloat16 (28 layers of 1536; ~1.3 B parameters with our small vocabulary)",
@@ -94,7 +95,7 @@ BUILD_VERSION = 1
 # Target BPE vocabulary per size.  The corpus is small, so training may stop
 # earlier; the model's embedding matrix always matches the real tokenizer size
 # so that every id the model can emit decodes to text.
-_DEFAULT_VOCAB = {"tiny": 2000, "small": 8000, "llama-tiny": 2000, "coder-tiny": 2000, "embed-tiny": 2000, "0.5b": 8000, **dict.fromkeys(LADDER, 8000)}
+_DEFAULT_VOCAB = {"tiny": 2000, "small": 8000, "llama-tiny": 2000, "coder-tiny": 2000, "embed-tiny": 2000, "rerank-tiny": 2000, "0.5b": 8000, **dict.fromkeys(LADDER, 8000)}
 
 # Files whose presence (with the marker) means a build completed.
 _REQUIRED_FILES = (
@@ -251,9 +252,12 @@ def make_model(
     # never sees a half-written safetensors file under the final name.
     staging = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:
-        specials = FIM_TOKENS if size == "coder-tiny" else ()
+        specials = {"coder-tiny": FIM_TOKENS, "rerank-tiny": PAIR_TOKENS}.get(size, ())
         tokenizer = _train_tokenizer(marker["vocab_size"], _max_positions(size, context), specials=specials)
-        if size == "embed-tiny":
+        if size == "rerank-tiny":
+            tokenizer = as_pair_tokenizer(tokenizer)
+            model = build_reranker(staging, tokenizer, seed, _max_positions(size, context))
+        elif size == "embed-tiny":
             model = build_embedding_model(staging, tokenizer, seed, _max_positions(size, context))
         else:
             model = _build_model(size, tokenizer, seed, context)
@@ -281,7 +285,8 @@ def _is_complete(target: pathlib.Path, wanted: dict[str, object]) -> bool:
     if not isinstance(found, dict) or any(found.get(k) != v for k, v in wanted.items()):
         return False
     # An encoder has no generation config.
-    needed = [n for n in _REQUIRED_FILES if found.get("size") != "embed-tiny" or n != "generation_config.json"]
+    encoder = found.get("size") in ("embed-tiny", "rerank-tiny")
+    needed = [n for n in _REQUIRED_FILES if not encoder or n != "generation_config.json"]
     return all((target / name).is_file() for name in needed)
 
 

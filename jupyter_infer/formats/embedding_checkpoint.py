@@ -4,7 +4,9 @@ architecture (a body without a head: ``BertModel``, ``XLMRobertaModel``, ``Mistr
 
 A BERT-style encoder pools the mean of its tokens or its first ([CLS]) token; a decoder
 embedder (Qwen3-Embedding, e5-mistral, GTE-Qwen) its last token. A causal LM with a head is
-no embedding model: it is served as a chat model, and its embeddings pool its last token."""
+no embedding model: it is served as a chat model, and its embeddings pool its last token. A
+sequence classifier with one label (bge-reranker, ms-marco cross-encoders) is a reranker: it
+reads a query and a document together and scores them."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ _DECODERS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_te
 
 @dataclass(frozen=True)
 class EmbeddingSpec:
-    """How an embedding checkpoint's vectors are made: ``pooling`` "mean", "cls" or "last"."""
+    """How an embedding checkpoint's vectors are made: ``pooling`` "mean", "cls" or "last"; or
+    "score": a cross-encoder (a reranker) that scores a pair of texts with one logit."""
 
     pooling: str
     architecture: str
@@ -55,6 +58,9 @@ def embedding_spec(folder: str | Path) -> EmbeddingSpec | None:
     pooling = _pooling_config(folder)
     if pooling is not None:
         return EmbeddingSpec(pooling, architecture)
+    labels = config.get("num_labels", len(config.get("id2label") or {}) or None)
+    if architecture.endswith("ForSequenceClassification") and labels == 1:
+        return EmbeddingSpec("score", architecture)  # a cross-encoder: one relevance score a pair
     if architecture.endswith("Model") and not architecture.endswith("LMHeadModel"):
         decoder = config.get("model_type") in _DECODERS or config.get("is_decoder")
         return EmbeddingSpec("last" if decoder else "mean", architecture)

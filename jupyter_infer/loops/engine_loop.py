@@ -98,19 +98,7 @@ class EngineLoop(RequestLoop):
         text = engine.text
         check_task(request, engine)
         limits.screen(request, text.max_token_chars, engine.info.max_context)
-        if request.prompt_ids is not None:
-            prompt_ids = list(request.prompt_ids)
-            check_token_ids(prompt_ids, engine.vocab_size, "prompt")
-            request = replace(request, prompt=await off_loop(text.detokenize, prompt_ids, size=len(prompt_ids)))
-        else:
-            if request.messages is not None:
-                prompt, constraint, opened = await render_prompt(text, request, engine.info.reasoning)
-                request = replace(request, prompt=prompt, params=replace(request.params, constraint=constraint),
-                                  opened_reasoning=opened)
-            elif request.suffix is not None:
-                request = replace(request, prompt=text.infill_prompt(
-                    request.prompt, request.suffix, request.context_files, model=f"The model {engine.info.model}"))
-            prompt_ids = await off_loop(text.tokenize, request.prompt, size=len(request.prompt))
+        request, prompt_ids = await self._prompt_ids(request)
         check_token_ids([t for t, _ in request.params.logit_bias], engine.vocab_size, "logit_bias")
         if self.check_model:
             check_model(request, engine.info)
@@ -119,6 +107,28 @@ class EngineLoop(RequestLoop):
         if request.params.constraint is not None:
             seq.grammar = await self._grammar(request.params.constraint)
         return seq
+
+    async def _prompt_ids(self, request: Request) -> tuple[Request, list[int]]:
+        """The tokens a request runs, and the request with its prompt as text: its token ids
+        (checked against the vocabulary), its rendered chat, a cross-encoder's pair, an infill
+        in the model's fill-in-the-middle tokens, or its prompt."""
+        engine, text = self.engine, self.engine.text
+        if request.prompt_ids is not None:
+            prompt_ids = list(request.prompt_ids)
+            check_token_ids(prompt_ids, engine.vocab_size, "prompt")
+            return replace(request, prompt=await off_loop(text.detokenize, prompt_ids, size=len(prompt_ids))), prompt_ids
+        if request.pair is not None:
+            pair = request.pair
+            return request, await off_loop(lambda first: text.tokenize_pair(first, pair), request.prompt,
+                                           size=len(request.prompt) + len(pair))
+        if request.messages is not None:
+            prompt, constraint, opened = await render_prompt(text, request, engine.info.reasoning)
+            request = replace(request, prompt=prompt, params=replace(request.params, constraint=constraint),
+                              opened_reasoning=opened)
+        elif request.suffix is not None:
+            request = replace(request, prompt=text.infill_prompt(
+                request.prompt, request.suffix, request.context_files, model=f"The model {engine.info.model}"))
+        return request, await off_loop(text.tokenize, request.prompt, size=len(request.prompt))
 
     async def _grammar(self, constraint: Constraint) -> Grammar:
         """The compiled constraint, waited for here, before the queue: no step waits on it."""
@@ -256,6 +266,11 @@ def check_task(request: Request, engine: Engine) -> None:
     model = engine.info.model
     if request.embed and not engine.embeds:
         raise InvalidRequest(f"The {engine.info.engine} engine ({model}) cannot compute embeddings.", param="model")
+    scores = engine.info.details.get("task") == "rerank"
+    if request.embed and scores != (request.pair is not None):
+        raise InvalidRequest(f"{model} is a reranker (a cross-encoder): it scores a query with each document "
+                             "(infer/v1/rerank) and gives no embeddings." if scores else
+                             f"{model} gives embeddings, not a cross-encoder's scores.", param="model")
     if not request.embed and not engine.generates:
         raise InvalidRequest(f"{model} is an embedding model: it writes no answers. Ask it for embeddings "
                              "(infer/v1/embeddings), or load a chat model for this.", param="model")

@@ -54,6 +54,9 @@ class HFText(ModelText):
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=self.special_tokens)
 
+    def tokenize_pair(self, first: str, second: str) -> list[int]:
+        return self.tokenizer(first, second, add_special_tokens=True)["input_ids"]
+
     def detokenize(self, token_ids: Seq[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 

@@ -61,6 +61,10 @@ class ModelText:
                 "DeepSeek-Coder), or leave 'suffix' out.", param="suffix")
         return self.fim.prompt(before, after, files)
 
+    def tokenize_pair(self, first: str, second: str) -> list[int]:
+        """Two texts as one sequence, as a cross-encoder reads them ([CLS] a [SEP] b [SEP])."""
+        raise InvalidRequest("Only a cross-encoder (a reranker) reads pairs of texts.", param="documents")
+
     def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None,
                     tools: list[dict[str, Any]] | None = None) -> str:
         """A chat as one prompt; a model with a chat template overrides this (and reads

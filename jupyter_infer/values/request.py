@@ -202,6 +202,9 @@ class Request:
     # An embedding, not an answer: the prompt runs in a step beside the others, and the request
     # ends with its pooled, normalized vector (``RequestResult.embedding``), no token written.
     embed: bool = False
+    # A cross-encoder's pair: the second text (a document), ``prompt`` the first (the query);
+    # the model reads them as one sequence and its score is the request's one-value embedding.
+    pair: str | None = None
     priority: int = 0
     model: str | None = None  # the model (or router backend) the caller named; None: any
     # A rendered chat's prompt opened a reasoning model's <think> section (set where the chat

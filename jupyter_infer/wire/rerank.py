@@ -2,20 +2,23 @@
 share (``POST infer/v1/rerank``): ``query``, ``documents`` (strings, or ``{"text"}`` objects),
 ``top_n``, ``return_documents`` → ``results`` sorted by ``relevance_score``.
 
-The rule: a document's relevance is the cosine of its embedding and the query's, from the
-served model's own vectors (``wire/embeddings``: an embedding model's pooling, a causal LM's
-last token), so the query and every document are embedding requests batched in the engine's
-steps. A cross-encoder's scores are not this: such a checkpoint is not served yet."""
+A reranker checkpoint (a cross-encoder: ``EngineInfo.details["task"] == "rerank"``) reads the
+query and each document together; a document's relevance is the sigmoid of its one logit (as
+sentence-transformers' ``CrossEncoder`` and vLLM score them). Any other model: the cosine of the
+document's embedding and the query's, from the served model's own vectors (``wire/embeddings``:
+an embedding model's pooling, a causal LM's last token). Either way every document is a request
+batched in the engine's steps."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequest
 from ..values.engine_info import EngineInfo
-from ..values.request import Request, RequestResult, show
+from ..values.request import Request, RequestResult, SamplingParams, show
 from .embeddings import MAX_INPUTS, embedding_requests
 from .openai_requests import ignored_fields, served_name
 
@@ -30,6 +33,7 @@ class RerankCall:
     documents: list[str]
     model: str
     top_n: int
+    pairs: bool = False  # a cross-encoder's: a request per document, no query vector
     return_documents: bool = True
     ignored: list[str] = field(default_factory=list)
 
@@ -67,14 +71,23 @@ def parse_rerank(body: Any, info: EngineInfo) -> RerankCall:
     keep = body.get("return_documents", True)
     if not isinstance(keep, bool):
         raise InvalidRequest("'return_documents' must be true or false.", param="return_documents")
-    requests = embedding_requests([query, *documents], body.get("model"))
-    return RerankCall(requests, documents, model, min(top_n, len(documents)), keep, ignored_fields(body, RERANK_FIELDS))
+    pairs = info.details.get("task") == "rerank"
+    if pairs:
+        requests = [Request(prompt=query, pair=doc, params=SamplingParams(max_tokens=0), embed=True,
+                            model=body.get("model")) for doc in documents]
+    else:
+        requests = embedding_requests([query, *documents], body.get("model"))
+    return RerankCall(requests, documents, model, min(top_n, len(documents)), pairs, keep,
+                      ignored_fields(body, RERANK_FIELDS))
 
 
 def answer(call: RerankCall, results: list[RequestResult]) -> dict[str, Any]:
     """The documents ranked by relevance, the best first, ``top_n`` of them."""
-    query = results[0].embedding or ()
-    scores = [sum(q * d for q, d in zip(query, r.embedding or (), strict=True)) for r in results[1:]]
+    if call.pairs:
+        scores = [1 / (1 + math.exp(-(r.embedding or (0.0,))[0])) for r in results]
+    else:
+        query = results[0].embedding or ()
+        scores = [sum(q * d for q, d in zip(query, r.embedding or (), strict=True)) for r in results[1:]]
     ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[: call.top_n]
     tokens = sum(r.prompt_tokens for r in results)
     return {

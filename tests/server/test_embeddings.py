@@ -33,8 +33,8 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 @pytest.fixture
 def infer_options(request: pytest.FixtureRequest) -> dict[str, Any]:
-    if getattr(request, "param", None) in ("hf", "encoder"):
-        fixture = "tiny_model_dir" if request.param == "hf" else "embed_model_dir"
+    if getattr(request, "param", None) in ("hf", "encoder", "reranker"):
+        fixture = {"hf": "tiny_model_dir", "encoder": "embed_model_dir", "reranker": "rerank_model_dir"}[request.param]
         model: Path = request.getfixturevalue(fixture)
         return {"engine": "hf", "model": str(model), "dtype": "float32", "num_threads": 1, "max_new_tokens": 64}
     return {}
@@ -153,3 +153,25 @@ async def test_rerank_ranks_the_documents_that_share_the_query_s_meaning_first(h
                         ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n")):
         refused = await http.post("rerank", json=body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("infer_options", ["reranker"], indirect=True)
+async def test_a_cross_encoder_scores_the_query_with_each_document(http: Any, rerank_model_dir: Path) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    documents = [TEXTS[3], TEXTS[2], "short", TEXTS[1] * 2]
+    answer = (await http.post("rerank", json={"query": TEXTS[0], "documents": documents})).json()
+    tokenizer = AutoTokenizer.from_pretrained(rerank_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(rerank_model_dir, dtype=torch.float32).eval()
+    wanted = []
+    for doc in documents:  # as sentence-transformers' CrossEncoder scores a pair: one logit, its sigmoid
+        ids = tokenizer(TEXTS[0], doc, return_tensors="pt")["input_ids"]
+        sep = (ids[0] == tokenizer.sep_token_id).nonzero()[0, 0]
+        types = (torch.arange(ids.shape[1]) > sep).long()[None]
+        with torch.inference_mode():
+            wanted.append(torch.sigmoid(model(input_ids=ids, token_type_ids=types).logits[0, 0]).item())
+    got = {r["index"]: r["relevance_score"] for r in answer["results"]}
+    assert [got[i] for i in range(4)] == pytest.approx(wanted, abs=1e-4)
+    assert [r["index"] for r in answer["results"]] == sorted(range(4), key=lambda i: -wanted[i])
+    refused = await http.post("embeddings", json={"input": "a"})  # a reranker gives no embeddings
+    assert refused.status_code == 400 and "reranker" in refused.json()["error"]["message"]
