@@ -9,7 +9,7 @@ import sys
 from benchmarks.suite import PeerSuite
 from jupyter_infer.commands import bench
 
-WORKLOADS = (*bench.WORKLOADS, "cpu", "real_size")
+WORKLOADS = (*bench.WORKLOADS, "cpu", "real_size", "embeddings")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,8 @@ from jupyter_infer.commands.bench.suite import Setup, Suite
 
 class PeerSuite(Suite):
     def _sections(self):  # noqa: ANN202 - Suite's
-        return (*super()._sections(), ({"cpu"}, self._measure_cpu), ({"real_size"}, self._measure_real_size))
+        return (*super()._sections(), ({"cpu"}, self._measure_cpu), ({"real_size"}, self._measure_real_size),
+                ({"embeddings"}, self._measure_embeddings))
 
     def peers(self, section: str, setup: Setup, rows: int, longest: int) -> list[Contender]:
         """``generate`` (closed workloads) and transformers' continuous batching beside ours;
@@ -62,3 +63,9 @@ class PeerSuite(Suite):
         from benchmarks import real_size
 
         self.results["workloads"].update(real_size.measure(self.config, self.log, setup.threads))
+
+    def _measure_embeddings(self, setup: Setup) -> None:
+        """[k] a batch of 64 texts embedded, against llama-server --embedding (issue 56)."""
+        from benchmarks import embeddings
+
+        self.results["workloads"].update(embeddings.measure(self.config, self.log, setup.threads))

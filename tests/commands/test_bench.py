@@ -154,6 +154,7 @@ GROUPS = {
     "scheduling": ("agents", "interference", "lengths", "users", "peak"),
     "cpu": ("cpu",),
     "real_size": ("real_size",),
+    "embeddings": ("embeddings",),
 }
 
 
@@ -269,6 +270,22 @@ def test_bench_quick_real_size_serves_every_format(tiny_model_dir: Path, tmp_pat
         tokens = {real[k]["median"]["tokens"] for k in ours}
         assert tokens == {workloads[name]["total_new_tokens"]}, name
         assert all(0 < real[k]["median"]["rss_mb"] <= real[k]["median"]["peak_rss_mb"] for k in real), name
+
+
+@pytest.mark.slow
+def test_bench_quick_embeddings_embeds_the_batch(tiny_model_dir: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out, results = quick_bench(tiny_model_dir, tmp_path / "bench", capsys, "embeddings")
+    # [k]: one request of 64 texts to ours (a tiny BERT in the quick run); llama-server only
+    # where there is one and a GGUF (else a note, not an error).
+    entry = results["workloads"]["embeddings"]
+    ours = entry["contenders"]["embed_ours"]["median"]
+    assert ours["texts"] == 64 and ours["texts_per_s"] > 0 and ours["tokens"] > 64
+    assert "texts/s" in out
+    if "embed_llama_f32" in entry["contenders"]:
+        assert entry["cosine"]["embed_ours"]["same_median"] > 0.99
+    else:
+        assert any("llama-server f32" in note for note in entry["notes"])
 
 
 @pytest.mark.slow
