@@ -29,14 +29,16 @@ TOOLS: dict[str, list[list[str]]] = {
     "lm-eval": [["lm-eval[api]==0.4.13", "transformers==5.24.0"]],
     "guidellm": [["torch==2.13.0"], ["guidellm==0.8.1"]],
     "jupyter-ai": [["jupyter-ai[jupyternaut]==3.2.0"]],
+    "notebook-intelligence": [["notebook-intelligence==6.2.0"]],
 }
 # Tools that run inside the project's environment: theirs sees ours (site.addsitedir in a .pth
 # file, so that our editable install's own .pth files are read too); what they add shadows it.
-BESIDE_US = {"jupyter-ai"}
+# Each with the module its install check imports.
+BESIDE_US = {"jupyter-ai": "jupyter_ai_jupyternaut", "notebook-intelligence": "notebook_intelligence"}
 # Node packages, one `npm install` each (exact versions: 5.2.0 is the newest that runs on node 20).
 NPM_TOOLS: dict[str, str] = {"configurable-http-proxy": "configurable-http-proxy@5.2.0"}
 COMMANDS = {"lm-eval": "lm_eval", "guidellm": "guidellm", "configurable-http-proxy": "configurable-http-proxy",
-            "jupyter-ai": "python"}
+            "jupyter-ai": "python", "notebook-intelligence": "python"}
 
 
 def _stamp(name: str) -> Path:
@@ -62,7 +64,7 @@ def ensure(name: str) -> Path:
     else:
         _pip_install(env, TOOLS[name], beside_us=name in BESIDE_US)
     # The stamp says the tool runs, not only that the installer returned.
-    check = ["-c", "import jupyter_ai_jupyternaut, jupyter_infer"] if name in BESIDE_US else ["--help"]
+    check = ["-c", f"import {BESIDE_US[name]}, jupyter_infer"] if name in BESIDE_US else ["--help"]
     subprocess.run([str(command), *check], check=True, env=_clean_env(), capture_output=True)
     _stamp(name).touch()
     return command
