@@ -116,8 +116,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def configuration_error(app: Any) -> str | None:
-    """What is wrong with the inference service's options (``InferApp.config_error``), if anything."""
-    extension = app.extension_manager.extensions.get("jupyter_infer")
+    """What is wrong with the inference service's options (``InferApp.config_error``), if anything.
+    An option traitlets itself refuses (a value of the wrong type) fails the extension's linking:
+    jupyter_server logs it and serves on without the extension, every option dropped."""
+    manager = app.extension_manager
+    if not manager.linked_extensions.get("jupyter_infer", False):
+        return ("The jupyter_infer extension could not start with these options: an --InferApp option has a "
+                "value of the wrong type (the log above names it; a list option takes its values as "
+                "--InferApp.name=value repeated, or [a, b] in a config file).")
+    extension = manager.extensions.get("jupyter_infer")
     points = extension.extension_points.values() if extension is not None else ()
     return next((p.app.config_error for p in points if getattr(p.app, "config_error", None)), None)
 

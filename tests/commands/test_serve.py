@@ -147,6 +147,21 @@ def test_serve_with_an_option_it_cannot_take_exits_saying_why(tmp_path: Path) ->
     assert "InferApp.quantize must be one of none, int8, int4; got 'int3'" in said and "start again" in said
 
 
+def test_an_option_of_the_wrong_type_exits_too_not_serving_with_every_option_dropped(tmp_path: Path) -> None:
+    """A value traitlets refuses (one number where two are wanted) failed the extension's linking:
+    jupyter_server logged it and served on with every --InferApp option dropped (the engine too)."""
+    proc, _, _, log = start_serve(tmp_path, "--InferApp.engine=simulated", "--InferApp.simulated_token_delay_ms=5",
+                                  "--no-hub")
+    try:
+        assert proc.wait(timeout=60) == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    said = (tmp_path / "serve.log").read_text()
+    assert "simulated_token_delay_ms" in said and "wrong type" in said and "start again" in said
+
+
 def test_a_list_written_on_the_command_line_is_refused_saying_how_to_give_it() -> None:
     """``--InferApp.model_dirs=['/x']`` reaches the trait as one folder named "['/x']" (it listed
     nothing, silently)."""
