@@ -37,8 +37,9 @@ TARGET = 2.0  # ours >= 2x llama-server's texts/s (issue 56)
 # (name, hidden, layers, heads, MLP): bge-small-en-v1.5's shape; the quick run's tiny one.
 SHAPES = {"bge-small": (384, 12, 12, 1536), "bert-tiny": (128, 2, 4, 256)}
 VOCAB = 8000
-# Ours as the CLI serves it (dtype auto: bfloat16 on a CPU with bf16 instructions), and in f32.
-OURS = (("embed_ours", "ours (dtype auto)", {}), ("embed_ours_f32", "ours f32", {"dtype": "float32"}))
+# Ours as the CLI serves it (dtype auto: an encoder's is float32 on a CPU without AMX), and in
+# bfloat16 (AVX512-BF16 or AMX).
+OURS = (("embed_ours", "ours (dtype auto)", {}), ("embed_ours_bf16", "ours bf16", {"dtype": "bfloat16"}))
 # (GGUF type, contender name): llama.cpp's f32 (the faithful one the vectors are checked
 # against) and f16 (its half-precision counterpart of our bf16).
 LLAMA = (("f32", "embed_llama_f32"), ("f16", "embed_llama_f16"))
@@ -140,7 +141,12 @@ def ours(cfg: BenchConfig, log: Callable[[str], None], model: str, threads: int,
     from jupyter_infer.kernel.launcher import LocalServer
 
     out: list[Contender] = []
+    from jupyter_infer.formats.device_choice import cpu_has_native_bf16
+
     for name, label, options in OURS[:1] if cfg.quick else OURS:
+        if options.get("dtype") == "bfloat16" and not cpu_has_native_bf16():
+            notes.append(f"{label}: not measured, this CPU has no bf16 instructions")
+            continue
         server = LocalServer(alone=True, engine="hf", model=model, num_threads=threads, mode="continuous",
                              max_batch_size=TEXTS, log_path=str(cfg.out / f"server-{name}.log"), **options)
         try:
@@ -180,8 +186,9 @@ def theirs(cfg: BenchConfig, log: Callable[[str], None], model: str, threads: in
 
 
 def agreement(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str, float]:
-    """Cosines of ``a``'s and ``b``'s vectors of the same text (min, median), and of
-    different texts (median): how far the same text's agree beyond what any two share."""
+    """Cosines of ``a``'s and ``b``'s vectors of the same text (min, median), of different
+    texts (median), and of the same text's once each side's mean vector is taken away (min:
+    random weights point every vector nearly the same way; what is left is each text's own)."""
     import torch
 
     texts = [t for t in a if t in b]
@@ -190,8 +197,9 @@ def agreement(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str,
     cos = x @ y.T
     same = cos.diagonal()
     other = cos[~torch.eye(len(texts), dtype=torch.bool)]
+    centered = torch.nn.functional.cosine_similarity(x - x.mean(0), y - y.mean(0), dim=-1)
     return {"texts": len(texts), "same_min": same.min().item(), "same_median": same.median().item(),
-            "other_median": other.median().item()}
+            "other_median": other.median().item(), "centered_min": centered.min().item()}
 
 
 def summary(entry: dict[str, Any], active: list[Contender], log: Callable[[str], None]) -> None:
@@ -212,8 +220,9 @@ def summary(entry: dict[str, Any], active: list[Contender], log: Callable[[str],
             cosines[name] = agreement(peers[name].vectors, peers["embed_llama_f32"].vectors)
             c = cosines[name]
             log(f"  cosine {contenders[name]['label']} vs llama-server f32, same text: min {c['same_min']:.4f}, "
-                f"median {c['same_median']:.4f}; different texts: median {c['other_median']:.4f}")
-    best = max((v for k, v in ratios.items() if k.startswith("embed_ours/")), default=None)
+                f"median {c['same_median']:.4f}; different texts: median {c['other_median']:.4f}; same text, "
+                f"less the mean vector: min {c['centered_min']:.4f}")
+    best = min((v for k, v in ratios.items() if k.startswith("embed_ours/")), default=None)
     if best is not None:
         log(f"  [{'met' if best >= TARGET else 'MISSED':^6}] embeddings of {TEXTS} texts: ours (dtype auto) >= "
             f"{TARGET:g} x llama-server's texts/s (its faster GGUF): {best:.2f}")

@@ -23,7 +23,7 @@ def prepack_linears(model: torch.nn.Module) -> str:
     dtype; what they run on now. An encoder's every forward is many rows (a batch of texts'
     tokens), where oneDNN's packed GEMM beats aten's addmm (which copies the bias into the
     output first) and our row kernels (made for a decode step's few rows): a batch of 64 short
-    texts on a bge-small shape ran ~2x faster in float32, more in bfloat16."""
+    texts on a bge-small shape ran ~1.45x faster in float32, ~1.3x in bfloat16 (2 threads)."""
     from ...cpu.model_linears import PackedLinear, onednn_available, onednn_refuses
 
     dtype = next(model.parameters()).dtype
@@ -38,6 +38,18 @@ def prepack_linears(model: torch.nn.Module) -> str:
     return f"onednn prepacked {str(dtype).removeprefix('torch.')}"
 
 
+def encoder_dtype(dtype: str, device: str) -> torch.dtype:
+    """``pick_dtype``'s choice, except that ``auto`` on a CPU without AMX is float32: an
+    encoder's forward is large GEMMs, not a decode step's weight reads, and AVX512-BF16's
+    bfloat16 GEMM (oneDNN, with its conversions around the small ops) was ~1.2x slower than
+    float32 on a batch of 64 texts (bge-small shape, 2 threads, docs/benchmark.md [k])."""
+    from ...cpu.features import cpu_flags
+
+    if dtype == "auto" and device == "cpu" and "amx_bf16" not in cpu_flags():
+        return torch.float32
+    return pick_dtype(dtype, device)
+
+
 class EncoderEngine(Engine):
     generates = False
     embeds = True
@@ -48,7 +60,7 @@ class EncoderEngine(Engine):
         from transformers import AutoModel, AutoModelForSequenceClassification
 
         self.device = pick_device(device)
-        torch_dtype = pick_dtype(dtype, self.device)
+        torch_dtype = encoder_dtype(dtype, self.device)
         if self.device == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         load_progress.current().phase("reading the tokenizer")
