@@ -155,7 +155,7 @@ def _open(tab: Any, inside: Any) -> None:
             return
         tab.click()
         try:
-            expect(inside).to_be_visible(timeout=3_000)
+            expect(inside).to_be_visible(timeout=15_000)
             return
         except AssertionError:
             if attempt == 2:
