@@ -204,15 +204,15 @@ class Scheduler(QueuedCore):
                 and not seq.request.embed)
 
     def _pick(self, room: int, now: float) -> list[Sequence]:
-        """The newcomers to prefill now, within ``room`` rows and the prefill budget (a
-        prompt to chunk goes alone); parked rows whose turn it is resume on the way, and with
+        """The newcomers to prefill now, within ``room`` rows (an embedding takes none: it
+        leaves in its step) and the prefill budget (a prompt to chunk goes alone); parked rows whose turn it is resume on the way, and with
         no room, a row of an owner holding more than its share is parked to make some.
 
         Without ``fair_share``: highest priority first, FIFO within a priority. With it, turn
         by turn, the owner that holds the fewest rows for its weight (``Owners.next``) gives
         its next: a parked row (they resume first), else its waiting request of the highest
         priority, FIFO within one."""
-        if room == 0 and not self._may_park():
+        if room == 0 and not self._may_park() and not any(s.request.embed for s in self.waiting):
             return []  # a full batch and nobody to make room for: no work on every step
         budget = self.prefill_budget
         if self.running and self.chunk_tokens:  # what the running rows wait for, at most
@@ -226,7 +226,8 @@ class Scheduler(QueuedCore):
             if seq is None:
                 break
             victim = None
-            if room == 0:
+            # An embedding row holds no place in the batch: it leaves in the step that runs it.
+            if room == 0 and not seq.request.embed:
                 victim = owners.victim(seq, self.decoding) if self.can_park else None
                 if victim is None:
                     break
@@ -240,7 +241,7 @@ class Scheduler(QueuedCore):
                     break  # over the step's prompt budget; the rest waits for the next step
             if victim is not None:
                 self._park(victim, now)
-            else:
+            elif not seq.request.embed:
                 room -= 1
             owners.take(seq)
             if seq.status is Status.PARKED:

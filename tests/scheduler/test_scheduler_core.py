@@ -619,3 +619,29 @@ def test_rows_that_ask_for_logprobs_or_carry_a_seed_never_guess() -> None:
     run_step(s, 0.0)
     plan, _ = s.schedule(0.01)
     assert plan.ids == [asks.id, seeded.id] and plan.guesses == []
+
+
+def test_embeddings_take_no_place_in_a_full_batch_and_end_in_their_step() -> None:
+    """An embedding row leaves in the step that runs it: a batch full of decoding rows still
+    takes every embedding waiting (within the prefill budget), whole, and they end there with
+    their vectors, the decoding rows going on."""
+    s = core(mode="continuous", max_batch_size=2)
+    streams = [seq(max_tokens=10), seq(max_tokens=10)]
+    for x in streams:
+        s.add(x, 0.0)
+    assert run_step(s, 0.0).kind == "prefill"
+    embeds = []
+    for i in range(6):
+        request = Request("text", SamplingParams(max_tokens=0), embed=True, arrival=0.01 + i / 1000)
+        embeds.append(Sequence(request, list(range(1, 30))))
+        s.add(embeds[-1], 0.01)
+    assert run_step(s, 0.02).kind == "decode"  # the running rows' decode step first, then room for prompts
+    plan, _ = s.schedule(0.03)
+    assert plan.kind == "prefill"  # this engine does not mix: the prompts' step of their own
+    newcomers = [i for i, p in zip(plan.ids, plan.prompt, strict=True) if p]
+    assert newcomers == ids(embeds) and plan.chunk == 0  # all six, whole, past max_batch_size
+    sampled = [RowOutput(embedding=[1.0]) if p else RowOutput([7]) for p in plan.prompt]
+    postprocess(s, plan, sampled, 0.03, 0.03)
+    assert all(e.status is Status.FINISHED and e.embedding == [1.0] and e.record.finish_reason == "stop"
+               for e in embeds)
+    assert all(x.status is Status.RUNNING for x in streams) and len(s.running) == 2

@@ -7,6 +7,7 @@ the loop refuses those before the queue (``engine_loop.check_task``)."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ...formats.device_choice import default_num_threads, pick_device, pick_dtype
 from ...formats.embedding_checkpoint import EmbeddingSpec
@@ -16,6 +17,7 @@ from ...values import load_progress
 from ...values.engine_info import EngineInfo
 from ..base import Engine, RowRequest, Sampled
 from . import pooling
+from .encoder_forward import PackedEncoder, pooled
 
 
 def prepack_linears(model: torch.nn.Module) -> str:
@@ -72,7 +74,14 @@ class EncoderEngine(Engine):
         self.model = kind.from_pretrained(model, dtype=torch_dtype, local_files_only=local_files_only)
         self.sep_token_id = tokenizer.sep_token_id
         self.model.to(self.device).eval()
-        self.linear_kernels = prepack_linears(self.model) if self.device == "cpu" else "eager"
+        parameters = parameter_count(self.model)
+        # BERT's family on the CPU: our packed forward (no padding in the linears); else
+        # transformers' forward, its linears prepacked.
+        self.packed = PackedEncoder.of(self.model.base_model)
+        if self.packed is not None:
+            self.linear_kernels = "onednn prepacked float32, packed tokens (encoder_forward)"
+        else:
+            self.linear_kernels = prepack_linears(self.model) if self.device == "cpu" else "eager"
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else 0
         self.spec = spec
@@ -83,7 +92,7 @@ class EncoderEngine(Engine):
             details={"architecture": spec.architecture or type(self.model).__name__,
                      "task": "rerank" if spec.pooling == "score" else "embedding",
                      "pooling": spec.pooling, "embedding_size": int(config.hidden_size),
-                     "parameters": parameter_count(self.model), "num_threads": torch.get_num_threads(),
+                     "parameters": parameters, "num_threads": torch.get_num_threads(),
                      "linear_kernels": self.linear_kernels},
         )
 
@@ -92,11 +101,31 @@ class EncoderEngine(Engine):
         return int(self.model.config.vocab_size)
 
     def embed(self, rows: list[RowRequest]) -> list[list[float]]:
+        if self.packed is not None:
+            return self._packed_embed([r.prompt_ids for r in rows])
         if self.spec.pooling == "score":  # a cross-encoder: each row a pair, its score
             return pooling.scores(self.model, [r.prompt_ids for r in rows], self.pad_token_id, self.device,
                                   self.sep_token_id)
         return pooling.embeddings(self.model, [r.prompt_ids for r in rows], self.pad_token_id, self.device,
                                   self.spec.pooling)
+
+    def _packed_embed(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Every row in one packed forward (``encoder_forward``): pooled and normalized, or a
+        cross-encoder's pairs through its head, one logit each."""
+        lengths = [len(p) for p in prompts]
+        with torch.inference_mode():
+            if self.spec.pooling != "score":
+                hidden = self.packed.hidden(prompts)
+                return F.normalize(pooled(hidden, lengths, self.spec.pooling), dim=-1).tolist()
+            types = [pooling.pair_types(torch.tensor([p]), self.sep_token_id)[0].tolist() for p in prompts] \
+                if getattr(self.model.config, "type_vocab_size", 1) > 1 else None
+            first = pooled(self.packed.hidden(prompts, types), lengths, "cls")
+            model = self.model
+            if model.config.model_type == "bert":  # its pooler (dense, tanh) on [CLS], then the head
+                logits = model.classifier(model.bert.pooler.activation(model.bert.pooler.dense(first)))
+            else:  # RoBERTa's head reads the first column itself
+                logits = model.classifier(first[:, None])
+        return [[float(x)] for x in logits[:, 0]]
 
     def prefill(self, seqs: list[RowRequest], num_scheduled: list[int]) -> Sampled:
         raise RuntimeError("an embedding model writes no tokens")  # check_task refuses such requests
