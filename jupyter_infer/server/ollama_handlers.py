@@ -28,6 +28,7 @@ from ..values.request import RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
 from ..wire import ollama_answers, ollama_api, ollama_embed, ollama_models
 from ..wire.ollama_models import ModelFacts
+from .embedding_handlers import results_of, without_gzip
 from .handler_base import GENERATE, InferHandler, answers_errors
 
 log = logging.getLogger(__name__)
@@ -302,10 +303,10 @@ class EmbedHandler(OllamaHandler):
         _, model = await self.served(body)
         call = ollama_embed.parse_embed(body, model)
         self.say_ignored(call.ignored)
-        streams = await self.submit_all(call.requests)
-        results = await asyncio.gather(*(s.result() for s in streams))
-        if not self.gone.is_set():
-            self.finish(ollama_embed.answer(call, list(results), int((time.monotonic() - started) * 1e9)))
+        without_gzip(self)
+        results = await results_of(self, await self.submit_all(call.requests))
+        if results is not None:
+            self.finish(ollama_embed.answer(call, results, int((time.monotonic() - started) * 1e9)))
 
 
 class TagsHandler(OllamaHandler):
