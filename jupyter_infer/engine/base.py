@@ -192,9 +192,9 @@ class Engine(abc.ABC):
 
     def _run(self, plan: StepPlan) -> Sampled:
         kept = self.rows.requests
-        embedding = [i for i, p in enumerate(plan.prompt) if p and kept[plan.ids[i]].request.embed]
-        if embedding:
-            return self._with_embeddings(plan, embedding)
+        if any(r.request.embed for r in plan.new):  # an embedding is always new: it never stays
+            return self._with_embeddings(plan, [i for i, p in enumerate(plan.prompt)
+                                                if p and kept[plan.ids[i]].request.embed])
         prompts = [i for i, p in enumerate(plan.prompt) if p]
         new = ([kept[plan.ids[i]] for i in prompts], [plan.num_scheduled[i] for i in prompts])
         if not plan.decoding:

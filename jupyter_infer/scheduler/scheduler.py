@@ -205,8 +205,9 @@ class Scheduler(QueuedCore):
 
     def _pick(self, room: int, now: float) -> list[Sequence]:
         """The newcomers to prefill now, within ``room`` rows (an embedding takes none: it
-        leaves in its step) and the prefill budget (a prompt to chunk goes alone); parked rows whose turn it is resume on the way, and with
-        no room, a row of an owner holding more than its share is parked to make some.
+        leaves in its step) and the prefill budget (a prompt to chunk goes alone); parked rows
+        whose turn it is resume on the way, and with no room, a row of an owner holding more
+        than its share is parked to make some.
 
         Without ``fair_share``: highest priority first, FIFO within a priority. With it, turn
         by turn, the owner that holds the fewest rows for its weight (``Owners.next``) gives
