@@ -32,20 +32,26 @@ HUB_EXTENSION = "jupyterhub"
 DEFAULT_URL = "/infer/"  # a browser without a session is sent to log in from there
 HUB_SERVICE_ENV = ("JUPYTERHUB_API_TOKEN", "JUPYTERHUB_SERVICE_URL")
 SHORTHANDS = (
-    ("model", "model", "the model to serve: a checkpoint folder, a .gguf file or a Hugging Face id"),
+    ("model", "model", "the model to serve: a checkpoint folder, a .gguf file, a Hugging Face id, or a name "
+                       "InferApp.model_dirs lists (small for ~/models/small)"),
     ("engine", "engine", "auto, hf, simulated, openai (an upstream server), router, or a serving engine "
                          "started as a child: vllm, llama.cpp, sglang, command"),
     ("quantize", "quantize", "the weights as int4, int8 or none (bfloat16: --dtype bfloat16)"),
     ("dtype", "dtype", "the compute dtype: auto, float32, bfloat16, float16"),
     ("device", "device", "auto, cpu, cuda, mps"),
     ("threads", "num_threads", "CPU threads the engine uses (0: the cores it may use)"),
+    ("max-model-len", "max_model_len", "the context a request may hold, in tokens (0: the model's own)"),
 )
 
 
 def shorthand_args(args: argparse.Namespace) -> list[str]:
     """``--model X`` and the like as the Jupyter server's ``--InferApp.model=X``."""
-    return [f"--InferApp.{trait}={getattr(args, flag)}" for flag, trait, _ in SHORTHANDS
-            if getattr(args, flag, None) is not None]
+    return [f"--InferApp.{trait}={getattr(args, _dest(flag))}" for flag, trait, _ in SHORTHANDS
+            if getattr(args, _dest(flag), None) is not None]
+
+
+def _dest(flag: str) -> str:
+    return flag.replace("-", "_")  # where argparse keeps --max-model-len
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The flags every other server takes, as the traits they stand for (an unknown one would
     # reach the Jupyter server, which only warns "Unrecognized alias" and serves the default).
     for flag, trait, what in SHORTHANDS:
-        parser.add_argument(f"--{flag}", metavar=flag.upper(), help=f"{what} (--InferApp.{trait})")
+        parser.add_argument(f"--{flag}", metavar=_dest(flag).upper(), help=f"{what} (--InferApp.{trait})")
     parser.allow_abbrev = False  # --h… or --no… belong to the Jupyter server, not to --hub
     parser.set_defaults(server_args=[])  # filled by the cli with the options it does not know
 

@@ -21,7 +21,7 @@ DEPTH = 2  # how deep under a configured folder to look
 
 @dataclass(frozen=True)
 class LocalModel:
-    id: str  # what to name it by: a Hub id, Ollama's name:tag, or the path
+    id: str  # what to name it by: a Hub id, Ollama's name:tag, or its path under its model_dirs folder
     path: str  # what InferApp.model takes for it (a folder, a .gguf file, a Hub id)
     source: str  # "huggingface" (the cache), "folder", "gguf" or "ollama"
     size_bytes: int
@@ -34,12 +34,31 @@ def local_models(folders: Sequence[str] = (), *, hf_cache: bool = True,
                  ollama: Path | None = None) -> list[LocalModel]:
     """Every model found, each once (by path), in the order: folders, Hugging Face, Ollama."""
     found: dict[str, LocalModel] = {}
+    ids: set[str] = set()
     for model in _chain(_in_folders(folders), _in_hf_cache() if hf_cache else iter(()),
                         _in_ollama(ollama if ollama is not None else ollama_store())):
-        found.setdefault(model.path, model)
+        if model.path in found:
+            continue
+        if model.id in ids:  # the same short name under two folders: the later one by its path
+            model = LocalModel(model.path, model.path, model.source, model.size_bytes)
+        found[model.path] = model
+        ids.add(model.id)
         if len(found) >= MAX_MODELS:
             break
     return list(found.values())
+
+
+def in_model_dirs(name: str, folders: Sequence[str]) -> str | None:
+    """The path of the model ``name`` names under one of ``folders`` (``small`` for
+    ``~/models/small``, ``team/q4.gguf``), as the listing names it; ``None``: not there (or
+    ``name`` is a path of its own). Only the named paths are looked at, no folder is walked."""
+    if not name or Path(name).expanduser().is_absolute() or name.startswith(("~", ".")) or Path(name).exists():
+        return None
+    for folder in folders:
+        candidate = Path(folder).expanduser() / name
+        if (candidate / "config.json").is_file() or (candidate.suffix.lower() == ".gguf" and candidate.is_file()):
+            return str(candidate)
+    return None
 
 
 def find(name: str, models: Sequence[LocalModel]) -> LocalModel | None:
@@ -50,6 +69,19 @@ def find(name: str, models: Sequence[LocalModel]) -> LocalModel | None:
         return exact
     by_name = [m for m in models if m.source in ("folder", "gguf") and Path(m.path).name == name]
     return by_name[0] if len(by_name) == 1 else None
+
+
+def short_name(path: str, folders: Sequence[str]) -> str | None:
+    """The name the listing gives the model at ``path`` if it lies under one of ``folders``
+    (``small`` for ``~/models/small``); ``None`` otherwise. No folder is walked."""
+    where = Path(path).expanduser()
+    for folder in folders:
+        root = Path(folder).expanduser()
+        if where == root:
+            return where.name
+        if where.is_relative_to(root):
+            return where.relative_to(root).as_posix()
+    return None
 
 
 def ollama_store() -> Path:
@@ -66,12 +98,17 @@ def _in_folders(folders: Sequence[str]) -> Iterator[LocalModel]:
     for folder in folders:
         root = Path(folder).expanduser()
         if root.is_dir():
-            yield from _walk(root, DEPTH)
+            yield from _walk(root, DEPTH, root)
 
 
-def _walk(folder: Path, depth: int) -> Iterator[LocalModel]:
+def _short(path: Path, root: Path) -> str:
+    """A model's name under its configured folder (the folder's own name if it is one)."""
+    return path.relative_to(root).as_posix() if path != root else path.name
+
+
+def _walk(folder: Path, depth: int, root: Path) -> Iterator[LocalModel]:
     if (folder / "config.json").is_file():
-        yield LocalModel(str(folder), str(folder), "folder", _size(folder.glob("*.safetensors")))
+        yield LocalModel(_short(folder, root), str(folder), "folder", _size(folder.glob("*.safetensors")))
         return
     try:
         entries = sorted(folder.iterdir())
@@ -81,9 +118,9 @@ def _walk(folder: Path, depth: int) -> Iterator[LocalModel]:
         if entry.name.startswith("."):
             continue
         if entry.suffix.lower() == ".gguf" and entry.is_file():
-            yield LocalModel(str(entry), str(entry), "gguf", _size([entry]))
+            yield LocalModel(_short(entry, root), str(entry), "gguf", _size([entry]))
         elif depth > 0 and entry.is_dir():
-            yield from _walk(entry, depth - 1)
+            yield from _walk(entry, depth - 1, root)
 
 
 def _in_hf_cache() -> Iterator[LocalModel]:

@@ -56,13 +56,13 @@ def locate(name: str, *, hub_reachable: Callable[[], bool] | None = None) -> Mod
     if _in_hub_cache(name):
         return ModelSource(name, name, "hub", hub_offline() or not (hub_reachable or _hub_reachable)())
     if hub_offline():
-        raise ModelNotFound(f"{name} is not in the Hugging Face cache and the Hub is switched off here "
-                            f"(HF_HUB_OFFLINE): download it where there is a network (hf download {name}), "
+        raise ModelNotFound(f"{name} is not under InferApp.model_dirs nor in the Hugging Face cache, and the Hub "
+                            f"is switched off here (HF_HUB_OFFLINE): download it where there is a network (hf download {name}), "
                             f"or {WAYS_OUT}.")
     if not (hub_reachable or _hub_reachable)():
-        raise ModelNotFound(f"{name} is not in the Hugging Face cache and the Hub cannot be reached from "
-                            f"here: download it where there is a network (hf download {name}) and copy the "
-                            f"cache over, or {WAYS_OUT}.")
+        raise ModelNotFound(f"{name} is not under InferApp.model_dirs nor in the Hugging Face cache, and the Hub "
+                            f"cannot be reached from here: download it where there is a network (hf download "
+                            f"{name}) and copy the cache over, or {WAYS_OUT}.")
     return ModelSource(name, name, "hub", False)
 
 

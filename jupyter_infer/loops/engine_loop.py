@@ -24,6 +24,7 @@ from ..constraints.grammar import Grammar, compile_in_time
 from ..cpu.process_memory import release_freed
 from ..engine import Engine
 from ..errors import InvalidRequest
+from ..formats.model_catalog import short_name
 from ..scheduler.scheduler import Scheduler
 from ..values.engine_info import EngineInfo
 from ..values.limits import check_model, check_token_ids
@@ -190,6 +191,7 @@ class EngineLoop(RequestLoop):
                 self.engine.grammars.fast_forward = self.config.grammar_fast_forward
             cfg = self.config
             self.engine.configure_speculation(cfg.speculation, cfg.speculative_tokens, cfg.speculative_max_rows)
+            name_served(self.engine.info, cfg)
             self._state = "ready"
         except Exception as err:
             self._state, self.load_error = "failed", f"{type(err).__name__}: {err}"
@@ -258,6 +260,15 @@ class EngineLoop(RequestLoop):
         message = f"The engine failed while running this request: {type(err).__name__}: {err}"
         self.scheduler.fail(plan, message, time.monotonic(), retry=in_engine)
         self._end_finished()
+
+
+def name_served(info: EngineInfo, config: ServiceConfig) -> None:
+    """What people see of the loaded model: its listing's short name (a model under
+    ``model_dirs``), and its context capped at ``max_model_len``."""
+    if info.engine != "simulated" and info.name is None:
+        info.name = short_name(info.model, config.model_dirs)
+    if config.max_model_len:
+        info.max_context = min(info.max_context, config.max_model_len)
 
 
 def check_task(request: Request, engine: Engine) -> None:

@@ -16,6 +16,7 @@ from traitlets import Bool, Float, Int
 
 from .._version import __version__
 from ..engine import Engine
+from ..formats.model_catalog import in_model_dirs
 from ..service.inference import InferenceService
 from ..service.service_factory import make_service
 from ..values.config import ServiceConfig, given_options, normalize_url
@@ -72,7 +73,13 @@ class InferApp(ServiceTraits, ExtensionApp):
             raise ValueError(
                 f"InferApp.sse_keepalive_s must be above 0 and at most 15; got {self.sse_keepalive_s}."
             )
-        return ServiceConfig(**self._service_options())
+        options = self._service_options()
+        # A model listed under model_dirs may be named as the listing names it (serve --model
+        # small, as %infer_model and the panel do): the service gets its path.
+        listed = in_model_dirs(str(options.get("model") or ""), options.get("model_dirs") or ())
+        if listed is not None:
+            options["model"] = listed
+        return ServiceConfig(**options)
 
     def _service_options(self) -> dict[str, Any]:
         names = [f.name for f in fields(ServiceConfig) if self.has_trait(f.name)]

@@ -71,12 +71,18 @@ class InferenceService:
         self._batch_ids = batch_ids or itertools.count(1)  # one numbering across model switches
         # A serving engine started as a child (vLLM, llama.cpp, ...): served through as an upstream.
         self.child = ManagedServer(cfg.engine, cfg.model, command=cfg.serve_command, args=cfg.serve_args,
-                                   api_path=cfg.serve_api_path, start_timeout_s=cfg.serve_start_timeout_s) \
+                                   api_path=cfg.serve_api_path, start_timeout_s=cfg.serve_start_timeout_s,
+                                   max_model_len=cfg.max_model_len) \
             if cfg.engine in MANAGED_ENGINES else None
         loop_cfg = cfg if self.child is None else replace(
             cfg, engine="openai", upstream_url=self.child.url, upstream_api_key=self.child.token, upstream_api_key_env="")
         self._loop = make_loop(loop_cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
                                batch_ids=self._batch_ids, upstream=upstream)
+        if self.child is not None:  # a request it could not reach waits for the restart, then goes again
+            server = self._loop.server
+            server.hold = lambda: self.child.wait_serving(cfg.serve_start_timeout_s)
+            server.advice = (f"It is the {cfg.engine} server this one runs (infer/status: child_server, its log "
+                             f"{self.child.log_path})")
         self._child_start: asyncio.Task | None = None
         self._engine_loader = engine_loader
         self.limits = self._loop.limits
@@ -139,9 +145,15 @@ class InferenceService:
     @property
     def state(self) -> str:
         """``stopped`` | ``switching`` | ``loading`` | ``ready`` | ``failed``, ``unloaded`` (no
-        model in memory: the next request loads it), and ``unreachable`` for an upstream that
-        does not answer now (it may come back; requests get 503 meanwhile)."""
-        return "unloaded" if self.models.unloaded else self._loop.state
+        model in memory: the next request loads it), ``unreachable`` for an upstream that
+        does not answer now (it may come back; requests get 503 meanwhile), and ``restarting``
+        for a managed child that died (requests wait for it)."""
+        if self.models.unloaded:
+            return "unloaded"
+        state = self._loop.state
+        if self.child is not None and state in ("ready", "unreachable") and not self.child.serving:
+            return "restarting" if self.child.state == "ready" else self.child.state  # ready: died just now
+        return state
 
     async def wait_ready(self, timeout: float | None = None) -> EngineInfo:
         await self.models.bring(None)  # an unloaded model comes back for whoever waits for it
@@ -174,6 +186,8 @@ class InferenceService:
                 # Unloaded, or another listed model on demand: its turn, held until it is queued.
                 await turn.enter_async_context(self.models.turn(request.model))
                 loop = self._loop  # one loop from here on: a switch meanwhile refuses it (below)
+                if self.child is not None:  # restarting: wait for it, not a 503
+                    await self.child.wait_serving(self.config.serve_start_timeout_s)
                 info = await loop.wait_ready()
                 seq = await loop.prepare(request)
                 if loop is not self._loop:
@@ -194,7 +208,7 @@ class InferenceService:
             except InferError:
                 self.budget.settle(seq.id, 0)  # not queued: it cost nothing
                 raise
-        stream.model, stream.route = info.model, self.route
+        stream.model, stream.route = info.served_name, self.route
         return stream
 
     def _settle(self, record: RequestRecord) -> None:
@@ -289,8 +303,11 @@ class InferenceService:
             "state": self.state,
             "load_error": self._loop.load_error,
             "mode": self.config.mode,
-            "engine": info.engine if info else None,
-            "model": info.model if info else None,
+            # A managed child by its own name (llama.cpp, vllm), not the OpenAI client that reaches it.
+            "engine": (self.config.engine if self.child is not None else info.engine) if info else None,
+            "managed": self.child is not None,
+            "model": info.served_name if info else None,
+            "model_path": info.model if info else None,  # where its weights are (model: the name people see)
             "device": info.device if info else None,
             "dtype": info.dtype if info else None,
             "max_context": info.max_context if info else None,

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,10 @@ class UpstreamServer:
         self._config = config
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        # A server this one started (a managed child): what to say when it does not answer, and
+        # how to wait until it serves again (a restart) before a request is tried again.
+        self.advice = "Check that it is running (InferApp.upstream_url)"
+        self.hold: Callable[[], Awaitable[None]] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -156,6 +160,10 @@ class UpstreamServer:
                         yield chunk
                 return
             except UpstreamUnavailable as err:
+                if self.hold is not None and not sent_text and attempt < max(self.retries, 3):
+                    attempt += 1
+                    await self.hold()  # the child restarts: tried again once it serves (or its error)
+                    continue
                 if sent_text or attempt >= self.retries:
                     raise
                 wait = min(RETRY_BASE_S * 2**attempt, RETRY_MAX_S)
@@ -232,7 +240,7 @@ class UpstreamServer:
     def _unreachable_error(self, err: Exception) -> str:
         message = _describe(err, self.url)
         self._unreachable(message)
-        return f"{message} Check that it is running (InferApp.upstream_url); retried {self.retries} time(s)."
+        return f"{message} {self.advice}; retried {self.retries} time(s)."
 
     def _down_message(self) -> str:
         return (f"The upstream server ({self.url}) has not answered yet, so its model is unknown: "

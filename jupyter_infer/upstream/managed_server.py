@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from ..cpu.child_process import dies_with_parent
+from ..errors import EngineUnavailable
 
 # The command each engine starts ({model}, {port}, {token} filled in) and where its API is.
 # vLLM and llama-server read the key from their environment (VLLM_API_KEY, LLAMA_API_KEY), where
@@ -42,37 +43,53 @@ COMMANDS = {
     "sglang": (f"{shlex.quote(sys.executable)} -m sglang.launch_server --model-path {{model}} --host 127.0.0.1 "
                "--port {port} --api-key {token}", "/v1"),
 }
+# How each takes InferApp.max_model_len.
+CONTEXT_FLAGS = {"vllm": "--max-model-len", "llama.cpp": "-c", "sglang": "--context-length"}
 INSTALL = {"vllm": "pip install vllm (on a CUDA machine)",
            "llama.cpp": "build llama.cpp (docs/benchmark.md) and put llama-server on PATH",
            "sglang": "pip install 'sglang[all]' (on a CUDA machine)"}
+# Where each says it has loaded its model (llama-server's and SGLang's answer 503 while loading;
+# its v1/models may answer before); after it, v1/models must answer too.
+HEALTH = {"vllm": "/health", "llama.cpp": "/health", "sglang": "/health"}
 BACKOFF_S = (1.0, 30.0)  # between restarts: first and longest
+WATCH_EVERY_S = 0.2  # how often the supervisor looks whether the child is alive
 LOG_TAIL = 20
+FOLDER_PREFIX = "jupyter-infer-child-"  # each child's log folder, in the temp folder
+OWNER_FILE = "owner.pid"  # the pid of the Jupyter server that started it
 log_line = logging.getLogger(__name__)
 
 
 class ManagedServer:
     def __init__(self, kind: str, model: str, *, command: str = "", args: tuple[str, ...] = (),
-                 api_path: str = "", start_timeout_s: float = 600.0) -> None:
+                 api_path: str = "", start_timeout_s: float = 600.0, max_model_len: int = 0) -> None:
         template, default_path = COMMANDS.get(kind, ("", "/v1"))
         self.kind = kind
+        self.model = model
         self.port = _free_port()
         self.token = secrets.token_hex(16)  # its API key: only this front talks to it
+        context = [CONTEXT_FLAGS[kind], str(max_model_len)] if max_model_len and kind in CONTEXT_FLAGS else []
         self.command = [*shlex.split((command or template).format(
-            model=shlex.quote(model), port=self.port, token=self.token)), *args]
+            model=shlex.quote(model), port=self.port, token=self.token)), *context, *args]
         self.url = f"http://127.0.0.1:{self.port}{api_path or default_path}"
         self.start_timeout_s = start_timeout_s
         self.state = "stopped"  # stopped | starting | ready | restarting | failed
         self.restarts = 0
         self.error: str | None = None
-        self._log_dir = tempfile.TemporaryDirectory(prefix="jupyter-infer-child-")
+        _sweep_stale_folders()
+        self._log_dir = tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX)
+        (Path(self._log_dir.name) / OWNER_FILE).write_text(str(os.getpid()))  # whose it is: swept once it died
         self.log_path = Path(self._log_dir.name) / "server.log"
         self._proc: subprocess.Popen | None = None
         self._watch: asyncio.Task | None = None
+        self._health = f"http://127.0.0.1:{self.port}{HEALTH[kind]}" if kind in HEALTH else None
+        self._serving = asyncio.Event()  # set while it answers: requests wait on it during a restart
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the child and wait until it answers; raises ``RuntimeError`` saying why not
         (not installed, exited, or not up within ``start_timeout_s``, with its last log lines)."""
+        if self.kind == "llama.cpp":
+            self._check_gguf()
         if not self.command or shutil.which(self.command[0]) is None:
             self._fail(f"{self.command[0] if self.command else 'no command'} was not found on PATH: "
                        f"{INSTALL.get(self.kind, 'set InferApp.serve_command to the command that starts it')}.")
@@ -80,6 +97,7 @@ class ManagedServer:
         self._spawn()
         await self._until_up()
         self.state = "ready"
+        self._serving.set()
         self._watch = asyncio.get_running_loop().create_task(self._supervise(), name="jupyter-infer-child")
 
     async def stop(self) -> None:
@@ -88,12 +106,34 @@ class ManagedServer:
             self._watch.cancel()
             self._watch = None
         proc, self._proc = self._proc, None
+        self._serving.clear()
         await _end(proc)
         self.state = "stopped"
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def serving(self) -> bool:
+        """Up and answering: ready, and its process alive (a child killed a moment ago is not,
+        before the supervisor has seen it)."""
+        return self.state == "ready" and self._proc is not None and self._proc.poll() is None
+
+    async def wait_serving(self, timeout: float) -> None:
+        """Until it serves (now, or after the restart under way); raises ``EngineUnavailable``
+        saying why if it failed, or is not back within ``timeout`` seconds."""
+        if self.serving:
+            return
+        if self.state == "ready":  # just died: the supervisor restarts it within WATCH_EVERY_S
+            self._serving.clear()
+        if self.state in ("failed", "stopped"):
+            raise EngineUnavailable(f"The {self.kind} server this one runs is {self.state}: {self.error or 'stopped'}")
+        try:
+            await asyncio.wait_for(self._serving.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise EngineUnavailable(f"The {self.kind} server this one runs did not serve again within {timeout:g} s "
+                                    f"({self.error or self.state}); its log: {self.log_path}.") from None
 
     def status(self) -> dict[str, Any]:
         """For ``infer/status``: what runs, where, how it goes, and its last log lines (the
@@ -135,7 +175,8 @@ class ManagedServer:
                     code = self._proc.returncode if self._proc is not None else None
                     self._fail(f"{self.kind} exited (code {code}) before it answered")
                 try:
-                    if (await client.get(f"{self.url}/models")).status_code == 200:
+                    healthy = self._health is None or (await client.get(self._health)).status_code == 200
+                    if healthy and (await client.get(f"{self.url}/models")).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
@@ -150,9 +191,10 @@ class ManagedServer:
         """Restart the child when it dies, waiting longer each time (1 s, 2 s, ... 30 s)."""
         wait = BACKOFF_S[0]
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(WATCH_EVERY_S)
             if self._proc is None or self._proc.poll() is None:
                 continue
+            self._serving.clear()
             self.state, self.restarts = "restarting", self.restarts + 1
             self.error = f"{self.kind} exited (code {self._proc.returncode}); restarting in {wait:g} s"
             log_line.warning("jupyter_infer | %s (its log: %s)", self.error, self.log_path)
@@ -165,7 +207,22 @@ class ManagedServer:
             except Exception:  # failed again (or could not even start): the next round waits longer
                 continue
             self.state, self.error, wait = "ready", None, BACKOFF_S[0]
+            self._serving.set()
             log_line.info("jupyter_infer | %s is back (restart %d)", self.kind, self.restarts)
+
+    def _check_gguf(self) -> None:
+        """llama-server reads GGUF files only: a checkpoint folder or a missing path is said so
+        here, not in llama-server's "failed to read magic" after a start."""
+        path = Path(self.model).expanduser()
+        if path.is_dir():
+            ggufs = sorted(path.glob("*.gguf"))
+            self._fail(f"llama.cpp serves a .gguf file, and {self.model} is a folder: "
+                       + (f"name its GGUF file ({ggufs[0]})" if ggufs else
+                          "convert the checkpoint with llama.cpp's convert_hf_to_gguf.py, or serve the folder "
+                          "with --engine hf") + ".")
+        if not path.is_file():
+            self._fail(f"llama.cpp serves a .gguf file, and there is none at {self.model}: check the path "
+                       "(InferApp.model), or name a file InferApp.model_dirs lists.")
 
     def _fail(self, why: str) -> None:
         tail = self.log_tail(8)
@@ -174,6 +231,27 @@ class ManagedServer:
             (f" (its log: {self.log_path})" if self.log_path.is_file() else "")
         log_line.error("jupyter_infer | the %s server did not start: %s", self.kind, self.error)
         raise RuntimeError(self.error)
+
+
+def _sweep_stale_folders() -> None:
+    """Remove the log folders of children whose Jupyter server died (SIGKILL leaves them)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        try:
+            owner = int((folder / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours to judge (no owner written): left alone
+        if not _alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _free_port() -> int:

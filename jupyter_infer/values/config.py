@@ -114,6 +114,9 @@ class ServiceConfig:
     max_new_tokens: int = knob(0, """Largest max_tokens a request may ask for; 0 (default): what is left of
         the model's context after the prompt, as vLLM and Ollama allow.""")
     max_prompt_tokens: int = knob(32768, "Longest prompt (in tokens) a request may send.")
+    max_model_len: int = knob(0, """The context a request may hold (prompt and answer, in tokens), below the
+        model's own (its max_position_embeddings): vLLM's --max-model-len, llama-server's -c, Ollama's
+        num_ctx; shown in v1/models, api/show and infer/status. 0: the model's own.""")
     max_prefill_tokens: int = knob(4096, "Prompt tokens that one step may run (newcomers together); bounds a step's cost.")
     idle_admit_delay_ms: float = knob(5.0, """Continuous mode: an idle engine starts its first prefill once no request
         arrived for this long (at most 10x this after the first), so that a burst of requests
@@ -274,7 +277,8 @@ class ServiceConfig:
                      "keep_records", "max_event_subscribers", "event_buffer"):
             if getattr(self, name) < 1:
                 fail(name, "at least 1")
-        for name in ("owner_max_running", "owner_max_queued", "owner_tokens_per_minute", "max_new_tokens"):
+        for name in ("owner_max_running", "owner_max_queued", "owner_tokens_per_minute", "max_new_tokens",
+                     "max_model_len"):
             if getattr(self, name) < 0:
                 fail(name, "0 (no limit) or more")
         self._check_models()

@@ -30,11 +30,18 @@ class EngineInfo:
 
     # Other names of the served model: the short id it was listed and loaded by (Ollama's name:tag).
     aliases: list[str] = field(default_factory=list)
+    # The name people see (v1/models' id, answers' model, status): the listing's short id of a
+    # model under InferApp.model_dirs; None: ``model`` itself.
+    name: str | None = None
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.model
 
     def model_names(self) -> list[str]:
         """The served model's name first, then the names a request may use for it (or, for
         a router, for any of its backends: their models and the backends' own names)."""
-        names = [self.model, *self.aliases, Path(self.model).name, "default"]
+        names = [self.served_name, self.model, *self.aliases, Path(self.model).name, "default"]
         for card in self.models:
             names += [card["id"], Path(card["id"]).name, card.get("route")]
         return list(dict.fromkeys(n for n in names if n))

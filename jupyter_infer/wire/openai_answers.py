@@ -32,7 +32,7 @@ def error_json(status: int, message: str, code: str | None = None, param: str | 
 
 # -- models --------------------------------------------------------------------------------------
 def model_card(info: EngineInfo, created: int) -> dict[str, Any]:
-    return {"id": info.model, "object": "model", "created": created, "owned_by": "jupyter_infer",
+    return {"id": info.served_name, "object": "model", "created": created, "owned_by": "jupyter_infer",
             "root": info.model, "parent": None, "max_model_len": info.max_context}
 
 

@@ -36,6 +36,14 @@ def test_options_it_does_not_know_go_to_the_jupyter_server() -> None:
         main(["demo", "--InferApp.engine=simulated"])  # other commands still refuse what they do not know
 
 
+def test_the_shorthand_flags_become_the_traits_they_stand_for() -> None:
+    seen = []
+    with mock.patch.object(serve, "run", lambda args: seen.append(args) or 0):
+        assert main(["serve", "--model", "small", "--max-model-len", "4096", "--threads", "2"]) == 0
+    assert serve.shorthand_args(seen[0]) == ["--InferApp.model=small", "--InferApp.num_threads=2",
+                                             "--InferApp.max_model_len=4096"]
+
+
 def test_it_is_a_hub_service_only_when_the_hub_started_it() -> None:
     service = {"JUPYTERHUB_SERVICE_NAME": "infer", "JUPYTERHUB_API_TOKEN": "t"}
     assert serve.as_hub_service(None, service)

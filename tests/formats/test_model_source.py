@@ -41,7 +41,7 @@ def test_a_hub_id_not_cached_with_the_hub_unreachable_is_refused_at_once(monkeyp
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     started = time.monotonic()
-    with pytest.raises(ModelNotFound, match=r"^nobody/no-such-model is not in the Hugging Face cache and the Hub "
+    with pytest.raises(ModelNotFound, match=r"^nobody/no-such-model is not under InferApp.model_dirs nor in the Hugging Face cache, and the Hub "
                                             r"cannot be reached.*hf download nobody/no-such-model"):
         locate("nobody/no-such-model", hub_reachable=_unreachable)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

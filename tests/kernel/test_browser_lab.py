@@ -588,11 +588,12 @@ def test_switch_models_from_the_panel(lab_process: LabProcess, lab: Lab, page: A
         expect(row.locator(".ji-model-badge")).to_have_text("loaded")
         expect(panel.locator(".ji-state")).to_have_text("ready")
         expect(panel.locator('[data-field="engine"] .ji-field-value')).to_have_text("hf")
-        expect(panel.locator('[data-field="model"] .ji-field-value')).to_have_text(str(tiny))
+        expect(panel.locator('[data-field="model"] .ji-field-value')).to_have_text("tiny")  # its listed name
         expect(models.locator(".ji-model-message")).to_have_text(re.compile(r"^Loaded tiny in "))
         expect(models.locator(".ji-load")).to_be_disabled()  # it is the loaded one now
         status = lab.get("infer/status")
-        assert (status["state"], status["engine"], status["model"]) == ("ready", "hf", str(tiny))
+        assert (status["state"], status["engine"], status["model"], status["model_path"]) == (
+            "ready", "hf", "tiny", str(tiny))
         # The kernel started before the switch lives on, its variables too.
         assert lab.get(f"api/kernels/{kernel}")["execution_state"] not in ("dead", "restarting")
         assert _run_in_kernel(lab_process, kernel, "answer + 1") == "42"
@@ -604,7 +605,7 @@ def test_switch_models_from_the_panel(lab_process: LabProcess, lab: Lab, page: A
         message = models.locator('.ji-model-message[data-kind="error"]')
         expect(message).to_be_visible(timeout=60_000)
         expect(message).to_contain_text(re.compile(r"No model at .*no-such-model"))
-        assert lab.get("infer/status")["model"] == str(tiny)
+        assert lab.get("infer/status")["model_path"] == str(tiny)
         _shot(panel, "panel-models-error.png", PANEL_SHOTS)
 
         # A name typed in: the simulated engine is back.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.errors import EngineUnavailable, InvalidRequest, UnknownModel
-from jupyter_infer.formats.model_catalog import local_models
+from jupyter_infer.formats.model_catalog import in_model_dirs, local_models, short_name
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
@@ -41,9 +41,23 @@ def test_the_listing_finds_folders_gguf_files_and_ollamas_models(tiny_model_dir:
     store = ollama_store(tmp_path / "ollama", b"GGUF" + bytes(16))
     found = {m.id: m for m in local_models([str(shelf)], hf_cache=False, ollama=store)}
     assert {m.source for m in found.values()} == {"folder", "gguf", "ollama"}
-    assert found[str(shelf / "team" / "tiny")].size_bytes > 0
+    # Named as under their folder, not by their absolute path (lists and the panel cut those).
+    assert found["team/tiny"].path == str(shelf / "team" / "tiny") and found["team/tiny"].size_bytes > 0
+    assert found["q4.gguf"].path == str(shelf / "q4.gguf")
     ollama = found["qwen2.5:0.5b"]
     assert ollama.path.endswith("sha256-" + "ab" * 32) and ollama.size_bytes == 20
+
+
+def test_a_name_under_two_folders_is_listed_once_by_it_and_a_listed_name_finds_its_path(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    for folder in ("a", "b"):
+        shutil.copytree(tiny_model_dir, tmp_path / folder / "tiny")
+    folders = [str(tmp_path / "a"), str(tmp_path / "b")]
+    ids = [m.id for m in local_models(folders, hf_cache=False, ollama=tmp_path / "none")]
+    assert ids == ["tiny", str(tmp_path / "b" / "tiny")]  # the second by its path: no name names two models
+    assert in_model_dirs("tiny", folders) == str(tmp_path / "a" / "tiny")
+    assert in_model_dirs("nothing", folders) is None and in_model_dirs(str(tmp_path / "b" / "tiny"), folders) is None
+    assert short_name(str(tmp_path / "b" / "tiny"), folders) == "tiny" and short_name("/elsewhere", folders) is None
 
 
 async def answer(service: InferenceService, text: str = "What is batching?", **kw: object) -> str:
@@ -128,7 +142,7 @@ async def test_a_request_naming_a_listed_model_loads_it_on_demand(tiny_model_dir
                                              load_on_demand=True))
     service.start()
     try:
-        assert await answer(service, model=listed) == listed
+        assert await answer(service, model=listed) == "tiny"  # its listed name
         assert service.info.engine == "hf"
     finally:
         await service.stop()
@@ -146,11 +160,11 @@ async def test_v1_models_lists_what_a_request_may_load_with_load_on_demand(jp_fe
     data = json.loads((await jp_fetch("infer", "v1", "models")).body)["data"]
     listed = str(tmp_path / "shelf" / "tiny")
     assert data[0]["id"] != listed and "loaded" not in data[0]
-    assert {"id": listed, "loaded": False}.items() <= data[-1].items()
+    assert {"id": "tiny", "root": listed, "loaded": False}.items() <= data[-1].items()  # its name, then its path
     # ... and an OpenAI request naming it loads it (the OpenAI routes check the model early).
     body = {"model": "tiny", "prompt": "hello", "max_tokens": 2}  # its folder's own name will do
     answer = json.loads((await jp_fetch("infer", "v1", "completions", method="POST", body=json.dumps(body))).body)
-    assert answer["model"] == listed and answer["usage"]["completion_tokens"] == 2
+    assert answer["model"] == "tiny" and answer["usage"]["completion_tokens"] == 2  # its listed name
 
 
 @pytest.mark.asyncio
@@ -165,15 +179,15 @@ async def test_requests_for_two_models_at_once_queue_for_their_model_and_never_g
                                              load_on_demand=True, switch_drain_s=5, switches_per_minute=30))
     service.start()
     try:
-        assert await answer(service, model=small) == small
+        assert await answer(service, model=small) == "small"  # answers name it as listed
         sent = [asyncio.ensure_future(answer(service, model=m)) for m in (small, other, small, other, small, other)]
         await asyncio.sleep(0.05)
         assert service.models.answer()["waiting"] == {other: 3}  # infer/models shows who waits for what
         served = await asyncio.gather(*sent)
-        assert served == [small, other, small, other, small, other]
+        assert served == ["small", "other", "small", "other", "small", "other"]
         assert service.models.switches == 1  # the loaded model's requests first, then the other's
         # Later ones for the loaded model need no switch; the next for the first waits its turn.
-        assert await asyncio.gather(answer(service, model=other), answer(service, model=small)) == [other, small]
+        assert await asyncio.gather(answer(service, model=other), answer(service, model=small)) == ["other", "small"]
         assert service.models.switches == 2
     finally:
         await service.stop()
@@ -193,7 +207,7 @@ async def test_after_an_idle_unload_a_request_for_another_model_loads_only_that_
         await answer(service)
         await until_unloaded(service)
         assert service.state == "unloaded"
-        assert await answer(service, model=other) == other
+        assert await answer(service, model=other) == "other"
         said = [r.getMessage() for r in caplog.records]
         after = said[next(i for i, m in enumerate(said) if "unloading" in m):]
         assert not [m for m in after if f"loading {small}:" in m], after  # the unloaded one was not loaded again
@@ -212,11 +226,11 @@ async def test_past_its_switches_a_minute_the_loaded_model_serves_its_own_and_th
                                              load_on_demand=True, switches_per_minute=1))
     service.start()
     try:
-        assert await answer(service, model=other) == other  # the minute's one switch, at once
+        assert await answer(service, model=other) == "other"  # the minute's one switch, at once
         back = asyncio.ensure_future(answer(service, model=small))
         await asyncio.sleep(0.3)
         assert service.models.answer()["waiting"] == {small: 1} and not back.done()
-        assert await answer(service, model=other) == other  # the loaded model serves its own meanwhile
+        assert await answer(service, model=other) == "other"  # the loaded model serves its own meanwhile
         assert service.models.switches == 1
         back.cancel()
         with pytest.raises(asyncio.CancelledError):
