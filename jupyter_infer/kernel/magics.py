@@ -110,7 +110,8 @@ def _stream_into_display(stream: TokenStream) -> None:
         f"total {stream.total_ms / 1000:.2f} s · {stream.id}]"
         if stream.ttft_ms is not None and stream.total_ms is not None else f"[{stream.id}]"
     )
-    handle.update({"text/plain": f"{stream.text}\n\n{footer}"}, raw=True)
+    completion = stream.completion
+    handle.update({"text/plain": f"{stream.text}\n\n{footer}{_simulated_note(completion)}"}, raw=True)
 
 
 def _show_completion(result: Completion) -> None:
@@ -119,7 +120,16 @@ def _show_completion(result: Completion) -> None:
         f"{_ms(result.ttft_ms)} · total {_ms(result.total_ms)} · batch #{result.batch_id} "
         f"of {result.batch_size} · {result.id}]"
     )
-    display({"text/plain": f"{result.text}\n\n{footer}"}, raw=True)
+    display({"text/plain": f"{result.text}\n\n{footer}{_simulated_note(result)}"}, raw=True)
+
+
+def _simulated_note(result: Completion | None) -> str:
+    """A fluent answer from no model is said to be one, in the cell itself (the side panel's
+    badge alone went unseen)."""
+    if result is None or result.model != "simulated":
+        return ""
+    return ("\n[simulated engine: no model wrote this (sample text for trying the server). %infer_status "
+            "says why; load a model with %infer_model NAME]")
 
 
 def _ms(value: float | None) -> str:
@@ -209,7 +219,7 @@ class InferMagics(Magics):
         if args.unload:
             answer = client.unload_model()
         elif args.model:
-            print(f"jupyter_infer: loading {args.model}…", file=sys.stderr)
+            print(f"jupyter_infer: loading {args.model}…")  # progress, not an error: stdout
             answer = client.load_model(args.model, **({"quantize": args.quantize} if args.quantize else {}))
         else:
             answer = client.models()
@@ -337,9 +347,7 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
     rows = [
         ("connection", str(client.connection)),
         ("state", status.get("state")),
-        ("engine", status.get("engine")),
-        ("model", status.get("model")),
-        ("device", f"{status.get('device')} ({status.get('dtype')})"),
+        *_served_rows(status),
         ("weights", describe_weights(status)),
         ("loading", describe_loading(status)),
         ("CPU threads", describe_cpu(status)),
@@ -359,6 +367,18 @@ def _status_bundle(client: Client, status: dict[str, Any], metrics: dict[str, An
         f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows
     )
     return {"text/plain": text, "text/html": f"<table>{table}</table>"}
+
+
+def _served_rows(status: dict[str, Any]) -> list[tuple[str, str]]:
+    """Engine, model and device; before a load ends (or after one failed), what was asked for
+    instead of ``None``s."""
+    if status.get("engine") is not None:
+        return [("engine", str(status["engine"])), ("model", str(status.get("model"))),
+                ("device", f"{status.get('device')} ({status.get('dtype')})")]
+    asked = status.get("configured") or {}
+    state = status.get("state") or "not ready"
+    return [("engine", f"{asked.get('engine', 'auto')} ({state})"),
+            ("model", f"{asked.get('model', '–')} ({state})"), ("device", f"{asked.get('device', 'auto')} ({state})")]
 
 
 def _models_bundle(answer: dict[str, Any]) -> dict[str, str]:

@@ -424,7 +424,7 @@ class InferHandler(EventStreamHandler):
         if isinstance(outcome, InferError):
             self.write_infer_error(outcome)
             return
-        await self.send(format_event(json.dumps(outcome[0].to_json()), "result", stream.id)
+        await self.send(format_event(json.dumps({**outcome[0].to_json(), "model": stream.model}), "result", stream.id)
                         + format_event("[DONE]", "done", stream.id))
         self.finish_event_stream()
 

@@ -18,7 +18,7 @@ from tornado.iostream import StreamClosedError
 from ..errors import Forbidden, InvalidRequest, NotFound
 from ..values.events import coalesce_tokens
 from ..values.request import show
-from ..wire.native import parse_generate, with_tool_format
+from ..wire.native import parse_generate, native_answer
 from . import ollama_handlers, responses_handlers
 from .anthropic_handlers import CountTokensHandler, MessagesHandler
 from .embedding_handlers import EmbeddingsHandler, RerankHandler
@@ -48,7 +48,7 @@ class GenerateHandler(InferHandler):
         stream = await self.submit(request)
         result = await self.whole_result(stream)
         if result is not None:
-            self.finish(with_tool_format(result.to_json(), request, stream))
+            self.finish(native_answer(result.to_json(), request, stream))
 
 
 class GenerateStreamHandler(InferHandler):

@@ -38,9 +38,11 @@ def parse_generate(body: Any, *, max_new_tokens: int) -> Request:
     return replace(request, params=replace(request.params, constraint=constraint))
 
 
-def with_tool_format(answer: dict[str, Any], request: Request, stream: RequestStream) -> dict[str, Any]:
-    """A native answer, with ``tool_format`` (how its text writes tool calls: the model's
-    family, ``constraints/tool_formats``) where the request offered tools."""
+def native_answer(answer: dict[str, Any], request: Request, stream: RequestStream) -> dict[str, Any]:
+    """A native answer: the model that wrote it (``simulated``: no model, the cell says so),
+    and ``tool_format`` (how its text writes tool calls: the model's family,
+    ``constraints/tool_formats``) where the request offered tools."""
+    answer["model"] = stream.model
     constraint = request.params.constraint
     if constraint is not None and constraint.kind == "tools":
         answer["tool_format"] = stream.tool_format

@@ -86,13 +86,15 @@ def test_cell_magic_streams_into_one_updating_display(kernel: Any) -> None:
     final = updates[-1]["content"]["data"]["text/plain"]
     assert "batching" in final.lower() and "[40 tokens · first token" in final
     assert not texts(messages, "stream")  # no line per token
+    # Fluent text from no model says so in the cell (only the side panel's badge did).
+    assert "[simulated engine: no model wrote this" in final
 
 
 def test_line_magic_and_no_stream(kernel: Any) -> None:
     status, messages, _ = run(kernel, "%infer --max-tokens 8 --no-stream What's the KV cache? ")
     assert status == "ok"
     (shown,) = texts(messages, "display_data")
-    assert "[8 tokens · length" in shown and "batch #" in shown
+    assert "[8 tokens · length" in shown and "batch #" in shown and "[simulated engine:" in shown
 
 
 def test_errors_are_one_short_line(kernel: Any) -> None:
@@ -278,6 +280,10 @@ def test_infer_model_lists_and_loads_with_the_kernel_alive(kernel: Any, tiny_mod
     status, messages, _ = run(kernel, f"x = 41\n%infer_model {tiny_model_dir}")
     (shown,) = texts(messages, "display_data")
     assert status == "ok" and f"loaded: {tiny_model_dir}" in shown, messages
+    said = [(m["content"]["name"], m["content"]["text"]) for m in messages if m["msg_type"] == "stream"]
+    assert said == [("stdout", f"jupyter_infer: loading {tiny_model_dir}…\n")]  # progress, not red as an error
+    status, messages, _ = run(kernel, "%infer --max-tokens 2 --no-stream hi")
+    assert status == "ok" and "simulated engine" not in texts(messages, "display_data")[0]  # a model wrote it
     status, messages, _ = run(kernel, "print(x + 1)")  # the same kernel, its state kept
     assert "".join(texts(messages, "stream")).strip() == "42"
     status, messages, _ = run(kernel, "%infer_model simulated")

@@ -3,7 +3,7 @@ loading goes."""
 
 from __future__ import annotations
 
-from jupyter_infer.kernel.magics import describe_cpu, describe_loading, describe_weights
+from jupyter_infer.kernel.magics import _served_rows, describe_cpu, describe_loading, describe_weights
 
 
 def test_an_int4_model_is_shown_as_int4_with_its_bytes() -> None:
@@ -26,3 +26,13 @@ def test_the_status_says_when_other_processes_starve_the_engine() -> None:
     note = "other processes are using this machine's CPUs: ... the engine runs 1 thread(s) of 2"
     assert describe_cpu({"cpu": {"threads": 1, "threads_max": 2, "starved": True, "note": note}}) == note
     assert describe_cpu({"engine": "simulated"}) == "–"
+
+
+def test_during_a_load_the_status_shows_what_loads_not_nones() -> None:
+    """It said ``engine None, model None, device None`` while a model loaded."""
+    loading = {"state": "loading", "engine": None, "model": None, "device": None,
+               "configured": {"engine": "hf", "model": "small", "quantize": "int4"}}
+    assert _served_rows(loading) == [("engine", "hf (loading)"), ("model", "small (loading)"),
+                                     ("device", "auto (loading)")]
+    ready = {"state": "ready", "engine": "hf", "model": "small", "device": "cpu", "dtype": "float32"}
+    assert _served_rows(ready) == [("engine", "hf"), ("model", "small"), ("device", "cpu (float32)")]

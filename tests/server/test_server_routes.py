@@ -128,7 +128,8 @@ async def test_generate_answers_with_the_contract_shape(jp_fetch: Any) -> None:
     response = await post(jp_fetch, "infer/generate", {"prompt": "What is attention?", "max_tokens": 12})
     answer = json.loads(response.body)
     assert response.headers["X-Request-Id"] == answer["id"]
-    assert set(answer) == {"id", "text", "finish_reason", "usage", "batch", "timings"}
+    assert set(answer) == {"id", "text", "finish_reason", "usage", "batch", "timings", "model"}
+    assert answer["model"] == "simulated"  # which model wrote it (a cell says so when none did)
     assert answer["text"] and answer["finish_reason"] == "length"
     assert answer["usage"]["completion_tokens"] == 12
     assert answer["usage"]["prompt_tokens"] > 0

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ...errors import EngineUnavailable
-from ...wire.native import with_tool_format
+from ...wire.native import native_answer
 from .backend import Accepted, Final, Fragment, StreamItem
 from .io_thread import IOThread
 
@@ -108,7 +108,7 @@ class EmbeddedBackend:
         request = self._request(body)
         stream = await service.submit(request)
         try:
-            return with_tool_format((await stream.result()).to_json(), request, stream)
+            return native_answer((await stream.result()).to_json(), request, stream)
         except asyncio.CancelledError:
             stream.cancel()
             raise
@@ -121,7 +121,7 @@ class EmbeddedBackend:
             async for event in stream:
                 if event.text:
                     yield Fragment(event.request_id, event.text)
-            yield Final((await stream.result()).to_json())
+            yield Final({**(await stream.result()).to_json(), "model": stream.model})
         finally:
             if not stream.done:  # the consumer left early: free the slot now
                 stream.cancel()

@@ -41,6 +41,8 @@ class Completion:
     # ``id``, ``type``, ``function.name``, ``function.arguments`` as JSON text); ``text`` is
     # then the answer's text besides them ("" for an answer that is calls).
     tool_calls: list[dict[str, Any]] | None = None
+    # The model that answered, as the server names it (``simulated``: the simulated engine).
+    model: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any], **extra: Any) -> Completion:
@@ -59,6 +61,7 @@ class Completion:
             queued_ms=timings.get("queued_ms"),
             ttft_ms=timings.get("ttft_ms"),
             total_ms=timings.get("total_ms"),
+            model=data.get("model"),
             **extra,
         )
 
@@ -80,6 +83,7 @@ class Completion:
             "received_at": self.received_at,
             "error": self.error,
             "counted_fragments": self.counted_fragments,
+            "model": self.model,
         }
 
     def __str__(self) -> str:
