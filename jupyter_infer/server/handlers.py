@@ -18,7 +18,7 @@ from tornado.iostream import StreamClosedError
 from ..errors import Forbidden, InvalidRequest, NotFound
 from ..values.events import coalesce_tokens
 from ..values.request import show
-from ..wire.native import parse_generate, native_answer
+from ..wire.native import native_answer, parse_generate
 from . import ollama_handlers, responses_handlers
 from .anthropic_handlers import CountTokensHandler, MessagesHandler
 from .embedding_handlers import EmbeddingsHandler, RerankHandler

@@ -3,7 +3,12 @@ loading goes."""
 
 from __future__ import annotations
 
-from jupyter_infer.kernel.magics import _served_rows, describe_cpu, describe_loading, describe_weights
+from jupyter_infer.kernel.magics import (
+    _served_rows,
+    describe_cpu,
+    describe_loading,
+    describe_weights,
+)
 
 
 def test_an_int4_model_is_shown_as_int4_with_its_bytes() -> None:
