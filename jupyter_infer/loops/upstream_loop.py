@@ -27,6 +27,7 @@ from .request_loop import LoopSnapshot, RequestLoop
 
 if TYPE_CHECKING:
     from ..engine import Engine
+    from ..upstream.managed_server import ManagedServer
     from ..scheduler import Recorder
     from ..values.config import ServiceConfig
     from ..values.request import Request
@@ -54,6 +55,8 @@ class UpstreamLoop(RequestLoop):
         self._tasks: dict[str, asyncio.Task] = {}  # one per request in flight upstream
         self._watcher: asyncio.Task | None = None
         self._suspect = asyncio.Event()  # set when a request could not reach it
+        # A serving engine this server started for this loop (a managed child): stopped with it.
+        self.child: ManagedServer | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -83,6 +86,8 @@ class UpstreamLoop(RequestLoop):
         self._tasks.clear()
         self._abort_all(reason)
         await self.server.close()
+        if self.child is not None:
+            await self.child.stop()
         self._state = "stopped"
 
     # -- requests ---------------------------------------------------------------------------

@@ -69,21 +69,8 @@ class InferenceService:
         # What the user set (a configuration refused as invalid shows what was given, not defaults).
         self._configured = configured
         self._batch_ids = batch_ids or itertools.count(1)  # one numbering across model switches
-        # A serving engine started as a child (vLLM, llama.cpp, ...): served through as an upstream.
-        self.child = ManagedServer(cfg.engine, cfg.model, command=cfg.serve_command, args=cfg.serve_args,
-                                   api_path=cfg.serve_api_path, start_timeout_s=cfg.serve_start_timeout_s,
-                                   max_model_len=cfg.max_model_len) \
-            if cfg.engine in MANAGED_ENGINES else None
-        loop_cfg = cfg if self.child is None else replace(
-            cfg, engine="openai", upstream_url=self.child.url, upstream_api_key=self.child.token, upstream_api_key_env="")
-        self._loop = make_loop(loop_cfg, self.collector, self.events, engine_loader=engine_loader, route=route,
-                               batch_ids=self._batch_ids, upstream=upstream)
-        if self.child is not None:  # a request it could not reach waits for the restart, then goes again
-            server = self._loop.server
-            server.hold = lambda: self.child.wait_serving(cfg.serve_start_timeout_s)
-            server.advice = (f"It is the {cfg.engine} server this one runs (infer/status: child_server, its log "
-                             f"{self.child.log_path})")
         self._child_start: asyncio.Task | None = None
+        self._loop = self._new_loop(cfg, engine_loader=engine_loader, upstream=upstream)
         self._engine_loader = engine_loader
         self.limits = self._loop.limits
         self.models = ModelShelf(self)  # the models this machine can serve, and switching them
@@ -92,6 +79,33 @@ class InferenceService:
             side, events=self.events, batch_ids=self._batch_ids))
         self.budget = OwnerBudget(cfg.owner_tokens_per_minute)
         self.collector.on_request_finished.append(self._settle)
+
+    def _new_loop(self, cfg: ServiceConfig, *, engine_loader: Callable[[], Engine] | None = None,
+                  upstream: UpstreamServer | None = None) -> RequestLoop:
+        """The loop for ``cfg``. A serving engine started as a child (vLLM, llama.cpp, ...) is
+        served through as an upstream, by a loop that owns a new child (stopped with it: a
+        switch or an unload ends the old child once its requests are done)."""
+        self._child_start = None
+        if cfg.engine not in MANAGED_ENGINES:
+            return make_loop(cfg, self.collector, self.events, engine_loader=engine_loader, route=self.route,
+                             batch_ids=self._batch_ids, upstream=upstream)
+        child = ManagedServer(cfg.engine, cfg.model, command=cfg.serve_command, args=cfg.serve_args,
+                              api_path=cfg.serve_api_path, start_timeout_s=cfg.serve_start_timeout_s,
+                              max_model_len=cfg.max_model_len)
+        loop = make_loop(replace(cfg, engine="openai", upstream_url=child.url, upstream_api_key=child.token,
+                                 upstream_api_key_env=""),
+                         self.collector, self.events, route=self.route, batch_ids=self._batch_ids, upstream=upstream)
+        loop.child = child
+        # A request that could not reach it waits for the restart, then goes again.
+        loop.server.hold = lambda: child.wait_serving(cfg.serve_start_timeout_s)
+        loop.server.advice = (f"It is the {cfg.engine} server this one runs (infer/status: child_server, its log "
+                              f"{child.log_path})")
+        return loop
+
+    @property
+    def child(self) -> ManagedServer | None:
+        """The serving engine this service runs as a child, if it does."""
+        return getattr(self._loop, "child", None)
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,21 +119,22 @@ class InferenceService:
         self.models.start()
 
     async def _start_child(self) -> None:
+        loop = self._loop
         try:
-            await self.child.start()
+            await loop.child.start()
         except Exception as err:  # not installed, exited, timed out, or could not even be started
-            self._loop.fail(str(err) if isinstance(err, RuntimeError) else f"{type(err).__name__}: {err}")
+            loop.fail(str(err) if isinstance(err, RuntimeError) else f"{type(err).__name__}: {err}")
             return
-        self._loop.start()
+        if loop is self._loop:  # (not switched away meanwhile)
+            loop.start()
+            self.models.start()
 
     async def stop(self, reason: str = "the inference server is shutting down") -> None:
         self.models.stop()
         await self.residents.stop()
         if self._child_start is not None:
             self._child_start.cancel()
-        await self._loop.stop(reason)
-        if self.child is not None:
-            await self.child.stop()
+        await self._loop.stop(reason)  # (a child's loop stops its child)
 
     async def close(self, reason: str) -> None:
         """Stop for good and drop the engine (a side model unloaded): its memory goes back."""
@@ -132,8 +147,9 @@ class InferenceService:
         (an unload) keeps the loader it was given."""
         old = self._loop
         loader = self._engine_loader if config == self.config else None
-        self._loop = make_loop(config, self.collector, self.events, engine_loader=loader, route=self.route,
-                               batch_ids=self._batch_ids)
+        if self._child_start is not None and not self._child_start.done():
+            self._child_start.cancel()  # a child still starting: the old loop's stop ends it
+        self._loop = self._new_loop(config, engine_loader=loader)
         self._loop.expect()
         self.config, self.limits = config, self._loop.limits
         return old
@@ -186,9 +202,9 @@ class InferenceService:
                 # Unloaded, or another listed model on demand: its turn, held until it is queued.
                 await turn.enter_async_context(self.models.turn(request.model))
                 loop = self._loop  # one loop from here on: a switch meanwhile refuses it (below)
-                if self.child is not None:  # restarting: wait for it, not a 503
+                info = await loop.wait_ready()  # (a child's loop is ready once the child first answered)
+                if self.child is not None:  # restarting since: wait for it, not a 503
                     await self.child.wait_serving(self.config.serve_start_timeout_s)
-                info = await loop.wait_ready()
                 seq = await loop.prepare(request)
                 if loop is not self._loop:
                     raise EngineUnavailable("The model was switched while this request was prepared; send it again.")

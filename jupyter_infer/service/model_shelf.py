@@ -26,13 +26,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..cpu.process_memory import release_freed
 from ..errors import EngineUnavailable, InvalidRequest, UnknownModel
 from ..formats.model_catalog import LocalModel, find, local_models
 from ..formats.model_source import locate
-from ..values.config import LOCAL_ENGINES
+from ..values.config import LOCAL_ENGINES, MANAGED_ENGINES
 
 if TYPE_CHECKING:
     from ..loops.request_loop import RequestLoop
@@ -84,8 +85,14 @@ class ModelShelf:
 
     @property
     def switchable(self) -> bool:
-        """A local engine of its own (not an upstream's, not one backend of a router)."""
-        return self._service.config.engine in LOCAL_ENGINES and self._service.route is None
+        """A local engine of its own, or a serving engine it runs as a child (not an upstream
+        someone else runs, not one backend of a router)."""
+        engine = self._service.config.engine
+        return (engine in LOCAL_ENGINES or engine in MANAGED_ENGINES) and self._service.route is None
+
+    @property
+    def _managed(self) -> bool:
+        return self._service.config.engine in MANAGED_ENGINES
 
     # -- what there is ----------------------------------------------------------------------
     def listing(self) -> list[dict[str, Any]]:
@@ -94,10 +101,13 @@ class ModelShelf:
         service, cfg = self._service, self._service.config
         if not self.switchable:
             return []
-        listed = [m.to_json() for m in self._catalog_now()]
-        loaded = service.info.model if service.info is not None and service.state == "ready" else None
+        listed = [m.to_json() for m in self._catalog_now() if _loads(cfg.engine, m.source)]
+        ready = service.info is not None and service.state == "ready"
+        # A child names its model its own way (llama-server: the file it was given): by the path it was started with.
+        loaded = (cfg.model if self._managed else service.info.model) if ready else None
         configured = "simulated" if cfg.engine == "simulated" else cfg.model
-        for path, source in (("simulated", "simulated engine"), (configured, "configured"), (loaded, "loaded")):
+        ours = () if self._managed else (("simulated", "simulated engine"),)
+        for path, source in (*ours, (configured, "configured"), (loaded, "loaded")):
             if path and not any(m["path"] == path for m in listed):  # wherever it is (a Hub id, a stand-in)
                 listed.insert(0, {"id": path, "path": path, "source": source, "size_bytes": None})
         beside = {r["path"] for r in service.residents.listing()}
@@ -143,10 +153,12 @@ class ModelShelf:
         cfg = self._service.config
         listed = find(name, await self._catalog())
         path = listed.path if listed else name.strip()
-        engine = "simulated" if path == "simulated" else "hf"
+        engine = cfg.engine if self._managed else "simulated" if path == "simulated" else "hf"
         try:
             config = replace(cfg, model=path, engine=engine, **{k: v for k, v in options.items() if v is not None})
-            if engine == "hf":
+            if engine == "llama.cpp":
+                _gguf_file(path)
+            elif engine not in ("simulated", "command"):
                 locate(path)  # a mistake (no such path, not a model) is refused before anything is dropped
         except (TypeError, ValueError) as err:
             raise InvalidRequest(str(err), param="model") from None
@@ -346,6 +358,24 @@ class ModelShelf:
                 log.info("jupyter_infer | unloading %s after %g idle seconds (InferApp.unload_after_s); the next "
                          "request loads it again", model, after)
                 await self.unload(f"the model was unloaded after {after:g} idle seconds")
+
+
+def _loads(engine: str, source: str) -> bool:
+    """Whether ``engine`` can load a model listed from ``source``: llama.cpp GGUF files (and
+    Ollama's, which are GGUF), vLLM and SGLang checkpoints; ours and a command, any."""
+    if engine == "llama.cpp":
+        return source in ("gguf", "ollama")
+    if engine in ("vllm", "sglang"):
+        return source in ("folder", "huggingface")
+    return True
+
+
+def _gguf_file(path: str) -> None:
+    """llama.cpp loads a GGUF file: anything else is refused before the running child stops."""
+    where = Path(path).expanduser()
+    if not where.is_file() or locate(str(where)).kind != "gguf":
+        raise ValueError(f"llama.cpp serves a .gguf file, and {path} is "
+                         f"{'a folder' if where.is_dir() else 'not one'}: name a GGUF file (infer/models lists them).")
 
 
 def _release(waiters: list[tuple[float, asyncio.Future[None]]], error: BaseException | None = None) -> None:

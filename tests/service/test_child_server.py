@@ -115,3 +115,39 @@ def test_the_log_folder_of_a_child_whose_server_died_is_swept_at_the_next_start(
     (stale / "server.log").write_text("a log")
     live = ManagedServer("llama.cpp", "m.gguf")
     assert not stale.exists() and Path(live.log_path).parent.is_dir()  # ours stays
+
+
+@pytest.mark.asyncio
+async def test_a_child_is_a_model_shelf_switched_and_unloaded_by_restarting_it(tiny_model_dir, tmp_path) -> None:
+    """POST infer/models said 'This server does not run its model itself … switch models there',
+    but 'there' was our own child: a load restarts it with the new model, an unload stops it
+    (its memory back), and the next request starts it again."""
+    import shutil
+
+    for name in ("first", "second"):
+        shutil.copytree(tiny_model_dir, tmp_path / name)
+    command = (f"{sys.executable} -m jupyter_infer.commands.cli serve --model {{model}} --port {{port}} "
+               "--ip 127.0.0.1 --no-hub --threads 1")
+    service = InferenceService(ServiceConfig(engine="command", model=str(tmp_path / "first"), serve_command=command,
+                                             serve_api_path="/infer/v1", serve_start_timeout_s=120,
+                                             model_dirs=(str(tmp_path),)))
+    service.start()
+    try:
+        await service.wait_ready(150)
+        first_pid = service.child.pid
+        listed = {m["id"]: m for m in service.models.listing()}
+        assert listed["first"]["loaded"] and not listed["second"]["loaded"] and "simulated" not in listed
+        await service.models.load("second")
+        assert service.child.pid != first_pid and not alive(first_pid)  # the old child is gone
+        assert str(tmp_path / "second") in service.status()["child_server"]["command"]
+        assert {m["id"]: m["loaded"] for m in service.models.listing()}["second"]
+        assert await ask(service)
+        status = service.status()
+        assert (status["engine"], status["managed"]) == ("command", True)
+        second_pid = service.child.pid
+        await service.models.unload()
+        assert service.state == "unloaded" and not alive(second_pid)
+        assert await ask(service)  # the next request starts it again
+        assert service.child.pid not in (None, second_pid) and service.state == "ready"
+    finally:
+        await service.stop()
