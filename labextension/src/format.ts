@@ -66,7 +66,7 @@ function formatBytes(n: number): string {
  * something runs: the server's `recent_tokens_per_s` keeps the last burst's figure after it
  * ended (its window is only trimmed when a step runs), which read as a stale "47 tok/s".
  */
-export function readyLine(m: IMetrics): string {
+export function readyLine(m: IMetrics, simulated = false): string {
   const running = m.requests?.running ?? 0;
   const queued = m.requests?.queued ?? m.queue_depth ?? 0;
   const parts: string[] = [];
@@ -82,5 +82,7 @@ export function readyLine(m: IMetrics): string {
   if (running > 0) {
     parts.push(`${Math.round(m.recent_tokens_per_s ?? 0)} tok/s`);
   }
-  return `infer: ready · ${parts.length ? parts.join(' · ') : 'idle'}`;
+  // The simulated engine answers fluently with no model: the bar says so, not only the panel.
+  const who = simulated ? 'ready (simulated engine)' : 'ready';
+  return `infer: ${who} · ${parts.length ? parts.join(' · ') : 'idle'}`;
 }

@@ -82,7 +82,7 @@ export class InferenceModel implements IDisposable {
     if (!m || state !== 'ready') {
       return `infer: ${state}`;
     }
-    return readyLine(m);
+    return readyLine(m, this.status?.engine === 'simulated');
   }
 
   configure(settings: Partial<IModelSettings>): void {

@@ -13,10 +13,10 @@ function metrics(running: number, queued: number, rate: number): IMetrics {
   } as unknown as IMetrics;
 }
 
-function summary(m: IMetrics): string {
+function summary(m: IMetrics, status: IStatus = READY): string {
   const model = new InferenceModel({} as never);
   model.connection = 'connected';
-  model.status = READY;
+  model.status = status;
   model.metrics = m;
   return model.summary;
 }
@@ -39,5 +39,10 @@ describe('the status bar item', () => {
   it('shows the running and queued counts and the rate while generating', () => {
     expect(summary(metrics(3, 0, 41.4))).toBe('infer: ready · 3 running · 41 tok/s');
     expect(summary(metrics(2, 5, 80))).toBe('infer: ready · 2 running · 5 queued · 80 tok/s');
+  });
+
+  it('names the simulated engine, whose fluent answers come from no model', () => {
+    const simulated = { state: 'ready', engine: 'simulated' } as unknown as IStatus;
+    expect(summary(metrics(0, 0, 0), simulated)).toBe('infer: ready (simulated engine) · idle');
   });
 });

@@ -4,7 +4,7 @@
   display: flex;
   flex-direction: column;
   gap: 10px;
-  min-width: 300px;
+  min-width: 380px; /* a model's name, its weights and its path fit (300 px cut them) */
   padding: 8px 10px 12px;
   overflow-y: auto;
   background: var(--jp-layout-color1);
@@ -98,9 +98,8 @@
 
 .ji-panel .ji-field-value {
   color: var(--jp-ui-font-color0);
-  overflow: hidden;
-  text-overflow: ellipsis;
-  white-space: nowrap;
+  min-width: 0;
+  overflow-wrap: anywhere; /* a long path or reason wraps; nothing is cut */
 }
 
 .ji-panel .ji-figures {
@@ -400,9 +399,7 @@
 .ji-panel .ji-model-name {
   flex: 0 1 auto;
   min-width: 0;
-  overflow: hidden;
-  text-overflow: ellipsis;
-  white-space: nowrap;
+  overflow-wrap: anywhere;
   color: var(--jp-ui-font-color0);
 }
 
@@ -514,9 +511,7 @@
 }
 
 .ji-panel .ji-child-where {
-  overflow: hidden;
-  text-overflow: ellipsis;
-  white-space: nowrap;
+  overflow-wrap: anywhere;
 }
 
 .ji-panel .ji-section[hidden] {
