@@ -161,8 +161,9 @@ class UpstreamServer:
                 return
             except UpstreamUnavailable as err:
                 if self.hold is not None and not sent_text and attempt < max(self.retries, 3):
-                    attempt += 1
                     await self.hold()  # the child restarts: tried again once it serves (or its error)
+                    await asyncio.sleep(RETRY_BASE_S * 2**attempt)  # (it served already: not at once)
+                    attempt += 1
                     continue
                 if sent_text or attempt >= self.retries:
                     raise
