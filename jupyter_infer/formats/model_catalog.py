@@ -71,9 +71,19 @@ def find(name: str, models: Sequence[LocalModel]) -> LocalModel | None:
     return by_name[0] if len(by_name) == 1 else None
 
 
-def short_name(path: str, folders: Sequence[str]) -> str | None:
+def in_ollama_store(name: str, store: Path | None = None) -> LocalModel | None:
+    """The model of Ollama's store that ``name`` names (``qwen2.5:0.5b``; ``qwen2.5`` for its
+    ``:latest``); ``None``: none, or ``name`` is a path of its own. Only the manifests are read."""
+    if not name or name.startswith(("/", "~", ".")) or Path(name).exists():
+        return None
+    wanted = name if ":" in name else f"{name}:latest"
+    return next((m for m in _in_ollama(store if store is not None else ollama_store()) if m.id == wanted), None)
+
+
+def short_name(path: str, folders: Sequence[str], store: Path | None = None) -> str | None:
     """The name the listing gives the model at ``path`` if it lies under one of ``folders``
-    (``small`` for ``~/models/small``); ``None`` otherwise. No folder is walked."""
+    (``small`` for ``~/models/small``) or is a blob of Ollama's store (``qwen2.5:0.5b``);
+    ``None`` otherwise. No folder is walked (the store's manifests are read)."""
     where = Path(path).expanduser()
     for folder in folders:
         root = Path(folder).expanduser()
@@ -81,6 +91,9 @@ def short_name(path: str, folders: Sequence[str]) -> str | None:
             return where.name
         if where.is_relative_to(root):
             return where.relative_to(root).as_posix()
+    store = store if store is not None else ollama_store()
+    if where.is_relative_to(store / "blobs"):
+        return next((m.id for m in _in_ollama(store) if m.path == str(where)), None)
     return None
 
 

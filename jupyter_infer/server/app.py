@@ -16,7 +16,7 @@ from traitlets import Bool, Float, Int
 
 from .._version import __version__
 from ..engine import Engine
-from ..formats.model_catalog import in_model_dirs
+from ..formats.model_catalog import in_model_dirs, in_ollama_store
 from ..service.inference import InferenceService
 from ..service.service_factory import make_service
 from ..values.config import ServiceConfig, given_options, normalize_url
@@ -74,9 +74,12 @@ class InferApp(ServiceTraits, ExtensionApp):
                 f"InferApp.sse_keepalive_s must be above 0 and at most 15; got {self.sse_keepalive_s}."
             )
         options = self._service_options()
-        # A model listed under model_dirs may be named as the listing names it (serve --model
-        # small, as %infer_model and the panel do): the service gets its path.
-        listed = in_model_dirs(str(options.get("model") or ""), options.get("model_dirs") or ())
+        # A model listed under model_dirs, or in Ollama's store, may be named as the listing
+        # names it (serve --model small, --model qwen2.5:0.5b, as %infer_model and the panel
+        # do): the service gets its path.
+        named = str(options.get("model") or "")
+        in_store = in_ollama_store(named) if options.get("engine", "auto") in ("auto", "hf", "llama.cpp") else None
+        listed = in_model_dirs(named, options.get("model_dirs") or ()) or (in_store.path if in_store else None)
         if listed is not None:
             options["model"] = listed
         return ServiceConfig(**options)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.errors import EngineUnavailable, InvalidRequest, UnknownModel
-from jupyter_infer.formats.model_catalog import in_model_dirs, local_models, short_name
+from jupyter_infer.formats.model_catalog import in_model_dirs, in_ollama_store, local_models, short_name
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
@@ -46,6 +46,9 @@ def test_the_listing_finds_folders_gguf_files_and_ollamas_models(tiny_model_dir:
     assert found["q4.gguf"].path == str(shelf / "q4.gguf")
     ollama = found["qwen2.5:0.5b"]
     assert ollama.path.endswith("sha256-" + "ab" * 32) and ollama.size_bytes == 20
+    # serve --model qwen2.5:0.5b (or qwen2.5, its :latest) finds the blob; the blob is shown by that name.
+    assert in_ollama_store("qwen2.5:0.5b", store) == ollama and in_ollama_store("qwen2.5", store) is None
+    assert short_name(ollama.path, [str(shelf)], store) == "qwen2.5:0.5b"
 
 
 def test_a_name_under_two_folders_is_listed_once_by_it_and_a_listed_name_finds_its_path(
