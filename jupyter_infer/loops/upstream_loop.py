@@ -27,8 +27,8 @@ from .request_loop import LoopSnapshot, RequestLoop
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..upstream.managed_server import ManagedServer
     from ..scheduler import Recorder
+    from ..upstream.managed_server import ManagedServer
     from ..values.config import ServiceConfig
     from ..values.request import Request
 

@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 from jupyter_infer.errors import EngineUnavailable, InvalidRequest, UnknownModel
-from jupyter_infer.formats.model_catalog import in_model_dirs, in_ollama_store, local_models, short_name
+from jupyter_infer.formats.model_catalog import (
+    in_model_dirs,
+    in_ollama_store,
+    local_models,
+    short_name,
+)
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
