@@ -3,11 +3,11 @@ loading goes."""
 
 from __future__ import annotations
 
-from jupyter_infer.kernel.magics import (
-    _served_rows,
+from jupyter_infer.kernel.status_view import (
     describe_cpu,
     describe_loading,
     describe_weights,
+    served_rows,
 )
 
 
@@ -37,7 +37,7 @@ def test_during_a_load_the_status_shows_what_loads_not_nones() -> None:
     """It said ``engine None, model None, device None`` while a model loaded."""
     loading = {"state": "loading", "engine": None, "model": None, "device": None,
                "configured": {"engine": "hf", "model": "small", "quantize": "int4"}}
-    assert _served_rows(loading) == [("engine", "hf (loading)"), ("model", "small (loading)"),
+    assert served_rows(loading) == [("engine", "hf (loading)"), ("model", "small (loading)"),
                                      ("device", "auto (loading)")]
     ready = {"state": "ready", "engine": "hf", "model": "small", "device": "cpu", "dtype": "float32"}
-    assert _served_rows(ready) == [("engine", "hf"), ("model", "small"), ("device", "cpu (float32)")]
+    assert served_rows(ready) == [("engine", "hf"), ("model", "small"), ("device", "cpu (float32)")]
