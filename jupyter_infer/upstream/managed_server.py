@@ -237,6 +237,8 @@ def _sweep_stale_folders() -> None:
     """Remove the log folders of children whose Jupyter server died (SIGKILL leaves them)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
         try:
+            if folder.stat().st_uid != os.getuid():
+                continue  # another user's: their server sweeps it
             owner = int((folder / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue  # not ours to judge (no owner written): left alone
