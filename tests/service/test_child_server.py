@@ -126,8 +126,9 @@ async def test_a_child_is_a_model_shelf_switched_and_unloaded_by_restarting_it(t
 
     for name in ("first", "second"):
         shutil.copytree(tiny_model_dir, tmp_path / name)
-    command = (f"{sys.executable} -m jupyter_infer.commands.cli serve --model {{model}} --port {{port}} "
-               "--ip 127.0.0.1 --no-hub --threads 1")
+    # The simulated engine in the child (it starts in seconds; the model it is given is in its command line).
+    command = (f"{sys.executable} -m jupyter_infer.commands.cli serve --engine simulated --model {{model}} "
+               "--port {port} --ip 127.0.0.1 --no-hub")
     service = InferenceService(ServiceConfig(engine="command", model=str(tmp_path / "first"), serve_command=command,
                                              serve_api_path="/infer/v1", serve_start_timeout_s=120,
                                              model_dirs=(str(tmp_path),)))
