@@ -47,6 +47,7 @@ from ..service.inference import InferenceService
 from ..values.engine_info import EngineInfo
 from ..values.request import Request, RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
+from ..wire.native import native_answer
 from .sse import EventStreamHandler, format_event
 from .viewer import Viewer, hub_model, owner_weight, user_name
 
@@ -406,9 +407,9 @@ class InferHandler(EventStreamHandler):
             self.set_header("Retry-After", str(max(1, math.ceil(err.retry_after))))
         self.finish(json.dumps(self.error_body(err)))
 
-    async def stream_tokens(self, stream: RequestStream) -> None:
-        """The contract's SSE: ``token`` events, then ``result`` (usage, timings, batch) and
-        ``done``, or ``error``."""
+    async def stream_tokens(self, stream: RequestStream, request: Request) -> None:
+        """The contract's SSE: ``token`` events, then ``result`` (the native answer, as
+        ``infer/generate`` gives it) and ``done``, or ``error``."""
         self.start_event_stream()
         if not await self.send(""):
             return
@@ -424,7 +425,7 @@ class InferHandler(EventStreamHandler):
         if isinstance(outcome, InferError):
             self.write_infer_error(outcome)
             return
-        await self.send(format_event(json.dumps({**outcome[0].to_json(), "model": stream.model}), "result", stream.id)
+        await self.send(format_event(json.dumps(native_answer(outcome[0], request, stream)), "result", stream.id)
                         + format_event("[DONE]", "done", stream.id))
         self.finish_event_stream()
 

@@ -48,7 +48,7 @@ class GenerateHandler(InferHandler):
         stream = await self.submit(request)
         result = await self.whole_result(stream)
         if result is not None:
-            self.finish(native_answer(result.to_json(), request, stream))
+            self.finish(native_answer(result, request, stream))
 
 
 class GenerateStreamHandler(InferHandler):
@@ -93,7 +93,7 @@ class GenerateStreamHandler(InferHandler):
 
     async def _generate(self, read: Callable[[], Any]) -> None:
         request = parse_generate(read(), max_new_tokens=self.max_new_tokens)
-        await self.stream_tokens(await self.submit(request))
+        await self.stream_tokens(await self.submit(request), request)
 
 
 class _NotReadyYet(logging.LoggerAdapter):

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..constraints.spec import from_body
 from ..errors import InvalidRequest
-from ..values.request import Request
+from ..values.request import Request, RequestResult
 from ..values.stream import RequestStream
 from .chat import parse_chat_and_tools
 from .fields import parse_generate_body
@@ -38,11 +38,12 @@ def parse_generate(body: Any, *, max_new_tokens: int) -> Request:
     return replace(request, params=replace(request.params, constraint=constraint))
 
 
-def native_answer(answer: dict[str, Any], request: Request, stream: RequestStream) -> dict[str, Any]:
-    """A native answer: the model that wrote it (``simulated``: no model, the cell says so),
+def native_answer(result: RequestResult, request: Request, stream: RequestStream) -> dict[str, Any]:
+    """A native answer (``infer/generate``, the stream's ``result`` event, the embedded
+    client's): the result, the model that wrote it (``simulated``: no model, the cell says so),
     and ``tool_format`` (how its text writes tool calls: the model's family,
     ``constraints/tool_formats``) where the request offered tools."""
-    answer["model"] = stream.model
+    answer = {**result.to_json(), "model": stream.model}
     constraint = request.params.constraint
     if constraint is not None and constraint.kind == "tools":
         answer["tool_format"] = stream.tool_format

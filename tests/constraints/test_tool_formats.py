@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from family_templates import TEMPLATES, family_checkpoint
-from server_helpers import server_config, service_of
+from server_helpers import parse_sse, server_config, service_of
 
 from jupyter_infer.constraints.tool_formats import FORMATS, HERMES, of_template
 from jupyter_infer.constraints.tools import ToolSet, parse_calls, parser_for
@@ -187,6 +187,11 @@ async def test_the_native_answer_is_the_family_text_and_names_its_format(
     # A special token's text (Mistral's, Granite's marker) is not in the decoded text.
     assert answer["text"].startswith(fmt.begin + fmt.open + fmt.head("get_weather"))
     assert parse_calls(answer["text"], fmt)[1][0]["function"]["name"] == "get_weather"
+    # The stream's result event is the same native answer: it names the format too (it did not).
+    streamed = await jp_fetch("infer", "generate_stream", method="POST", body=json.dumps(
+        {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 60}))
+    result = next(e for e in parse_sse(streamed.body.decode())[0] if e.event == "result")
+    assert {"tool_format": fmt.name, "model": answer["model"]}.items() <= json.loads(result.data).items()
 
 
 @pytest.mark.parametrize("family", ["llama3_json"], indirect=True)  # the template that refuses parallel calls

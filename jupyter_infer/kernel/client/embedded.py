@@ -108,20 +108,21 @@ class EmbeddedBackend:
         request = self._request(body)
         stream = await service.submit(request)
         try:
-            return native_answer((await stream.result()).to_json(), request, stream)
+            return native_answer(await stream.result(), request, stream)
         except asyncio.CancelledError:
             stream.cancel()
             raise
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[StreamItem]:
         service = self._started()
-        stream = await service.submit(self._request(body))
+        request = self._request(body)
+        stream = await service.submit(request)
         try:
             yield Accepted(stream.id)
             async for event in stream:
                 if event.text:
                     yield Fragment(event.request_id, event.text)
-            yield Final({**(await stream.result()).to_json(), "model": stream.model})
+            yield Final(native_answer(await stream.result(), request, stream))
         finally:
             if not stream.done:  # the consumer left early: free the slot now
                 stream.cancel()
