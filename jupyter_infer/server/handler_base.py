@@ -37,7 +37,6 @@ from tornado.iostream import StreamClosedError
 
 from ..errors import (
     InferError,
-    InternalError,
     InvalidRequest,
     PayloadTooLarge,
     QueueFull,
@@ -48,6 +47,7 @@ from ..values.engine_info import EngineInfo
 from ..values.request import Request, RequestResult, TokenEvent, show
 from ..values.stream import RequestStream
 from ..wire.native import native_answer
+from .http_errors import UNAUTHORIZED, BodyTimeout, HTTPFailure, as_infer_error
 from .sse import EventStreamHandler, format_event
 from .viewer import Viewer, hub_model, owner_weight, user_name
 
@@ -92,49 +92,6 @@ def answers_errors(method: F) -> F:
 
 
 MAX_TOKENS_BOUND = 2**31 - 1  # what max_tokens may say where the server sets no limit of its own
-UNAUTHORIZED = ("Missing or invalid token: send this Jupyter server's token (an 'Authorization: token <t>' "
-                "header, or ?token=), or from a browser its login cookie with the XSRF header "
-                "('jupyter server list' shows the token).")
-_HTTP_MESSAGES = {
-    403: "Forbidden: this needs Jupyter's auth, the token (an 'Authorization: token <t>' header, or "
-         "?token=) or the browser's login cookie with its XSRF header.",
-    405: "This route does not answer this HTTP method (see docs/server.md for its verbs).",
-}
-
-
-class HTTPFailure(InferError):
-    """A framework ``HTTPError`` (403 from auth, 405, a query that is not UTF-8, ...)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
-            status, "invalid_request" if status < 500 else "internal_error")
-
-
-class BodyTimeout(InferError):
-    """The request body did not arrive within ``InferApp.body_timeout_s``."""
-
-    status = 408
-    code = "request_timeout"
-
-
-def as_infer_error(err: BaseException, *, log_unexpected: bool = True) -> InferError:
-    """What to answer for ``err``: an ``InferError`` as it is, anything else without internals."""
-    if isinstance(err, InferError):
-        return err
-    if isinstance(err, RecursionError):
-        return InvalidRequest("The request is nested too deeply to read; send a flat JSON object.")
-    if isinstance(err, web.HTTPError):
-        message = err.log_message % err.args if err.log_message and err.args else err.log_message
-        return HTTPFailure(err.status_code, message or _HTTP_MESSAGES.get(
-            err.status_code, err.reason or responses.get(err.status_code, "error")))
-    if log_unexpected:
-        log.error("jupyter_infer: unexpected error on a request", exc_info=err)
-    return InternalError("The server failed on this request (an internal error, written to the server's "
-                         "log). Try again, and report it if it persists.")
-
-
 @web.stream_request_body
 class InferHandler(EventStreamHandler):
     auth_resource = AUTH_RESOURCE
