@@ -76,6 +76,7 @@ def _hf(config: ServiceConfig) -> Engine:
         split_reasoning=config.split_reasoning,
         tool_call_format=config.tool_call_format,
         prefix_cache_mb=config.prefix_cache_mb,
+        prefix_cache_disk_mb=config.prefix_cache_disk_mb,
         prepack_weights=config.prepack_weights,
         quantize=config.quantize,
         draft_model=draft.path if draft else "",

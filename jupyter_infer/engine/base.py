@@ -271,6 +271,10 @@ class Engine(abc.ABC):
         decode (the scheduler reads these three back for its policy, ``speculative/guessing.py``);
         an engine that cannot verify drafts ignores it."""
 
+    def close(self) -> None:  # noqa: B027 - optional
+        """Finish what outlives the engine (the prefix cache's blocks on their way to disk):
+        called once it serves no more."""
+
     def kv_usage(self) -> KVUsage | None:
         """What the running rows hold in KV memory (``None``: this engine keeps no KV)."""
         return None

@@ -176,6 +176,17 @@ def _safetensors_folder(model: str, local_files_only: bool) -> Path | None:
     return folder if has_weights and (folder / "config.json").is_file() else None
 
 
+def checkpoint_files(model: str) -> list[Path]:
+    """The local files a model's weights and config come from (what is computed from them is
+    keyed by these: their paths, sizes and times); [] when none is found."""
+    if gguf_load.is_gguf(model):
+        return [Path(model).expanduser()]
+    folder = _safetensors_folder(model, local_files_only=True) or Path(model).expanduser()
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".json"} and p.is_file())
+
+
 def _tensor_files(folder: Path) -> dict[str, Path]:
     """Each tensor's name and the safetensors file that holds it."""
     index = folder / "model.safetensors.index.json"

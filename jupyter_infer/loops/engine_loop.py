@@ -82,6 +82,7 @@ class EngineLoop(RequestLoop):
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
         if self.engine is not None:
             self.engine.drop_rows()  # the step that held them has ended
+            await asyncio.to_thread(self.engine.close)
         self._state = "stopped"
 
     def release(self) -> None:

@@ -144,6 +144,11 @@ class ServiceCollector:
                        ("evicted_blocks", "Blocks dropped to stay within prefix_cache_mb."))
     PREFIX_GAUGES = (("used_mb", "bytes", "Memory the cached blocks hold.", 2**20),
                      ("blocks", "blocks", "Blocks in the prefix cache.", 1))
+    # Its blocks on disk (prefix_cache_disk_mb), exported while that is on.
+    DISK_COUNTERS = (("hits", "Prefix-cache blocks read back from disk (after a restart or a switch back)."),
+                     ("read_tokens", "Prompt tokens whose KV came from the prefix cache's disk."),
+                     ("written_blocks", "Prefix-cache blocks written to disk."),
+                     ("rejected", "Prefix-cache files refused (corrupt, truncated or another model's) and deleted."))
     # The running rows' KV memory; exported for an engine that keeps KV here.
     KV_GAUGES = (("bytes_held", "bytes", "KV memory the running rows hold (padding and spare room included)."),
                  ("tokens_held", "tokens", "Real tokens in the running rows' KV."),
@@ -201,6 +206,12 @@ class ServiceCollector:
                           for key, text in self.PREFIX_COUNTERS]
         out += [GaugeMetricFamily(f"{_PREFIX}prefix_cache_{name}", text, value=stats.get(key, 0) * scale)
                 for key, name, text, scale in self.PREFIX_GAUGES]
+        disk = stats.get("disk") or {}
+        if disk.get("enabled"):
+            out += [CounterMetricFamily(f"{_PREFIX}prefix_cache_disk_{key}", text, value=disk.get(key, 0))
+                    for key, text in self.DISK_COUNTERS]
+            out.append(GaugeMetricFamily(f"{_PREFIX}prefix_cache_disk_used_bytes", "Disk the cached blocks' files hold.",
+                                         value=disk.get("used_mb", 0) * 2**20))
         return out
 
     def _kv_cache(self, usage: dict[str, Any]) -> list[Any]:

@@ -43,6 +43,11 @@ def knob(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] |
     return field(default=default, metadata={"help": help}, **options)
 
 
+# Knobs a negative (or infinite, or NaN) value makes no sense for.
+_NON_NEGATIVE = ("batch_window_ms", "idle_admit_delay_ms", "simulated_prefill_ms_per_token", "prefix_cache_mb",
+                 "prefix_cache_disk_mb")
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     # -- the engine ---------------------------------------------------------------------------
@@ -165,6 +170,10 @@ class ServiceConfig:
         blocks of 16 tokens, so that a prompt starting like an earlier one (a shared system
         prompt, an agent's growing history) prefills only what is new. Least recently used
         blocks go first. 0 turns it off.""")
+    prefix_cache_disk_mb: float = knob(4096.0, """Disk (MB) for the prefix cache's blocks, kept per model under
+        ~/.cache/jupyter_infer/prompts (JUPYTER_INFER_CACHE moves it), so that a restart or a
+        switch back to a model finds its prompts without computing them again. Least recently
+        used blocks go first. 0: prompts are cached in memory only.""")
     # -- structured outputs ---------------------------------------------------------------------
     grammar_timeout_s: float = knob(10.0, """Seconds a structured-output constraint (JSON schema, regex, grammar,
         tools) may take to compile; a slower one is refused with 400. Compiled constraints are cached.""")
@@ -293,7 +302,7 @@ class ServiceConfig:
             fail("prefill_chunk_tokens", "0 (prefill prompts whole) or more")
         if not 0 < self.grammar_timeout_s < math.inf:
             fail("grammar_timeout_s", "above 0")
-        for name in ("batch_window_ms", "idle_admit_delay_ms", "simulated_prefill_ms_per_token", "prefix_cache_mb"):
+        for name in _NON_NEGATIVE:
             if not getattr(self, name) >= 0 or math.isinf(getattr(self, name)):  # NaN fails too
                 fail(name, "0 or more")
         low_high = self.simulated_token_delay_ms

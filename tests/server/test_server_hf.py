@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,11 @@ async def test_prefix_cache_hits_show_in_status_metrics_and_prometheus(jp_fetch:
     assert "jupyter_infer_prefix_cache_hits_total 1.0" in prometheus
     assert f"jupyter_infer_prefix_cache_reused_tokens_total {metrics['reused_tokens']:.1f}" in prometheus
     assert "jupyter_infer_prefix_cache_bytes " in prometheus and "jupyter_infer_prefix_cache_blocks " in prometheus
+    # Its blocks also go to disk, under the cache root (a restart reads them: test_prompt_disk.py).
+    disk = status["prefix_cache"]["disk"]
+    assert disk["enabled"] and disk["capacity_mb"] == 4096 and disk["rejected"] == 0
+    assert Path(disk["dir"]).is_relative_to(os.environ["JUPYTER_INFER_CACHE"])
+    assert "jupyter_infer_prefix_cache_disk_written_blocks_total " in prometheus
 
 
 async def test_the_kv_memory_of_the_running_rows_shows_in_status_metrics_and_prometheus(

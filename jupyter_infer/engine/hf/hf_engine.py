@@ -30,7 +30,13 @@ from ...decoding.sampling import RowSampler, grammar_rows, sample
 from ...decoding.step_cost import StepCost
 from ...formats import gguf_load
 from ...formats.device_choice import check_quantize, default_num_threads, pick_device, pick_dtype
-from ...formats.hf_load import check_format, held_dtype, load_causal_lm, parameter_count
+from ...formats.hf_load import (
+    check_format,
+    checkpoint_files,
+    held_dtype,
+    load_causal_lm,
+    parameter_count,
+)
 from ...speculative import proposals
 from ...speculative.draft_model import DraftModel
 from ...text.generation_defaults import sampling_defaults
@@ -39,7 +45,8 @@ from ...values import load_progress
 from ...values.engine_info import EngineInfo
 from ..base import Engine, KVUsage, RowTable, Sampled
 from ..kv import kv_cache
-from ..kv.prefix_cache import PrefixCache
+from ..kv.prefix_cache import BLOCK_TOKENS, PrefixCache
+from ..kv.prompt_disk import DiskBlocks, model_key, prompts_root
 from ..kv.shared_prefix import Claim, SharedPrefixes
 from . import draft_columns, pooling, ragged
 from .batch import HFBatch
@@ -68,6 +75,7 @@ class HFEngine(Engine):
         num_threads: int = 0,
         local_files_only: bool = False,
         prefix_cache_mb: float = 0,
+        prefix_cache_disk_mb: float = 0,
         prepack_weights: bool = True,
         quantize: str = "none",
         draft_model: str = "",
@@ -110,8 +118,12 @@ class HFEngine(Engine):
         # prompt (an agent's usual) still whole (a step after the first attends through a mask:
         # an 8k-token prompt in 2048-token steps took 8 % longer than whole).
         self.prefill_step_tokens = 4096 if self.device == "cpu" and self._reusable else 0
-        self.configure_prefix_cache(prefix_cache_mb)
-        self.kv_bytes_per_token = kv_cache.bytes_per_token(config, held_dtype(self.model, torch_dtype))
+        kv_dtype = held_dtype(self.model, torch_dtype)
+        self.kv_bytes_per_token = kv_cache.bytes_per_token(config, kv_dtype)
+        # What the KV computed here depends on, beyond the checkpoint: a key of its blocks on disk.
+        self._kv_form = (model, quantize, linears.kernels, kv_dtype)
+        self.prefix_cache: PrefixCache | None = None
+        self.configure_prefix_cache(prefix_cache_mb, prefix_cache_disk_mb)
         # What one more length bucket costs a decode step, in bytes read (buckets.py). With one
         # forward over all of them: its attention calls, ~90 us a layer on the 2-core CPU
         # machine, what reading ~1 MB of KV takes there; on a GPU a launch is worth far more
@@ -259,15 +271,41 @@ class HFEngine(Engine):
             return 0, None
         return self.prefix_cache.match(seq.prompt_ids)
 
-    def configure_prefix_cache(self, megabytes: float) -> None:
-        """A fresh, empty prefix cache of ``megabytes`` (0: none); running rows start from its
+    def configure_prefix_cache(self, megabytes: float, disk_megabytes: float = 0) -> None:
+        """A fresh, empty prefix cache of ``megabytes`` (0: none) that also keeps its blocks on
+        disk, ``disk_megabytes`` of them (0: in memory only); running rows start from its
         blocks by reference to one shared copy where the model runs blocks (``ragged``)."""
-        self.prefix_cache = None
+        self.close()
         self._shared: SharedPrefixes | None = None
         if megabytes > 0 and self._reusable:
-            self.prefix_cache = PrefixCache(int(megabytes * 2**20))
+            self.prefix_cache = PrefixCache(int(megabytes * 2**20), disk=self._disk_blocks(disk_megabytes))
             if self.ragged:
                 self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
+
+    def _disk_blocks(self, megabytes: float) -> DiskBlocks | None:
+        """This model's prefix-cache blocks on disk (``prompt_disk.py``), or None: off, or no
+        checkpoint file to key them by, or no folder that can be written."""
+        model, quantize, kernels_used, dtype = self._kv_form
+        files = checkpoint_files(model) if megabytes > 0 else []
+        if not files:
+            return None
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (kv_cache.attention_layers(config), 2, heads, BLOCK_TOKENS, head_dim)
+        key = model_key(files, quantize, kernels_used, shape, dtype)
+        try:
+            return DiskBlocks(prompts_root() / key, key, int(megabytes * 2**20), shape, dtype)
+        except OSError as err:
+            log.warning("jupyter_infer: prompts are cached in memory only: %s (%s)", prompts_root(), err)
+            return None
+
+    def close(self) -> None:
+        """Write the prefix cache's queued blocks to disk and stop its writer."""
+        disk = self.prefix_cache.disk if self.prefix_cache is not None else None
+        self.prefix_cache = None
+        if disk is not None:
+            disk.close()
 
     def decoding_buckets(self) -> list[HFBatch]:
         """The decoding rows as the next decode step runs them: a dense ``HFBatch`` per length

@@ -10,6 +10,10 @@ deep ends of old chains before the shared roots (a system prompt) that everyone 
 The engine copies matched blocks into an ordinary dense cache and prefills only the rest of
 the prompt (``docs/engine.md`` says why copies rather than a paged cache). Rows keep no
 reference to a block, so eviction never has to wait for a running request.
+
+With a ``DiskBlocks`` (``prompt_disk.py``) every new block is also written to disk, and a
+lookup goes on there where memory has no more of the chain: a restart, or a model switched
+back to, finds its prompts again.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .prompt_disk import DiskBlocks
 
 # Tokens per block. 16 against 32 on the "small" model (docs/engine.md): the same prefill
 # time for a 530-token prompt with a 512-token hit, and up to 16 more reusable tokens when
@@ -53,9 +59,10 @@ def chain_keys(tokens: Sequence[int], blocks: int, block_tokens: int = BLOCK_TOK
 class PrefixCache:
     """An LRU of KV blocks, at most ``capacity_bytes`` of tensors, with hit counters."""
 
-    def __init__(self, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS) -> None:
+    def __init__(self, capacity_bytes: int, block_tokens: int = BLOCK_TOKENS, disk: DiskBlocks | None = None) -> None:
         self.capacity_bytes = capacity_bytes
         self.block_tokens = block_tokens
+        self.disk = disk
         self._blocks: OrderedDict[bytes, CachedBlock] = OrderedDict()
         self.used_bytes = 0
         self.hits = 0  # lookups that reused at least one block
@@ -71,16 +78,19 @@ class PrefixCache:
         (its logits give the first new token): its length and its KV, ``[layers, 2, heads,
         length, dim]``, a fresh tensor the caller may keep."""
         usable = (len(tokens) - 1) // self.block_tokens
+        n = self.block_tokens
         found: list[CachedBlock] = []
-        for i, key in enumerate(chain_keys(tokens, usable, self.block_tokens)):
-            block = self._blocks.get(key)
-            if block is None or block.tokens != tuple(tokens[i * self.block_tokens : (i + 1) * self.block_tokens]):
+        for i, key in enumerate(chain_keys(tokens, usable, n)):
+            block_tokens = tuple(tokens[i * n : (i + 1) * n])
+            block = self._blocks.get(key) or self._from_disk(key, block_tokens)
+            if block is None or block.tokens != block_tokens:
                 break
             found.append(block)
         if not found:
             self.misses += 1
             return 0, None
         self._touch(found)
+        self._evict()
         length = len(found) * self.block_tokens
         self.hits += 1
         self.reused_tokens += length
@@ -97,10 +107,27 @@ class PrefixCache:
             if block is None:
                 kv = kv_of(i * n, (i + 1) * n).contiguous()
                 block = CachedBlock(key, tuple(tokens[i * n : (i + 1) * n]), kv)
-                self._blocks[key] = block
-                self.used_bytes += kv.numel() * kv.element_size()
+                self._keep(block)
+                if self.disk is not None:
+                    self.disk.write(key, block.tokens, kv)
             chain.append(block)
         self._touch(chain)
+        self._evict()
+
+    def _from_disk(self, key: bytes, tokens: tuple[int, ...]) -> CachedBlock | None:
+        """A block memory lacks, read back from disk (kept in memory again), or None."""
+        kv = self.disk.read(key, tokens) if self.disk is not None else None
+        if kv is None:
+            return None
+        block = CachedBlock(key, tokens, kv)
+        self._keep(block)
+        return block
+
+    def _keep(self, block: CachedBlock) -> None:
+        self._blocks[block.key] = block
+        self.used_bytes += block.kv.numel() * block.kv.element_size()
+
+    def _evict(self) -> None:
         while self.used_bytes > self.capacity_bytes and self._blocks:
             _, old = self._blocks.popitem(last=False)
             self.used_bytes -= old.kv.numel() * old.kv.element_size()
@@ -123,6 +150,7 @@ class PrefixCache:
             "hit_rate": round(self.hits / lookups, 4) if lookups else None,
             "reused_tokens": self.reused_tokens,
             "evicted_blocks": self.evicted_blocks,
+            "disk": self.disk.stats() if self.disk is not None else {"enabled": False},
         }
 
     def _touch(self, chain: list[CachedBlock]) -> None:
