@@ -146,7 +146,7 @@ def agents(base_url: str, model: str, tokenizer: Any, headers: dict[str, str], e
 
 
 def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_dir: Path, cache: str,
-         starts: int, prefix_cache: bool = False) -> tuple[list[ServerProcess], str]:
+         starts: int, prefix_cache: bool = False, options: tuple[str, ...] = ()) -> tuple[list[ServerProcess], str]:
     """Our server on ``what`` (a quantize, or a GGUF type), started ``starts`` times on the weight
     cache ``cache`` (an empty folder: the first start fills it); the last one left running.
     ``prefix_cache``: at its default size (else off)."""
@@ -156,7 +156,7 @@ def ours(model_dir: Path, what: str, ggufs_: dict[str, Path], threads: int, log_
     cmd = [sys.executable, "-m", "jupyter_infer.commands.cli", "serve", "--model", model, "--quantize", quantize,
            "--threads", str(threads), "--port", str(port), f"--IdentityProvider.token={TOKEN}", "--allow-root",
            "--InferApp.speculative=off", "--ServerApp.open_browser=False",
-           *([] if prefix_cache else ["--InferApp.prefix_cache_mb=0"])]
+           *([] if prefix_cache else ["--InferApp.prefix_cache_mb=0"]), *options]
     servers = []
     for i in range(starts):
         if servers:

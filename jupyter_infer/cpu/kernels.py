@@ -35,13 +35,15 @@ SIGNATURES: dict[str, list] = {
     "ji_attend_decode": [_ptr, _i32, _i32, _i32, _i32, _i64, _ptr, _ptr, _i64, _i64, _i32, _ptr, _f32, _ptr],
     # q, T, heads, q_row, k, v, kv_heads, kv_head, L, D, scale, out
     "ji_attend_prompt": [_ptr, _i32, _i32, _i64, _ptr, _ptr, _i32, _i64, _i32, _i32, _f32, _ptr],
+    "ji_attend_prompt_f32": [_ptr, _i32, _i32, _i64, _ptr, _ptr, _i32, _i64, _i32, _i32, _f32, _ptr],
     # n_layers, layers, rows, hidden, heads, kv_heads, D, intermediate, h, cos, sin, column, mask, scale
     "ji_decode_layers": [_i32, _ptr, *[_i32] * 6, _ptr, _ptr, _ptr, _i32, _ptr, _f32],
     "ji_probe": [],
     "ji_peak": [_i32, _i64],  # kind (0 int8, 1 bfloat16, 2 float32), iterations a thread
 }
 
-RETURNS = {"ji_probe": _i32, "ji_peak": ctypes.c_double, "ji_attend_prompt": _i32}  # the rest return nothing
+RETURNS = {"ji_probe": _i32, "ji_peak": ctypes.c_double, "ji_attend_prompt": _i32,
+           "ji_attend_prompt_f32": _i32}  # the rest return nothing
 
 
 class JointArgs(ctypes.Structure):

@@ -85,18 +85,22 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, keep: torc
     return out
 
 
-def attend_prompt(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """A prompt's causal attention in bfloat16 products (``csrc/attention.c``): ``q``
-    ``[T, heads, dim]`` (tokens any stride, heads side by side), ``keys`` and ``values`` ``[kv
-    heads, L, dim]`` (a cache buffer's view, a column ``dim`` floats on), the queries being the
-    last ``T`` of the ``L`` positions. Returns ``[T, heads, dim]`` float32, or ``None`` where
-    this build has no bfloat16 dot or ``dim`` is not a multiple of 64 (SDPA serves those)."""
+def attend_prompt(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+                  precise: bool = False) -> torch.Tensor | None:
+    """A prompt's causal attention (``csrc/attention.c``): ``q`` ``[T, heads, dim]`` (tokens
+    any stride, heads side by side), ``keys`` and ``values`` ``[kv heads, L, dim]`` (a cache
+    buffer's view, a column ``dim`` floats on), the queries being the last ``T`` of the ``L``
+    positions. Products in bfloat16 where the build has the bfloat16 dot and ``dim`` is a
+    multiple of 64, else (or ``precise``) in float32 (``csrc/attention_f32.c``, AVX2). Returns
+    ``[T, heads, dim]`` float32, or ``None`` where ``dim`` is not a multiple of 16 (SDPA serves)."""
     tokens, heads, dim = q.shape
     kv_heads, columns = keys.shape[0], keys.shape[1]
     if keys.shape[2] != dim or values.shape != keys.shape or heads % kv_heads or tokens > columns:
         raise ValueError("attend_prompt's keys and values are [kv heads, columns, dim], as many columns as queries or more")
     _check_layouts("attend_prompt", q, keys, values)
     out = q.new_empty((tokens, heads, dim))
-    done = library().ji_attend_prompt(q.data_ptr(), tokens, heads, q.stride(0), keys.data_ptr(), values.data_ptr(),
-                                      kv_heads, keys.stride(0), columns, dim, scale, out.data_ptr())
+    lib = library()
+    attend = lib.ji_attend_prompt_f32 if precise else lib.ji_attend_prompt
+    done = attend(q.data_ptr(), tokens, heads, q.stride(0), keys.data_ptr(), values.data_ptr(),
+                  kv_heads, keys.stride(0), columns, dim, scale, out.data_ptr())
     return out if done == 0 else None

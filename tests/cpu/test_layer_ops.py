@@ -116,30 +116,60 @@ def test_decode_attention_is_sdpas_with_grouped_heads_and_a_rows_padding_hidden(
 BF16_DOT = "avx512_bf16" in cpu_flags()
 
 
-@pytest.mark.parametrize(("tokens", "past", "heads", "kv_heads", "dim"),
-                         [(1, 0, 2, 1, 64), (70, 0, 4, 2, 64), (130, 70, 6, 2, 128), (300, 0, 7, 1, 128), (64, 4033, 4, 4, 64)])
-def test_prompt_attention_is_causal_sdpa_in_bfloat16_after_any_past(tokens: int, past: int, heads: int, kv_heads: int,
-                                                                    dim: int) -> None:
-    torch.manual_seed(tokens + past)
+def prompt_case(tokens: int, past: int, heads: int, kv_heads: int, dim: int) -> tuple[torch.Tensor, ...]:
+    """Queries laid out as the joint q/k/v call lays them, keys and values as a cache buffer's
+    view (spare room after, never read), and what SDPA says."""
+    torch.manual_seed(tokens + past + dim)
     columns = tokens + past
-    qkv = torch.randn(tokens, heads + 2 * kv_heads, dim)  # q as the joint q/k/v call lays it out
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, dim)
     q = qkv[:, :heads]
     buf_k, buf_v = torch.randn(kv_heads, columns + 9, dim), torch.randn(kv_heads, columns + 9, dim)
-    keys, values = buf_k[:, :columns], buf_v[:, :columns]  # a cache buffer's view, spare room after
-    out = layer_ops.attend_prompt(q, keys, values, dim**-0.5)
-    if not BF16_DOT:  # no bfloat16 dot in the build: the caller is told to use SDPA
-        assert out is None
-        return
+    buf_k[:, columns:], buf_v[:, columns:] = float("nan"), float("nan")  # spare room: never read
+    keys, values = buf_k[:, :columns], buf_v[:, :columns]
     # The queries are the last `tokens` positions: query i sees every past column and its own prompt's up to i.
     causal = torch.ones(tokens, columns, dtype=torch.bool).tril(past)
     want = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=causal,
                                           scale=dim**-0.5, enable_gqa=True)[0].transpose(0, 1)
-    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)  # products of bfloat16s, summed in float32
+    return q, keys, values, want
+
+
+CASES = [(1, 0, 2, 1, 64), (70, 0, 4, 2, 64), (130, 70, 6, 2, 128), (300, 0, 7, 1, 128), (64, 4033, 4, 4, 64)]
+
+
+@pytest.mark.parametrize(("tokens", "past", "heads", "kv_heads", "dim"), CASES)
+def test_prompt_attention_is_causal_sdpa_after_any_past(tokens: int, past: int, heads: int, kv_heads: int,
+                                                        dim: int) -> None:
+    q, keys, values, want = prompt_case(tokens, past, heads, kv_heads, dim)
+    out = layer_ops.attend_prompt(q, keys, values, dim**-0.5)
+    # Products of bfloat16s summed in float32 where the CPU has the bf16 dot; float32 elsewhere.
+    close = 2e-2 if BF16_DOT else 1e-5
+    torch.testing.assert_close(out, want, rtol=close, atol=close)
+
+
+@pytest.mark.parametrize(("tokens", "past", "heads", "kv_heads", "dim"),
+                         [*CASES, (33, 5, 4, 2, 16), (100, 17, 6, 3, 80), (200, 300, 4, 1, 96)])
+def test_prompt_attention_in_float32_is_sdpa_on_every_cpu(tokens: int, past: int, heads: int, kv_heads: int,
+                                                          dim: int) -> None:
+    """The AVX2 kernel (attention_f32.c) that every CPU without the bf16 dot runs, here on any."""
+    q, keys, values, want = prompt_case(tokens, past, heads, kv_heads, dim)
+    out = layer_ops.attend_prompt(q, keys, values, dim**-0.5, precise=True)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU runs the AVX2 build already")
+def test_an_avx2_build_attends_prompts_in_float32() -> None:
+    narrow = kernels.load(("-mno-avx512f",))
+    assert not isinstance(narrow, str), narrow
+    q, keys, values, want = prompt_case(130, 70, 6, 2, 64)
+    out = torch.empty_like(want)
+    assert narrow.ji_attend_prompt(q.data_ptr(), 130, 6, q.stride(0), keys.data_ptr(), values.data_ptr(), 2,
+                                   keys.stride(0), 200, 64, 64**-0.5, out.data_ptr()) == 0
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
 def test_prompt_attention_declines_what_it_does_not_run_and_refuses_bad_layouts() -> None:
-    q, kv = torch.randn(8, 4, 32), torch.randn(2, 8, 32)
-    assert layer_ops.attend_prompt(q, kv, kv, 0.2) is None  # a head dim not a multiple of 64: SDPA's
+    q, kv = torch.randn(8, 4, 24), torch.randn(2, 8, 24)
+    assert layer_ops.attend_prompt(q, kv, kv, 0.2) is None  # a head dim not a multiple of 16: SDPA's
     q, kv = torch.randn(8, 4, 64), torch.randn(2, 8, 64)
     with pytest.raises(ValueError, match="columns"):
         layer_ops.attend_prompt(q, kv[:, :4], kv[:, :4], 0.2)  # fewer columns than queries

@@ -15,8 +15,9 @@
 
    q [T, heads, D] (row q_row floats from the next), k and v [kv_heads, L, D] (a head kv_head
    floats from the next, a row D): the T queries are the last T positions of the L keys (query
-   i sees keys 0 .. L - T + i). out [T, heads, D]. Returns 0, or -1 where this build has no
-   AVX512-BF16 or D is not a multiple of 64 (the caller runs SDPA instead). */
+   i sees keys 0 .. L - T + i). out [T, heads, D]. Where this build has no AVX512-BF16, or D is
+   not a multiple of 64, attention_f32.c's float32 kernel serves; it returns -1 where D is not a
+   multiple of 16 either (the caller runs SDPA instead). Returns 0 otherwise. */
 
 #include <immintrin.h>
 #include <math.h>
@@ -146,7 +147,8 @@ static inline void soften(float *s, int limit, float *m, float *l, float *alpha,
 
 int ji_attend_prompt(const float *q, int T, int heads, long q_row, const float *k, const float *v, int kv_heads,
                      long kv_head, int L, int D, float scale, float *out) {
-    if (D % 64 != 0 || T > L || heads % kv_heads != 0) return -1;
+    if (D % 64 != 0) return ji_attend_prompt_f32(q, T, heads, q_row, k, v, kv_heads, kv_head, L, D, scale, out);
+    if (T > L || heads % kv_heads != 0) return -1;
     const int Lp = (L + BK - 1) / BK * BK, group = heads / kv_heads, tiles = (T + BQ - 1) / BQ;
     uint16_t *kp = malloc(sizeof(uint16_t) * (size_t)kv_heads * Lp * D);
     uint16_t *vp = malloc(sizeof(uint16_t) * (size_t)kv_heads * Lp * D);
@@ -203,9 +205,7 @@ int ji_attend_prompt(const float *q, int T, int heads, long q_row, const float *
 
 int ji_attend_prompt(const float *q, int T, int heads, long q_row, const float *k, const float *v, int kv_heads,
                      long kv_head, int L, int D, float scale, float *out) {
-    (void)q, (void)T, (void)heads, (void)q_row, (void)k, (void)v, (void)kv_heads, (void)kv_head, (void)L, (void)D,
-        (void)scale, (void)out;
-    return -1; /* no bf16 dot in this build: SDPA serves */
+    return ji_attend_prompt_f32(q, T, heads, q_row, k, v, kv_heads, kv_head, L, D, scale, out); /* no bf16 dot here */
 }
 
 #endif

@@ -40,6 +40,9 @@ void ji_attend_decode(const float *q, int rows, int heads, int kv_heads, int D, 
 /* A prompt's causal attention in bfloat16 (attention.c): 0, or -1 where this build cannot. */
 int ji_attend_prompt(const float *q, int T, int heads, long q_row, const float *k, const float *v, int kv_heads,
                      long kv_head, int L, int D, float scale, float *out);
+/* The same in float32 with AVX2 (attention_f32.c): where the build has no bfloat16 dot. */
+int ji_attend_prompt_f32(const float *q, int T, int heads, long q_row, const float *k, const float *v, int kv_heads,
+                         long kv_head, int L, int D, float scale, float *out);
 
 /* -- a decode step's layers in one call (decode_layers.c) ----------------------------------------
    Linears over one input, as q4_linears (bits 4), q8_linears (bits 8), bf16_linears (bits 16) or

@@ -16,8 +16,9 @@ none of that:
   attention are one C call each (``layer_ops``; our kernel calls normalize their rows and take
   SwiGLU on their way in): torch's arithmetic but for the order of sums and exp's last bits;
 - with linears that round activations or weights already (int4, int8, bfloat16), a long
-  prompt's attention is ``layer_ops.attend_prompt``'s: bfloat16 products, 2-3x torch's CPU
-  flash attention, which was 45 % of an 8k-token prompt at 1.5B (docs/engine.md).
+  prompt's attention is ``layer_ops.attend_prompt``'s: bfloat16 products where the CPU has the
+  bfloat16 dot, 2-3x torch's CPU flash attention, which was 45 % of an 8k-token prompt at 1.5B
+  (docs/engine.md); float32 products with AVX2 elsewhere, ~1.8x it (issue 58).
 
 ``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
 the logits transformers' own forward gives; any other model keeps transformers' forward
@@ -47,7 +48,8 @@ from .ragged import Block, Step, block_attention, forward
 # attention, o, residual, norm, down(silu(gate) * up), residual.
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 # Linears whose rounding (of the activations to int8, or of everything to bfloat16) is already
-# coarser than a bfloat16 attention's: beside them a long prompt attends in bfloat16.
+# coarser than a bfloat16 attention's: beside them a long prompt attends in C (in bfloat16
+# where the CPU has its dot). A float32 model keeps SDPA's attention.
 ROUNDING = (Int4Linear, Q8Linear, BF16Linear, Int8Linear)
 PROMPT_IN_C_TOKENS = 256  # a prompt this long or longer attends in C (shorter: attention is a small share)
 
@@ -160,7 +162,7 @@ class LlamaForward:
         # With our int4, int8 or float32 linears, a decode step's layers are one C call (decode_layers.py).
         self.one_call = DecodeLayers.of(model) if c_ops else None
         self.prompt_in_c = (c_ops and any(isinstance(m, ROUNDING) for m in model.modules())
-                            and _bf16_attention(self.layers[0].head_dim))
+                            and _prompt_attention_in_c(self.layers[0].head_dim))
 
     @classmethod
     def of(cls, model: nn.Module) -> LlamaForward | None:
@@ -253,9 +255,8 @@ class LlamaForward:
         return block.cache
 
 
-def _bf16_attention(head_dim: int) -> bool:
-    """Whether ``layer_ops.attend_prompt`` runs here for heads of ``head_dim`` (this build has
-    the bfloat16 dot; the dim a multiple of 64)."""
+def _prompt_attention_in_c(head_dim: int) -> bool:
+    """Whether ``layer_ops.attend_prompt`` runs here for heads of ``head_dim`` (a multiple of 16)."""
     one = torch.ones((1, 1, head_dim))
     return layer_ops.attend_prompt(one, one, one, 1.0) is not None
 
