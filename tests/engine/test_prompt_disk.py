@@ -141,3 +141,23 @@ async def test_a_restarted_engine_reads_its_prompt_from_disk_and_answers_the_sam
     # Off: nothing read nor written.
     off, off_stats = await answer(llama_model_dir, TOOL_PROMPT)
     assert off == cold and off_stats["disk"] == {"enabled": False} and off_stats["misses"] == 1
+
+
+def test_a_full_disk_costs_the_disk_copy_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    import errno
+    import os
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    tokens = list(range(50, 50 + 3 * BLOCK_TOKENS + 1))
+    cache = PrefixCache(2**20, disk=disk(tmp_path))
+    cache.insert(tokens, len(tokens), kv_of(tokens))
+    cache.disk.flush()
+    assert cache.match(tokens)[0] == 3 * BLOCK_TOKENS  # memory still serves
+    stats = cache.stats()["disk"]
+    assert stats["failed"] == 3 and stats["written_blocks"] == 0 and stats["blocks"] == 0
+    assert not list(tmp_path.iterdir())  # no half-written file left behind
+    assert sum("No space left" in r.getMessage() for r in caplog.records) == 1  # said once, not per block

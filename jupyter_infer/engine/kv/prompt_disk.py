@@ -35,9 +35,11 @@ import torch
 log = logging.getLogger(__name__)
 MAGIC = b"JIKV\x01"  # the format's version is its last byte: bump it when a file's layout changes
 SUFFIX = ".kvb"
-# Blocks waiting for the writer. A prompt of 20k tokens is 1250 blocks; past this many the
-# newest are not written (counted as ``skipped``): the disk never holds the engine back.
-MAX_PENDING = 4096
+# Bytes of blocks waiting for the writer (each held until written): past this, the newest are
+# not written (counted as ``skipped``), so that a slow disk never holds the engine back nor
+# holds memory. 256 MB is ~10k tokens of the 0.5b shape's float32 KV, ~2k of an 8B's; a
+# prompt's prefill on a CPU takes far longer than writing its blocks to the page cache.
+MAX_PENDING_BYTES = 256 * 2**20
 
 
 def prompts_root() -> Path:
@@ -64,11 +66,12 @@ class DiskBlocks:
         self.dir, self.key, self.capacity_bytes = folder, key, capacity_bytes
         self.shape, self.dtype = tuple(int(n) for n in block_shape), dtype
         self.block_bytes = torch.Size(self.shape).numel() * torch.tensor([], dtype=dtype).element_size()
-        self.hits = self.read_tokens = self.written = self.rejected = self.skipped = 0
+        self.hits = self.read_tokens = self.written = self.rejected = self.skipped = self.failed = 0
         self._lock = threading.Lock()  # the index: the engine reads and evicts, the writer adds
         self._files: OrderedDict[bytes, int] = OrderedDict()  # chain key -> file bytes, oldest first
         self.used_bytes = 0
-        self._pending: queue.Queue[tuple[bytes, tuple[int, ...], torch.Tensor] | None] = queue.Queue(MAX_PENDING)
+        self._pending: queue.Queue[tuple[bytes, tuple[int, ...], torch.Tensor] | None] = queue.Queue(
+            max(1, MAX_PENDING_BYTES // self.block_bytes))
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._index()
         self._writer = threading.Thread(target=self._write_loop, name="jupyter-infer-prompt-disk", daemon=True)
@@ -185,7 +188,10 @@ class DiskBlocks:
                     return
                 self._write_one(*item)
             except Exception as err:  # a full or read-only disk: this block is not kept
-                log.warning("jupyter_infer: could not write a prompt cache block (%s)", err)
+                self.failed += 1
+                if self.failed == 1:  # once: a full disk would say it for every block
+                    log.warning("jupyter_infer: could not write a prompt cache block to %s (%s); "
+                                "blocks that cannot be written stay in memory only", self.dir, err)
             finally:
                 self._pending.task_done()
 
@@ -236,6 +242,7 @@ class DiskBlocks:
             "written_blocks": self.written,
             "rejected": self.rejected,  # files refused (corrupt, foreign) and deleted
             "skipped": self.skipped,  # blocks not written: the writer was behind
+            "failed": self.failed,  # blocks the disk refused (full, read-only)
         }
 
 
