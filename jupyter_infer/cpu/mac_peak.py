@@ -66,3 +66,38 @@ def linear_gmacs(kind: str, rows: int, shapes: tuple[tuple[int, int], ...] = LAY
                 linear(x)
             best = min(best, time.perf_counter() - start)
     return macs / best / 1e9
+
+
+# A prompt's attention in Qwen2.5-0.5B's shape: query heads, key/value heads, head dim.
+ATTENTION_SHAPE = (14, 2, 64)
+ATTENTION_PATHS = ("ours", "ours_f32", "sdpa")
+
+
+def attention_gmacs(path: str, tokens: int, shape: tuple[int, int, int] = ATTENTION_SHAPE, repeats: int = 3) -> float:
+    """Billions of multiply-adds a second of a fresh ``tokens``-token prompt's causal attention
+    (q.k and p.v, over the visible keys only): ``path`` "ours" (``layer_ops.attend_prompt``:
+    the bfloat16 dot where the build has it), "ours_f32" (its float32 AVX2 kernel) or "sdpa"
+    (torch's)."""
+    import torch.nn.functional as F
+
+    from . import layer_ops
+
+    heads, kv_heads, dim = shape
+    gen = torch.Generator().manual_seed(tokens)
+    q = torch.randn(tokens, heads, dim, generator=gen)
+    k, v = (torch.randn(kv_heads, tokens, dim, generator=gen) for _ in range(2))
+    run = {
+        "ours": lambda: layer_ops.attend_prompt(q, k, v, dim**-0.5),
+        "ours_f32": lambda: layer_ops.attend_prompt(q, k, v, dim**-0.5, precise=True),
+        "sdpa": lambda: F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], is_causal=True,
+                                                       scale=dim**-0.5, enable_gqa=True),
+    }[path]
+    macs = heads * dim * 2 * tokens * (tokens + 1) / 2
+    best = float("inf")
+    with torch.inference_mode():
+        run()  # warm
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - start)
+    return macs / best / 1e9

@@ -227,6 +227,10 @@ def test_bench_quick_scheduling_runs_every_contender(tiny_model_dir: Path, tmp_p
     assert users["fair"]["median"]["b_during_burst"] == 3
     assert users["fair"]["median"]["parked_rows"] >= 1 and users["fifo"]["median"]["parked_rows"] == 0
     assert users["fair"]["median"]["ttft_p50_ms"] < users["fifo"]["median"]["ttft_p50_ms"]
+    # [p]: beside the linears, a prompt's attention on each path (ours, our float32 kernel, SDPA).
+    attention = results["peak"]["attention"]
+    assert set(attention) == {"ours", "ours_f32", "sdpa"} and all(r > 0 for p in attention.values() for r in p.values())
+    assert "ours_f32" in out and "attention" in out
     assert judged(results, GROUPS["scheduling"])
 
 

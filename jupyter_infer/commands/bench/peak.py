@@ -4,7 +4,9 @@ The peak is measured, not quoted (``cpu/mac_peak.py``: independent chains of the
 instruction our kernel build has, on the bench's threads): int8 (VNNI, or AVX2's two-step
 product), bfloat16 (AVX512-BF16, else float32 FMAs), float32. Our linears run the four shapes
 of a Qwen2.5-0.5B decoder layer at prompt-sized row counts; the share is of the peak of the
-instructions each kind runs on (int4 and int8: the int8 peak)."""
+instructions each kind runs on (int4 and int8: the int8 peak). A fresh prompt's attention in
+that model's shape too: ours (the bfloat16 dot where the build has it, else float32 FMAs, the
+AVX2 kernel), our float32 kernel, and torch's SDPA, against the bfloat16 and float32 peaks."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from typing import Any
 
 ROWS = (64, 256, 1024, 2048)
 QUICK_ROWS = (64, 256)
+ATTENTION_TOKENS = (1024, 3072)
+QUICK_ATTENTION_TOKENS = (256,)
+# The peak each attention path runs against ("ours": the bfloat16 peak, which is float32's
+# where the build has no bfloat16 dot, as is its kernel then).
+ATTENTION_PEAK_OF = {"ours": "bfloat16", "ours_f32": "float32", "sdpa": "float32"}
 PEAK_OF = {"int4": "int8", "int8": "int8", "bfloat16": "bfloat16", "float32": "float32"}
 
 
@@ -27,7 +34,12 @@ def measure(quick: bool, log: Any) -> dict[str, Any]:
     for kind in PEAK_OF:
         linears[kind] = {rows: round(mac_peak.linear_gmacs(kind, rows), 1) for rows in (QUICK_ROWS if quick else ROWS)}
         log(f"  {kind}: {linears[kind]}")
-    return {"machine": machine, "linears": linears}
+    attention: dict[str, dict[int, float]] = {}
+    for path in mac_peak.ATTENTION_PATHS:
+        attention[path] = {n: round(mac_peak.attention_gmacs(path, n), 1)
+                           for n in (QUICK_ATTENTION_TOKENS if quick else ATTENTION_TOKENS)}
+        log(f"  attention {path}: {attention[path]}")
+    return {"machine": machine, "linears": linears, "attention": attention}
 
 
 def table(entry: dict[str, Any]) -> str:
@@ -43,4 +55,12 @@ def table(entry: dict[str, Any]) -> str:
         top = machine[PEAK_OF[kind]]
         cells = [f"{rates[r]:.0f} ({rates[r] / top:.0%})" if r in rates else "–" for r in rows]
         lines.append(f"  {kind:<10}" + "".join(f"{c:>18}" for c in cells))
+    attention = entry.get("attention") or {}
+    counts = sorted({n for rates in attention.values() for n in rates}, key=int)
+    if counts:
+        lines.append(f"  {'attention':<10}" + "".join(f"{f'{n} tokens':>18}" for n in counts))
+    for path, rates in attention.items():
+        top = machine[ATTENTION_PEAK_OF[path]]
+        cells = [f"{rates[n]:.0f} ({rates[n] / top:.0%})" if n in rates else "–" for n in counts]
+        lines.append(f"  {path:<10}" + "".join(f"{c:>18}" for c in cells))
     return "\n".join(lines)

@@ -276,6 +276,7 @@ class HFEngine(Engine):
         disk, ``disk_megabytes`` of them (0: in memory only); running rows start from its
         blocks by reference to one shared copy where the model runs blocks (``ragged``)."""
         self.close()
+        self.prefix_cache = None
         self._shared: SharedPrefixes | None = None
         if megabytes > 0 and self._reusable:
             self.prefix_cache = PrefixCache(int(megabytes * 2**20), disk=self._disk_blocks(disk_megabytes))
@@ -301,10 +302,11 @@ class HFEngine(Engine):
             return None
 
     def close(self) -> None:
-        """Write the prefix cache's queued blocks to disk and stop its writer."""
-        disk = self.prefix_cache.disk if self.prefix_cache is not None else None
-        self.prefix_cache = None
-        if disk is not None:
+        """Write the prefix cache's queued blocks to disk and stop its writer (the blocks in
+        memory stay: an engine a bench reuses for another service keeps its cache)."""
+        cache = self.prefix_cache
+        if cache is not None and cache.disk is not None:
+            disk, cache.disk = cache.disk, None
             disk.close()
 
     def decoding_buckets(self) -> list[HFBatch]:
