@@ -4,12 +4,12 @@
                                         [--threads 2] [--out DIR]
 
 Our server (``jupyter infer serve``, speculation off, a fresh cache folder for weights and
-prompts) is started three times on one random-weight model:
+prompts) is started six times on one random-weight model:
 
-1. cold: an agent's ~3k-token tool prompt and a task, alone (its TTFT: the whole prompt
+1. cold: three ~3k-token tool prompts, each with a task, alone (TTFT: the whole prompt
    computed), then written to disk by the prefix cache;
-2. restarted: the same tool prompt with another task (TTFT: the tool prompt read back);
-3. restarted: 8 agents x 3 rounds on that tool prompt (``ladder.AGENTS``) at once;
+2. restarted, once for each: that tool prompt with another task (TTFT: read back);
+3. restarted: 8 agents x 3 rounds on the first tool prompt (``ladder.AGENTS``) at once;
 4. restarted with ``prefix_cache_disk_mb=0`` (memory only, as before): the same agents.
 
 It prints the TTFT after a restart over the cold one (target <= 0.1) and the agents' wall with
@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from jupyter_infer.commands.bench.completions import stream_completions
@@ -34,6 +35,7 @@ from jupyter_infer.commands.model_builder import LADDER_CONTEXT, default_cache_d
 from .ladder import AGENTS, TOKEN, agents, ours, prompt_of
 
 HEADERS = {"Authorization": f"token {TOKEN}"}
+SAMPLES = 3  # tool prompts timed cold and after a restart: the medians are compared
 
 
 def ttft_s(url: str, model: str, prompt: str) -> float:
@@ -62,7 +64,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = make_model(default_cache_dir() / f"{args.size}-32k", size=args.size, context=LADDER_CONTEXT)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     count, rounds, shared, new, answer = AGENTS
-    tools = prompt_of(tokenizer, args.tokens, args.seed + 7)  # the agents' tool prompt (ladder.agents)
+    # SAMPLES tool prompts, the first the agents' (ladder.agents' seed): each timed cold, then
+    # each after its own restart (one sample a restart: a second would be a memory hit).
+    tools = [prompt_of(tokenizer, args.tokens, args.seed + 7 + i) for i in range(SAMPLES)]
     task = [prompt_of(tokenizer, new, args.seed + 500 + i) for i in range(2)]
     args.out.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"model": str(model_dir), "quantize": args.quantize, "tool_prompt_tokens": args.tokens}
@@ -76,16 +80,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         server, url = start("cold")
         try:
             ttft_s(url, str(model_dir), prompt_of(tokenizer, 24, args.seed))  # warm up
-            out["cold_ttft_s"] = ttft_s(url, str(model_dir), tools + task[0])
+            out["cold_ttft_s"] = [ttft_s(url, str(model_dir), t + task[0]) for t in tools]
         finally:
             server.stop()
-        server, url = start("restarted")
-        try:
-            ttft_s(url, str(model_dir), prompt_of(tokenizer, 24, args.seed + 1))  # warm up, as the cold one
-            out["disk_ttft_s"] = ttft_s(url, str(model_dir), tools + task[1])
-            out["disk"] = disk_stats(url)
-        finally:
-            server.stop()
+        out["disk_ttft_s"] = []
+        for i, t in enumerate(tools):
+            server, url = start(f"restarted ({i + 1})")
+            try:
+                ttft_s(url, str(model_dir), prompt_of(tokenizer, 24, args.seed + 1 + i))  # warm up, as the cold one
+                out["disk_ttft_s"].append(ttft_s(url, str(model_dir), t + task[1]))
+                out["disk"] = disk_stats(url)
+            finally:
+                server.stop()
         for name, options in (("disk", ()), ("memory_only", ("--InferApp.prefix_cache_disk_mb=0",))):
             server, url = start(f"restarted, agents, {name}", *options)
             try:
@@ -97,12 +103,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _list(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def report(r: dict[str, Any]) -> str:
     count, rounds, *_ = AGENTS
     return "\n".join([
         f"[r] a {r['tool_prompt_tokens']}-token tool prompt after a restart ({r['quantize']}, {r['model']})",
-        f"  TTFT cold {r['cold_ttft_s']:.2f} s; after a restart, the tool prompt from disk {r['disk_ttft_s']:.3f} s "
-        f"({r['disk_ttft_s'] / r['cold_ttft_s']:.3f}x cold; memory only, as before, is a cold one)",
+        f"  TTFT (median of {len(r['cold_ttft_s'])}) cold {median(r['cold_ttft_s']):.2f} s; after a restart, the "
+        f"tool prompt from disk {median(r['disk_ttft_s']):.3f} s ({median(r['disk_ttft_s']) / median(r['cold_ttft_s']):.3f}x "
+        f"cold; memory only, as before, is a cold one); each: {_list(r['cold_ttft_s'])} / {_list(r['disk_ttft_s'])}",
         f"  {count} agents x {rounds} rounds right after a restart: wall {r['disk_agents']['agents_wall_s']:.1f} s "
         f"from disk, {r['memory_only_agents']['agents_wall_s']:.1f} s memory only "
         f"({r['disk_agents']['agents_wall_s'] / r['memory_only_agents']['agents_wall_s']:.2f}x); TTFT p50 "
