@@ -1,10 +1,11 @@
 /* A prompt's attention in float32 with AVX2 and FMA (issue 58): attention.c's kernel for the
    CPUs without a bfloat16 dot, every AVX2 machine (most laptops and desktops) among them.
 
-   There torch's SDPA took ~30 % of a 3k-token prompt of the 0.5b shape. Same plan as
-   attention.c: causal, grouped heads, the online softmax (flash attention's), a task one query
-   head's BQ rows against BK keys at a time, its scores never more than BQ x BK floats; here
-   every product and sum is float32, so it is as exact as SDPA (the order of its sums aside).
+   There torch's SDPA took ~30 % of a 3k-token prompt of the 0.5b shape; this is 1.3-1.6x it
+   (docs/benchmark.md). Same plan as attention.c: causal, grouped heads, the online softmax
+   (flash attention's), a task one query head's BQ rows against BK keys at a time, its scores
+   never more than BQ x BK floats; here every product and sum is float32, so it is as exact as
+   SDPA (the order of its sums aside).
 
    Keys are packed once a call, per key/value head, for the dot: a block of 8 keys is D 32-byte
    words, word d holding the 8 keys' dim d, so a query's broadcast dim meets 8 keys in one FMA;

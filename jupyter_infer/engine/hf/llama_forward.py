@@ -18,7 +18,7 @@ none of that:
 - with linears that round activations or weights already (int4, int8, bfloat16), a long
   prompt's attention is ``layer_ops.attend_prompt``'s: bfloat16 products where the CPU has the
   bfloat16 dot, 2-3x torch's CPU flash attention, which was 45 % of an 8k-token prompt at 1.5B
-  (docs/engine.md); float32 products with AVX2 elsewhere, ~1.8x it (issue 58).
+  (docs/engine.md); float32 products with AVX2 elsewhere, 1.3-1.6x it (docs/benchmark.md, issue 58).
 
 ``LlamaForward.of`` takes a model only where its classes are these and a probe at load gives
 the logits transformers' own forward gives; any other model keeps transformers' forward
