@@ -50,6 +50,17 @@ def user_flags() -> list[str]:
     return shlex.split(os.environ.get("JUPYTER_INFER_KERNEL_CFLAGS", ""))
 
 
+def library_key(compiler: str | None = None, extra_flags: tuple[str, ...] = ()) -> str:
+    """The key of the library this machine builds (or built): every source byte, the compiler,
+    the flags and the CPU's. The build is for this CPU: its flags are part of the key, so a
+    cache shared between machines (a home directory on a cluster) never hands one CPU another's
+    build."""
+    compiler = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "none"
+    source = b"".join(path.read_bytes() for path in [*sources(), *sorted(CSRC.glob("*.h"))])
+    flags = [*FLAGS, *extra_flags, *user_flags()]
+    return hashlib.sha256(source + " ".join([compiler, *flags, *sorted(_cpu_key())]).encode()).hexdigest()[:16]
+
+
 def build(extra_flags: tuple[str, ...] = ()) -> pathlib.Path | str:
     """The built library, probed, or why there is none. ``extra_flags``: a build for less than
     this CPU has (the tests check the AVX2 path on an AVX-512 machine with ``-mno-avx512f``)."""
@@ -60,12 +71,8 @@ def build(extra_flags: tuple[str, ...] = ()) -> pathlib.Path | str:
     if not compiler:
         return "our CPU kernels are built at first use with a C compiler, and none was found (set CC)"
     files = sources()
-    source = b"".join(path.read_bytes() for path in [*files, *sorted(CSRC.glob("*.h"))])
-    # The build is for this CPU: its flags are part of the key, so a cache shared between
-    # machines (a home directory on a cluster) never hands one CPU another's build.
     flags = [*FLAGS, *extra_flags, *user_flags()]
-    key = hashlib.sha256(source + " ".join([compiler, *flags, *sorted(_cpu_key())]).encode()).hexdigest()[:16]
-    target = cache_dir() / f"cpu-kernels-{key}.so"
+    target = cache_dir() / f"cpu-kernels-{library_key(compiler, extra_flags)}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:

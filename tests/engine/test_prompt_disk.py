@@ -3,6 +3,7 @@ same tokens as a cold one, and never serves a corrupt, truncated or foreign file
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from jupyter_infer.engine.hf import HFEngine
 from jupyter_infer.engine.kv.prefix_cache import BLOCK_TOKENS, PrefixCache, chain_keys
-from jupyter_infer.engine.kv.prompt_disk import SUFFIX, DiskBlocks, prompts_root
+from jupyter_infer.engine.kv.prompt_disk import MAGIC, SUFFIX, DiskBlocks, prompts_root
 from jupyter_infer.service.inference import InferenceService
 from jupyter_infer.values.config import ServiceConfig
 from jupyter_infer.values.request import Request, SamplingParams
@@ -48,7 +49,8 @@ def test_blocks_written_by_one_cache_are_read_by_the_next(tmp_path: Path) -> Non
     assert again.match(tokens)[0] == 3 * BLOCK_TOKENS and again.stats()["disk"]["hits"] == 3  # memory now
 
 
-@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "another model's file", "not ours"])
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "another model's file", "not ours",
+                                    "a header that is no object", "too large"])
 def test_a_damaged_or_foreign_file_is_refused_deleted_and_never_served(tmp_path: Path, damage: str) -> None:
     tokens = list(range(7, 7 + 2 * BLOCK_TOKENS + 1))
     fill(tmp_path / "a", tokens)
@@ -63,9 +65,13 @@ def test_a_damaged_or_foreign_file_is_refused_deleted_and_never_served(tmp_path:
         data = data[: len(data) // 2]
     elif damage == "not ours":
         data = bytearray(b"<html>a proxy's error page</html>")
+    elif damage == "a header that is no object":
+        data = bytearray(MAGIC + struct.pack("<I", 3) + b"[1]" + bytes(data[-1000:]))
+    elif damage == "too large":
+        data += bytes(2 << 20)
     first.write_bytes(bytes(data))
 
-    cache = PrefixCache(2**20, disk=disk(tmp_path / "a"))
+    cache = PrefixCache(2**20, disk=disk(tmp_path / "a", megabytes=8))  # room for the large one: refused, not evicted
     assert cache.match(tokens) == (0, None)  # the chain's first block is refused: nothing reused
     stats = cache.stats()["disk"]
     assert stats["rejected"] == 1 and not first.exists()

@@ -23,7 +23,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ...constraints.grammar import GrammarCompiler, masks_beside
-from ...cpu import kernels
+from ...cpu import build, kernels
 from ...cpu.cpu_share import CpuShare
 from ...cpu.model_linears import LinearReport
 from ...decoding.sampling import RowSampler, grammar_rows, sample
@@ -121,7 +121,7 @@ class HFEngine(Engine):
         kv_dtype = held_dtype(self.model, torch_dtype)
         self.kv_bytes_per_token = kv_cache.bytes_per_token(config, kv_dtype)
         # What the KV computed here depends on, beyond the checkpoint: a key of its blocks on disk.
-        self._kv_form = (model, quantize, linears.kernels, kv_dtype)
+        self._kv_form = (model, quantize, self._computed_by(linears), kv_dtype)
         self.prefix_cache: PrefixCache | None = None
         self.configure_prefix_cache(prefix_cache_mb, prefix_cache_disk_mb)
         # What one more length bucket costs a decode step, in bytes read (buckets.py). With one
@@ -283,11 +283,19 @@ class HFEngine(Engine):
             if self.ragged:
                 self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
 
+    def _computed_by(self, linears: LinearReport) -> str:
+        """How this engine's keys and values are computed: its linears, forward, prompt attention
+        and kernel build (another build of our kernels may round differently)."""
+        prompt_in_c = self.llama_forward is not None and self.llama_forward.prompt_in_c
+        return (f"{linears.kernels} | {self.forward_path()} | prompt attention in C: {prompt_in_c} | "
+                f"kernels {build.library_key()}")
+
     def _disk_blocks(self, megabytes: float) -> DiskBlocks | None:
-        """This model's prefix-cache blocks on disk (``prompt_disk.py``), or None: off, or no
-        checkpoint file to key them by, or no folder that can be written."""
+        """This model's prefix-cache blocks on disk (``prompt_disk.py``), or None: off, off the
+        CPU (a GPU's prefill is fast, and its blocks are device tensors), no checkpoint file to
+        key them by, or no folder that can be written."""
         model, quantize, kernels_used, dtype = self._kv_form
-        files = checkpoint_files(model) if megabytes > 0 else []
+        files = checkpoint_files(model) if megabytes > 0 and self.device == "cpu" else []
         if not files:
             return None
         config = self.model.config

@@ -27,6 +27,7 @@ import queue
 import struct
 import tempfile
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..._version import __version__
 
 log = logging.getLogger(__name__)
 MAGIC = b"JIKV\x02"  # the format's version is its last byte: bump it when a file's layout changes
@@ -43,6 +46,9 @@ SUFFIX = ".kvb"
 # holds memory. 256 MB is ~10k tokens of the 0.5b shape's float32 KV, ~2k of an 8B's; a
 # prompt's prefill on a CPU takes far longer than writing its blocks to the page cache.
 MAX_PENDING_BYTES = 256 * 2**20
+CLOSE_WAIT_S = 10.0  # what a stop (a restart, a model switch) waits at most for queued writes
+STALE_WRITE_S = 300.0  # a temporary file this old is an interrupted write's, not a live one's
+HEADER_MAX = 1 << 20  # a block file's header is its tokens and a few fields: far less than this
 
 
 def prompts_root() -> Path:
@@ -52,8 +58,11 @@ def prompts_root() -> Path:
 def model_key(files: Iterable[Path], quantize: str, kernels: str, block_shape: Sequence[int],
               dtype: torch.dtype) -> str:
     """The folder of one model's blocks: its files' paths, sizes and modification times (a
-    checkpoint changed in place is another key), how its linears compute, and the KV's form."""
-    digest = hashlib.sha256(f"{MAGIC!r} {quantize} {kernels} {list(block_shape)} {dtype} {torch.__version__}".encode())
+    checkpoint changed in place is another key), how its forward computes (``kernels``: its
+    linears, forward path, prompt attention, kernel build), the KV's form, and our version and
+    torch's (either may change how a key or value is computed)."""
+    digest = hashlib.sha256(f"{MAGIC!r} {__version__} {quantize} {kernels} {list(block_shape)} {dtype} "
+                            f"torch {torch.__version__}".encode())
     for path in sorted({p.resolve() for p in files}):
         stat = path.stat()
         digest.update(f"{path} {stat.st_size} {stat.st_mtime_ns}\n".encode())
@@ -86,7 +95,11 @@ class DiskBlocks:
         found = []
         for entry in os.scandir(self.dir):
             if entry.name.startswith(".writing-"):
-                _unlink(Path(entry.path))
+                try:  # another process's write in flight is young: only an interrupted one's is old
+                    if time.time() - entry.stat().st_mtime > STALE_WRITE_S:
+                        _unlink(Path(entry.path))
+                except OSError:
+                    pass
             elif entry.name.endswith(SUFFIX):
                 try:
                     key, stat = bytes.fromhex(entry.name.removesuffix(SUFFIX)), entry.stat()
@@ -108,7 +121,10 @@ class DiskBlocks:
         path = self._path(key)
         try:
             with open(path, "rb") as f:
-                data = bytearray(os.fstat(f.fileno()).st_size)  # read once, into the tensor's own memory
+                size = os.fstat(f.fileno()).st_size
+                if size > self.block_bytes + HEADER_MAX:
+                    return self._refuse(key, f"{size} bytes, more than a block")
+                data = bytearray(size)  # read once, into the tensor's own memory
                 if f.readinto(data) != len(data):
                     return self._refuse(key, "it changed while read")
         except FileNotFoundError:  # another process sharing the folder evicted it
@@ -116,7 +132,10 @@ class DiskBlocks:
             return None
         except OSError as err:
             return self._refuse(key, f"unreadable ({err})")
-        kv, why = self._parse(data, key, tokens)
+        try:
+            kv, why = self._parse(data, key, tokens)
+        except Exception as err:  # noqa: BLE001 - whatever a damaged file holds, it is refused, not raised
+            kv, why = None, f"unreadable ({type(err).__name__})"
         if kv is None:
             return self._refuse(key, why)
         try:
@@ -139,6 +158,8 @@ class DiskBlocks:
             head = json.loads(data[len(MAGIC) + 4 : start])
         except ValueError:
             return None, "its header is not JSON"
+        if not isinstance(head, dict):
+            return None, "its header is not an object"
         payload = memoryview(data)[start:]
         checks = [
             (head.get("model") == self.key, "another model's block"),
@@ -184,8 +205,11 @@ class DiskBlocks:
 
     def close(self) -> None:
         """Write what is queued, then stop the writer."""
-        self._pending.put(None)
-        self._writer.join(timeout=30)
+        try:
+            self._pending.put(None, timeout=CLOSE_WAIT_S)
+        except queue.Full:  # a disk that hangs: the blocks still queued are dropped with the thread
+            return
+        self._writer.join(timeout=CLOSE_WAIT_S)
 
     def _write_loop(self) -> None:
         while True:
