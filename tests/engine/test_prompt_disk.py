@@ -84,7 +84,6 @@ def test_a_damaged_or_foreign_file_is_refused_deleted_and_never_served(tmp_path:
 
 
 def test_the_folder_stays_within_its_bytes_least_recently_used_out(tmp_path: Path) -> None:
-    block_file = None
     prompts = [list(range(1000 * i, 1000 * i + BLOCK_TOKENS + 1)) for i in range(1, 9)]
     store = disk(tmp_path, megabytes=1.0)
     cache = PrefixCache(2**20, disk=store)
@@ -140,7 +139,9 @@ async def test_a_restarted_engine_reads_its_prompt_from_disk_and_answers_the_sam
 
     # Every file damaged: refused, the prompt computed again, the same answer.
     for f in folder.glob(f"*{SUFFIX}"):
-        f.write_bytes(f.read_bytes()[:-1] + b"\0")
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 0xFF  # a float's top byte, flipped: always another value
+        f.write_bytes(bytes(data))
     again, again_stats = await answer(llama_model_dir, TOOL_PROMPT, prefix_cache_disk_mb=64)
     assert again == cold and again_stats["disk"]["rejected"] == 1 and again_stats["reused_tokens"] == 0
 

@@ -40,7 +40,7 @@ static inline uint16_t bf16_of(float f) { /* round to nearest, even on ties */
 }
 
 /* exp(x) in sixteen lanes: layer_ops.c's Cephes polynomial, 512 bits wide.
-   Kept apart from exp8 on purpose: one helper for both widths would be a macro of intrinsics. */
+   Kept apart from vec8.h's exp8 on purpose: one helper for both widths would be a macro of intrinsics. */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
     const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),

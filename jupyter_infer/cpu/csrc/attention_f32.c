@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "exp8.h"
+#include "vec8.h"
 #include "kernels.h"
 
 #define BQ 60 /* query rows a task: ten register tiles */
@@ -88,18 +88,6 @@ static inline void weigh(const float *pb, const float *alpha, int r0, int d0, in
         _mm256_storeu_ps(o + (size_t)(r0 + r) * D + d0, acc[r][0]);
         _mm256_storeu_ps(o + (size_t)(r0 + r) * D + d0 + 8, acc[r][1]);
     }
-}
-
-static inline float hmax8(__m256 v) {
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
 /* The online softmax over one tile for a row (limit: its last visible key in the tile, -1

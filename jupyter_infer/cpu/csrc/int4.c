@@ -27,6 +27,7 @@
 #include <stdlib.h>
 
 #include "kernels.h"
+#include "vec8.h"
 
 #define GROUP 32
 #define BLOCK 16                     /* outputs a block */
@@ -42,9 +43,7 @@ float q8_group(const float *v, int8_t *out, int32_t *sum) {
     for (int j = 0; j < 4; j++) a[j] = _mm256_loadu_ps(v + 8 * j);
     const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, a[0]), _mm256_andnot_ps(sign, a[1])),
                                    _mm256_max_ps(_mm256_andnot_ps(sign, a[2]), _mm256_andnot_ps(sign, a[3])));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float amax = hmax8(m);
     const float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
     const __m256 vinv = _mm256_set1_ps(inv);
     __m256i q[4];

@@ -13,15 +13,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "exp8.h"
+#include "vec8.h"
 #include "kernels.h"
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* RMSNorm of one row, as torch computes it in float32 (x * rsqrt(mean(x^2) + eps) * w, each
    product rounded to float) except for the order of the sum of squares: eight float lanes

@@ -121,7 +121,7 @@ class HFEngine(Engine):
         kv_dtype = held_dtype(self.model, torch_dtype)
         self.kv_bytes_per_token = kv_cache.bytes_per_token(config, kv_dtype)
         # What the KV computed here depends on, beyond the checkpoint: a key of its blocks on disk.
-        self._kv_form = (model, quantize, self._computed_by(linears), kv_dtype)
+        self._kv_form = (model, quantize, linears.kernels, kv_dtype)
         self.prefix_cache: PrefixCache | None = None
         self.configure_prefix_cache(prefix_cache_mb, prefix_cache_disk_mb)
         # What one more length bucket costs a decode step, in bytes read (buckets.py). With one
@@ -283,26 +283,22 @@ class HFEngine(Engine):
             if self.ragged:
                 self._shared = SharedPrefixes(self.prefix_cache.block_tokens)
 
-    def _computed_by(self, linears: LinearReport) -> str:
+    def _computed_by(self, linears: str) -> str:
         """How this engine's keys and values are computed: its linears, forward, prompt attention
         and kernel build (another build of our kernels may round differently)."""
         prompt_in_c = self.llama_forward is not None and self.llama_forward.prompt_in_c
-        return (f"{linears.kernels} | {self.forward_path()} | prompt attention in C: {prompt_in_c} | "
-                f"kernels {build.library_key()}")
+        return f"{linears} | {self.forward_path()} | prompt attention in C: {prompt_in_c} | kernels {build.library_key()}"
 
     def _disk_blocks(self, megabytes: float) -> DiskBlocks | None:
         """This model's prefix-cache blocks on disk (``prompt_disk.py``), or None: off, off the
         CPU (a GPU's prefill is fast, and its blocks are device tensors), no checkpoint file to
         key them by, or no folder that can be written."""
-        model, quantize, kernels_used, dtype = self._kv_form
+        model, quantize, linears, dtype = self._kv_form
         files = checkpoint_files(model) if megabytes > 0 and self.device == "cpu" else []
         if not files:
             return None
-        config = self.model.config
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (kv_cache.attention_layers(config), 2, heads, BLOCK_TOKENS, head_dim)
-        key = model_key(files, quantize, kernels_used, shape, dtype)
+        shape = kv_cache.block_shape(self.model.config, BLOCK_TOKENS)
+        key = model_key(files, quantize, self._computed_by(linears), shape, dtype)
         try:
             return DiskBlocks(prompts_root() / key, key, int(megabytes * 2**20), shape, dtype)
         except OSError as err:

@@ -17,6 +17,7 @@ states, leave by selecting them (``_merge_states``, ``_select_states``).
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from transformers import DynamicCache
@@ -176,11 +177,17 @@ def state_bytes(cache: DynamicCache) -> int:
                for layer in cache.layers if isinstance(layer, _StateLayer) for states, i in _states(layer))
 
 
-def bytes_per_token(config, dtype: torch.dtype) -> int:
-    """One token's keys and values over every attention layer of a model with ``config``."""
+def block_shape(config, tokens: int) -> tuple[int, int, int, int, int]:
+    """The keys and values of ``tokens`` tokens of one row, every attention layer, as
+    ``row_kv`` gives them: ``[layers, 2, kv heads, tokens, head dim]``."""
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * attention_layers(config) * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    return attention_layers(config), 2, heads, tokens, head_dim
+
+
+def bytes_per_token(config, dtype: torch.dtype) -> int:
+    """One token's keys and values over every attention layer of a model with ``config``."""
+    return math.prod(block_shape(config, 1)) * torch.tensor([], dtype=dtype).element_size()
 
 
 def attention_layers(config) -> int:

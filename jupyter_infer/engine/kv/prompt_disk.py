@@ -111,9 +111,6 @@ class DiskBlocks:
             self.used_bytes += size
         self._evict()
 
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._files
-
     def read(self, key: bytes, tokens: Sequence[int]) -> torch.Tensor | None:
         """The block of chain ``key`` holding ``tokens``, or None (absent, gone, or refused)."""
         if key not in self._files:
@@ -200,7 +197,7 @@ class DiskBlocks:
             self.skipped += 1
 
     def flush(self) -> None:
-        """Wait until every queued block is written (tests, and before a clean stop)."""
+        """Wait until every queued block is written (``close`` also does, then stops the writer)."""
         self._pending.join()
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
-/* exp in eight float lanes (AVX2 + FMA), shared by the files that need it. */
+/* Eight float lanes (AVX2 + FMA): exp, and a vector's sum and max, shared by the files that need them. */
 
-#ifndef JUPYTER_INFER_EXP8_H
-#define JUPYTER_INFER_EXP8_H
+#ifndef JUPYTER_INFER_VEC8_H
+#define JUPYTER_INFER_VEC8_H
 
 #include <immintrin.h>
 
@@ -23,6 +23,21 @@ static inline __m256 exp8(__m256 x) {
     y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* The sum of the eight lanes (in this order: the RMSNorm's, layer_ops.c, is torch's to the bit with it). */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The largest of the eight lanes. */
+static inline float hmax8(__m256 v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
 #endif
