@@ -140,9 +140,16 @@ def stop_on_interrupt(app: Any) -> None:
     included, without the notebook server's prompt; a second one exits at once. (Away from a
     terminal, jupyter_server leaves SIGINT to Python: the loop dies without its cleanup.)"""
 
-    def interrupted(sig: int, frame: Any) -> None:
+    loop = app.io_loop.asyncio_loop
+
+    def interrupted() -> None:
         app.log.critical("jupyter infer serve: interrupted, stopping (again to exit at once)")
+        loop.remove_signal_handler(signal.SIGINT)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         app.stop(from_signal=True)
 
-    signal.signal(signal.SIGINT, interrupted)
+    # Through the loop (its wakeup fd), not signal.signal: the kernel may hand the signal to any
+    # thread (the engine's, OpenMP's), and a plain handler then waited for the loop's next timer
+    # to run: a CI run saw the server sit through 30 s after ^C. The wakeup fd also wakes the
+    # loop for the other signals jupyter_server handles (SIGTERM).
+    loop.add_signal_handler(signal.SIGINT, interrupted)

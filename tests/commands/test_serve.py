@@ -95,6 +95,37 @@ def test_serve_runs_the_extension_alone_and_stops_cleanly_on_interrupt(tmp_path:
         log.close()
 
 
+def test_an_interrupt_another_thread_receives_stops_the_server_at_once() -> None:
+    """The kernel may deliver SIGINT to any thread of the server (the engine's, OpenMP's): the
+    stop must not wait for the loop's next timer (a CI run sat through 30 s after ^C)."""
+    import asyncio
+    import threading
+
+    from tornado.ioloop import IOLoop
+
+    loop = asyncio.new_event_loop()
+    stopped: list[float] = []
+    app = mock.Mock(io_loop=IOLoop(asyncio_loop=loop, make_current=False))
+    app.stop.side_effect = lambda from_signal: (stopped.append(time.monotonic()), loop.stop())
+    previous = signal.getsignal(signal.SIGINT)
+    other = threading.Event()
+    worker = threading.Thread(target=other.wait, args=(30,))
+    try:
+        serve.stop_on_interrupt(app)
+        worker.start()
+        loop.call_later(0.3, signal.pthread_kill, worker.ident, signal.SIGINT)  # to the worker, not the loop's thread
+        loop.call_later(20, loop.stop)  # the loop's only timer: what a plain handler would wait for
+        start = time.monotonic()
+        loop.run_forever()
+        assert stopped and stopped[0] - start < 5
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # a second ^C exits at once
+    finally:
+        other.set()
+        worker.join()
+        signal.signal(signal.SIGINT, previous)
+        loop.close()
+
+
 @pytest.mark.parametrize("alone", [True, False])
 def test_a_local_server_alone_is_serve_and_otherwise_carries_jupyterlab(alone: bool) -> None:
     # The bench sets `LocalServer(alone=True)` beside llama-server: our server and nothing else.
