@@ -10,14 +10,20 @@ Llama-3.1-8B, in bfloat16), converts it to GGUF (f16 or q8_0, then q4_0 and Q4_K
 same threads:
 
 - ours (``jupyter infer serve``) in int4, int8 and bfloat16, and on the Q4_K_M file itself;
-- ``llama-server`` on q4_0, q8_0, f16 and Q4_K_M.
+- ``llama-server`` on q4_0, q8_0, f16 and Q4_K_M;
+- with ``--ik-llama-server``, ik_llama.cpp's server (the CPU-focused fork) on q4_0 and q8_0 with
+  its best CPU flags: ``-rtr`` (weights repacked at load into its row-interleaved forms) and
+  flash attention.
 
 Each: time to ready (process start to the health route's 200; ours twice: the first start
 quantizes and fills an empty weight cache, the second reads it), peak and resident memory of the
 server process, one stream (64 tokens, three requests one after another), a burst of 8 × 32
 tokens, and the time to first token of a fresh prompt of ~1k tokens; ours int4 and q4_0 also at
 ~3k and ~8k (prompt tokens per second = tokens / TTFT). Speculation off, prompt caches off.
-It prints which llama.cpp build ran (its version and the instruction sets it says it uses).
+It prints which llama.cpp build ran (its version and the instruction sets it says it uses), and
+beside each one stream the share of the machine's read bandwidth it reaches
+(``memory_bound``: weight bytes a token reads x tokens/s, over a 2 GiB ``torch.sum`` at the same
+threads), the bound every one-stream ratio runs into.
 
 With ``--agents``, ours int4 and llama-server q4_0 then run agents as a notebook's would, each
 server with its prompt cache on (ours' prefix cache, llama-server's ``cache_prompt``): 8 agents
@@ -44,6 +50,7 @@ from jupyter_infer.commands.loadgen import Arrival
 from jupyter_infer.commands.model_builder import LADDER, default_cache_dir, make_model
 from jupyter_infer.kernel.launcher import free_port
 
+from .memory_bound import bytes_per_token, read_bandwidth_gbs, share
 from .peers import ServerProcess, llama_server
 
 TOKEN = "ladder-bench"
@@ -55,8 +62,18 @@ OURS = (("ours_int4", "ours int4", "int4"), ("ours_int8", "ours int8", "int8"),
         ("ours_bf16", "ours bfloat16", "none"), ("ours_q4_k_m", "ours on the Q4_K_M file", "Q4_K_M"))
 LLAMA = (("llama_q4_0", "llama-server q4_0", "q4_0"), ("llama_q8_0", "llama-server q8_0", "q8_0"),
          ("llama_f16", "llama-server f16", "f16"), ("llama_q4_k_m", "llama-server Q4_K_M", "Q4_K_M"))
+# ik_llama.cpp's server: repacked at load (-rtr), flash attention; its KV is one buffer split
+# evenly between slots (no --kv-unified), so each slot gets the longest prompt's room.
+IK = (("ik_q4_0", "ik_llama.cpp q4_0 -rtr", "q4_0"), ("ik_q8_0", "ik_llama.cpp q8_0 -rtr", "q8_0"))
+IK_ARGS = ["-rtr", "-fa", "on", "--webui", "none"]
 PAIRS = (("ours_int4", "llama_q4_0"), ("ours_int8", "llama_q8_0"), ("ours_bf16", "llama_f16"),
-         ("ours_q4_k_m", "llama_q4_k_m"), ("ours_int4", "llama_q4_k_m"))
+         ("ours_q4_k_m", "llama_q4_k_m"), ("ours_int4", "llama_q4_k_m"), ("ours_int4", "ik_q4_0"),
+         ("ours_int8", "ik_q8_0"))
+# The form whose bytes a contender's token reads (memory_bound.bytes_per_token): ours by its
+# format over the GGUF's shapes, a llama.cpp server by its file (None); ours on the Q4_K_M file
+# mixes forms, so no share is printed for it.
+READS = {"ours_int4": ("q4_0", "int4"), "ours_int8": ("q8_0", "int8"), "ours_bf16": ("q4_0", "bf16"),
+         **{name: (kind, None) for name, _, kind in (*LLAMA, *IK)}}
 
 
 def ggufs(model_dir: Path, converter: str | None, quantize: str | None) -> dict[str, Path]:
@@ -251,19 +268,51 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
                                   {"ignore_eos": True, **peer.extra}, args.seed,
                                   {"cache_prompt": True} if with_agents else None)
         log(f"    {results[name]}")
-    return {"model": str(model_dir), "contenders": results, "llama_build": llama_build(exe)}
+    if args.ik_llama_server:
+        _ik(files, tokenizer, args, log_dir, results, headers, log)
+    for name, entry in results.items():
+        kind, form = READS.get(name, (None, None))
+        if kind in files:
+            entry["bytes_per_token"] = bytes_per_token(files[kind], form)
+            entry["read_share"] = share(entry.get("one_stream_tok_s"), entry["bytes_per_token"], args.bandwidth_gbs)
+    builds = {"llama_build": llama_build(exe)}
+    if args.ik_llama_server:
+        builds["ik_llama_build"] = llama_build(args.ik_llama_server)
+    return {"model": str(model_dir), "contenders": results, "read_gbs": args.bandwidth_gbs, **builds}
+
+
+def _ik(files: dict[str, Path], tokenizer: Any, args: argparse.Namespace, log_dir: Path, results: dict[str, Any],
+        headers: dict[str, str], log: Any) -> None:
+    """``IK``'s contenders: ik_llama.cpp's server as llama-server is run, with ``IK_ARGS``; the
+    q4_0 one also runs the agents (its prompt cache on) where ``--agents`` asks."""
+    for name, label, kind in IK:
+        if name not in args.contenders or kind not in files:
+            continue
+        log(f"  {label}")
+        with_agents = args.agents and name == "ik_q4_0"
+        count, rounds, shared, new, answer = AGENTS
+        per_slot = max(max(args.long) + 2048, shared + rounds * new + answer + 256 if with_agents else 0)
+        peer = llama_server(str(files[kind]), args.threads, 8, per_slot, log_dir / f"ik-{kind}.log",
+                            exe=args.ik_llama_server, name=name, label=label, args=IK_ARGS)
+        results[name] = _measured(label, [peer.process], peer.base_url, str(files[kind]), tokenizer,
+                                  args.long if name == "ik_q4_0" else args.long[:1], {},
+                                  {"ignore_eos": True, **peer.extra}, args.seed,
+                                  {"cache_prompt": True} if with_agents else None)
+        log(f"    {results[name]}")
 
 
 def columns(long: tuple[int, ...] = LONG_PROMPTS) -> tuple[tuple[str, str], ...]:
     return (("ready s", "ready_s"), ("peak MiB", "after_peak_mb"), ("resident MiB", "after_resident_mb"),
-            ("1 stream tok/s", "one_stream_tok_s"), ("burst 8 tok/s", "burst_tok_s"),
+            ("1 stream tok/s", "one_stream_tok_s"), ("of read bw", "read_share"), ("burst 8 tok/s", "burst_tok_s"),
             *((f"prompt {n} tok/s", f"prompt_{n}_tok_s") for n in long),
             ("agents wall s", "agents_wall_s"), ("agents TTFT p50 ms", "agents_ttft_p50_ms"))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, key: str = "") -> str:
     if value is None:
         return "–"
+    if isinstance(value, float) and 0 < value < 2 and key == "read_share":
+        return f"{value:.0%}"
     if isinstance(value, list):
         return " / ".join(f"{v:.1f}" for v in value)
     return f"{value:.1f}" if value < 100 else f"{value:.0f}"
@@ -274,20 +323,27 @@ def table(size: str, entry: dict[str, Any], long: tuple[int, ...] = LONG_PROMPTS
     contenders = entry["contenders"]
     cols = columns(long)
     lines = [f"\n[l] {size} ({entry['model']}); llama.cpp: {entry['llama_build']}",
+             *([f"  ik_llama.cpp: {entry['ik_llama_build']}"] if entry.get("ik_llama_build") else []),
+             f"  read bandwidth at these threads: {entry.get('read_gbs', 0):.1f} GB/s (2 GiB torch.sum, best of 5);"
+             " 'of read bw' = weight bytes a token reads x one-stream tok/s over it",
              f"  {'':<34}" + "".join(f"{title:>19}" for title, _ in cols)]
     for c in contenders.values():
-        lines.append(f"  {c['label']:<34}" + "".join(f"{_cell(c.get(key)):>19}" for _, key in cols))
+        lines.append(f"  {c['label']:<34}" + "".join(f"{_cell(c.get(key), key):>19}" for _, key in cols))
     lines.append("  ratios (ours / llama-server; ready and memory: lower is better, ours' second start):")
     for a, b in PAIRS:
         if a in contenders and b in contenders:
             x, y = contenders[a], contenders[b]
             ratios = []
             for _, key in cols:
+                if key == "read_share":  # each side's share is on its own row
+                    ratios.append("")
+                    continue
                 u, v = x.get(key), y.get(key)
                 if isinstance(u, list):
                     u, v = u[-1], v[-1]
                 ratios.append(f"{u / v:.2f}" if u and v else "–")
-            lines.append(f"  {x['label'] + ' / ' + y['label'].removeprefix('llama-server '):<34}" + "".join(f"{r:>19}" for r in ratios))
+            lines.append(f"  {x['label'] + ' / ' + y['label'].removeprefix('llama-server '):<34}"
+                         + "".join(f"{r:>19}" for r in ratios))
     return "\n".join(lines)
 
 
@@ -295,11 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ladder", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["1.5b"], choices=list(LADDER))
     parser.add_argument("--llama-server", required=True, metavar="PATH")
+    parser.add_argument("--ik-llama-server", metavar="PATH",
+                        help="ik_llama.cpp's llama-server: its q4_0 and q8_0 (-rtr, flash attention) join the contenders")
     parser.add_argument("--llama-quantize", metavar="PATH", help="default: beside llama-server")
     parser.add_argument("--gguf-converter", metavar="PATH", help="llama.cpp's convert_hf_to_gguf.py")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--contenders", nargs="+", default=[n for n, _, _ in (*OURS, *LLAMA)],
-                        choices=[n for n, _, _ in (*OURS, *LLAMA)])
+    parser.add_argument("--contenders", nargs="+", default=[n for n, _, _ in (*OURS, *LLAMA, *IK)],
+                        choices=[n for n, _, _ in (*OURS, *LLAMA, *IK)])
     parser.add_argument("--long", nargs="+", type=int, default=list(LONG_PROMPTS), metavar="TOKENS",
                         help="the fresh prompts whose first token is timed (ours int4 and q4_0; the others: the first)")
     parser.add_argument("--agents", action="store_true",
@@ -312,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         args.llama_quantize = str(beside) if beside.is_file() else None
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args.bandwidth_gbs = read_bandwidth_gbs(args.threads)  # before any server: the machine alone
     results = {}
     for size in args.sizes:
         print(f"[l] {size}", flush=True)

@@ -425,3 +425,33 @@ def test_one_at_a_time_prompts_are_new_every_round_and_the_same_for_every_conten
         rounds = [tuple(p) for p in a.seen]
         assert len(set(rounds)) == 4, load.name  # the warm-up's and each round's are new
         assert not set(rounds[0]) & set(rounds[1]), load.name  # no prompt sent twice
+
+
+def test_a_token_reads_every_weight_but_the_input_embedding_unless_the_head_is_tied(tmp_path: Path) -> None:
+    """The ladder's read-bandwidth share (issue 58): bytes a decode token reads, from a GGUF."""
+    import gguf
+    import numpy as np
+
+    from benchmarks.memory_bound import bytes_per_token, share
+
+    def write(path: Path, tied: bool) -> Path:
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_tensor("token_embd.weight", np.ones((64, 32), np.float32))
+        writer.add_tensor("blk.0.attn_q.weight", np.ones((32, 32), np.float32))
+        writer.add_tensor("blk.0.attn_norm.weight", np.ones(32, np.float32))
+        if not tied:
+            writer.add_tensor("output.weight", np.ones((64, 32), np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    untied, tied = write(tmp_path / "untied.gguf", False), write(tmp_path / "tied.gguf", True)
+    # untied: the layer's matrix and norm, and the head; the input table is one row a token
+    assert bytes_per_token(untied) == (32 * 32 + 32 + 64 * 32) * 4
+    # tied: the head is the embedding table, read whole
+    assert bytes_per_token(tied) == (64 * 32 + 32 * 32 + 32) * 4
+    # our int4 over the same shapes: 18 bytes a group of 32 weights, float32 norms
+    assert bytes_per_token(untied, "int4") == (32 * 32 + 64 * 32) * 18 // 32 + 32 * 4
+    assert share(10.0, 10**9, 20.0) == 0.5 and share(None, 10**9, 20.0) is None
