@@ -202,6 +202,10 @@ def llama_build(exe: str) -> str:
         isa = [o for o in on if o.removeprefix("GGML_") in ISA_OPTIONS]
         build = ("GGML_NATIVE=ON (-march=native: this CPU's instruction sets)" if "GGML_NATIVE" in on
                  else f"GGML_NATIVE=OFF, {', '.join(isa) or 'no instruction set options'} on")
+        # A build's own flags (-march=native -mno-amx-tile where a VM advertises AMX it faults on).
+        flags = next((line.split("=", 1)[1] for line in cache.read_text(errors="replace").splitlines()
+                      if line.startswith("CMAKE_C_FLAGS:")), "").strip()
+        build += f", CMAKE_C_FLAGS {flags}" if flags else ""
     cpu = " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx512_vnni", "avx512_bf16", "avx_vnni", "amx"))))
     return f"{version}; {build}; this CPU: {cpu or 'no VNNI, BF16 or AMX flags'}"
 
@@ -293,7 +297,9 @@ def _ik(files: dict[str, Path], tokenizer: Any, args: argparse.Namespace, log_di
         count, rounds, shared, new, answer = AGENTS
         per_slot = max(max(args.long) + 2048, shared + rounds * new + answer + 256 if with_agents else 0)
         peer = llama_server(str(files[kind]), args.threads, 8, per_slot, log_dir / f"ik-{kind}.log",
-                            exe=args.ik_llama_server, name=name, label=label, args=IK_ARGS)
+                            exe=args.ik_llama_server, name=name, label=label,
+                            # its own log beside ours, not a llama.log in the working folder
+                            args=[*IK_ARGS, "--log-file", str(log_dir / f"ik-{kind}-own")])
         results[name] = _measured(label, [peer.process], peer.base_url, str(files[kind]), tokenizer,
                                   args.long if name == "ik_q4_0" else args.long[:1], {},
                                   {"ignore_eos": True, **peer.extra}, args.seed,

@@ -455,3 +455,22 @@ def test_a_token_reads_every_weight_but_the_input_embedding_unless_the_head_is_t
     # our int4 over the same shapes: 18 bytes a group of 32 weights, float32 norms
     assert bytes_per_token(untied, "int4") == (32 * 32 + 64 * 32) * 18 // 32 + 32 * 4
     assert share(10.0, 10**9, 20.0) == 0.5 and share(None, 10**9, 20.0) is None
+
+
+def test_the_ladder_says_how_each_llama_cpp_was_built(tmp_path: Path) -> None:
+    """A peer's build is named with its instruction sets and its own compiler flags: a build with
+    -march=native but AMX switched off (a VM that advertises AMX and faults on it) must not read
+    as a plain AVX2 build."""
+    from benchmarks.ladder import llama_build
+
+    exe = tmp_path / "build" / "bin" / "llama-server"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\necho 'version: 1 (abc)'\n")
+    exe.chmod(0o755)
+    (tmp_path / "build" / "CMakeCache.txt").write_text(
+        "GGML_NATIVE:BOOL=OFF\nGGML_AVX2:BOOL=ON\nGGML_CUDA:BOOL=ON\n"
+        "CMAKE_C_FLAGS:STRING=-march=native -mno-amx-tile\n")
+    said = llama_build(str(exe))
+    assert said.startswith("version: 1 (abc);")
+    assert "GGML_NATIVE=OFF, GGML_AVX2 on" in said and "GGML_CUDA" not in said
+    assert "CMAKE_C_FLAGS -march=native -mno-amx-tile" in said
