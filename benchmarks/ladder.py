@@ -254,7 +254,7 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
             results[name] = _measured(label, servers, url, str(files.get(what, model_dir)), tokenizer,
                                       args.long if name == "ours_int4" else args.long[:1], headers,
                                       {"ignore_eos": True}, args.seed, {} if with_agents else None)
-        log(f"    {results[name]}")
+        log(f"    {_with_reads(name, results[name], files, args.bandwidth_gbs)}")
     exe = args.llama_server
     for name, label, kind in LLAMA:
         if name not in args.contenders or kind not in files:
@@ -271,18 +271,23 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
                                   args.long if name == "llama_q4_0" else args.long[:1], {},
                                   {"ignore_eos": True, **peer.extra}, args.seed,
                                   {"cache_prompt": True} if with_agents else None)
-        log(f"    {results[name]}")
+        log(f"    {_with_reads(name, results[name], files, args.bandwidth_gbs)}")
     if args.ik_llama_server:
         _ik(files, tokenizer, args, log_dir, results, headers, log)
-    for name, entry in results.items():
-        kind, form = READS.get(name, (None, None))
-        if kind in files:
-            entry["bytes_per_token"] = bytes_per_token(files[kind], form)
-            entry["read_share"] = share(entry.get("one_stream_tok_s"), entry["bytes_per_token"], args.bandwidth_gbs)
     builds = {"llama_build": llama_build(exe)}
     if args.ik_llama_server:
         builds["ik_llama_build"] = llama_build(args.ik_llama_server)
     return {"model": str(model_dir), "contenders": results, "read_gbs": args.bandwidth_gbs, **builds}
+
+
+def _with_reads(name: str, entry: dict[str, Any], files: dict[str, Path], bandwidth_gbs: float) -> dict[str, Any]:
+    """``entry`` with the weight bytes its token reads and its one stream's share of the read
+    bandwidth (``READS``; none for a contender of mixed forms)."""
+    kind, form = READS.get(name, (None, None))
+    if kind in files:
+        entry["bytes_per_token"] = bytes_per_token(files[kind], form)
+        entry["read_share"] = share(entry.get("one_stream_tok_s"), entry["bytes_per_token"], bandwidth_gbs)
+    return entry
 
 
 def _ik(files: dict[str, Path], tokenizer: Any, args: argparse.Namespace, log_dir: Path, results: dict[str, Any],
@@ -304,7 +309,7 @@ def _ik(files: dict[str, Path], tokenizer: Any, args: argparse.Namespace, log_di
                                   args.long if name == "ik_q4_0" else args.long[:1], {},
                                   {"ignore_eos": True, **peer.extra}, args.seed,
                                   {"cache_prompt": True} if with_agents else None)
-        log(f"    {results[name]}")
+        log(f"    {_with_reads(name, results[name], files, args.bandwidth_gbs)}")
 
 
 def columns(long: tuple[int, ...] = LONG_PROMPTS) -> tuple[tuple[str, str], ...]:
@@ -377,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args.bandwidth_gbs = read_bandwidth_gbs(args.threads)  # before any server: the machine alone
+    print(f"[l] read bandwidth at {args.threads} threads: {args.bandwidth_gbs:.1f} GB/s (2 GiB torch.sum)", flush=True)
     results = {}
     for size in args.sizes:
         print(f"[l] {size}", flush=True)
