@@ -25,8 +25,9 @@ beside each one stream the share of the machine's read bandwidth it reaches
 (``memory_bound``: weight bytes a token reads x tokens/s, over a 2 GiB ``torch.sum`` at the same
 threads), the bound every one-stream ratio runs into.
 
-With ``--agents``, ours int4 and llama-server q4_0 then run agents as a notebook's would, each
-server with its prompt cache on (ours' prefix cache, llama-server's ``cache_prompt``): 8 agents
+With ``--agents``, ours int4, llama-server q4_0 (and ik_llama.cpp's q4_0) then run agents as a
+notebook's would, each server with its prompt cache on (ours' prefix cache, llama.cpp's
+``cache_prompt``): 8 agents
 × 3 rounds over one ~3k-token tool prompt, each round the agent's history plus ~96 new tokens (a
 task, then tool results), 32 tokens of answer, an agent's next round sent when its answer is
 done; the wall time of all of them and the TTFT median.
@@ -322,7 +323,7 @@ def columns(long: tuple[int, ...] = LONG_PROMPTS) -> tuple[tuple[str, str], ...]
 def _cell(value: Any, key: str = "") -> str:
     if value is None:
         return "–"
-    if isinstance(value, float) and 0 < value < 2 and key == "read_share":
+    if key == "read_share":
         return f"{value:.0%}"
     if isinstance(value, list):
         return " / ".join(f"{v:.1f}" for v in value)
@@ -340,7 +341,7 @@ def table(size: str, entry: dict[str, Any], long: tuple[int, ...] = LONG_PROMPTS
              f"  {'':<34}" + "".join(f"{title:>19}" for title, _ in cols)]
     for c in contenders.values():
         lines.append(f"  {c['label']:<34}" + "".join(f"{_cell(c.get(key), key):>19}" for _, key in cols))
-    lines.append("  ratios (ours / llama-server; ready and memory: lower is better, ours' second start):")
+    lines.append("  ratios (ours / the llama.cpp server; ready and memory: lower is better, ours' second start):")
     for a, b in PAIRS:
         if a in contenders and b in contenders:
             x, y = contenders[a], contenders[b]

@@ -474,3 +474,17 @@ def test_the_ladder_says_how_each_llama_cpp_was_built(tmp_path: Path) -> None:
     assert said.startswith("version: 1 (abc);")
     assert "GGML_NATIVE=OFF, GGML_AVX2 on" in said and "GGML_CUDA" not in said
     assert "CMAKE_C_FLAGS -march=native -mno-amx-tile" in said
+
+
+def test_the_ladder_table_prints_each_one_streams_share_and_the_ik_llama_cpp_pair() -> None:
+    from benchmarks.ladder import table
+
+    entry = {"model": "m", "llama_build": "b", "ik_llama_build": "ik b", "read_gbs": 25.0, "contenders": {
+        "ours_int4": {"label": "ours int4", "ready_s": [40.0, 8.0], "one_stream_tok_s": 27.0, "read_share": 0.8},
+        "ik_q4_0": {"label": "ik_llama.cpp q4_0 -rtr", "ready_s": [2.0], "one_stream_tok_s": 18.0, "read_share": 0.53}}}
+    lines = table("1.5b", entry, (1024,)).splitlines()
+    assert any("ik_llama.cpp: ik b" in line for line in lines) and any("25.0 GB/s" in line for line in lines)
+    ours = next(line for line in lines if line.strip().startswith("ours int4 ") and "/ ik" not in line)
+    assert "80%" in ours.split()
+    pair = next(line for line in lines if "ours int4 / ik_llama.cpp q4_0 -rtr" in line)
+    assert "4.00" in pair.split() and "1.50" in pair.split()  # second start 8/2, one stream 27/18
