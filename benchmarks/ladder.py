@@ -256,27 +256,10 @@ def run_size(size: str, args: argparse.Namespace, log: Any) -> dict[str, Any]:
                                       args.long if name == "ours_int4" else args.long[:1], headers,
                                       {"ignore_eos": True}, args.seed, {} if with_agents else None)
         log(f"    {_with_reads(name, results[name], files, args.bandwidth_gbs)}")
-    exe = args.llama_server
-    for name, label, kind in LLAMA:
-        if name not in args.contenders or kind not in files:
-            continue
-        log(f"  {label}")
-        # One KV buffer for all 8 slots (--kv-unified), room for the longest prompt in any of them
-        # (and for every agent's history at once, where they run).
-        with_agents = args.agents and name == "llama_q4_0"
-        count, rounds, shared, new, answer = AGENTS
-        context = max(max(args.long) + 2048, count * (shared + rounds * new + answer + 256) if with_agents else 0)
-        peer = llama_server(str(files[kind]), args.threads, 8, -(-context // 8),
-                            log_dir / f"llama-{kind}.log", exe=exe, args=["--kv-unified"])
-        results[name] = _measured(label, [peer.process], peer.base_url, str(files[kind]), tokenizer,
-                                  args.long if name == "llama_q4_0" else args.long[:1], {},
-                                  {"ignore_eos": True, **peer.extra}, args.seed,
-                                  {"cache_prompt": True} if with_agents else None)
-        log(f"    {_with_reads(name, results[name], files, args.bandwidth_gbs)}")
+    _llama_cpp(LLAMA, args.llama_server, files, tokenizer, args, log_dir, results, log)
+    builds = {"llama_build": llama_build(args.llama_server)}
     if args.ik_llama_server:
-        _ik(files, tokenizer, args, log_dir, results, headers, log)
-    builds = {"llama_build": llama_build(exe)}
-    if args.ik_llama_server:
+        _llama_cpp(IK, args.ik_llama_server, files, tokenizer, args, log_dir, results, log)
         builds["ik_llama_build"] = llama_build(args.ik_llama_server)
     return {"model": str(model_dir), "contenders": results, "read_gbs": args.bandwidth_gbs, **builds}
 
@@ -291,25 +274,34 @@ def _with_reads(name: str, entry: dict[str, Any], files: dict[str, Path], bandwi
     return entry
 
 
-def _ik(files: dict[str, Path], tokenizer: Any, args: argparse.Namespace, log_dir: Path, results: dict[str, Any],
-        headers: dict[str, str], log: Any) -> None:
-    """``IK``'s contenders: ik_llama.cpp's server as llama-server is run, with ``IK_ARGS``; the
-    q4_0 one also runs the agents (its prompt cache on) where ``--agents`` asks."""
-    for name, label, kind in IK:
+def _llama_cpp(table: tuple[tuple[str, str, str], ...], exe: str, files: dict[str, Path], tokenizer: Any,
+               args: argparse.Namespace, log_dir: Path, results: dict[str, Any], log: Any) -> None:
+    """A llama.cpp server's contenders (``LLAMA``: mainline's llama-server; ``IK``: ik_llama.cpp's,
+    with ``IK_ARGS``), one at a time; the table's first (q4_0) also times the longer prompts and,
+    where ``--agents`` asks, runs the agents with its prompt cache on."""
+    ik = table is IK
+    count, rounds, shared, new, answer = AGENTS
+    for i, (name, label, kind) in enumerate(table):
         if name not in args.contenders or kind not in files:
             continue
         log(f"  {label}")
-        with_agents = args.agents and name == "ik_q4_0"
-        count, rounds, shared, new, answer = AGENTS
-        per_slot = max(max(args.long) + 2048, shared + rounds * new + answer + 256 if with_agents else 0)
-        peer = llama_server(str(files[kind]), args.threads, 8, per_slot, log_dir / f"ik-{kind}.log",
-                            exe=args.ik_llama_server, name=name, label=label,
-                            # its own log beside ours, not a llama.log in the working folder
-                            args=[*IK_ARGS, "--log-file", str(log_dir / f"ik-{kind}-own")])
+        with_agents = args.agents and i == 0
+        history = shared + rounds * new + answer + 256 if with_agents else 0
+        longest = max(args.long) + 2048
+        if ik:
+            # Its KV is split evenly between the 8 slots: each gets the longest prompt's room or an
+            # agent's history; and its own log beside ours, not a llama.log in the working folder.
+            per_slot, server_args = max(longest, history), [*IK_ARGS, "--log-file", str(log_dir / f"ik-{kind}-own")]
+        else:
+            # One KV buffer for all 8 slots (--kv-unified), room for the longest prompt in any of
+            # them (and for every agent's history at once, where they run).
+            per_slot, server_args = -(-max(longest, count * history) // 8), ["--kv-unified"]
+        peer = llama_server(str(files[kind]), args.threads, 8, per_slot,
+                            log_dir / f"{'ik' if ik else 'llama'}-{kind}.log", exe=exe, name=name, label=label,
+                            args=server_args)
         results[name] = _measured(label, [peer.process], peer.base_url, str(files[kind]), tokenizer,
-                                  args.long if name == "ik_q4_0" else args.long[:1], {},
-                                  {"ignore_eos": True, **peer.extra}, args.seed,
-                                  {"cache_prompt": True} if with_agents else None)
+                                  args.long if i == 0 else args.long[:1], {}, {"ignore_eos": True, **peer.extra},
+                                  args.seed, {"cache_prompt": True} if with_agents else None)
         log(f"    {_with_reads(name, results[name], files, args.bandwidth_gbs)}")
 
 
